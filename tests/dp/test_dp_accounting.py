@@ -1,0 +1,131 @@
+"""Tests for zoo.dp accounting (dp_accounting PLD / RDP) and DPConfig validation."""
+
+import dataclasses
+import math
+import re
+
+import pytest
+
+from zoo.dp import (
+    DPConfig,
+    calibrate_noise_multiplier,
+    epsilon_spent,
+    max_steps_within_budget,
+    resolve_noise_multiplier,
+    validate,
+)
+
+DELTA = 1e-5
+COARSE = 1e-3  # PLD discretisation for speed in tests; still a valid upper bound.
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_calibrate_round_trip(accountant):
+    target, q, steps = 2.0, 0.02, 100
+    sigma = calibrate_noise_multiplier(
+        epsilon=target, delta=DELTA, sampling_prob=q, steps=steps, accountant=accountant, pld_discretization=COARSE
+    )
+    assert 0.3 < sigma < 5
+    eps = epsilon_spent(
+        noise_multiplier=sigma, delta=DELTA, sampling_prob=q, steps=steps, accountant=accountant, pld_discretization=COARSE
+    )
+    assert 0.99 * target <= eps <= target * (1 + 1e-9)
+    # A slightly smaller sigma must exceed the budget (calibration is tight).
+    eps_less = epsilon_spent(
+        noise_multiplier=0.97 * sigma, delta=DELTA, sampling_prob=q, steps=steps, accountant=accountant, pld_discretization=COARSE
+    )
+    assert eps_less > target
+
+
+def test_pld_default_discretisation_and_rdp_is_looser():
+    kw = dict(noise_multiplier=1.0, delta=DELTA, sampling_prob=0.01, steps=1000)
+    pld = epsilon_spent(**kw)  # dp_accounting's default PLD discretisation
+    rdp = epsilon_spent(**kw, accountant="rdp")
+    assert 1.0 < pld < 3.0
+    assert rdp >= 0.99 * pld
+    assert rdp < 2 * pld  # same mechanism: looser, not wildly different
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_epsilon_increases_with_steps_and_decreases_with_noise(accountant):
+    kw = dict(delta=DELTA, sampling_prob=0.01, accountant=accountant, pld_discretization=COARSE)
+    by_steps = [epsilon_spent(noise_multiplier=1.0, steps=s, **kw) for s in (10, 100, 1000)]
+    assert by_steps[0] < by_steps[1] < by_steps[2]
+    by_sigma = [epsilon_spent(noise_multiplier=s, steps=100, **kw) for s in (0.8, 1.0, 1.5)]
+    assert by_sigma[0] > by_sigma[1] > by_sigma[2]
+    assert epsilon_spent(noise_multiplier=1.0, steps=0, **kw) == 0.0
+    assert epsilon_spent(noise_multiplier=0.0, steps=5, **kw) == math.inf
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_max_steps_within_budget(accountant):
+    kw = dict(noise_multiplier=1.0, delta=DELTA, sampling_prob=0.01, accountant=accountant, pld_discretization=COARSE)
+    steps = max_steps_within_budget(epsilon=2.0, upper=2000, **kw)
+    assert 0 < steps < 2000
+    assert epsilon_spent(steps=steps, **kw) <= 2.0 < epsilon_spent(steps=steps + 1, **kw)
+    # Budget large enough for `upper` steps -> upper; too small for one step -> 0.
+    assert max_steps_within_budget(epsilon=50.0, upper=100, **kw) == 100
+    assert max_steps_within_budget(epsilon=1e-4, upper=100, **kw) == 0
+
+
+def test_resolve_noise_multiplier():
+    cfg = DPConfig(enabled=True, epsilon=3.0, expected_batch_size=100, accountant="rdp")
+    sigma, eps = resolve_noise_multiplier(cfg, num_examples=10_000, steps=200)
+    assert eps <= 3.0 and eps > 2.9
+    cfg2 = dataclasses.replace(cfg, epsilon=None, noise_multiplier=sigma)
+    assert resolve_noise_multiplier(cfg2, 10_000, 200) == pytest.approx((sigma, eps))
+
+
+def test_function_argument_errors():
+    with pytest.raises(ValueError, match=re.escape("epsilon=-1.0")):
+        calibrate_noise_multiplier(epsilon=-1.0, delta=DELTA, sampling_prob=0.1, steps=10)
+    with pytest.raises(ValueError, match=re.escape("sampling_prob=1.5")):
+        epsilon_spent(noise_multiplier=1.0, delta=DELTA, sampling_prob=1.5, steps=10)
+    with pytest.raises(ValueError, match=r"'gdp'.*pld, rdp"):
+        epsilon_spent(noise_multiplier=1.0, delta=DELTA, sampling_prob=0.1, steps=10, accountant="gdp")
+
+
+GOOD = DPConfig(enabled=True, epsilon=2.0, delta=1e-5, expected_batch_size=64)
+N = 10_000
+
+
+def test_valid_configs_pass():
+    validate(GOOD, N)
+    validate(dataclasses.replace(GOOD, clipping="ghost", accountant="rdp", microbatch_size=8), N)
+    validate(dataclasses.replace(GOOD, epsilon=None, noise_multiplier=1.1), N)
+    # Disabled configs are not checked (DP fields unused).
+    validate(DPConfig(enabled=False, sampler="shuffle", epsilon=-1.0), N)
+
+
+@pytest.mark.parametrize(
+    "changes, needles",
+    [
+        (dict(delta=1e-3), ["delta=0.001", "1/10000"]),
+        (dict(delta=0.0), ["delta=0.0"]),
+        (dict(epsilon=0.0), ["epsilon=0.0"]),
+        (dict(epsilon=-3.5), ["epsilon=-3.5"]),
+        (dict(clip_norm=0.0), ["clip_norm=0.0"]),
+        (dict(clip_norm=-2.5), ["clip_norm=-2.5"]),
+        (dict(clip_norm=float("inf")), ["clip_norm=inf"]),
+        (dict(expected_batch_size=20_000), ["20000/10000", "2"]),
+        (dict(expected_batch_size=0), ["expected_batch_size=0"]),
+        (dict(sampler="shuffle"), ["'shuffle'", "poisson"]),
+        (dict(noise_multiplier=1.0), ["epsilon=2.0", "noise_multiplier=1.0"]),
+        (dict(epsilon=None), ["epsilon=None", "noise_multiplier=None"]),
+        (dict(epsilon=None, noise_multiplier=0.0), ["noise_multiplier=0.0"]),
+        (dict(accountant="gdp"), ["'gdp'", "pld, rdp"]),
+        (dict(clipping="per_layer"), ["'per_layer'", "ghost, vmap"]),
+        (dict(microbatch_size=0), ["microbatch_size=0"]),
+    ],
+)
+def test_validation_errors_name_the_value(changes, needles):
+    cfg = dataclasses.replace(GOOD, **changes)
+    with pytest.raises(ValueError) as err:
+        validate(cfg, N)
+    for needle in needles:
+        assert needle in str(err.value), (needle, str(err.value))
+
+
+def test_validation_num_examples():
+    with pytest.raises(ValueError, match="num_examples=0"):
+        validate(GOOD, 0)

@@ -1,0 +1,240 @@
+"""Tests for zoo.dp.clipped_grad_sum against jax_privacy and a float64 loop."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax_privacy import clipping as jp_clipping
+
+from zoo.dp import clipped_grad_sum
+
+B = 8
+
+
+def normal(rng, *shape):
+    return jnp.asarray(rng.standard_normal(shape), jnp.float32)
+
+
+def mlp_params(rng):
+    return {
+        "l1": {"w": normal(rng, 5, 7), "b": 0.1 * normal(rng, 7)},
+        "l2": {"w": normal(rng, 7, 3), "b": 0.1 * normal(rng, 3)},
+    }
+
+
+def mlp_loss(params, x, y):
+    h = jnp.tanh(x @ params["l1"]["w"] + params["l1"]["b"])
+    out = h @ params["l2"]["w"] + params["l2"]["b"]
+    return 0.5 * jnp.sum((out - y) ** 2)
+
+
+def mlp_batch(rng, b=B):
+    # Spread the input scales so per-example norms vary a lot.
+    scale = jnp.linspace(0.2, 3.0, b)[:, None]
+    return scale * normal(rng, b, 5), normal(rng, b, 3)
+
+
+def attn_params(rng):
+    return {n: normal(rng, 4, 4) / 2 for n in "qkv"}
+
+
+def attn_loss(params, x, y):
+    # x: [T, d] one sequence; y: [d]
+    q, k, v = x @ params["q"], x @ params["k"], x @ params["v"]
+    att = jax.nn.softmax(q @ k.T / jnp.sqrt(q.shape[-1]), axis=-1)
+    return jnp.sum((jnp.mean(att @ v, axis=0) - y) ** 2)
+
+
+def attn_batch(rng, b=B):
+    scale = jnp.linspace(0.3, 2.5, b)[:, None, None]
+    return scale * normal(rng, b, 6, 4), normal(rng, b, 4)
+
+
+CASES = {
+    "mlp": (mlp_loss, mlp_params, mlp_batch),
+    "attention": (attn_loss, attn_params, attn_batch),
+}
+
+
+def setup_case(name, seed=0):
+    loss, make_params, make_batch = CASES[name]
+    rng = np.random.default_rng(seed)
+    return loss, make_params(rng), make_batch(rng)
+
+
+_JITTED = {}
+
+
+def cgs(loss, params, *batch, l2_clip_norm, example_mask=None, frozen=None, microbatch_size=None):
+    """clipped_grad_sum under jax.jit (traced clip norm), cached per (loss, microbatch_size).
+
+    Much faster than eager on CPU; eager is compared with jit in test_jit_equals_eager.
+    """
+    key = (loss, microbatch_size)
+    if key not in _JITTED:
+
+        def run(p, b, c, m, f):
+            return clipped_grad_sum(
+                loss, p, *b, l2_clip_norm=c, example_mask=m, frozen=f, microbatch_size=microbatch_size
+            )
+
+        _JITTED[key] = jax.jit(run)
+    return _JITTED[key](params, batch, jnp.float32(l2_clip_norm), example_mask, frozen)
+
+
+def median_norm(loss, params, batch):
+    _, norms = cgs(loss, params, *batch, l2_clip_norm=float("inf"))
+    return float(np.median(np.asarray(norms)))
+
+
+def assert_tree_close(a, b, rtol=1e-5, atol=1e-6):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def numpy_reference(loss, params, batch, clip, mask=None):
+    """Per-example jax.grad in a Python loop, clipping and summing in float64."""
+    b = batch[0].shape[0]
+    grad = jax.jit(jax.grad(loss))
+    total = jax.tree.map(lambda p: np.zeros(p.shape, np.float64), params)
+    norms = np.zeros(b)
+    for i in range(b):
+        g = jax.tree.map(lambda t: np.asarray(t, np.float64), grad(params, *(x[i] for x in batch)))
+        norms[i] = np.sqrt(sum(np.sum(t**2) for t in jax.tree.leaves(g)))
+        factor = min(1.0, clip / norms[i]) if norms[i] > 0 else 1.0
+        if mask is None or mask[i] > 0:
+            total = jax.tree.map(lambda s, t: s + factor * t, total, g)
+    return total, norms
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_jax_privacy(name):
+    loss, params, batch = setup_case(name)
+    clip = median_norm(loss, params, batch)
+    ours, norms = cgs(loss, params, *batch, l2_clip_norm=clip)
+    theirs_fn = jp_clipping.clipped_grad(
+        loss,
+        l2_clip_norm=clip,
+        batch_argnums=(1, 2),
+        keep_batch_dim=False,
+        return_grad_norms=True,
+    )
+    theirs, aux = jax.jit(theirs_fn)(params, *batch)
+    # Clipping must be active for some examples and inactive for others.
+    assert np.any(np.asarray(norms) > clip) and np.any(np.asarray(norms) < clip)
+    assert_tree_close(ours, theirs)
+    np.testing.assert_allclose(np.asarray(norms), np.asarray(aux.grad_norms), rtol=1e-5)
+    assert norms.dtype == jnp.float32 and norms.shape == (B,)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_float64_loop(name):
+    loss, params, batch = setup_case(name, seed=1)
+    clip = median_norm(loss, params, batch)
+    ours, norms = cgs(loss, params, *batch, l2_clip_norm=clip)
+    ref, ref_norms = numpy_reference(loss, params, batch, clip)
+    assert_tree_close(ours, ref)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-5)
+    # Every clipped contribution has norm <= C, so the sum's norm is <= B*C.
+    total = np.sqrt(sum(np.sum(np.asarray(t, np.float64) ** 2) for t in jax.tree.leaves(ours)))
+    assert total <= B * clip * (1 + 1e-5)
+
+
+def test_no_clipping_is_batch_times_mean_gradient():
+    loss, params, batch = setup_case("mlp")
+    ours, _ = cgs(loss, params, *batch, l2_clip_norm=float("inf"), example_mask=jnp.ones((B,)))
+    mean_loss = lambda p: jnp.mean(jax.vmap(loss, in_axes=(None, 0, 0))(p, *batch))
+    expected = jax.tree.map(lambda g: B * g, jax.jit(jax.grad(mean_loss))(params))
+    assert_tree_close(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_microbatching_equals_unchunked(k):
+    loss, params, batch = setup_case("attention")
+    clip = median_norm(loss, params, batch)
+    mask = jnp.array([1, 1, 0, 1, 1, 1, 0, 1], jnp.float32)
+    full, full_norms = cgs(loss, params, *batch, l2_clip_norm=clip, example_mask=mask)
+    chunked, chunk_norms = cgs(loss, params, *batch, l2_clip_norm=clip, example_mask=mask, microbatch_size=k)
+    assert_tree_close(chunked, full)
+    np.testing.assert_allclose(np.asarray(chunk_norms), np.asarray(full_norms), rtol=1e-6)
+
+
+def test_microbatch_must_divide_batch():
+    loss, params, (x, y) = setup_case("mlp")
+    with pytest.raises(ValueError, match=r"(?s)\b6\b.*\b4\b"):
+        clipped_grad_sum(loss, params, x[:6], y[:6], l2_clip_norm=1.0, microbatch_size=4)
+
+
+def test_mask_equals_running_on_subset():
+    loss, params, (x, y) = setup_case("mlp", seed=2)
+    clip = median_norm(loss, params, (x, y))
+    keep = np.array([1, 0, 1, 1, 0, 1, 0, 1], bool)
+    # Garbage (NaN) in a masked slot must not leak into the sum.
+    x = np.array(x)
+    x[1] = np.nan
+    y = np.asarray(y)
+    masked, norms = cgs(loss, params, x, y, l2_clip_norm=clip, example_mask=jnp.asarray(keep, jnp.float32))
+    subset, sub_norms = cgs(loss, params, x[keep], y[keep], l2_clip_norm=clip)
+    assert_tree_close(masked, subset)
+    np.testing.assert_allclose(np.asarray(norms)[keep], np.asarray(sub_norms), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(norms)[~keep], 0.0)  # documented: masked norms are 0
+
+
+def test_frozen_gets_no_gradient_and_matches_stop_gradient():
+    rng = np.random.default_rng(3)
+    params = mlp_params(rng)["l2"]
+    frozen = {"embed": normal(rng, 5, 7), "bias": jnp.ones((7,))}
+
+    def loss(p, fz, x, y):
+        h = jnp.tanh(x @ fz["embed"] + fz["bias"])
+        return 0.5 * jnp.sum((h @ p["w"] + p["b"] - y) ** 2)
+
+    x, y = mlp_batch(rng)
+    clip = 1.0
+    grads, norms = cgs(loss, params, x, y, l2_clip_norm=clip, frozen=frozen)
+    assert jax.tree.structure(grads) == jax.tree.structure(params)
+
+    both = {"p": params, "f": frozen}
+    sg_loss = lambda t, x, y: loss(t["p"], jax.lax.stop_gradient(t["f"]), x, y)
+    ref, ref_norms = cgs(sg_loss, both, x, y, l2_clip_norm=clip)
+    assert np.any(np.asarray(norms) > clip)
+    assert_tree_close(grads, ref["p"])
+    np.testing.assert_allclose(np.asarray(norms), np.asarray(ref_norms), rtol=1e-6)
+    for leaf in jax.tree.leaves(ref["f"]):
+        np.testing.assert_array_equal(np.asarray(leaf), 0.0)
+    # Microbatched path with frozen agrees too.
+    mb, _ = cgs(loss, params, x, y, l2_clip_norm=clip, frozen=frozen, microbatch_size=2)
+    assert_tree_close(mb, grads)
+
+
+def test_zero_gradient_has_no_nan():
+    params = {"w": jnp.ones((3,))}
+    loss = lambda p, x: jnp.sum(x)  # independent of params
+    grads, norms = cgs(loss, params, jnp.ones((4, 2)), l2_clip_norm=0.5)
+    np.testing.assert_array_equal(np.asarray(norms), 0.0)
+    np.testing.assert_array_equal(np.asarray(grads["w"]), 0.0)
+
+
+def test_bad_clip_norm_rejected():
+    loss, params, batch = setup_case("mlp")
+    with pytest.raises(ValueError, match="-1.0"):
+        clipped_grad_sum(loss, params, *batch, l2_clip_norm=-1.0)
+
+
+def test_jit_equals_eager():
+    loss, params, batch = setup_case("attention", seed=4)
+    clip = median_norm(loss, params, batch)
+    mask = jnp.array([1, 0, 1, 1, 1, 1, 1, 0], jnp.float32)
+    eager = clipped_grad_sum(loss, params, *batch, l2_clip_norm=clip, example_mask=mask, microbatch_size=2)
+
+    @jax.jit
+    def jitted(p, x, y, m, c):  # clip norm traced
+        return clipped_grad_sum(loss, p, x, y, l2_clip_norm=c, example_mask=m, microbatch_size=2)
+
+    static = jax.jit(
+        lambda p, x, y, m: clipped_grad_sum(loss, p, x, y, l2_clip_norm=clip, example_mask=m, microbatch_size=2)
+    )
+    for out in (jitted(params, *batch, mask, jnp.float32(clip)), static(params, *batch, mask)):
+        assert_tree_close(out[0], eager[0])
+        np.testing.assert_allclose(np.asarray(out[1]), np.asarray(eager[1]), rtol=1e-5)

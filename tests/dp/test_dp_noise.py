@@ -1,0 +1,84 @@
+"""Tests for zoo.dp.add_gaussian_noise / privatize."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from zoo.dp import add_gaussian_noise, privatize
+
+SIGMA, CLIP = 1.3, 0.7
+
+
+def clean_tree():
+    rng = np.random.default_rng(0)
+    return {
+        "a": jnp.asarray(rng.standard_normal((300, 200)), jnp.float32),
+        "nested": {"b": jnp.ones((40_000,), jnp.float32)},
+    }
+
+
+def standardized(noisy, clean):
+    return np.concatenate(
+        [
+            ((np.asarray(n, np.float64) - np.asarray(c, np.float64)) / (SIGMA * CLIP)).ravel()
+            for n, c in zip(jax.tree.leaves(noisy), jax.tree.leaves(clean))
+        ]
+    )
+
+
+def test_noise_is_standard_normal_at_scale_sigma_c():
+    clean = clean_tree()
+    noisy = add_gaussian_noise(clean, jax.random.PRNGKey(0), noise_multiplier=SIGMA, l2_clip_norm=CLIP)
+    assert jax.tree.structure(noisy) == jax.tree.structure(clean)
+    z = standardized(noisy, clean)
+    n = z.size
+    assert n == 100_000
+    assert abs(z.mean()) < 5 / np.sqrt(n)
+    assert abs(z.std() - 1) < 0.02
+    # Each leaf separately as well (catches a wrong scale on one leaf only).
+    for leaf_n, leaf_c in zip(jax.tree.leaves(noisy), jax.tree.leaves(clean)):
+        zl = standardized(leaf_n, leaf_c)
+        assert abs(zl.std() - 1) < 0.03
+
+
+def test_keys_control_the_noise():
+    zeros = {"a": jnp.zeros((1000,)), "b": jnp.zeros((1000,))}
+    kw = dict(noise_multiplier=1.0, l2_clip_norm=1.0)
+    n1 = add_gaussian_noise(zeros, jax.random.PRNGKey(1), **kw)
+    n1_again = add_gaussian_noise(zeros, jax.random.PRNGKey(1), **kw)
+    n2 = add_gaussian_noise(zeros, jax.random.PRNGKey(2), **kw)
+    np.testing.assert_array_equal(np.asarray(n1["a"]), np.asarray(n1_again["a"]))
+    np.testing.assert_array_equal(np.asarray(n1["b"]), np.asarray(n1_again["b"]))
+    assert not np.allclose(np.asarray(n1["a"]), np.asarray(n2["a"]))
+    # Leaves of the same shape get independent noise (separate split keys).
+    assert not np.allclose(np.asarray(n1["a"]), np.asarray(n1["b"]))
+    assert abs(np.corrcoef(np.asarray(n1["a"]), np.asarray(n1["b"]))[0, 1]) < 0.15
+
+
+def test_privatize_divides_by_expected_batch_size():
+    clean = {"w": jnp.arange(6.0).reshape(2, 3)}
+    key = jax.random.PRNGKey(3)
+    noisy = add_gaussian_noise(clean, key, noise_multiplier=SIGMA, l2_clip_norm=CLIP)
+    mean = privatize(clean, key, noise_multiplier=SIGMA, l2_clip_norm=CLIP, expected_batch_size=64)
+    np.testing.assert_allclose(np.asarray(mean["w"]), np.asarray(noisy["w"]) / 64, rtol=1e-6)
+
+
+def test_zero_noise_and_unbounded_sensitivity():
+    clean = {"w": jnp.ones((3,))}
+    out = add_gaussian_noise(clean, jax.random.PRNGKey(0), noise_multiplier=0.0, l2_clip_norm=float("inf"))
+    np.testing.assert_array_equal(np.asarray(out["w"]), 1.0)
+    with pytest.raises(ValueError, match="inf"):
+        add_gaussian_noise(clean, jax.random.PRNGKey(0), noise_multiplier=1.0, l2_clip_norm=float("inf"))
+    with pytest.raises(ValueError, match="-0.5"):
+        add_gaussian_noise(clean, jax.random.PRNGKey(0), noise_multiplier=-0.5, l2_clip_norm=1.0)
+    with pytest.raises(ValueError, match="expected_batch_size"):
+        privatize(clean, jax.random.PRNGKey(0), noise_multiplier=1.0, l2_clip_norm=1.0, expected_batch_size=0)
+
+
+def test_works_under_jit_with_bf16_leaves():
+    clean = {"w": jnp.zeros((4096,), jnp.bfloat16)}
+    fn = jax.jit(lambda g, k, s: privatize(g, k, noise_multiplier=s, l2_clip_norm=1.0, expected_batch_size=2))
+    out = fn(clean, jax.random.PRNGKey(5), 2.0)
+    assert out["w"].dtype == jnp.bfloat16
+    assert abs(float(np.std(np.asarray(out["w"], np.float32))) - 1.0) < 0.1  # sigma*C/2 = 1

@@ -1,0 +1,122 @@
+"""Both backends: same names, same logits and gradients from the same canonical weights."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import zoo
+from zoo import names
+from zoo.errors import ZooError
+from zoo.jaxprs import checkpoint_names, count_eqns
+from zoo.models import canonical
+
+from conftest import assert_trees_close, labels_for, loss_of
+
+SIZES = [
+    ("mlp-s", {}),
+    ("mlp-m", {"num_layers": 3}),
+    ("transformer-xs", {"max_len": 16}),
+    ("transformer-xs", {"num_layers": 3, "d_model": 32, "num_heads": 2, "d_ff": 48, "max_len": 12}),
+    ("transformer-digits", {}),
+]
+
+
+@pytest.mark.parametrize("preset", ["mlp-s", "transformer-xs", "transformer-digits"])
+def test_both_backends_tag_the_same_names(preset):
+    x = zoo.example_batch(preset, 2, seq_len=8)
+    found = {}
+    for backend in zoo.BACKENDS:
+        model = zoo.load_model(preset, backend)
+        found[backend] = checkpoint_names(lambda x: model(x), x)
+    assert found["nnx"] == found["eqx"]
+    expected = set(names.ALL) if preset.startswith("transformer") else (
+        set(names.ALL) - set(names.TRANSFORMER_ONLY))
+    assert found["nnx"] == expected
+
+
+@pytest.mark.parametrize("preset,overrides", SIZES)
+def test_converted_weights_give_same_logits_and_grads(preset, overrides):
+    cfg = zoo.get_config(preset, **overrides)
+    params = canonical.init_params(cfg, seed=3)
+    # perturb biases and gains so the test does not rely on zeros and ones
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, p: p if path[-1].key == "w" else
+        p + 0.1 * jax.random.normal(jax.random.key(p.size), p.shape), params)
+    x = zoo.example_batch(cfg, 3, seed=4)
+    y = labels_for(cfg, x)
+    nnx_model = zoo.from_canonical(cfg, "nnx", params)
+    eqx_model = zoo.from_canonical(cfg, "eqx", zoo.to_canonical(nnx_model))
+    np.testing.assert_allclose(nnx_model(x), eqx_model(x), atol=1e-5, rtol=0)
+    grads = {b: jax.grad(loss_of(cfg, b))(params, x, y) for b in zoo.BACKENDS}
+    assert_trees_close(grads["nnx"], grads["eqx"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["nnx", "eqx"])
+@pytest.mark.parametrize("preset", ["mlp-s", "transformer-xs"])
+def test_canonical_round_trip_is_exact(preset, backend):
+    params = canonical.init_params(zoo.get_config(preset), seed=5)
+    again = zoo.to_canonical(zoo.from_canonical(preset, backend, params))
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(a, b), params, again)
+
+
+@pytest.mark.parametrize("preset", ["mlp-s", "transformer-s"])
+def test_same_seed_same_initial_weights_in_both_backends(preset):
+    a = zoo.to_canonical(zoo.load_model(preset, "nnx", seed=7))
+    b = zoo.to_canonical(zoo.load_model(preset, "eqx", seed=7))
+    c = zoo.to_canonical(zoo.load_model(preset, "eqx", seed=8))
+    jax.tree_util.tree_map(lambda u, v: np.testing.assert_array_equal(u, v), a, b)
+    assert not np.array_equal(a["head"]["w"], c["head"]["w"])
+
+
+def test_canonical_shapes_match_the_documented_layout():
+    cfg = zoo.get_config("transformer-s")
+    shapes = canonical.canonical_shapes(cfg)
+    L, D, F, V, T = cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.max_len
+    assert shapes["embed.w"] == (V, D) and shapes["pos.w"] == (T, D)
+    assert shapes["blocks.attn.q.w"] == (L, D, D)
+    assert shapes["blocks.mlp.up.w"] == (L, D, F) and shapes["blocks.mlp.down.w"] == (L, F, D)
+    assert shapes["head.w"] == (D, V) and shapes["ln_f.scale"] == (D,)
+    params = zoo.to_canonical(zoo.load_model("transformer-s", "eqx"))
+    assert {r.path: r.shape for r in zoo.param_table(params)} == shapes
+
+
+@pytest.mark.parametrize("backend", ["nnx", "eqx"])
+@pytest.mark.parametrize("preset", ["mlp-s", "transformer-xs"])
+def test_train_step_jaxpr_does_not_grow_with_depth(preset, backend):
+    counts = []
+    for depth in (2, 32):
+        cfg = zoo.get_config(preset, num_layers=depth)
+        params = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
+        x = zoo.example_batch(cfg, 2, seq_len=8)
+        step = jax.value_and_grad(loss_of(cfg, backend))
+        counts.append(count_eqns(step, params, x, labels_for(cfg, x)))
+    assert counts[0] == counts[1]
+
+
+def test_param_table_counts_match_model():
+    model = zoo.load_model("mlp-s", "nnx")
+    rows = zoo.param_table(model)
+    assert {r.path for r in rows} == {"in_proj.w", "in_proj.b", "blocks.dense.w", "blocks.dense.b",
+                                      "head.w", "head.b"}
+    assert sum(r.count for r in rows) == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+
+
+def test_errors_name_the_value_and_suggest():
+    with pytest.raises(ZooError, match=r"'mlp-x'.*Did you mean.*mlp-s"):
+        zoo.load_model("mlp-x")
+    with pytest.raises(ZooError, match=r"'flax'.*Valid: eqx, nnx"):
+        zoo.load_model("mlp-s", backend="flax")
+    with pytest.raises(ZooError, match=r"'num_layer'.*num_layers"):
+        zoo.load_model("mlp-s", num_layer=3)
+    with pytest.raises(ZooError, match="num_heads"):
+        zoo.get_config("transformer-xs", num_heads=5)
+    params = canonical.init_params(zoo.get_config("mlp-s"))
+    with pytest.raises(ZooError, match=r"head.w: got \(128, 10\), want \(256, 10\)"):
+        zoo.from_canonical("mlp-m", "nnx", {**params, "blocks": params["blocks"]})
+
+
+def test_overrides_reach_the_model():
+    model = zoo.load_model("transformer-xs", "eqx", num_layers=3, d_model=32, vocab_size=50)
+    shapes = {r.path: r.shape for r in zoo.param_table(model)}
+    assert shapes["blocks.attn.q.w"] == (3, 32, 32) and shapes["embed.w"] == (50, 32)

@@ -1,0 +1,58 @@
+"""Every registered remat policy gives the same loss and gradients as no remat."""
+
+import jax
+import pytest
+
+import zoo
+from zoo import remat
+from zoo.errors import ZooError
+from zoo.models import canonical
+
+from conftest import assert_trees_close, labels_for, loss_of
+
+CUSTOM = "custom:attn_q=device,layer_input=offload,mlp_hidden=remat,mlp_out=device"
+MODELS = {
+    "mlp": dict(preset="mlp-s", num_layers=4),
+    "transformer": dict(preset="transformer-xs", num_layers=4, d_model=32, d_ff=64, max_len=8,
+                        vocab_size=40),
+}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    out = {}
+    for kind, spec in MODELS.items():
+        spec = dict(spec)
+        cfg = zoo.get_config(spec.pop("preset"), **spec)
+        params = canonical.init_params(cfg, 1)
+        x = zoo.example_batch(cfg, 3, seed=2)
+        y = labels_for(cfg, x)
+        out[kind] = cfg, params, x, y, jax.value_and_grad(loss_of(cfg, "nnx"))(params, x, y)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["nnx", "eqx"])
+@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("policy", [*remat.policy_names(), CUSTOM])
+def test_policy_matches_no_remat(reference, kind, backend, policy):
+    cfg, params, x, y, (loss0, grads0) = reference[kind]
+    loss, grads = jax.jit(jax.value_and_grad(loss_of(cfg, backend, policy)))(params, x, y)
+    assert abs(float(loss) - float(loss0)) <= 1e-5 * abs(float(loss0))
+    assert_trees_close(grads, grads0, rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_policy_lists_valid_names():
+    with pytest.raises(ZooError, match=r"'ful'.*Did you mean 'full'.*Valid:.*minimal"):
+        remat.get_policy("ful")
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("custom:", "empty"),
+    ("custom:attn_q", "NAME=device"),
+    ("custom:atn_q=device", "Did you mean 'attn_q'"),
+    ("custom:attn_q=disk", "'disk'.*Valid: device, offload, remat"),
+    ("custom:attn_q=device,attn_q=remat", "twice"),
+])
+def test_bad_custom_specs(spec, match):
+    with pytest.raises(ZooError, match=match):
+        remat.get_policy(spec)

@@ -1,0 +1,88 @@
+"""The public Python API: load models, convert weights, inspect parameters, make inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from zoo.configs import MLPConfig, ModelConfig
+from zoo.models import canonical
+from zoo.models.registry import check_backend, get_config
+
+
+def load_model(name: str | ModelConfig, backend: str = "nnx", seed: int = 0, **overrides):
+    """A freshly initialised NNX or Equinox model of preset ``name``.
+
+    The weights come from :func:`zoo.models.canonical.init_params`, so the same seed gives
+    the same weights in both backends.
+    """
+    cfg = get_config(name, **overrides)
+    return canonical.from_canonical(cfg, check_backend(backend), canonical.init_params(cfg, seed))
+
+
+def to_canonical(model) -> dict:
+    """NNX or Equinox model -> canonical nested dict of arrays."""
+    return canonical.to_canonical(model)
+
+
+def from_canonical(name: str | ModelConfig, backend: str, params: dict, **overrides):
+    """Canonical params -> model of preset ``name`` in ``backend``. Shapes are checked."""
+    cfg = get_config(name, **overrides)
+    canonical.check_params(cfg, params)
+    return canonical.from_canonical(cfg, check_backend(backend), params)
+
+
+def config_of(model) -> ModelConfig:
+    return model.cfg
+
+
+@dataclass(frozen=True)
+class ParamRow:
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    count: int
+
+
+def param_table(model_or_params) -> list[ParamRow]:
+    """Rows of (dotted canonical path, shape, dtype, count) for a model or canonical tree."""
+    params = model_or_params if isinstance(model_or_params, dict) else to_canonical(model_or_params)
+    return [
+        ParamRow(
+            jax.tree_util.keystr(path, simple=True, separator="."),
+            tuple(leaf.shape),
+            str(leaf.dtype),
+            int(np.prod(leaf.shape, dtype=np.int64)),
+        )
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+    ]
+
+
+def param_count(model_or_params) -> int:
+    return sum(row.count for row in param_table(model_or_params))
+
+
+def example_batch(name: str | ModelConfig, batch_size: int = 2, seed: int = 0,
+                  seq_len: int | None = None, **overrides) -> jax.Array:
+    """A valid random model input for preset ``name``: features, token ids or feature rows."""
+    cfg = get_config(name, **overrides)
+    key = jax.random.key(seed)
+    if isinstance(cfg, MLPConfig):
+        return jax.random.uniform(key, (batch_size, cfg.d_in))
+    seq_len = seq_len or cfg.max_len
+    if cfg.takes_features:
+        return jax.random.uniform(key, (batch_size, seq_len, cfg.d_in))
+    return jax.random.randint(key, (batch_size, seq_len), 0, cfg.vocab_size, dtype=jnp.int32)
+
+
+def apply_fn(cfg: ModelConfig, backend: str):
+    """Pure ``apply(params, x, remat="none") -> logits`` on canonical params."""
+    check_backend(backend)
+
+    def apply(params: dict, x: jax.Array, remat: str = "none") -> jax.Array:
+        return canonical.from_canonical(cfg, backend, params)(x, remat=remat)
+
+    return apply

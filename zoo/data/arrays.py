@@ -1,0 +1,149 @@
+"""Turn a `datasets.Dataset` into numpy arrays: features/labels, text, and deterministic splits."""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+
+from zoo.data.errors import DatasetError
+
+_NUMERIC = ("bool", "int", "uint", "float")
+
+
+def require_column(ds: datasets.Dataset, column: str, source: str, role: str) -> None:
+    if column not in ds.column_names:
+        raise DatasetError(
+            f"{source!r} has no {role} column {column!r}. Available columns: {', '.join(ds.column_names)}."
+        )
+
+
+def _is_numeric(feature: object) -> bool:
+    dtype = getattr(feature, "dtype", "")
+    return isinstance(feature, datasets.Value) and dtype.startswith(_NUMERIC)
+
+
+def _to_unit_range(x: np.ndarray) -> np.ndarray:
+    """Images as float32 in [0, 1]: values already <= 1 are kept, 8-bit ranges divide by 255."""
+    x = x.astype(np.float32)
+    top = float(x.max()) if x.size else 0.0
+    if top > 1.0:
+        x /= 255.0 if top <= 255.0 else top
+    return x
+
+
+def _stack_images(column: np.ndarray, source: str, image_column: str) -> np.ndarray:
+    if column.dtype != object:
+        return column
+    shapes = {np.shape(img) for img in column}
+    if len(shapes) != 1:
+        raise DatasetError(
+            f"{source!r}: images in column {image_column!r} differ in shape: {sorted(shapes)[:4]}"
+        )
+    return np.stack([np.asarray(img) for img in column])
+
+
+def classify_features(
+    ds: datasets.Dataset, *, source: str, image_column: str, label_column: str
+) -> tuple[np.ndarray, tuple[int, ...] | None]:
+    """float32 ``[N, F]`` features and the per-example shape (None for tabular columns).
+
+    With an ``image_column`` the images are flattened and scaled to [0, 1]; otherwise every
+    column except ``label_column`` must be numeric and becomes one feature.
+    """
+    if image_column in ds.column_names:
+        raw = ds.with_format("numpy", columns=[image_column])[:][image_column]
+        images = _stack_images(np.asarray(raw), source, image_column)
+        if images.ndim < 2:
+            raise DatasetError(f"{source!r}: column {image_column!r} holds scalars, not images")
+        return _to_unit_range(images).reshape(len(images), -1), tuple(int(d) for d in images.shape[1:])
+    columns = [c for c in ds.column_names if c != label_column]
+    if not columns:
+        raise DatasetError(f"{source!r} has no feature columns besides the label column {label_column!r}")
+    for c in columns:
+        if not _is_numeric(ds.features[c]):
+            raise DatasetError(
+                f"{source!r}: feature column {c!r} is {ds.features[c]}, not numeric. "
+                f"Pass image_column= or label_column= if it is the image or the label."
+            )
+    table = ds.with_format("numpy", columns=columns)[:]
+    x = np.stack([np.asarray(table[c], dtype=np.float32) for c in columns], axis=1)
+    if not np.isfinite(x).all():
+        raise DatasetError(f"{source!r}: feature columns contain missing or non-finite values")
+    return x, None
+
+
+def classify_labels(ds: datasets.Dataset, *, source: str, label_column: str) -> tuple[np.ndarray, int]:
+    """int64 ``[N]`` labels in ``[0, num_classes)`` and ``num_classes``.
+
+    ClassLabel columns keep their declared class count; integer columns use ``max + 1``; string
+    columns are numbered in sorted order.
+    """
+    require_column(ds, label_column, source, "label")
+    feature = ds.features[label_column]
+    raw = np.asarray(ds.with_format("numpy", columns=[label_column])[:][label_column])
+    if isinstance(feature, datasets.ClassLabel):
+        if raw.size and raw.min() < 0:
+            raise DatasetError(f"{source!r}: label column {label_column!r} has unlabelled rows (-1)")
+        return raw.astype(np.int64), int(feature.num_classes)
+    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
+        names, y = np.unique(raw.astype(str), return_inverse=True)
+        return y.astype(np.int64), len(names)
+    if not _is_numeric(feature):
+        raise DatasetError(f"{source!r}: label column {label_column!r} is {feature}, not a class label")
+    if raw.size and (not np.isfinite(raw).all() or (raw != np.round(raw)).any() or raw.min() < 0):
+        raise DatasetError(f"{source!r}: label column {label_column!r} must hold non-negative integers")
+    y = raw.astype(np.int64)
+    return y, int(y.max()) + 1 if y.size else 0
+
+
+def keep_classes(
+    x: np.ndarray, y: np.ndarray, classes: tuple[int, ...], source: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose label is in ``classes``, relabelled to the label's index in ``classes``."""
+    wanted = [int(c) for c in classes]
+    if not wanted:
+        raise DatasetError("classes must name at least one class")
+    if len(set(wanted)) != len(wanted):
+        raise DatasetError(f"classes {tuple(wanted)} repeats a class")
+    present = set(np.unique(y).tolist())
+    missing = [c for c in wanted if c not in present]
+    if missing:
+        raise DatasetError(
+            f"{source!r} has no examples of class(es) {missing}. Labels present: {sorted(present)}."
+        )
+    keep = np.isin(y, wanted)
+    remap = np.full(max(present) + 1, -1, dtype=np.int64)
+    remap[wanted] = np.arange(len(wanted))
+    return x[keep], remap[y[keep]]
+
+
+def split_indices(n: int, eval_fraction: float, seed: int, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """(train, eval) row indices from `datasets`' seeded ``train_test_split`` of ``range(n)``."""
+    index = datasets.Dataset.from_dict({"i": np.arange(n, dtype=np.int64)})
+    try:
+        parts = index.train_test_split(test_size=eval_fraction, seed=seed)
+    except ValueError as e:
+        raise DatasetError(
+            f"cannot split {n} examples of {source!r} with eval_fraction={eval_fraction}: {e}"
+        ) from None
+    train = np.asarray(parts["train"].with_format("numpy")[:]["i"], dtype=np.int64)
+    test = np.asarray(parts["test"].with_format("numpy")[:]["i"], dtype=np.int64)
+    return train, test
+
+
+def join_text(ds: datasets.Dataset, *, source: str, text_column: str, separator: str) -> str:
+    """All rows of ``text_column`` joined with ``separator`` (None rows are skipped)."""
+    require_column(ds, text_column, source, "text")
+    feature = ds.features[text_column]
+    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+        raise DatasetError(f"{source!r}: text column {text_column!r} is {feature}, not text")
+    rows = ds.select_columns([text_column])[:][text_column]
+    return separator.join(r for r in rows if r is not None)
+
+
+def lm_cut(n: int, eval_fraction: float, source: str) -> int:
+    """Index where the eval tail starts: the last ``eval_fraction`` of ``n`` tokens (>= 1 each side)."""
+    if n < 2:
+        raise DatasetError(f"{source!r} has {n} characters of text; need at least 2 to split")
+    n_eval = min(max(int(round(n * eval_fraction)), 1), n - 1)
+    return n - n_eval

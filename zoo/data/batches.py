@@ -1,0 +1,110 @@
+"""Fixed-shape batches: random training batches and a deterministic pass over the eval split.
+
+Every batch is a dict of numpy arrays with a leading batch axis B and a float32 ``"mask"`` [B]
+that is 1 for real rows and 0 for padding (only the last eval batch is ever padded).
+classify: ``x`` float32 [B, F], ``y`` int32 [B].
+lm: ``x`` int32 [B, seq_len] token windows, ``y`` int32 [B, seq_len] the next tokens (x shifted by one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from zoo.data.dataset import Dataset
+from zoo.data.errors import DatasetError
+
+SPLITS = ("train", "eval")
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise DatasetError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _split(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray | None]:
+    if split == "train":
+        return ds.x_train, ds.y_train
+    if split == "eval":
+        return ds.x_eval, ds.y_eval
+    raise DatasetError(f"unknown split {split!r}. Valid: {', '.join(SPLITS)}.")
+
+
+def _tokens_for(ds: Dataset, split: str, seq_len: int | None) -> tuple[np.ndarray, int]:
+    if seq_len is None:
+        raise DatasetError(f"{ds.name!r} is an lm dataset: pass seq_len= to get token windows")
+    seq_len = _positive("seq_len", seq_len)
+    tokens, _ = _split(ds, split)
+    if tokens.shape[0] < seq_len + 1:
+        raise DatasetError(
+            f"the {split} split of {ds.name!r} has {tokens.shape[0]} tokens; "
+            f"seq_len={seq_len} needs at least {seq_len + 1}"
+        )
+    return tokens, seq_len
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
+    window = tokens[idx]
+    return {
+        "x": np.ascontiguousarray(window[:, :-1]),
+        "y": np.ascontiguousarray(window[:, 1:]),
+        "mask": np.ones(len(starts), np.float32),
+    }
+
+
+def sample_batch(
+    ds: Dataset, split: str, batch_size: int, rng: np.random.Generator, seq_len: int | None = None
+) -> dict[str, np.ndarray]:
+    """One random batch from ``split`` ("train" or "eval"); ``mask`` is all ones.
+
+    classify: rows drawn without replacement (with replacement only if batch_size > rows);
+    ``seq_len`` is ignored. lm: ``batch_size`` windows starting at uniform random offsets.
+    """
+    batch_size = _positive("batch_size", batch_size)
+    if ds.task == "lm":
+        tokens, seq_len = _tokens_for(ds, split, seq_len)
+        starts = rng.integers(0, tokens.shape[0] - seq_len, size=batch_size)
+        return _windows(tokens, starts, seq_len)
+    x, y = _split(ds, split)
+    n = x.shape[0]
+    if n == 0:
+        raise DatasetError(f"the {split} split of {ds.name!r} is empty")
+    idx = rng.choice(n, batch_size, replace=batch_size > n)
+    return {"x": x[idx], "y": y[idx], "mask": np.ones(batch_size, np.float32)}
+
+
+def eval_batches(
+    ds: Dataset, batch_size: int, seq_len: int | None = None, max_batches: int | None = None
+) -> Iterator[dict[str, np.ndarray]]:
+    """Deterministic batches over the eval split, every one of shape ``batch_size``.
+
+    classify: consecutive rows; the last batch is padded with zero rows whose ``mask`` is 0, so
+    ``sum(mask)`` over all batches equals ``ds.num_eval``.
+    lm: consecutive non-overlapping windows (``(num_eval - 1) // seq_len`` of them); a partial last
+    batch is padded by repeating its first window with ``mask`` 0.
+    At most ``max_batches`` batches are yielded when it is given.
+    """
+    batch_size = _positive("batch_size", batch_size)
+    limit = None if max_batches is None else _positive("max_batches", max_batches)
+    if ds.task == "lm":
+        tokens, seq_len = _tokens_for(ds, "eval", seq_len)
+        starts = np.arange((tokens.shape[0] - 1) // seq_len) * seq_len
+        rows, make = len(starts), lambda idx: _windows(tokens, starts[idx], seq_len)
+    else:
+        rows = ds.num_eval
+        make = lambda idx: {"x": ds.x_eval[idx], "y": ds.y_eval[idx]}  # noqa: E731
+    for count, begin in enumerate(range(0, rows, batch_size)):
+        if limit is not None and count >= limit:
+            return
+        real = min(batch_size, rows - begin)
+        idx = np.arange(begin, begin + batch_size)
+        idx[real:] = begin  # padding rows repeat a real row; the mask hides them
+        batch = make(idx)
+        if ds.task == "classify":
+            batch["x"][real:] = 0.0
+            batch["y"][real:] = 0
+        batch["mask"] = (np.arange(batch_size) < real).astype(np.float32)
+        yield batch

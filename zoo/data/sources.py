@@ -1,0 +1,236 @@
+"""`load_dataset` and its specs: ``digits``, ``python-docs``, ``hf:``, ``text:``, ``csv:``, ``parquet:``.
+
+Every source is first read into a `datasets.Dataset` holding the rows to train on; one path then
+turns it into numpy arrays and a deterministic train/eval split.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from dataclasses import dataclass
+
+import datasets
+import numpy as np
+
+from zoo.data.arrays import (
+    classify_features,
+    classify_labels,
+    join_text,
+    keep_classes,
+    lm_cut,
+    split_indices,
+)
+from zoo.data.dataset import TASKS, Dataset
+from zoo.data.errors import DatasetError
+from zoo.data.hub import load_hub
+from zoo.data.tokenizer import CharTokenizer
+
+DATASET_KINDS = (
+    "digits",
+    "python-docs",
+    "hf:NAME[:CONFIG]",
+    "text:PATH[,PATH...]",
+    "csv:PATH",
+    "parquet:PATH",
+)
+_BUILTINS = ("digits", "python-docs")
+_SCHEMES = ("hf", "text", "csv", "parquet")
+_ONLY_TASK = {"digits": "classify", "python-docs": "lm", "text": "lm"}
+DOCUMENT_SEPARATOR = "\n\n"  # between python-docs topics
+ROW_SEPARATOR = "\n"  # between rows of text files, csv/parquet and hf text columns
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What a spec reads: the rows plus the column names to use for them."""
+
+    rows: datasets.Dataset
+    text_column: str
+    image_column: str
+    label_column: str
+    separator: str = ROW_SEPARATOR
+
+
+def _valid_forms() -> str:
+    return ", ".join(DATASET_KINDS)
+
+
+def _unknown_spec(spec: str) -> DatasetError:
+    if ":" in spec:
+        scheme, rest = spec.split(":", 1)
+        close = [f"{s}:{rest}" for s in difflib.get_close_matches(scheme, _SCHEMES, n=2, cutoff=0.5)]
+    else:
+        close = difflib.get_close_matches(spec, _BUILTINS, n=2, cutoff=0.6)
+        if not close and spec.strip() and " " not in spec:
+            close = [f"hf:{spec}"]
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return DatasetError(f"unknown dataset {spec!r}.{hint} Valid forms: {_valid_forms()}.")
+
+
+def _train_rows(loaded: datasets.Dataset | datasets.DatasetDict, spec: str) -> datasets.Dataset:
+    if isinstance(loaded, datasets.Dataset):
+        return loaded
+    if "train" in loaded:
+        return loaded["train"]
+    if len(loaded) == 1:
+        return next(iter(loaded.values()))
+    raise DatasetError(f"{spec!r} has no 'train' split. Splits: {', '.join(loaded)}.")
+
+
+def _local_paths(spec: str, rest: str, many: bool) -> list[str]:
+    parts = [p.strip() for p in rest.split(",")] if many else [rest.strip()]
+    if not any(parts):
+        raise DatasetError(f"{spec!r} names no file. Valid forms: {_valid_forms()}.")
+    paths = []
+    for part in parts:
+        path = os.path.abspath(os.path.expanduser(part))
+        if not part or not os.path.isfile(path):
+            raise DatasetError(f"{spec!r}: file not found: {part or '(empty path)'!r}")
+        paths.append(path)
+    return paths
+
+
+def _load_local(spec: str, builder: str, paths: list[str], **options: object) -> datasets.Dataset:
+    try:
+        loaded = datasets.load_dataset(builder, data_files=paths, **options)
+    except Exception as e:
+        raise DatasetError(f"cannot read {spec!r} as {builder}: {type(e).__name__}: {e}") from e
+    return _train_rows(loaded, spec)
+
+
+@functools.cache
+def _digits() -> _Source:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    features = datasets.Features(
+        {
+            "image": datasets.Array2D(shape=(8, 8), dtype="float32"),
+            "label": datasets.ClassLabel(names=[str(d) for d in range(10)]),
+        }
+    )
+    images = (bunch.images / 16.0).astype(np.float32)
+    rows = datasets.Dataset.from_dict({"image": images, "label": bunch.target}, features=features)
+    return _Source(rows, text_column="text", image_column="image", label_column="label")
+
+
+@functools.cache
+def _python_docs() -> _Source:
+    from pydoc_data.topics import topics
+
+    rows = datasets.Dataset.from_dict({"text": [topics[k] for k in sorted(topics)]})
+    return _Source(rows, "text", "image", "label", separator=DOCUMENT_SEPARATOR)
+
+
+def _kind(spec: str) -> str:
+    """The builtin name or scheme of ``spec``; DatasetError if it is neither."""
+    if spec in _BUILTINS:
+        return spec
+    scheme, sep, _ = spec.partition(":")
+    if not sep or scheme not in _SCHEMES:
+        raise _unknown_spec(spec)
+    return scheme
+
+
+def _read(spec: str, text_column: str, image_column: str, label_column: str) -> _Source:
+    """The rows ``spec`` names, with the column names to read them by."""
+    if spec == "digits":
+        return _digits()
+    if spec == "python-docs":
+        return _python_docs()
+    scheme, _, rest = spec.partition(":")
+    columns = {"text_column": text_column, "image_column": image_column, "label_column": label_column}
+    if scheme == "hf":
+        name, _, config = rest.partition(":")
+        if not name.strip():
+            raise DatasetError(f"{spec!r} names no dataset; use hf:NAME[:CONFIG], e.g. hf:mnist")
+        rows = _train_rows(load_hub(spec, name.strip(), config.strip() or None), spec)
+        return _Source(rows, **columns)
+    if scheme == "text":
+        rows = _load_local(spec, "text", _local_paths(spec, rest, many=True), sample_by="document")
+        return _Source(rows, "text", image_column, label_column)
+    rows = _load_local(spec, scheme, _local_paths(spec, rest, many=False))
+    return _Source(rows, **columns)
+
+
+def _check_args(task: str, eval_fraction: float, classes: object, tokenizer: object) -> None:
+    if task not in TASKS:
+        close = difflib.get_close_matches(str(task), TASKS, n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise DatasetError(f"unknown task {task!r}.{hint} Valid: {', '.join(TASKS)}.")
+    if not isinstance(eval_fraction, (int, float)) or not 0.0 < eval_fraction < 1.0:
+        raise DatasetError(f"eval_fraction must be a number in (0, 1), got {eval_fraction!r}")
+    if classes is not None and task != "classify":
+        raise DatasetError(f"classes= only applies to task='classify', not {task!r}")
+    if tokenizer is not None and task != "lm":
+        raise DatasetError(f"tokenizer= only applies to task='lm', not {task!r}")
+    if tokenizer is not None and not isinstance(tokenizer, CharTokenizer):
+        raise DatasetError(f"tokenizer must be a CharTokenizer, got {type(tokenizer).__name__}")
+
+
+def _classify(
+    spec: str, src: _Source, seed: int, eval_fraction: float, classes: tuple[int, ...] | None
+) -> Dataset:
+    rows = src.rows
+    y, num_classes = classify_labels(rows, source=spec, label_column=src.label_column)
+    x, feature_shape = classify_features(
+        rows, source=spec, image_column=src.image_column, label_column=src.label_column
+    )
+    if classes is not None:
+        x, y = keep_classes(x, y, tuple(classes), spec)
+        num_classes = len(classes)
+    train, held = split_indices(len(y), eval_fraction, seed, spec)
+    return Dataset(
+        name=spec,
+        task="classify",
+        x_train=x[train],
+        y_train=y[train].astype(np.int32),
+        x_eval=x[held],
+        y_eval=y[held].astype(np.int32),
+        num_classes=num_classes,
+        feature_shape=feature_shape,
+    )
+
+
+def _lm(spec: str, src: _Source, eval_fraction: float, tokenizer: CharTokenizer | None) -> Dataset:
+    text = join_text(src.rows, source=spec, text_column=src.text_column, separator=src.separator)
+    tok = tokenizer if tokenizer is not None else CharTokenizer.fit(text)
+    ids = tok.encode(text)
+    cut = lm_cut(len(ids), eval_fraction, spec)
+    return Dataset(
+        name=spec, task="lm", x_train=ids[:cut], y_train=None, x_eval=ids[cut:], y_eval=None, tokenizer=tok
+    )
+
+
+def load_dataset(
+    spec: str,
+    *,
+    task: str,
+    seed: int = 0,
+    eval_fraction: float = 0.1,
+    classes: tuple[int, ...] | None = None,
+    text_column: str = "text",
+    image_column: str = "image",
+    label_column: str = "label",
+    tokenizer: CharTokenizer | None = None,
+) -> Dataset:
+    """Load ``spec`` (one of ``DATASET_KINDS``) for ``task`` ("classify" or "lm").
+
+    classify: rows are split with `datasets`' ``train_test_split(test_size=eval_fraction, seed=seed)``;
+    ``classes`` keeps only those original labels and renumbers them 0..len(classes)-1 in order.
+    lm: the text is joined, tokenized per character (``tokenizer`` if given, else one fitted on the
+    whole text) and the last ``eval_fraction`` of the tokens is the eval split (``seed`` is unused).
+    """
+    if not isinstance(spec, str):
+        raise DatasetError(f"dataset spec must be a string, got {type(spec).__name__}")
+    _check_args(task, eval_fraction, classes, tokenizer)
+    spec = spec.strip()
+    only = _ONLY_TASK.get(_kind(spec))
+    if only is not None and only != task:
+        raise DatasetError(f"{spec!r} supports only task={only!r}, not {task!r}")
+    src = _read(spec, text_column, image_column, label_column)
+    if task == "classify":
+        return _classify(spec, src, seed, eval_fraction, classes)
+    return _lm(spec, src, eval_fraction, tokenizer)

@@ -1,0 +1,264 @@
+"""DP-SGD configuration and privacy accounting via ``dp_accounting``.
+
+One DP-SGD step is modelled as ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))``
+(Poisson subsampling with rate ``q``, Gaussian noise with multiplier ``sigma``
+relative to the clip norm); ``steps`` steps are its self-composition.  The
+neighbouring relation is add/remove-one example, matching the sensitivity ``C``
+of the clipped sum in :mod:`zoo.dp.clipping`.
+
+Accountants: ``"pld"`` (privacy loss distributions, tight; the default) and
+``"rdp"`` (Renyi DP, faster but looser).  The PLD discretisation is exposed as
+``pld_discretization``: coarser values are faster and still give valid
+(pessimistic) upper bounds on epsilon.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from dataclasses import dataclass
+
+import dp_accounting
+from dp_accounting.pld import PLDAccountant
+from dp_accounting.rdp import RdpAccountant
+
+from zoo.errors import ZooError, choice_error
+
+__all__ = [
+    "ACCOUNTANTS",
+    "DPConfig",
+    "validate",
+    "calibrate_noise_multiplier",
+    "epsilon_spent",
+    "max_steps_within_budget",
+    "resolve_noise_multiplier",
+]
+
+ACCOUNTANTS = ("pld", "rdp")
+CLIPPING_MODES = ("vmap", "ghost")
+SAMPLERS = ("poisson",)
+DEFAULT_PLD_DISCRETIZATION = 1e-4  # dp_accounting's own default
+
+
+@dataclass(frozen=True)
+class DPConfig:
+    """DP-SGD settings.  Set exactly one of ``epsilon`` and ``noise_multiplier``.
+
+    ``epsilon`` is a target budget from which the noise multiplier is
+    calibrated; with ``noise_multiplier`` given directly, epsilon is reported.
+    ``expected_batch_size / num_examples`` is the Poisson sampling rate q.
+    """
+
+    enabled: bool = False
+    epsilon: float | None = None
+    delta: float = 1e-5
+    noise_multiplier: float | None = None
+    clip_norm: float = 1.0
+    expected_batch_size: int = 256
+    microbatch_size: int | None = None
+    accountant: str = "pld"
+    clipping: str = "vmap"
+    sampler: str = "poisson"
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def validate(cfg: DPConfig, num_examples: int) -> None:
+    """Raise :class:`zoo.errors.ZooError` (a ``ValueError``) saying what is wrong.
+
+    A disabled config (``enabled=False``) is not checked: its DP fields are unused.
+    """
+    if not cfg.enabled:
+        return
+    if isinstance(num_examples, bool) or not isinstance(num_examples, numbers.Integral) or num_examples < 1:
+        raise ZooError(f"DP needs a positive number of training examples; got num_examples={num_examples!r}.")
+    n = int(num_examples)
+    if cfg.sampler != "poisson":
+        raise ZooError(
+            f"DP-SGD requires sampler='poisson' (the accountant assumes Poisson "
+            f"subsampling); got sampler={cfg.sampler!r}."
+        )
+    if cfg.accountant not in ACCOUNTANTS:
+        raise choice_error("accountant", cfg.accountant, ACCOUNTANTS)
+    if cfg.clipping not in CLIPPING_MODES:
+        raise choice_error("clipping", cfg.clipping, CLIPPING_MODES)
+    if (cfg.epsilon is None) == (cfg.noise_multiplier is None):
+        raise ZooError(
+            "set exactly one of epsilon (target budget; the noise multiplier is "
+            "calibrated) and noise_multiplier (epsilon is then reported); got "
+            f"epsilon={cfg.epsilon!r}, noise_multiplier={cfg.noise_multiplier!r}."
+        )
+    if cfg.epsilon is not None and not (_is_num(cfg.epsilon) and cfg.epsilon > 0 and math.isfinite(cfg.epsilon)):
+        raise ZooError(f"epsilon must be a finite number > 0; got epsilon={cfg.epsilon!r}.")
+    if cfg.noise_multiplier is not None and not (
+        _is_num(cfg.noise_multiplier) and cfg.noise_multiplier > 0 and math.isfinite(cfg.noise_multiplier)
+    ):
+        raise ZooError(
+            f"noise_multiplier must be a finite number > 0 (0 gives no privacy); "
+            f"got noise_multiplier={cfg.noise_multiplier!r}."
+        )
+    if not (_is_num(cfg.delta) and cfg.delta > 0):
+        raise ZooError(f"delta must be > 0; got delta={cfg.delta!r}.")
+    if cfg.delta >= 1.0 / n:
+        raise ZooError(
+            f"delta={cfg.delta!r} must be < 1/num_examples = 1/{n} = {1.0 / n:.3g}; "
+            "a larger delta allows releasing whole examples."
+        )
+    if not (_is_num(cfg.clip_norm) and cfg.clip_norm > 0 and math.isfinite(cfg.clip_norm)):
+        raise ZooError(f"clip_norm must be a finite number > 0; got clip_norm={cfg.clip_norm!r}.")
+    if not (_is_num(cfg.expected_batch_size) and cfg.expected_batch_size > 0):
+        raise ZooError(
+            f"expected_batch_size must be > 0; got expected_batch_size={cfg.expected_batch_size!r}."
+        )
+    q = cfg.expected_batch_size / n
+    if not (0.0 < q <= 1.0):
+        raise ZooError(
+            f"sampling rate q = expected_batch_size / num_examples = "
+            f"{cfg.expected_batch_size}/{n} = {q:.6g} is outside (0, 1]; lower "
+            "expected_batch_size or use more data."
+        )
+    mb = cfg.microbatch_size
+    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, numbers.Integral) or mb < 1):
+        raise ZooError(f"microbatch_size must be a positive int or None; got microbatch_size={mb!r}.")
+
+
+def _make_accountant(accountant: str, pld_discretization: float):
+    if accountant == "pld":
+        return functools.partial(PLDAccountant, value_discretization_interval=pld_discretization)
+    if accountant == "rdp":
+        return RdpAccountant
+    raise choice_error("accountant", accountant, ACCOUNTANTS)
+
+
+def _check_common(delta: float, sampling_prob: float) -> None:
+    if not (_is_num(delta) and 0.0 < delta < 1.0):
+        raise ZooError(f"delta must be in (0, 1); got delta={delta!r}.")
+    if not (_is_num(sampling_prob) and 0.0 < sampling_prob <= 1.0):
+        raise ZooError(f"sampling_prob must be in (0, 1]; got sampling_prob={sampling_prob!r}.")
+
+
+def _check_steps(steps: int) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+        raise ZooError(f"steps must be a non-negative int; got steps={steps!r}.")
+    return int(steps)
+
+
+def _dpsgd_event(noise_multiplier: float, sampling_prob: float, steps: int) -> dp_accounting.DpEvent:
+    step = dp_accounting.PoissonSampledDpEvent(
+        sampling_prob, dp_accounting.GaussianDpEvent(noise_multiplier)
+    )
+    return dp_accounting.SelfComposedDpEvent(step, steps)
+
+
+def epsilon_spent(
+    *,
+    noise_multiplier: float,
+    delta: float,
+    sampling_prob: float,
+    steps: int,
+    accountant: str = "pld",
+    pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+) -> float:
+    """Epsilon at ``delta`` after ``steps`` Poisson-subsampled Gaussian steps."""
+    _check_common(delta, sampling_prob)
+    steps = _check_steps(steps)
+    if not (_is_num(noise_multiplier) and noise_multiplier >= 0):
+        raise ZooError(f"noise_multiplier must be >= 0; got noise_multiplier={noise_multiplier!r}.")
+    if steps == 0:
+        return 0.0
+    if noise_multiplier == 0:
+        return math.inf
+    acc = _make_accountant(accountant, pld_discretization)()
+    acc.compose(_dpsgd_event(float(noise_multiplier), float(sampling_prob), steps))
+    return float(acc.get_epsilon(delta))
+
+
+def calibrate_noise_multiplier(
+    *,
+    epsilon: float,
+    delta: float,
+    sampling_prob: float,
+    steps: int,
+    accountant: str = "pld",
+    pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+) -> float:
+    """Smallest noise multiplier (to ~1e-6) whose epsilon after ``steps`` is <= ``epsilon``.
+
+    Uses ``dp_accounting.calibrate_dp_mechanism``, which guarantees the returned
+    value does not exceed the budget.
+    """
+    _check_common(delta, sampling_prob)
+    steps = _check_steps(steps)
+    if steps == 0:
+        raise ZooError("steps must be >= 1 to calibrate a noise multiplier; got steps=0.")
+    if not (_is_num(epsilon) and epsilon > 0 and math.isfinite(epsilon)):
+        raise ZooError(f"epsilon must be a finite number > 0; got epsilon={epsilon!r}.")
+    make_acc = _make_accountant(accountant, pld_discretization)
+    q = float(sampling_prob)
+    sigma = dp_accounting.calibrate_dp_mechanism(
+        make_acc,
+        lambda s: _dpsgd_event(s, q, steps),
+        float(epsilon),
+        float(delta),
+        bracket_interval=dp_accounting.LowerEndpointAndGuess(0.0, 1.0),
+    )
+    return float(sigma)
+
+
+def max_steps_within_budget(
+    *,
+    noise_multiplier: float,
+    epsilon: float,
+    delta: float,
+    sampling_prob: float,
+    upper: int = 100000,
+    accountant: str = "pld",
+    pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+) -> int:
+    """Largest ``steps`` in ``[0, upper]`` with ``epsilon_spent(steps) <= epsilon`` (binary search)."""
+    upper = _check_steps(upper)
+    if not (_is_num(epsilon) and epsilon > 0):
+        raise ZooError(f"epsilon must be > 0; got epsilon={epsilon!r}.")
+    spent = functools.partial(
+        epsilon_spent,
+        noise_multiplier=noise_multiplier,
+        delta=delta,
+        sampling_prob=sampling_prob,
+        accountant=accountant,
+        pld_discretization=pld_discretization,
+    )
+    if upper == 0 or spent(steps=upper) <= epsilon:
+        return upper
+    lo, hi = 0, upper  # invariant: spent(lo) <= epsilon < spent(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if spent(steps=mid) <= epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def resolve_noise_multiplier(cfg: DPConfig, num_examples: int, steps: int) -> tuple[float, float]:
+    """``(noise_multiplier, epsilon)`` for a validated, enabled config run for ``steps`` steps.
+
+    With ``cfg.epsilon`` set the noise multiplier is calibrated to it (and the
+    returned epsilon is what that multiplier actually spends, <= target); with
+    ``cfg.noise_multiplier`` set, the epsilon it spends is computed.
+    """
+    if not cfg.enabled:
+        raise ZooError("resolve_noise_multiplier needs a config with enabled=True.")
+    validate(cfg, num_examples)
+    q = cfg.expected_batch_size / num_examples
+    sigma = cfg.noise_multiplier
+    if sigma is None:
+        sigma = calibrate_noise_multiplier(
+            epsilon=cfg.epsilon, delta=cfg.delta, sampling_prob=q, steps=steps, accountant=cfg.accountant
+        )
+    eps = epsilon_spent(
+        noise_multiplier=sigma, delta=cfg.delta, sampling_prob=q, steps=steps, accountant=cfg.accountant
+    )
+    return float(sigma), eps

@@ -1,0 +1,194 @@
+"""Per-example gradient clipping for DP-SGD, on arbitrary parameter pytrees.
+
+The one public function, :func:`clipped_grad_sum`, returns the *sum* over a
+batch of per-example gradients, each rescaled to global L2 norm at most ``C``
+(``l2_clip_norm``), together with the pre-clip per-example norms.  Adding or
+removing one example changes that sum by at most ``C`` in L2 norm, which is the
+sensitivity the Gaussian mechanism in :mod:`zoo.dp.noise` is calibrated to.
+
+Per-example gradients are materialised with ``jax.vmap(jax.grad(...))``.  With
+``microbatch_size=k`` the batch is cut into ``B // k`` chunks that are processed
+one after another by ``jax.lax.scan``; only the running sum is carried, so the
+temporary memory is about ``k`` gradient copies instead of ``B``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+__all__ = ["clipped_grad_sum"]
+
+
+def _is_static_number(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _batch_size(batch: tuple) -> int:
+    leaves = jax.tree.leaves(batch)
+    if not leaves:
+        raise ValueError(
+            "clipped_grad_sum needs at least one batch array with a leading "
+            "example axis; got no batch arguments."
+        )
+    sizes = {int(jnp.shape(x)[0]) if jnp.ndim(x) > 0 else None for x in leaves}
+    if None in sizes:
+        raise ValueError(
+            "every batch array needs a leading example axis; got a scalar "
+            "(0-d) batch array."
+        )
+    if len(sizes) != 1:
+        raise ValueError(
+            f"batch arrays disagree on the example axis size: {sorted(sizes)}; "
+            "they must all share the same leading dimension B."
+        )
+    return sizes.pop()
+
+
+def _acc_dtype(dtype) -> jnp.dtype:
+    """Accumulate in at least float32 so bf16/fp16 sums do not lose mass."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def clipped_grad_sum(
+    per_example_loss: Callable[..., jax.Array],
+    params: PyTree,
+    *batch: PyTree,
+    l2_clip_norm: float | jax.Array,
+    microbatch_size: int | None = None,
+    example_mask: jax.Array | None = None,
+    frozen: PyTree | None = None,
+) -> tuple[PyTree, jax.Array]:
+    """Sum of per-example clipped gradients and the pre-clip per-example norms.
+
+    Args:
+      per_example_loss: scalar loss of ONE example,
+        ``per_example_loss(params, *example)``, or
+        ``per_example_loss(params, frozen, *example)`` when ``frozen`` is given.
+        ``example`` is one slice of each batch argument (no leading axis).
+      params: pytree of float arrays to differentiate (any structure).
+      *batch: arrays (or pytrees of arrays) sharing a leading example axis B.
+      l2_clip_norm: clip bound C. Each per-example gradient ``g`` is scaled by
+        ``min(1, C / ||g||)`` where ``||g||`` is the global L2 norm over all
+        leaves of ``params``.  A zero norm is left unchanged (no 0/0).
+        ``float('inf')`` disables clipping.  May be a Python number or a traced
+        scalar (e.g. inside ``jax.jit``).  A static value must be > 0.
+      microbatch_size: if given, process this many examples at a time with
+        ``jax.lax.scan`` over ``B // microbatch_size`` chunks (same result,
+        lower peak memory).  B must be divisible by it.
+      example_mask: optional float/bool ``[B]``; examples with mask 0 (e.g. the
+        padding slots of a Poisson batch) contribute exactly zero to the sum,
+        even if their gradient is NaN/inf, and their returned norm is 0.
+        Only 0/1 values are meaningful: the mask is used as a keep flag
+        (``mask > 0``), not as a weight.
+      frozen: optional pytree passed to the loss as a non-differentiated
+        argument.  It gets no gradient, is not part of the returned pytree and
+        does not enter the norm.
+
+    Returns:
+      ``(grad_sum, norms)``: ``grad_sum`` has the structure and dtypes of
+      ``params`` (accumulated in at least float32); ``norms`` is float32 ``[B]``
+      with the pre-clip global L2 norm of each example's gradient (0 for masked
+      examples).
+
+    Examples whose gradient norm is not finite are dropped from the sum (their
+    contribution is zero, which keeps the sensitivity bound) but their norm is
+    still reported as inf/NaN so the caller can notice.
+    """
+    if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
+        raise ValueError(
+            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); "
+            f"got {l2_clip_norm!r}."
+        )
+    b = _batch_size(batch)
+
+    if microbatch_size is not None:
+        if (
+            not isinstance(microbatch_size, numbers.Integral)
+            or isinstance(microbatch_size, bool)
+            or microbatch_size < 1
+        ):
+            raise ValueError(
+                f"microbatch_size must be a positive int or None; got {microbatch_size!r}."
+            )
+        microbatch_size = int(microbatch_size)
+        if b % microbatch_size != 0:
+            raise ValueError(
+                f"batch size {b} is not divisible by microbatch_size "
+                f"{microbatch_size}; pad the batch to a multiple of "
+                f"{microbatch_size} (and mask the padding) or pick another size."
+            )
+
+    if example_mask is None:
+        keep_all = jnp.ones((b,), dtype=bool)
+    else:
+        if jnp.shape(example_mask) != (b,):
+            raise ValueError(
+                f"example_mask must have shape ({b},) to match the batch; got "
+                f"{jnp.shape(example_mask)}."
+            )
+        keep_all = jnp.asarray(example_mask) > 0
+
+    clip = jnp.asarray(l2_clip_norm, dtype=jnp.float32)
+    has_frozen = frozen is not None
+
+    if has_frozen:
+        grad_one = jax.grad(lambda p, fz, *ex: per_example_loss(p, fz, *ex))
+    else:
+        grad_one = jax.grad(lambda p, fz, *ex: per_example_loss(p, *ex))
+    n_batch = len(batch)
+    per_example_grads = jax.vmap(grad_one, in_axes=(None, None) + (0,) * n_batch)
+
+    def chunk_sum(chunk, keep):
+        """Clipped sum and norms for one chunk of examples (leading axis k)."""
+        grads = per_example_grads(params, frozen, *chunk)
+        leaves = jax.tree.leaves(grads)
+        k = keep.shape[0]
+        sq = jnp.zeros((k,), jnp.float32)
+        for g in leaves:
+            g32 = g.astype(jnp.float32)
+            sq = sq + jnp.sum(jnp.square(g32), axis=tuple(range(1, g.ndim)))
+        norms = jnp.sqrt(sq)
+        safe = jnp.where(norms > 0, norms, 1.0)
+        factor = jnp.where(norms > clip, clip / safe, 1.0)
+        use = keep & jnp.isfinite(norms)
+
+        def weighted_sum(g):
+            acc = _acc_dtype(g.dtype)
+            shape = (k,) + (1,) * (g.ndim - 1)
+            contrib = g.astype(acc) * factor.astype(acc).reshape(shape)
+            contrib = jnp.where(use.reshape(shape), contrib, jnp.zeros((), acc))
+            return jnp.sum(contrib, axis=0)
+
+        return jax.tree.map(weighted_sum, grads), jnp.where(keep, norms, 0.0)
+
+    if microbatch_size is None or microbatch_size == b:
+        summed, norms = chunk_sum(batch, keep_all)
+    else:
+        n_chunks = b // microbatch_size
+
+        def split(x):
+            return jnp.reshape(x, (n_chunks, microbatch_size) + jnp.shape(x)[1:])
+
+        chunks = jax.tree.map(split, batch)
+        keep_chunks = split(keep_all)
+        init = jax.tree.map(
+            lambda p: jnp.zeros(jnp.shape(p), _acc_dtype(jnp.result_type(p))), params
+        )
+
+        def body(carry, xs):
+            chunk, keep = xs
+            part, chunk_norms = chunk_sum(chunk, keep)
+            return jax.tree.map(jnp.add, carry, part), chunk_norms
+
+        summed, norms = jax.lax.scan(body, init, (chunks, keep_chunks))
+        norms = norms.reshape((b,))
+
+    summed = jax.tree.map(lambda s, p: s.astype(jnp.result_type(p)), summed, params)
+    return summed, norms

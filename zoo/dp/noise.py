@@ -1,0 +1,91 @@
+"""Gaussian mechanism on a clipped gradient sum.
+
+With per-example clip bound ``C`` the clipped sum has L2 sensitivity ``C``
+under add/remove-one neighbouring, so adding ``N(0, (sigma * C)^2)`` to every
+coordinate is the (Poisson-subsampled) Gaussian mechanism that
+:mod:`zoo.dp.accounting` accounts for with noise multiplier ``sigma``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+__all__ = ["add_gaussian_noise", "privatize"]
+
+
+def _static(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _noise_std(noise_multiplier, l2_clip_norm):
+    if _static(noise_multiplier) and not noise_multiplier >= 0:
+        raise ValueError(f"noise_multiplier must be >= 0; got {noise_multiplier!r}.")
+    if _static(l2_clip_norm) and not l2_clip_norm > 0:
+        raise ValueError(f"l2_clip_norm must be > 0; got {l2_clip_norm!r}.")
+    if _static(noise_multiplier) and noise_multiplier == 0:
+        return 0.0  # avoid 0 * inf = NaN when clipping is disabled
+    if _static(l2_clip_norm) and l2_clip_norm == float("inf"):
+        raise ValueError(
+            f"cannot add noise with noise_multiplier={noise_multiplier!r} to an "
+            "unclipped sum (l2_clip_norm=inf): the sensitivity is unbounded."
+        )
+    return noise_multiplier * l2_clip_norm
+
+
+def add_gaussian_noise(
+    grad_sum: PyTree,
+    key: jax.Array,
+    *,
+    noise_multiplier: float | jax.Array,
+    l2_clip_norm: float | jax.Array,
+) -> PyTree:
+    """Return ``grad_sum + N(0, (noise_multiplier * l2_clip_norm)^2)`` per coordinate.
+
+    Every leaf gets its own key from ``jax.random.split(key, num_leaves)``, so
+    leaves receive independent noise.  Noise is drawn in at least float32 and
+    the result is cast back to each leaf's dtype.  The same key always yields
+    the same noise; the caller must use a fresh key every step.
+    """
+    std = _noise_std(noise_multiplier, l2_clip_norm)
+    leaves, treedef = jax.tree.flatten(grad_sum)
+    if not leaves:
+        return grad_sum
+    keys = jax.random.split(key, len(leaves))
+    noisy = []
+    for i, leaf in enumerate(leaves):
+        leaf = jnp.asarray(leaf)
+        dtype = jnp.promote_types(leaf.dtype, jnp.float32)
+        z = jax.random.normal(keys[i], leaf.shape, dtype=dtype)
+        noisy.append((leaf.astype(dtype) + jnp.asarray(std, dtype) * z).astype(leaf.dtype))
+    return jax.tree.unflatten(treedef, noisy)
+
+
+def privatize(
+    grad_sum: PyTree,
+    key: jax.Array,
+    *,
+    noise_multiplier: float | jax.Array,
+    l2_clip_norm: float | jax.Array,
+    expected_batch_size: int | float,
+) -> PyTree:
+    """Noisy clipped-gradient mean: ``add_gaussian_noise(...) / expected_batch_size``.
+
+    The divisor is the EXPECTED Poisson batch size ``q * N``, a public constant,
+    not the realised batch size: dividing by the realised size would make the
+    normaliser depend on private data (and on whether one example is present).
+    """
+    if _static(expected_batch_size) and not expected_batch_size > 0:
+        raise ValueError(f"expected_batch_size must be > 0; got {expected_batch_size!r}.")
+    noisy = add_gaussian_noise(
+        grad_sum, key, noise_multiplier=noise_multiplier, l2_clip_norm=l2_clip_norm
+    )
+    return jax.tree.map(
+        lambda x: (x / jnp.asarray(expected_batch_size, jnp.promote_types(x.dtype, jnp.float32))).astype(x.dtype),
+        noisy,
+    )

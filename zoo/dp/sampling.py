@@ -1,0 +1,162 @@
+"""Poisson sampling of training batches at a fixed (padded) shape.
+
+DP-SGD's privacy amplification by subsampling (what the accountant in
+:mod:`zoo.dp.accounting` assumes) needs every example to be included in each
+step's batch independently with probability ``q``.  The realised batch size is
+then random, ``Binomial(N, q)``, which does not fit jit's fixed shapes, so the
+sampler returns ``padded_batch_size`` indices plus a 0/1 mask; padding slots
+point at index 0 and have mask 0 (pass the mask to ``clipped_grad_sum``).
+
+Cost is proportional to the padded batch, not to ``N``: instead of flipping
+``N`` coins we draw the size ``k ~ Binomial(N, q)`` and then ``k`` distinct
+indices uniformly at random.  This is the same distribution as independent
+inclusion: under independent inclusion every subset of size ``k`` has
+probability ``q^k (1-q)^(N-k)``, i.e. conditioned on its size the subset is
+uniform, and its size is ``Binomial(N, q)``.
+
+Truncation policy: if ``k`` exceeds ``padded_batch_size`` the excess examples
+are dropped at random (equivalently, ``padded_batch_size`` distinct indices are
+drawn uniformly) and a :class:`RuntimeWarning` is raised.  We do NOT account
+for this in the privacy analysis; instead :meth:`PoissonSampler.for_expected_batch`
+sizes the padding so the per-step truncation probability is at most
+``truncation_prob`` (1e-9 by default), which is negligible next to ``delta``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["PoissonSampler", "padded_size_for"]
+
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def _check_q(q: float) -> float:
+    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not (0.0 < q <= 1.0):
+        raise ValueError(f"sampling probability q must be in (0, 1]; got {q!r}.")
+    return float(q)
+
+
+def _check_pos_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value!r}.")
+    return int(value)
+
+
+def padded_size_for(num_examples: int, sampling_prob: float, truncation_prob: float = 1e-9) -> int:
+    """Smallest ``s`` with ``P(Binomial(num_examples, sampling_prob) > s) <= truncation_prob``."""
+    n = _check_pos_int("num_examples", num_examples)
+    q = _check_q(sampling_prob)
+    if not (0.0 <= truncation_prob < 1.0):
+        raise ValueError(f"truncation_prob must be in [0, 1); got {truncation_prob!r}.")
+    if q == 1.0 or truncation_prob == 0.0:
+        return n
+    s = stats.binom.isf(truncation_prob, n, q)
+    s = n if not math.isfinite(s) else int(min(max(s, 0), n))
+    # isf is a float search; make the answer exact with the survival function.
+    while s < n and stats.binom.sf(s, n, q) > truncation_prob:
+        s += 1
+    while s > 0 and stats.binom.sf(s - 1, n, q) <= truncation_prob:
+        s -= 1
+    return max(s, 1)
+
+
+@dataclass(frozen=True)
+class PoissonSampler:
+    """Fixed-shape Poisson sampler, deterministic in ``(seed, step)``.
+
+    Attributes:
+      num_examples: dataset size N (indices are ``0 .. N-1``).
+      sampling_prob: inclusion probability q in (0, 1].
+      padded_batch_size: length of the returned index/mask arrays.
+      seed: non-negative int; step ``t`` uses ``np.random.default_rng([seed, t])``
+        so a resumed run replays exactly the same batches.
+    """
+
+    num_examples: int
+    sampling_prob: float
+    padded_batch_size: int
+    seed: int
+
+    def __post_init__(self):
+        n = _check_pos_int("num_examples", self.num_examples)
+        if n > _INT32_MAX:
+            raise ValueError(f"num_examples {n} does not fit int32 indices.")
+        _check_q(self.sampling_prob)
+        _check_pos_int("padded_batch_size", self.padded_batch_size)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative int; got {self.seed!r}.")
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.num_examples * self.sampling_prob
+
+    @classmethod
+    def for_expected_batch(
+        cls,
+        num_examples: int,
+        expected_batch_size: int,
+        seed: int,
+        truncation_prob: float = 1e-9,
+        *,
+        pad_to_multiple: int = 1,
+    ) -> "PoissonSampler":
+        """Sampler with ``q = expected_batch_size / num_examples``.
+
+        ``padded_batch_size`` is the smallest size whose truncation probability
+        ``P(Binomial(N, q) > size)`` is at most ``truncation_prob``, rounded up
+        to a multiple of ``pad_to_multiple`` (e.g. the clipping microbatch size).
+        """
+        n = _check_pos_int("num_examples", num_examples)
+        if isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, numbers.Real) or not expected_batch_size > 0:
+            raise ValueError(f"expected_batch_size must be > 0; got {expected_batch_size!r}.")
+        q = expected_batch_size / n
+        if not q <= 1.0:
+            raise ValueError(
+                f"sampling probability q = expected_batch_size / num_examples = "
+                f"{expected_batch_size}/{n} = {q!r} is outside (0, 1]."
+            )
+        m = _check_pos_int("pad_to_multiple", pad_to_multiple)
+        size = padded_size_for(n, q, truncation_prob)
+        size = -(-size // m) * m
+        return cls(num_examples=n, sampling_prob=q, padded_batch_size=size, seed=seed)
+
+    def batch_indices(self, step: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Indices, mask and realised size of the batch for ``step``.
+
+        Returns ``(indices int32 [P], mask float32 [P], realised)`` with
+        ``P = padded_batch_size``.  The first ``realised`` slots hold distinct
+        sorted example indices with mask 1; the rest are index 0 with mask 0.
+        ``realised == mask.sum()``.  If the drawn Binomial size exceeds ``P``
+        (probability <= truncation_prob for ``for_expected_batch`` samplers) the
+        batch is truncated to ``P`` random examples, ``realised`` is ``P`` and a
+        ``RuntimeWarning`` is issued; this event is not privacy-accounted.
+        """
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise ValueError(f"step must be a non-negative int; got {step!r}.")
+        rng = np.random.default_rng([int(self.seed), int(step)])
+        n, p = self.num_examples, self.padded_batch_size
+        drawn = int(rng.binomial(n, self.sampling_prob))
+        realised = drawn
+        if drawn > p:
+            warnings.warn(
+                f"Poisson batch at step {step} drew {drawn} examples but the padded "
+                f"batch holds {p}; dropping {drawn - p} at random (not accounted for).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            realised = p
+        # Generator.choice without replacement uses a set-based (Floyd-style)
+        # draw when realised << n, so this is O(realised), not O(n).
+        chosen = np.sort(rng.choice(n, size=realised, replace=False))
+        indices = np.zeros((p,), dtype=np.int32)
+        mask = np.zeros((p,), dtype=np.float32)
+        indices[:realised] = chosen
+        mask[:realised] = 1.0
+        return indices, mask, realised

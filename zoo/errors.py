@@ -1,0 +1,24 @@
+"""Errors that name the bad value, list the valid choices and suggest close matches."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ZooError(ValueError):
+    """A user-facing error: bad preset, flag, recipe field or argument."""
+
+
+def choice_error(what: str, value: object, valid: Iterable[str]) -> ZooError:
+    valid = sorted(valid)
+    close = difflib.get_close_matches(str(value), valid, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return ZooError(f"unknown {what} {value!r}.{hint} Valid: {', '.join(valid)}.")
+
+
+def check_choice(what: str, value: str, valid: Iterable[str]) -> str:
+    valid = list(valid)
+    if value not in valid:
+        raise choice_error(what, value, valid)
+    return value

@@ -1,0 +1,1 @@
+"""Reference models: one file per model per backend, sharing a canonical parameter tree."""

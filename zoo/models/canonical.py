@@ -1,0 +1,194 @@
+"""One canonical parameter tree shared by both backends.
+
+The canonical tree is a nested dict of arrays. Dense weights are ``w`` with shape
+[in, out], biases ``b``, LayerNorm gains ``scale``, embedding tables ``w`` [rows, D].
+Stacked blocks carry a leading L axis. For ``transformer-s``::
+
+    embed.w [V, D]      pos.w [T, D]
+    blocks.ln1.scale [L, D]  blocks.ln1.b [L, D]
+    blocks.attn.{q,k,v,o}.w [L, D, D]
+    blocks.ln2.scale [L, D]  blocks.ln2.b [L, D]
+    blocks.mlp.up.w [L, D, F]  blocks.mlp.up.b [L, F]  blocks.mlp.down.w [L, F, D]  blocks.mlp.down.b [L, D]
+    ln_f.scale [D]  ln_f.b [D]  head.w [D, V]  head.b [V]
+
+Parameters are initialised here, once, from a seed, and both backends are built from the
+result: the same seed gives the same weights in NNX and in Equinox.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from zoo.configs import ModelConfig, TransformerConfig
+from zoo.errors import ZooError
+from zoo.models.registry import check_backend, module_class
+
+Path = tuple[str, ...]
+
+_NNX_LEAF = {"kernel": "w", "embedding": "w", "bias": "b", "scale": "scale"}
+_EQX_LEAF = {  # (module type, field) -> (canonical leaf, stored transposed)
+    (eqx.nn.Linear, "weight"): ("w", True),
+    (eqx.nn.Linear, "bias"): ("b", False),
+    (eqx.nn.Embedding, "weight"): ("w", False),
+    (eqx.nn.LayerNorm, "weight"): ("scale", False),
+    (eqx.nn.LayerNorm, "bias"): ("b", False),
+}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How one backend's module leaves map onto canonical paths."""
+
+    paths: tuple[Path, ...]
+    shapes: tuple[tuple[int, ...], ...]  # canonical (not stored) shapes
+    transposed: tuple[bool, ...]
+    treedef: object
+    graphdef: object = None  # NNX only
+
+
+def dotted(path: Path) -> str:
+    return ".".join(path)
+
+
+def get_path(tree: dict, path: Path):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _nested(paths, values) -> dict:
+    out: dict = {}
+    for path, value in zip(paths, values):
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+def _swap(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _nnx_layout(model: nnx.Module) -> _Layout:
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(state)
+    paths = []
+    for path, _ in leaves:
+        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        paths.append((*map(str, keys[:-1]), _NNX_LEAF[keys[-1]]))
+    shapes = tuple(tuple(x.shape) for _, x in leaves)
+    return _Layout(tuple(paths), shapes, (False,) * len(paths), treedef, graphdef)
+
+
+def _eqx_layout(model: eqx.Module) -> _Layout:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(model)
+    paths, shapes, transposed = [], [], []
+    for path, x in leaves:
+        fields = [k.name for k in path]
+        parent = functools.reduce(getattr, fields[:-1], model)
+        leaf, swap = _EQX_LEAF[(type(parent), fields[-1])]
+        paths.append((*fields[:-1], leaf))
+        shape = tuple(x.shape)
+        shapes.append((*shape[:-2], shape[-1], shape[-2]) if swap else shape)
+        transposed.append(swap)
+    return _Layout(tuple(paths), tuple(shapes), tuple(transposed), treedef)
+
+
+def _is_nnx(model) -> bool:
+    return isinstance(model, nnx.Module)
+
+
+def _layout_of(model) -> _Layout:
+    return _nnx_layout(model) if _is_nnx(model) else _eqx_layout(model)
+
+
+@functools.lru_cache(maxsize=64)
+def _template(cfg: ModelConfig, backend: str) -> _Layout:
+    cls = module_class(cfg, backend)
+    # The template may first be needed while tracing; build it eagerly so the throwaway
+    # init keys do not leak into the caller's jaxpr.
+    with jax.ensure_compile_time_eval():
+        if backend == "nnx":
+            abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+        else:
+            abstract = eqx.filter_eval_shape(cls, cfg, key=jax.random.key(0))
+    return _layout_of(abstract)
+
+
+def to_canonical(model) -> dict:
+    """NNX or Equinox module -> canonical nested dict of arrays."""
+    layout = _layout_of(model)
+    if _is_nnx(model):
+        leaves = jax.tree_util.tree_leaves(nnx.split(model)[1])
+    else:
+        leaves = jax.tree_util.tree_leaves(model)
+    values = [_swap(x) if t else x for x, t in zip(leaves, layout.transposed)]
+    return _nested(layout.paths, values)
+
+
+def canonical_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Dotted canonical path -> shape, without allocating any parameters."""
+    layout = _template(cfg, "nnx")
+    return {dotted(p): s for p, s in zip(layout.paths, layout.shapes)}
+
+
+def check_params(cfg: ModelConfig, params: dict) -> None:
+    """Raise a clear error when ``params`` does not fit ``cfg`` (missing, extra, bad shapes)."""
+    expected = canonical_shapes(cfg)
+    got = {jax.tree_util.keystr(p, simple=True, separator="."): tuple(x.shape)
+           for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    wrong = sorted(f"{k}: got {got[k]}, want {expected[k]}"
+                   for k in set(expected) & set(got) if tuple(expected[k]) != got[k])
+    if missing or extra or wrong:
+        raise ZooError(
+            "parameters do not fit the model config "
+            f"{cfg}: missing {missing or 'none'}; unexpected {extra or 'none'}; "
+            f"shape mismatches {wrong or 'none'}"
+        )
+
+
+def from_canonical(cfg: ModelConfig, backend: str, params: dict):
+    """Canonical params -> an NNX or Equinox module of ``cfg``. Cheap inside ``jit``."""
+    layout = _template(cfg, check_backend(backend))
+    try:
+        values = [get_path(params, p) for p in layout.paths]
+    except (KeyError, TypeError):
+        check_params(cfg, params)
+        raise
+    values = [_swap(x) if t else x for x, t in zip(values, layout.transposed)]
+    tree = jax.tree_util.tree_unflatten(layout.treedef, values)
+    return nnx.merge(layout.graphdef, tree) if backend == "nnx" else tree
+
+
+def _init_leaf(cfg: ModelConfig, path: Path, shape, key) -> jax.Array:
+    leaf = path[-1]
+    if leaf == "scale":
+        return jnp.ones(shape, jnp.float32)
+    if leaf == "b":
+        return jnp.zeros(shape, jnp.float32)
+    is_table = path[0] == "pos" or (
+        path[0] == "embed" and isinstance(cfg, TransformerConfig) and not cfg.takes_features
+    )
+    std = 0.02 if is_table else shape[-2] ** -0.5  # tables: GPT-2 style; dense: LeCun
+    return std * jax.random.normal(key, shape, jnp.float32)
+
+
+def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> dict:
+    """Fresh canonical params. Each leaf draws from ``fold_in(key, index)`` in path order."""
+    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    shapes = canonical_shapes(cfg)
+    paths = sorted(_template(cfg, "nnx").paths)
+    values = [
+        _init_leaf(cfg, p, shapes[dotted(p)], jax.random.fold_in(key, i))
+        for i, p in enumerate(paths)
+    ]
+    return _nested(paths, values)

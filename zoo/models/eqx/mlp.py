@@ -1,0 +1,51 @@
+"""Classifier MLP in Equinox: in_proj -> L scanned dense blocks -> head."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+from jax.ad_checkpoint import checkpoint_name
+
+from zoo import names
+from zoo.configs import MLPConfig
+from zoo.models.ops import ACTIVATIONS
+from zoo.scan import scan_layers
+
+
+class Block(eqx.Module):
+    """One dense layer plus activation: [H] -> [H]."""
+
+    dense: eqx.nn.Linear
+    activation: str = eqx.field(static=True)
+
+    def __init__(self, cfg: MLPConfig, *, key: jax.Array):
+        self.dense = eqx.nn.Linear(cfg.d_hidden, cfg.d_hidden, key=key)
+        self.activation = cfg.activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        hidden = checkpoint_name(self.dense(x), names.MLP_HIDDEN)
+        return checkpoint_name(ACTIVATIONS[self.activation](hidden), names.MLP_OUT)
+
+
+class MLP(eqx.Module):
+    """x [B, d_in] -> logits [B, num_classes]. Blocks are stacked on a leading L axis."""
+
+    in_proj: eqx.nn.Linear
+    blocks: Block
+    head: eqx.nn.Linear
+    cfg: MLPConfig = eqx.field(static=True)
+
+    def __init__(self, cfg: MLPConfig, *, key: jax.Array):
+        k_in, k_blocks, k_head = jax.random.split(key, 3)
+        self.cfg = cfg
+        self.in_proj = eqx.nn.Linear(cfg.d_in, cfg.d_hidden, key=k_in)
+        self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(
+            jax.random.split(k_blocks, cfg.num_layers)
+        )
+        self.head = eqx.nn.Linear(cfg.d_hidden, cfg.num_classes, key=k_head)
+
+    def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+        h = ACTIVATIONS[self.cfg.activation](jax.vmap(self.in_proj)(x))
+        stacked, static = eqx.partition(self.blocks, eqx.is_array)
+        h = scan_layers(lambda layer, h: jax.vmap(eqx.combine(layer, static))(h), stacked, h, remat)
+        return checkpoint_name(jax.vmap(self.head)(h), names.LOGITS)

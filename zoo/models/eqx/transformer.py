@@ -1,0 +1,119 @@
+"""Decoder-only transformer in Equinox: pre-LayerNorm, causal attention, GELU MLP,
+learned positions. Works as a language model or, with a pooled head, a sequence classifier.
+
+Modules act on one example ([T, D]); the model vmaps them over the batch."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from zoo import names
+from zoo.configs import TransformerConfig
+from zoo.models.ops import causal_attention
+from zoo.scan import scan_layers
+
+LN_EPS = 1e-5
+
+
+def _per_token(layer, x: jax.Array) -> jax.Array:
+    return jax.vmap(layer)(x)
+
+
+class Attention(eqx.Module):
+    """Causal multi-head self-attention: [T, D] -> [T, D]."""
+
+    q: eqx.nn.Linear
+    k: eqx.nn.Linear
+    v: eqx.nn.Linear
+    o: eqx.nn.Linear
+    num_heads: int = eqx.field(static=True)
+
+    def __init__(self, cfg: TransformerConfig, *, key: jax.Array):
+        d = cfg.d_model
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        self.q = eqx.nn.Linear(d, d, use_bias=False, key=kq)
+        self.k = eqx.nn.Linear(d, d, use_bias=False, key=kk)
+        self.v = eqx.nn.Linear(d, d, use_bias=False, key=kv)
+        self.o = eqx.nn.Linear(d, d, use_bias=False, key=ko)
+        self.num_heads = cfg.num_heads
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        q = checkpoint_name(_per_token(self.q, x), names.ATTN_Q)
+        k = checkpoint_name(_per_token(self.k, x), names.ATTN_K)
+        v = checkpoint_name(_per_token(self.v, x), names.ATTN_V)
+        context = checkpoint_name(causal_attention(q, k, v, self.num_heads), names.ATTN_CONTEXT)
+        return checkpoint_name(_per_token(self.o, context), names.ATTN_OUT)
+
+
+class FeedForward(eqx.Module):
+    """GELU MLP: [T, D] -> [T, D] through a d_ff hidden layer."""
+
+    up: eqx.nn.Linear
+    down: eqx.nn.Linear
+
+    def __init__(self, cfg: TransformerConfig, *, key: jax.Array):
+        k_up, k_down = jax.random.split(key)
+        self.up = eqx.nn.Linear(cfg.d_model, cfg.d_ff, key=k_up)
+        self.down = eqx.nn.Linear(cfg.d_ff, cfg.d_model, key=k_down)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        hidden = checkpoint_name(_per_token(self.up, x), names.MLP_HIDDEN)
+        return checkpoint_name(_per_token(self.down, jax.nn.gelu(hidden)), names.MLP_OUT)
+
+
+class Block(eqx.Module):
+    """x + attn(ln1(x)), then + mlp(ln2(x))."""
+
+    ln1: eqx.nn.LayerNorm
+    attn: Attention
+    ln2: eqx.nn.LayerNorm
+    mlp: FeedForward
+
+    def __init__(self, cfg: TransformerConfig, *, key: jax.Array):
+        k_attn, k_mlp = jax.random.split(key)
+        self.ln1 = eqx.nn.LayerNorm(cfg.d_model, eps=LN_EPS)
+        self.attn = Attention(cfg, key=k_attn)
+        self.ln2 = eqx.nn.LayerNorm(cfg.d_model, eps=LN_EPS)
+        self.mlp = FeedForward(cfg, key=k_mlp)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(_per_token(self.ln1, x))
+        return x + self.mlp(_per_token(self.ln2, x))
+
+
+class Transformer(eqx.Module):
+    """Tokens [B, T] (or features [B, T, d_in]) -> logits [B, T, vocab] (or [B, classes])."""
+
+    embed: eqx.nn.Linear | eqx.nn.Embedding
+    pos: eqx.nn.Embedding
+    blocks: Block
+    ln_f: eqx.nn.LayerNorm
+    head: eqx.nn.Linear
+    cfg: TransformerConfig = eqx.field(static=True)
+
+    def __init__(self, cfg: TransformerConfig, *, key: jax.Array):
+        k_embed, k_pos, k_blocks, k_head = jax.random.split(key, 4)
+        self.cfg = cfg
+        if cfg.takes_features:
+            self.embed = eqx.nn.Linear(cfg.d_in, cfg.d_model, key=k_embed)
+        else:
+            self.embed = eqx.nn.Embedding(cfg.vocab_size, cfg.d_model, key=k_embed)
+        self.pos = eqx.nn.Embedding(cfg.max_len, cfg.d_model, key=k_pos)
+        self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(
+            jax.random.split(k_blocks, cfg.num_layers)
+        )
+        self.ln_f = eqx.nn.LayerNorm(cfg.d_model, eps=LN_EPS)
+        self.head = eqx.nn.Linear(cfg.d_model, cfg.out_dim, key=k_head)
+
+    def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+        embed_tokens = jax.vmap(lambda xi: _per_token(self.embed, xi))
+        h = embed_tokens(x) + _per_token(self.pos, jnp.arange(x.shape[1]))
+        stacked, static = eqx.partition(self.blocks, eqx.is_array)
+        h = scan_layers(lambda layer, h: jax.vmap(eqx.combine(layer, static))(h), stacked, h, remat)
+        h = jax.vmap(lambda hi: _per_token(self.ln_f, hi))(h)
+        if self.cfg.is_classifier:
+            return checkpoint_name(jax.vmap(self.head)(h.mean(axis=1)), names.LOGITS)
+        return checkpoint_name(jax.vmap(lambda hi: _per_token(self.head, hi))(h), names.LOGITS)

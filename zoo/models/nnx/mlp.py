@@ -1,0 +1,46 @@
+"""Classifier MLP in Flax NNX: in_proj -> L scanned dense blocks -> head."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from zoo import names
+from zoo.configs import MLPConfig
+from zoo.models.ops import ACTIVATIONS
+from zoo.scan import scan_layers
+
+
+class Block(nnx.Module):
+    """One dense layer plus activation: [B, H] -> [B, H]."""
+
+    def __init__(self, cfg: MLPConfig, *, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(cfg.d_hidden, cfg.d_hidden, rngs=rngs)
+        self.activation = cfg.activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        hidden = checkpoint_name(self.dense(x), names.MLP_HIDDEN)
+        return checkpoint_name(ACTIVATIONS[self.activation](hidden), names.MLP_OUT)
+
+
+class MLP(nnx.Module):
+    """x [B, d_in] -> logits [B, num_classes]. Blocks are stacked on a leading L axis."""
+
+    def __init__(self, cfg: MLPConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.in_proj = nnx.Linear(cfg.d_in, cfg.d_hidden, rngs=rngs)
+
+        @nnx.split_rngs(splits=cfg.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def stacked_blocks(rngs: nnx.Rngs) -> Block:
+            return Block(cfg, rngs=rngs)
+
+        self.blocks = stacked_blocks(rngs)
+        self.head = nnx.Linear(cfg.d_hidden, cfg.num_classes, rngs=rngs)
+
+    def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+        h = ACTIVATIONS[self.cfg.activation](self.in_proj(x))
+        graphdef, stacked = nnx.split(self.blocks)
+        h = scan_layers(lambda layer, h: nnx.merge(graphdef, layer)(h), stacked, h, remat)
+        return checkpoint_name(self.head(h), names.LOGITS)

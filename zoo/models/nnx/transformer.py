@@ -1,0 +1,92 @@
+"""Decoder-only transformer in Flax NNX: pre-LayerNorm, causal attention, GELU MLP,
+learned positions. Works as a language model or, with a pooled head, a sequence classifier."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from zoo import names
+from zoo.configs import TransformerConfig
+from zoo.models.ops import causal_attention
+from zoo.scan import scan_layers
+
+LN_EPS = 1e-5
+
+
+class Attention(nnx.Module):
+    """Causal multi-head self-attention: [B, T, D] -> [B, T, D]."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        d = cfg.d_model
+        self.q = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.k = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.v = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.o = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.num_heads = cfg.num_heads
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        q = checkpoint_name(self.q(x), names.ATTN_Q)
+        k = checkpoint_name(self.k(x), names.ATTN_K)
+        v = checkpoint_name(self.v(x), names.ATTN_V)
+        context = checkpoint_name(causal_attention(q, k, v, self.num_heads), names.ATTN_CONTEXT)
+        return checkpoint_name(self.o(context), names.ATTN_OUT)
+
+
+class FeedForward(nnx.Module):
+    """GELU MLP: [B, T, D] -> [B, T, D] through a d_ff hidden layer."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.up = nnx.Linear(cfg.d_model, cfg.d_ff, rngs=rngs)
+        self.down = nnx.Linear(cfg.d_ff, cfg.d_model, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        hidden = checkpoint_name(self.up(x), names.MLP_HIDDEN)
+        return checkpoint_name(self.down(jax.nn.gelu(hidden)), names.MLP_OUT)
+
+
+class Block(nnx.Module):
+    """x + attn(ln1(x)), then + mlp(ln2(x))."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.ln1 = nnx.LayerNorm(cfg.d_model, epsilon=LN_EPS, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.ln2 = nnx.LayerNorm(cfg.d_model, epsilon=LN_EPS, rngs=rngs)
+        self.mlp = FeedForward(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Transformer(nnx.Module):
+    """Tokens [B, T] (or features [B, T, d_in]) -> logits [B, T, vocab] (or [B, classes])."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        if cfg.takes_features:
+            self.embed = nnx.Linear(cfg.d_in, cfg.d_model, rngs=rngs)
+        else:
+            self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+        self.pos = nnx.Embed(cfg.max_len, cfg.d_model, rngs=rngs)
+
+        @nnx.split_rngs(splits=cfg.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def stacked_blocks(rngs: nnx.Rngs) -> Block:
+            return Block(cfg, rngs=rngs)
+
+        self.blocks = stacked_blocks(rngs)
+        self.ln_f = nnx.LayerNorm(cfg.d_model, epsilon=LN_EPS, rngs=rngs)
+        self.head = nnx.Linear(cfg.d_model, cfg.out_dim, rngs=rngs)
+
+    def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+        h = self.embed(x) + self.pos(jnp.arange(x.shape[1]))
+        graphdef, stacked = nnx.split(self.blocks)
+        h = scan_layers(lambda layer, h: nnx.merge(graphdef, layer)(h), stacked, h, remat)
+        h = self.ln_f(h)
+        if self.cfg.is_classifier:
+            h = h.mean(axis=1)
+        return checkpoint_name(self.head(h), names.LOGITS)
+

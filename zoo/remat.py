@@ -1,0 +1,135 @@
+"""Named remat policies: a short string picks what a scanned block may keep for backward.
+
+Each policy is built from ``jax.checkpoint_policies`` and the shared name vocabulary
+(:mod:`zoo.names`). A policy is applied in one place only: the scan body of a layer stack
+(:mod:`zoo.scan`). Models never change when the policy does.
+
+``custom:NAME=device|offload|remat,...`` places each listed name on device, on host
+(``pinned_host``) or recomputes it; names not listed are recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import jax
+
+from zoo import names
+from zoo.errors import ZooError, choice_error
+
+cp = jax.checkpoint_policies
+
+HOST = "pinned_host"
+DEVICE = "device"
+PLACEMENTS = ("device", "offload", "remat")
+
+
+@dataclass(frozen=True)
+class RematPolicy:
+    """A named choice of what a scanned block saves.
+
+    ``checkpoint`` False means the block is not wrapped in ``jax.checkpoint`` at all.
+    ``nested`` True runs the stack as a two-level scan over groups of layers.
+    """
+
+    name: str
+    description: str
+    checkpoint: bool = True
+    saved_on_device: tuple[str, ...] = ()
+    offloaded: tuple[str, ...] = ()
+    save_dots: bool = False
+    nested: bool = False
+    jax_policy: Callable | None = field(default=None, compare=False, repr=False)
+
+    def wrap(self, fn: Callable) -> Callable:
+        """Wrap a block function in ``jax.checkpoint`` under this policy (or not at all)."""
+        if not self.checkpoint:
+            return fn
+        # prevent_cse=False: inside scan, XLA cannot CSE the recomputation away, and the
+        # barrier would only cost speed.
+        return jax.checkpoint(fn, policy=self.jax_policy, prevent_cse=False)
+
+
+def _names_policy(saved: tuple[str, ...], offloaded: tuple[str, ...]) -> Callable:
+    if not offloaded:
+        return cp.save_only_these_names(*saved)
+    return cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=list(saved),
+        names_which_can_be_offloaded=list(offloaded),
+        offload_src=DEVICE,
+        offload_dst=HOST,
+    )
+
+
+def _named(name: str, description: str, saved=(), offloaded=(), nested=False) -> RematPolicy:
+    return RematPolicy(
+        name=name,
+        description=description,
+        saved_on_device=tuple(saved),
+        offloaded=tuple(offloaded),
+        nested=nested,
+        jax_policy=_names_policy(tuple(saved), tuple(offloaded)),
+    )
+
+
+POLICIES: dict[str, RematPolicy] = {
+    p.name: p
+    for p in (
+        RematPolicy("none", "no checkpoint: keep every residual autodiff wants", checkpoint=False),
+        _named("full", "save nothing inside a block; recompute it all in the backward pass"),
+        RematPolicy(
+            "dots",
+            "save matmul outputs without batch dims; recompute elementwise ops",
+            save_dots=True,
+            jax_policy=cp.dots_with_no_batch_dims_saveable,
+        ),
+        _named("save-attn", "save q/k/v and the attention output projection", saved=(
+            names.ATTN_Q, names.ATTN_K, names.ATTN_V, names.ATTN_OUT)),
+        _named("minimal", "save every projection output (q/k/v, attn_out, mlp_hidden, mlp_out)",
+               saved=names.PROJECTIONS),
+        _named("offload-layer-input", "offload each block input to pinned_host; recompute the rest",
+               offloaded=(names.LAYER_INPUT,)),
+        _named("offload-minimal", "offload every projection output to pinned_host",
+               offloaded=names.PROJECTIONS),
+        _named("nested", "two-level scan over ~sqrt(L) groups: residuals O(sqrt L), not O(L)",
+               nested=True),
+    )
+}
+
+CUSTOM_PREFIX = "custom:"
+
+
+def parse_custom(spec: str) -> RematPolicy:
+    """``custom:attn_q=device,layer_input=offload,mlp_hidden=remat`` -> RematPolicy."""
+    body = spec[len(CUSTOM_PREFIX):]
+    saved, offloaded = [], []
+    if not body.strip():
+        raise ZooError(f"empty custom remat spec {spec!r}; write e.g. 'custom:attn_q=device,layer_input=offload'")
+    for item in body.split(","):
+        if "=" not in item:
+            raise ZooError(f"custom remat item {item!r} in {spec!r} must be NAME=device|offload|remat")
+        name, placement = (part.strip() for part in item.split("=", 1))
+        if name not in names.ALL:
+            raise choice_error("activation name in custom remat spec", name, names.ALL)
+        if placement not in PLACEMENTS:
+            raise choice_error(f"placement for {name!r}", placement, PLACEMENTS)
+        if name in saved or name in offloaded:
+            raise ZooError(f"activation name {name!r} appears twice in {spec!r}")
+        {"device": saved, "offload": offloaded, "remat": []}[placement].append(name)
+    return _named(spec, "per-name placement: " + body, saved=saved, offloaded=offloaded)
+
+
+def get_policy(name: str | RematPolicy) -> RematPolicy:
+    """Look up a policy by name, or parse a ``custom:`` spec. Unknown names list the valid ones."""
+    if isinstance(name, RematPolicy):
+        return name
+    if name.startswith(CUSTOM_PREFIX):
+        return parse_custom(name)
+    if name not in POLICIES:
+        raise choice_error("remat policy", name, [*POLICIES, CUSTOM_PREFIX + "NAME=device|offload|remat,..."])
+    return POLICIES[name]
+
+
+def policy_names() -> list[str]:
+    return list(POLICIES)

@@ -1,0 +1,97 @@
+"""Run a stack of identical layers with `lax.scan`, under a remat policy.
+
+This is the single place where a policy meets the model: the scan body is wrapped in
+``jax.checkpoint``. Both backends call :func:`scan_layers` with a pure ``layer_fn``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+from jax.ad_checkpoint import checkpoint_name
+
+from zoo import names
+from zoo.remat import RematPolicy, get_policy
+
+LayerFn = Callable  # (layer_params, h) -> h
+
+
+@dataclass(frozen=True)
+class StackPlan:
+    """How a stack runs: the remat policy, and how many leading layers are frozen.
+
+    Frozen layers run first, as their own scan on ``stop_gradient`` weights. When their input
+    needs no gradient either, autodiff never linearises them: no residuals, no backward.
+    """
+
+    policy: RematPolicy
+    frozen_prefix: int = 0
+
+
+def as_plan(remat: "StackPlan | RematPolicy | str") -> StackPlan:
+    if isinstance(remat, StackPlan):
+        return remat
+    return StackPlan(get_policy(remat))
+
+
+def tagged(layer_fn: LayerFn) -> LayerFn:
+    """Tag the block input as ``layer_input`` inside the (checkpointed) body, so a policy can
+    save or offload it by name."""
+
+    def body(layer_params, h):
+        return layer_fn(layer_params, checkpoint_name(h, names.LAYER_INPUT))
+
+    return body
+
+
+def layer_body(layer_fn: LayerFn, policy: RematPolicy | str) -> LayerFn:
+    """The function the scan runs per layer: the tagged block, wrapped by the policy."""
+    policy = get_policy(policy)
+    if policy.nested:  # the inner layers of a nested scan recompute everything
+        return get_policy("full").wrap(tagged(layer_fn))
+    return policy.wrap(tagged(layer_fn))
+
+
+def num_groups(num_layers: int) -> int:
+    """Group count for nested remat: the divisor of L closest to sqrt(L)."""
+    divisors = [g for g in range(1, num_layers + 1) if num_layers % g == 0]
+    return min(divisors, key=lambda g: (abs(g - math.sqrt(num_layers)), g))
+
+
+def _scan(body: LayerFn, stacked, h):
+    h, _ = jax.lax.scan(lambda carry, p: (body(p, carry), None), h, stacked)
+    return h
+
+
+def scan_layers(layer_fn: LayerFn, stacked_params, h, remat: StackPlan | RematPolicy | str = "none"):
+    """Apply ``layer_fn`` once per layer along the leading axis of ``stacked_params``.
+
+    ``remat`` names a policy (see :mod:`zoo.remat`) or gives a :class:`StackPlan`.
+    With a ``nested`` policy the L layers run as G groups of L/G: the outer scan keeps only
+    each group's input, and a group's inner scan is replayed during the backward pass.
+    """
+    plan = as_plan(remat)
+    k = plan.frozen_prefix
+    if k:
+        frozen = jax.tree_util.tree_map(lambda a: jax.lax.stop_gradient(a[:k]), stacked_params)
+        h = _scan_policy(layer_fn, frozen, h, plan.policy)
+        stacked_params = jax.tree_util.tree_map(lambda a: a[k:], stacked_params)
+    return _scan_policy(layer_fn, stacked_params, h, plan.policy)
+
+
+def _scan_policy(layer_fn: LayerFn, stacked_params, h, policy: RematPolicy):
+    body = layer_body(layer_fn, policy)
+    if not policy.nested:
+        return _scan(body, stacked_params, h)
+    num_layers = jax.tree_util.tree_leaves(stacked_params)[0].shape[0]
+    if num_layers == 0:
+        return h
+    groups = num_groups(num_layers)
+    grouped = jax.tree_util.tree_map(
+        lambda a: a.reshape(groups, num_layers // groups, *a.shape[1:]), stacked_params
+    )
+    group_body = get_policy("full").wrap(lambda group, carry: _scan(body, group, carry))
+    return _scan(group_body, grouped, h)

@@ -1,0 +1,1 @@
+"""Training: one engine for both backends, on canonical parameter trees."""
