@@ -12,6 +12,7 @@ from zoo.ui import err_console
 # Modules that define ``add_parser(subparsers)``; each registers one or more subcommands.
 COMMAND_MODULES = (
     "zoo.commands.models",
+    "zoo.commands.train",
 )
 
 

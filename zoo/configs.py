@@ -86,3 +86,95 @@ def replace_checked(cfg, **overrides):
     for key in overrides:
         check_choice(f"override for {type(cfg).__name__}", key, valid)
     return dataclasses.replace(cfg, **overrides)
+
+
+# --- Recipe sections ------------------------------------------------------------------------
+
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("cosine", "constant")
+LAYOUTS = ("flat", "rows")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """Which preset, which backend, and config field overrides (e.g. ``num_layers``)."""
+
+    preset: str = "mlp-s"
+    backend: str = "nnx"
+    overrides: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """``dataset`` is a spec understood by :func:`zoo.data.load_dataset`.
+
+    ``layout="rows"`` feeds a classifier's 8x8 (or HxW) image to a transformer as H row
+    tokens of W features. ``classes`` keeps and remaps a subset of labels (5..9 -> 0..4).
+    ``seq_len`` is the LM context (default: the model's ``max_len``).
+    """
+
+    dataset: str = "digits"
+    layout: str = "flat"
+    classes: tuple[int, ...] | None = None
+    eval_fraction: float = 0.2
+    seq_len: int | None = None
+    text_column: str = "text"
+    label_column: str = "label"
+
+    def __post_init__(self) -> None:
+        check_choice("data.layout", self.layout, LAYOUTS)
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ZooError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
+        if self.seq_len is not None and self.seq_len <= 0:
+            raise ZooError(f"data.seq_len must be positive, got {self.seq_len!r}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """optax optimizer: adamw or sgd with momentum, warmup + cosine decay, global-norm clip."""
+
+    name: str = "adamw"
+    lr: float = 1e-3
+    schedule: str = "cosine"
+    warmup_steps: int = 0
+    end_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    grad_clip_norm: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        check_choice("optim.name", self.name, OPTIMIZERS)
+        check_choice("optim.schedule", self.schedule, SCHEDULES)
+        if not self.lr > 0:
+            raise ZooError(f"optim.lr must be > 0, got {self.lr!r}")
+        if self.warmup_steps < 0:
+            raise ZooError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps!r}")
+        if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
+            raise ZooError(f"optim.grad_clip_norm must be > 0 or unset, got {self.grad_clip_norm!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 64
+    eval_every: int = 200
+    eval_batches: int = 50
+    log_every: int = 10
+    checkpoint_every: int = 200
+    seed: int = 0
+    remat: str = "none"
+
+    def __post_init__(self) -> None:
+        _require_positive(self, "steps", "batch_size", "eval_every", "eval_batches", "log_every",
+                          "checkpoint_every")
+        from zoo.remat import get_policy
+
+        get_policy(self.remat)  # unknown names fail here, with the valid list
+
+
+@dataclass(frozen=True)
+class FreezeConfig:
+    """Start from a checkpoint and freeze canonical paths matching ``patterns``."""
+
+    patterns: tuple[str, ...] = ()
+    init_from: str | None = None

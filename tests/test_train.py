@@ -1,0 +1,152 @@
+"""The training engine end to end on small runs: compile once, resume, NaN, backends, CLI."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from zoo import recipes
+from zoo.cli import main
+from zoo.errors import ZooError
+from zoo.train import checkpoint
+from zoo.train.loop import TrainingDiverged, train
+
+QUICK = {"train.steps": 40, "train.eval_every": 20, "train.checkpoint_every": 20, "train.log_every": 10}
+
+
+def quick(name="digits-mlp", **values):
+    return recipes.with_values(recipes.load_recipe(name), {**QUICK, **values})
+
+
+def test_train_step_compiles_once_and_learns(tmp_path):
+    summary = train(quick(**{"train.steps": 60}), tmp_path, show_progress=False)
+    assert summary["compile_count"] == 1
+    assert summary["eval_accuracy"] > 0.8  # 10 classes: chance is 0.1
+    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines if "loss" in l] == [10, 20, 30, 40, 50, 60]
+    assert json.loads((tmp_path / "recipe.json").read_text())["train"]["steps"] == 60
+    assert checkpoint.latest_step(tmp_path) == 60
+
+
+def test_both_backends_reach_the_same_loss(tmp_path):
+    losses = [train(quick(**{"model.backend": b}), tmp_path / b, show_progress=False)["train_loss"]
+              for b in ("nnx", "eqx")]
+    assert abs(losses[0] - losses[1]) <= 1e-3 * abs(losses[0])
+
+
+def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(tmp_path):
+    recipe = quick(**{"optim.name": "sgd", "optim.lr": 1e30, "optim.schedule": "constant",
+                      "optim.warmup_steps": 0, "train.checkpoint_every": 1})
+    with pytest.raises(TrainingDiverged, match=r"at step (\d+)") as info:
+        train(recipe, tmp_path, show_progress=False)
+    bad_step = int(info.value.args[0].split("at step ")[1].split(";")[0])
+    assert checkpoint.latest_step(tmp_path) == bad_step - 1
+    params = checkpoint.load_checkpoint(tmp_path).params
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(params))
+
+
+def _zoo(*args, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "zoo.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def test_killed_run_resumes_to_identical_params(tmp_path):
+    flags = ["digits-mlp", "--steps", "400", "--set", "train.checkpoint_every=40", "--no-progress"]
+    reference = _zoo("train", *flags, "--out", str(tmp_path / "ref"))
+    victim = _zoo("train", *flags, "--out", str(tmp_path / "killed"))
+    deadline = time.time() + 120
+    while checkpoint.latest_step(tmp_path / "killed") is None:
+        assert victim.poll() is None and time.time() < deadline, "run ended before a checkpoint"
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    killed_at = checkpoint.latest_step(tmp_path / "killed")
+    assert killed_at < 400
+    resumed = _zoo("train", *flags, "--out", str(tmp_path / "killed"), "--resume")
+    assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
+    assert reference.wait(timeout=300) == 0, reference.stdout.read()
+    a = checkpoint.load_checkpoint(tmp_path / "ref").params
+    b = checkpoint.load_checkpoint(tmp_path / "killed").params
+    jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+
+
+def test_existing_run_dir_needs_resume(tmp_path):
+    train(quick(**{"train.steps": 20}), tmp_path, show_progress=False)
+    with pytest.raises(ZooError, match="--resume"):
+        train(quick(**{"train.steps": 20}), tmp_path, show_progress=False)
+
+
+def test_cli_json_summary_eval_and_params(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "digits-mlp", "--steps", "30", "--out", str(out), "--json",
+                 "--no-progress", "--backend", "eqx", "--remat", "full"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("recipe", "backend", "remat", "steps", "train_loss", "eval_loss", "eval_accuracy",
+                "examples_per_sec", "compile_count", "out_dir"):
+        assert key in summary
+    assert summary["backend"] == "eqx" and summary["remat"] == "full" and summary["steps"] == 30
+    assert main(["eval", str(out), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["eval_accuracy"] == pytest.approx(summary["eval_accuracy"])
+    assert again["eval_loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
+
+
+def test_language_model_trains_saves_tokenizer_and_samples(tmp_path, capsys):
+    recipe = quick("python-docs-lm", **{"model.num_layers": 1, "model.d_model": 32,
+                                        "model.d_ff": 64, "model.max_len": 32,
+                                        "data.seq_len": 32, "train.steps": 20})
+    summary = train(recipe, tmp_path, show_progress=False)
+    assert summary["eval_bits_per_char"] == pytest.approx(summary["eval_loss"] / np.log(2))
+    ckpt = checkpoint.load_checkpoint(tmp_path)
+    assert ckpt.tokenizer is not None and ckpt.model_config.vocab_size == ckpt.tokenizer.vocab_size
+    assert main(["sample", str(tmp_path), "--prompt", "def ", "--length", "12", "--json"]) == 0
+    sample = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sample"]
+    assert len(sample) == 12
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--remat", "ful"], "Did you mean 'full'"),
+    (["--backend", "torch"], "Valid: eqx, nnx"),
+    (["--set", "train.stepz=3"], "Did you mean 'steps'"),
+    (["--set", "train.steps=-1"], "positive int"),
+    (["--set", "optim.name=adam"], "Valid: adamw, sgd"),
+    (["--dataset", "digts"], "digits"),
+    (["--dataset", "hf:mnist"], "offline|digits"),
+])
+def test_bad_flags_give_clear_errors(flags, match, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["train", "digits-mlp", "--steps", "1", "--out", "/nonexistent/x", *flags]) == 2
+    err = capsys.readouterr().err.replace("\n", " ")
+    import re
+    assert re.search(match, err), err
+
+
+def test_builtin_recipes_validate_and_list(capsys):
+    assert main(["recipes", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    names = {r["name"] for r in rows}
+    assert {"digits-mlp", "digits-transformer", "python-docs-lm"} <= names
+    assert all({"name", "description", "model", "dataset"} <= set(r) for r in rows)
+
+
+def test_recipe_unknown_key_and_bad_type(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\n[train]\nsteps = "ten"\n')
+    with pytest.raises(ZooError, match=r"train.steps must be int, got 'ten'"):
+        recipes.load_recipe(str(bad))
+    bad.write_text('name = "bad"\n[trian]\nsteps = 3\n')
+    with pytest.raises(ZooError, match=r"'trian'.*Did you mean 'train'"):
+        recipes.load_recipe(str(bad))
+
+
+def test_recipes_ship_inside_the_package():
+    from importlib import resources
+    files = {p.name for p in (resources.files("zoo") / "recipes").iterdir()}
+    assert "digits-mlp.toml" in files

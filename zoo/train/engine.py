@@ -1,0 +1,115 @@
+"""One training engine for both backends.
+
+A model meets the engine as canonical params plus a pure ``apply``; the freeze plan splits
+params into (trainable, frozen). Remat, freezing and DP are written once, here, on pytrees.
+Everything under ``jit`` is a pure function of arrays and keys.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from zoo.api import apply_fn
+from zoo.configs import ModelConfig
+from zoo.dp import clipped_grad_sum, privatize
+from zoo.scan import StackPlan
+from zoo.train.freeze import FreezePlan
+from zoo.train.losses import accuracy_per_example, masked_mean, per_example_loss
+from zoo.train.state import TrainState
+
+
+@dataclass(frozen=True)
+class DPRuntime:
+    """Resolved DP-SGD settings for the step (the noise multiplier is already calibrated)."""
+
+    noise_multiplier: float
+    clip_norm: float
+    expected_batch_size: float
+    microbatch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Engine:
+    cfg: ModelConfig
+    backend: str
+    remat: StackPlan
+    freeze: FreezePlan
+    optimizer: optax.GradientTransformation
+    dp: DPRuntime | None = None
+
+    # -- pure pieces ---------------------------------------------------------------------
+    def logits(self, params: dict, x: jax.Array) -> jax.Array:
+        return apply_fn(self.cfg, self.backend)(params, x, self.remat)
+
+    def example_losses(self, trainable: dict, frozen: dict, x: jax.Array, y: jax.Array):
+        logits = self.logits(self.freeze.merge(trainable, frozen), x)
+        return per_example_loss(logits, y), logits
+
+    def _grads(self, state: TrainState, frozen: dict, batch: dict):
+        if self.dp is None:
+            def loss(trainable):
+                losses, _ = self.example_losses(trainable, frozen, batch["x"], batch["y"])
+                return masked_mean(losses, batch["mask"])
+
+            return jax.value_and_grad(loss)(state.params)
+        return self._dp_grads(state, frozen, batch)
+
+    def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
+        def one_example(trainable, frozen, x, y):
+            return self.example_losses(trainable, frozen, x[None], y[None])[0][0]
+
+        grad_sum, _ = clipped_grad_sum(
+            one_example, state.params, batch["x"], batch["y"],
+            l2_clip_norm=self.dp.clip_norm, microbatch_size=self.dp.microbatch_size,
+            example_mask=batch["mask"], frozen=frozen)
+        grads = privatize(grad_sum, state.step_key(), noise_multiplier=self.dp.noise_multiplier,
+                          l2_clip_norm=self.dp.clip_norm,
+                          expected_batch_size=self.dp.expected_batch_size)
+        losses, _ = self.example_losses(state.params, frozen, batch["x"], batch["y"])
+        return masked_mean(losses, batch["mask"]), grads
+
+    def train_step_fn(self, state: TrainState, frozen: dict, batch: dict):
+        loss, grads = self._grads(state, frozen, batch)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                               opt_state=opt_state, rng=state.rng)
+        return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    def eval_step_fn(self, trainable: dict, frozen: dict, batch: dict) -> dict:
+        losses, logits = self.example_losses(trainable, frozen, batch["x"], batch["y"])
+        mask = batch["mask"]
+        return {"loss_sum": (losses * mask).sum(),
+                "correct_sum": (accuracy_per_example(logits, batch["y"]) * mask).sum(),
+                "count": mask.sum()}
+
+    # -- compiled entry points -----------------------------------------------------------
+    @functools.cached_property
+    def train_step(self):
+        """``(state, frozen, batch) -> (state, metrics)``; the state is donated."""
+        return jax.jit(self.train_step_fn, donate_argnames="state")
+
+    @functools.cached_property
+    def eval_step(self):
+        return jax.jit(self.eval_step_fn)
+
+    def init_state(self, params: dict, seed: int) -> tuple[TrainState, dict]:
+        trainable, frozen = self.freeze.split(params)
+        return TrainState.create(trainable, self.optimizer, seed), frozen
+
+
+def evaluate(engine: Engine, state: TrainState, frozen: dict, batches) -> dict:
+    """Mean loss and accuracy over fixed-shape eval batches (padding masked out)."""
+    totals = {"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0}
+    for batch in batches:
+        out = engine.eval_step(state.params, frozen, batch)
+        for key in totals:
+            totals[key] += float(out[key])
+    count = max(totals["count"], 1.0)
+    loss = totals["loss_sum"] / count
+    return {"eval_loss": loss, "eval_accuracy": totals["correct_sum"] / count,
+            "eval_bits_per_char": loss / float(jnp.log(2.0))}

@@ -1,0 +1,68 @@
+"""Training state and the optax optimizer built from a recipe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from zoo.configs import OptimConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class TrainState:
+    """Everything that changes during training. Frozen weights live outside it.
+
+    ``rng`` holds raw key data (uint32) so checkpoints store plain arrays.
+    """
+
+    step: jax.Array
+    params: dict
+    opt_state: optax.OptState
+    rng: jax.Array
+
+    @classmethod
+    def create(cls, params: dict, optimizer: optax.GradientTransformation, seed: int) -> "TrainState":
+        return cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=optimizer.init(params),
+            rng=jax.random.key_data(jax.random.key(seed)),
+        )
+
+    def step_key(self) -> jax.Array:
+        return jax.random.fold_in(jax.random.wrap_key_data(self.rng), self.step)
+
+
+def learning_rate(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
+    end = cfg.lr * cfg.end_lr_ratio
+    if cfg.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0 if cfg.warmup_steps else cfg.lr, peak_value=cfg.lr,
+            warmup_steps=cfg.warmup_steps, decay_steps=max(total_steps, cfg.warmup_steps + 1),
+            end_value=end)
+    if not cfg.warmup_steps:
+        return optax.constant_schedule(cfg.lr)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)],
+        [cfg.warmup_steps])
+
+
+def make_optimizer(cfg: OptimConfig, total_steps: int, clip: bool = True) -> optax.GradientTransformation:
+    """adamw or sgd+momentum on a warmup schedule, after optional global-norm clipping.
+
+    DP runs pass ``clip=False``: their gradients are already clipped per example.
+    """
+    schedule = learning_rate(cfg, total_steps)
+    if cfg.name == "adamw":
+        opt = optax.adamw(schedule, weight_decay=cfg.weight_decay)
+    else:
+        opt = optax.sgd(schedule, momentum=cfg.momentum or None)
+        if cfg.weight_decay:
+            opt = optax.chain(optax.add_decayed_weights(cfg.weight_decay), opt)
+    if clip and cfg.grad_clip_norm is not None:
+        opt = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), opt)
+    return opt

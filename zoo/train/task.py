@@ -1,0 +1,104 @@
+"""The data side of a run: a loaded dataset shaped for one model, batches by step number.
+
+Batches depend only on (seed, step), so a resumed run sees exactly the batches an
+uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from zoo.configs import DataConfig, MLPConfig, ModelConfig
+from zoo.data import CharTokenizer, Dataset, eval_batches, load_dataset, sample_batch
+from zoo.errors import ZooError
+from zoo.models.registry import get_config
+
+
+@dataclass(frozen=True)
+class Task:
+    """A dataset plus the few facts needed to feed it to a model."""
+
+    data: Dataset
+    config: DataConfig
+    seq_len: int | None  # LM context; None for classifiers
+    row_shape: tuple[int, int] | None  # layout="rows": each example becomes [H, W]
+
+    @property
+    def is_lm(self) -> bool:
+        return self.data.task == "lm"
+
+    @property
+    def num_train(self) -> int:
+        """Examples for Poisson sampling: rows, or non-overlapping LM windows."""
+        if self.is_lm:
+            return (self.data.x_train.shape[0] - 1) // self.seq_len
+        return self.data.num_train
+
+    def shape_x(self, x: np.ndarray) -> np.ndarray:
+        return x.reshape(x.shape[0], *self.row_shape) if self.row_shape else x
+
+    def train_batch(self, step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([seed, step])
+        batch = sample_batch(self.data, "train", batch_size, rng, seq_len=self.seq_len)
+        return {**batch, "x": self.shape_x(batch["x"])}
+
+    def examples(self, indices: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        """Training examples by index (for Poisson-sampled DP batches)."""
+        if self.is_lm:
+            starts = indices.astype(np.int64) * self.seq_len
+            window = self.data.x_train[starts[:, None] + np.arange(self.seq_len + 1)]
+            return {"x": window[:, :-1], "y": window[:, 1:], "mask": mask}
+        return {"x": self.shape_x(self.data.x_train[indices]), "y": self.data.y_train[indices],
+                "mask": mask}
+
+    def eval_batches(self, batch_size: int, max_batches: int) -> Iterator[dict[str, np.ndarray]]:
+        limit = max_batches if self.is_lm else None
+        for batch in eval_batches(self.data, batch_size, seq_len=self.seq_len, max_batches=limit):
+            yield {**batch, "x": self.shape_x(batch["x"])}
+
+
+def task_kind(model: ModelConfig) -> str:
+    """"lm" for a transformer with an LM head, else "classify"."""
+    if isinstance(model, MLPConfig) or model.is_classifier:
+        return "classify"
+    return "lm"
+
+
+def load_task(config: DataConfig, kind: str, seed: int, tokenizer: CharTokenizer | None = None,
+              max_len: int | None = None) -> Task:
+    data = load_dataset(config.dataset, task=kind, seed=seed,
+                        eval_fraction=config.eval_fraction, classes=config.classes,
+                        text_column=config.text_column, label_column=config.label_column,
+                        tokenizer=tokenizer)
+    seq_len = (config.seq_len or max_len) if data.task == "lm" else None
+    row_shape = None
+    if config.layout == "rows":
+        if data.task == "lm" or not data.feature_shape or len(data.feature_shape) != 2:
+            raise ZooError(f"data.layout='rows' needs 2-D image features; {config.dataset!r} has "
+                           f"feature shape {data.feature_shape}")
+        row_shape = tuple(data.feature_shape)
+    return Task(data=data, config=config, seq_len=seq_len, row_shape=row_shape)
+
+
+def fit_model_to_task(preset: str, overrides: dict, task: Task) -> ModelConfig:
+    """The recipe's model with sizes the data dictates (vocab, classes, input width)."""
+    cfg = get_config(preset, **overrides)
+    fitted: dict = {}
+    if isinstance(cfg, MLPConfig):
+        if task.is_lm or task.row_shape:
+            raise ZooError(f"model {preset!r} is a classifier MLP; it needs flat features, "
+                           f"not {'text' if task.is_lm else 'rows'}")
+        fitted = {"d_in": task.data.num_features, "num_classes": task.data.num_classes}
+    elif task.is_lm:
+        fitted = {"vocab_size": task.data.vocab_size, "num_classes": 0, "d_in": 0,
+                  "max_len": max(cfg.max_len, task.seq_len)}
+    else:
+        if not task.row_shape:
+            raise ZooError(f"a transformer classifier needs data.layout='rows' (got 'flat') for "
+                           f"{task.config.dataset!r}")
+        rows, width = task.row_shape
+        fitted = {"d_in": width, "num_classes": task.data.num_classes, "max_len": rows}
+    return get_config(cfg, **{k: v for k, v in fitted.items() if getattr(cfg, k) != v})
