@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import sysconfig
 from dataclasses import dataclass
 
 import datasets
@@ -85,6 +86,8 @@ def _local_paths(spec: str, rest: str, many: bool) -> list[str]:
         raise DatasetError(f"{spec!r} names no file. Valid forms: {_valid_forms()}.")
     paths = []
     for part in parts:
+        # "{stdlib}" lets a shipped recipe name text files every Python install has.
+        part = part.replace("{stdlib}", sysconfig.get_paths()["stdlib"])
         path = os.path.abspath(os.path.expanduser(part))
         if not part or not os.path.isfile(path):
             raise DatasetError(f"{spec!r}: file not found: {part or '(empty path)'!r}")
