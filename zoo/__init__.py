@@ -21,5 +21,15 @@ __all__ = [
     "load_model",
     "param_count",
     "param_table",
+    "load_checkpoint",
     "to_canonical",
 ]
+
+
+def __getattr__(name: str):
+    # Checkpoint loading pulls in orbax; import it only when asked for.
+    if name == "load_checkpoint":
+        from zoo.train.checkpoint import load_checkpoint
+
+        return load_checkpoint
+    raise AttributeError(f"module 'zoo' has no attribute {name!r}")
