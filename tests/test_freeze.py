@@ -1,0 +1,372 @@
+"""Freezing by path pattern: matching, errors, exact split/merge, frozen prefix, gradients,
+and the structural claim that a frozen prefix gets no backward pass."""
+
+import collections
+import re
+
+import jax
+import numpy as np
+import pytest
+from jax.extend import core as jcore
+
+import zoo
+from zoo.errors import ZooError
+from zoo.models.canonical import canonical_shapes, init_params
+from zoo.remat import get_policy
+from zoo.scan import StackPlan
+from zoo.train.freeze import FreezePlan, parse_pattern, resolve_freeze
+
+from conftest import assert_trees_close, loss_of
+
+XS = zoo.get_config("transformer-xs")  # 2 layers
+MLP = zoo.get_config("mlp-s")  # 1 layer
+SMALL4 = zoo.get_config("transformer-xs", num_layers=4, d_model=32, d_ff=64, max_len=8,
+                        vocab_size=40)
+
+STACKED_XS = sorted(p for p in canonical_shapes(XS) if p.startswith("blocks."))
+
+
+def nested(flat: dict) -> dict:
+    out: dict = {}
+    for path, value in flat.items():
+        *parents, last = path.split(".")
+        node = out
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return out
+
+
+def random_params(shapes: dict, seed=0) -> dict:
+    """A canonical-style tree of distinct random values, fan-in scaled like ``init_params``
+    but drawn by numpy, so that nothing has to be compiled."""
+    rng = np.random.default_rng(seed)
+    flat = {}
+    for path, shape in shapes.items():
+        value = rng.standard_normal(shape, dtype=np.float32)
+        if path.endswith(".w") and not path.startswith(("embed.", "pos.")):
+            value *= shape[-2] ** -0.5
+        elif path.endswith(".scale"):
+            value = 1 + 0.1 * value
+        else:
+            value *= 0.1
+        flat[path] = jax.numpy.asarray(value)
+    return nested(flat)
+
+
+def frozen_view(plan: FreezePlan) -> dict:
+    """{path: 'all' | frozen rows} for every leaf with something frozen."""
+    out = {p: "all" for p in plan.frozen_leaves}
+    out.update({p: r for p, r in plan.frozen_rows.items()})
+    return out
+
+
+def sizes(tree) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree))
+
+
+def flat_paths(tree) -> set:
+    return {jax.tree_util.keystr(p, simple=True, separator=".")
+            for p, _ in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+# Less LLVM optimisation: these tiny programs compile about twice as fast, same float semantics.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def run_compiled(fn, *args):
+    """jit ``fn``, compile it for ``args`` with FAST_COMPILE, and run it."""
+    return jax.jit(fn).lower(*args).compile(FAST_COMPILE)(*args)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    params = random_params(canonical_shapes(SMALL4), 1)
+    rng = np.random.default_rng(2)
+    x, y = (rng.integers(0, SMALL4.vocab_size, (3, SMALL4.max_len), dtype=np.int32) for _ in "xy")
+    grads = run_compiled(jax.grad(loss_of(SMALL4, "nnx")), params, x, y)
+    return params, x, y, grads
+
+
+# ----------------------------------------------------------------------------- matching
+
+
+@pytest.mark.parametrize("patterns,expected", [
+    (["embed"], {"embed.w": "all"}),
+    (["head.*"], {"head.w": "all", "head.b": "all"}),
+    (["blocks.attn.*"], {f"blocks.attn.{n}.w": (0, 1) for n in "qkvo"}),
+    (["blocks.attn"], {f"blocks.attn.{n}.w": (0, 1) for n in "qkvo"}),
+    (["blocks[0:1]"], {p: (0,) for p in STACKED_XS}),
+    (["blocks[0:1].mlp.*"], {p: (0,) for p in STACKED_XS if p.startswith("blocks.mlp.")}),
+    (["blocks[-1]"], {p: (1,) for p in STACKED_XS}),
+    (["blocks[:1].ln1", "blocks[1:].ln2.b"],
+     {"blocks.ln1.b": (0,), "blocks.ln1.scale": (0,), "blocks.ln2.b": (1,)}),
+    (["pos", "ln_f.scale"], {"pos.w": "all", "ln_f.scale": "all"}),
+])
+def test_transformer_patterns(patterns, expected):
+    plan = resolve_freeze(canonical_shapes(XS), patterns)
+    assert frozen_view(plan) == expected
+
+
+def test_prefix_matches_on_segment_boundaries_only():
+    shapes = {"embed.w": (4, 2), "embedding.w": (4, 2), "blocks.x.w": (2, 3)}
+    assert frozen_view(resolve_freeze(shapes, ["embed"])) == {"embed.w": "all"}
+
+
+@pytest.mark.parametrize("patterns,expected", [
+    (["in_proj"], {"in_proj.w": "all", "in_proj.b": "all"}),
+    (["head.*"], {"head.w": "all", "head.b": "all"}),
+    (["blocks.dense.w"], {"blocks.dense.w": (0,)}),
+    (["blocks[0:1]"], {"blocks.dense.w": (0,), "blocks.dense.b": (0,)}),
+    (["blocks[-1]"], {"blocks.dense.w": (0,), "blocks.dense.b": (0,)}),
+    (["*.b"], {"in_proj.b": "all", "head.b": "all", "blocks.dense.b": (0,)}),
+])
+def test_mlp_patterns(patterns, expected):
+    plan = resolve_freeze(canonical_shapes(MLP), patterns)
+    assert frozen_view(plan) == expected
+
+
+def test_params_shapes_abstract_params_and_shape_dict_agree(reference):
+    patterns = ["embed", "blocks[1].mlp.*"]
+    from_shapes = resolve_freeze(canonical_shapes(SMALL4), patterns)
+    from_params = resolve_freeze(reference[0], patterns)
+    from_abstract = resolve_freeze(jax.eval_shape(lambda: init_params(SMALL4)), patterns, num_layers=4)
+    assert frozen_view(from_shapes) == frozen_view(from_params) == frozen_view(from_abstract)
+    assert from_shapes == from_params == from_abstract
+
+
+def test_parse_pattern():
+    assert parse_pattern("blocks[1:3].mlp.*").path == "blocks.mlp.*"
+    assert parse_pattern("blocks[1:3].mlp.*").layers == slice(1, 3, None)
+    assert parse_pattern("blocks[-1]").layers == -1
+    assert parse_pattern("head.*").layers is None
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_no_match_lists_paths_and_close_matches():
+    with pytest.raises(ZooError) as info:
+        resolve_freeze(canonical_shapes(XS), ["embed", "embd"])
+    message = str(info.value)
+    assert "'embd'" in message and "Did you mean 'embed'" in message
+    for path in canonical_shapes(XS):
+        assert path in message
+
+
+def test_no_match_inside_the_stack():
+    with pytest.raises(ZooError, match=r"'blocks\[0\]\.mlpp'.*matches no parameter.*blocks\.mlp\.up\.w"):
+        resolve_freeze(canonical_shapes(XS), ["blocks[0].mlpp"])
+
+
+@pytest.mark.parametrize("pattern", ["blocks[2]", "blocks[-3]", "blocks[2:]", "blocks[5:9]", "blocks[1:1]"])
+def test_range_selecting_no_layer(pattern):
+    with pytest.raises(ZooError, match=re.escape(repr(pattern)) + ".*2 layers"):
+        resolve_freeze(canonical_shapes(XS), [pattern])
+
+
+@pytest.mark.parametrize("pattern", ["head[0]", "embed[0:1].w", "blocks.attn[0]", "*[0]"])
+def test_range_on_non_stack_path(pattern):
+    with pytest.raises(ZooError, match=re.escape(repr(pattern)) + ".*only allowed directly after 'blocks'"):
+        resolve_freeze(canonical_shapes(XS), [pattern])
+
+
+@pytest.mark.parametrize("pattern", [
+    "", "  ", "blocks[0", "blocks]0[", "blocks[0][1]", "blocks[a:b]", "blocks[]", "blocks[0]mlp",
+    "embed..w", ".embed", "embed.", "emb ed", "blocks[::0]", "head/w",
+])
+def test_malformed(pattern):
+    with pytest.raises(ZooError, match="malformed freeze pattern " + re.escape(repr(pattern))):
+        resolve_freeze(canonical_shapes(XS), [pattern])
+
+
+def test_num_layers_must_agree():
+    with pytest.raises(ZooError, match="num_layers=3"):
+        resolve_freeze(canonical_shapes(XS), ["embed"], num_layers=3)
+
+
+# ----------------------------------------------------------------------------- split / merge
+
+
+@pytest.fixture(scope="module")
+def params_by_cfg():
+    configs = {"xs": XS, "small4": SMALL4, "mlp": MLP}
+    return {name: random_params(canonical_shapes(cfg), 3) for name, cfg in configs.items()}
+
+
+@pytest.mark.parametrize("cfg,patterns", [
+    ("xs", ["embed", "pos", "blocks[0:1]"]),
+    ("xs", ["blocks[0:1].mlp.*", "head.b"]),
+    ("small4", ["blocks[::2]", "blocks[1].attn.q"]),  # non-contiguous rows
+    ("small4", ["blocks.ln1", "blocks[1:3]"]),
+    ("mlp", ["in_proj", "blocks"]),
+    ("xs", []),
+])
+def test_split_merge_round_trip(params_by_cfg, cfg, patterns):
+    params = params_by_cfg[cfg]
+    plan = resolve_freeze(params, patterns)
+    trainable, frozen = run_compiled(plan.split, params)
+
+    for path in flat_paths(trainable):
+        assert plan.is_trainable(path) != "no"
+        assert path not in plan.frozen_leaves
+    for path in flat_paths(frozen):
+        assert path in plan.frozen_leaves or path in plan.frozen_rows
+    assert sizes(trainable) == plan.trainable_count
+    assert sizes(frozen) == plan.frozen_count
+    assert plan.trainable_count + plan.frozen_count == sizes(params)
+
+    merged = run_compiled(plan.merge, trainable, frozen)
+    assert jax.tree_util.tree_structure(merged) == jax.tree_util.tree_structure(params)
+    for a, b in zip(jax.tree_util.tree_leaves(merged), jax.tree_util.tree_leaves(params)):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_split_merge_eager_matches_jit(params_by_cfg):
+    params = random_params({"blocks.x.w": (5, 2, 3), "blocks.x.b": (5, 3), "head.w": (3, 2)}, 5)
+    plan = resolve_freeze(params, ["blocks[::2].x.w", "blocks[3].x", "head"])
+    trainable, frozen = plan.split(params)
+    assert_trees_close((trainable, frozen), run_compiled(plan.split, params), rtol=0, atol=0)
+    assert_trees_close(plan.merge(trainable, frozen), params, rtol=0, atol=0)
+
+
+def test_split_rows_content(params_by_cfg):
+    params = params_by_cfg["small4"]
+    plan = resolve_freeze(params, ["blocks[0]", "blocks[2].mlp.up"])
+    trainable, frozen = plan.split(params)
+    up = np.asarray(params["blocks"]["mlp"]["up"]["w"])
+    np.testing.assert_array_equal(frozen["blocks"]["mlp"]["up"]["w"], up[[0, 2]])
+    np.testing.assert_array_equal(trainable["blocks"]["mlp"]["up"]["w"], up[[1, 3]])
+    ln1_b = np.asarray(params["blocks"]["ln1"]["b"])
+    np.testing.assert_array_equal(trainable["blocks"]["ln1"]["b"], ln1_b[1:])
+    assert "embed" not in frozen and "head" not in frozen  # empty subtrees omitted
+
+
+def test_fully_frozen_leaves_absent_from_trainable(params_by_cfg):
+    params = params_by_cfg["xs"]
+    plan = resolve_freeze(params, ["embed", "blocks.attn", "head.*"])
+    trainable, frozen = plan.split(params)
+    assert "embed" not in trainable and "head" not in trainable
+    assert "attn" not in trainable["blocks"]
+    assert set(frozen) == {"embed", "head", "blocks"} and set(frozen["blocks"]) == {"attn"}
+
+
+def test_is_trainable_strings():
+    plan = resolve_freeze(canonical_shapes(SMALL4), ["embed", "blocks[1:3].mlp.*", "blocks.ln1"])
+    assert plan.is_trainable("embed.w") == "no"
+    assert plan.is_trainable("head.w") == "yes"
+    assert plan.is_trainable("blocks.attn.q.w") == "yes"
+    assert plan.is_trainable("blocks.ln1.b") == "no"
+    assert plan.is_trainable("blocks.mlp.up.w") == "layers 0:1,3:4 of 4"
+    assert resolve_freeze(canonical_shapes(SMALL4), ["blocks[:2]"]).is_trainable(
+        "blocks.mlp.up.w") == "layers 2:4 of 4"
+    with pytest.raises(ZooError, match="Did you mean 'head.w'"):
+        plan.is_trainable("head.ww")
+
+
+def test_merge_rejects_trees_that_do_not_fit(params_by_cfg):
+    params = params_by_cfg["xs"]
+    plan = resolve_freeze(params, ["embed"])
+    trainable, frozen = plan.split(params)
+    with pytest.raises(ZooError, match="frozen tree.*missing.*embed.w"):
+        plan.merge(trainable, {})
+
+
+# ----------------------------------------------------------------------------- frozen prefix
+
+
+@pytest.mark.parametrize("patterns,prefix", [
+    (["blocks[0:1]"], 1),
+    (["blocks[0:1].mlp.*"], 0),
+    (["embed", "pos"], 0),
+    (["blocks[1]"], 0),
+    (["blocks[:]"], 2),
+    (["blocks[0:1].mlp.*", "blocks[0].attn", "blocks.ln1", "blocks[0].ln2"], 1),
+    (["blocks[0:1]", "blocks[1].mlp.*"], 1),
+])
+def test_frozen_prefix(patterns, prefix):
+    assert resolve_freeze(canonical_shapes(XS), patterns).frozen_prefix == prefix
+
+
+def test_stack_plan():
+    plan = resolve_freeze(canonical_shapes(SMALL4), ["blocks[:3]"])
+    assert plan.stack_plan("full") == StackPlan(get_policy("full"), frozen_prefix=3)
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+FROZEN_PREFIX_2 = ["embed", "pos", "blocks[0:2]"]
+PARTIAL_MLP = ["blocks[1:3].mlp.*"]
+
+
+# Every (pattern, policy) and (backend, policy) pair occurs once and every (pattern, backend)
+# pair at least once: all pairwise combinations, with 6 compiles instead of 12.
+@pytest.mark.parametrize("patterns,prefix,backend,policy", [
+    (FROZEN_PREFIX_2, 2, "nnx", "none"),
+    (FROZEN_PREFIX_2, 2, "eqx", "full"),
+    (FROZEN_PREFIX_2, 2, "eqx", "minimal"),
+    (PARTIAL_MLP, 0, "eqx", "none"),
+    (PARTIAL_MLP, 0, "nnx", "full"),
+    (PARTIAL_MLP, 0, "nnx", "minimal"),
+])
+def test_frozen_gradients_match_full_model(reference, patterns, prefix, backend, policy):
+    params, x, y, full_grads = reference
+    plan = resolve_freeze(params, patterns)
+    assert plan.frozen_prefix == prefix
+    trainable, frozen = plan.split(params)
+    loss = loss_of(SMALL4, backend, StackPlan(get_policy(policy), frozen_prefix=plan.frozen_prefix))
+
+    grads = run_compiled(jax.grad(lambda t, f: loss(plan.merge(t, f), x, y)), trainable, frozen)
+    expected, _ = plan.split(full_grads)
+    assert all(np.abs(g).max() > 1e-6 for g in jax.tree_util.tree_leaves(expected))  # not vacuous
+    assert_trees_close(grads, expected, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- no backward
+
+
+def _sub_jaxprs(eqn):
+    for value in eqn.params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, jcore.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jcore.Jaxpr):
+                yield item
+
+
+def scan_lengths(jaxpr) -> collections.Counter:
+    """Trip count -> number of `scan` equations, anywhere in the jaxpr."""
+    counts = collections.Counter()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            counts[eqn.params["length"]] += 1
+        for sub in _sub_jaxprs(eqn):
+            counts += scan_lengths(sub)
+    return counts
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_frozen_prefix_has_no_backward_scan(reference, policy):
+    """Prefix of 1 layer, trainable suffix of 3: the prefix scan (length 1) runs only
+    forward, the suffix scan (length 3) forward and backward. If the prefix's input needs a
+    gradient (embed trainable), its scan is differentiated too: the control case."""
+    params, x, y, _ = reference
+
+    def grad_scans(patterns):
+        plan = resolve_freeze(params, patterns)
+        assert plan.frozen_prefix == 1
+        trainable, frozen = plan.split(params)
+        loss = loss_of(SMALL4, "nnx", plan.stack_plan(policy))
+        grad = jax.grad(lambda t: loss(plan.merge(t, frozen), x, y))
+        return scan_lengths(jax.make_jaxpr(grad)(trainable).jaxpr)
+
+    assert grad_scans(["embed", "pos", "blocks[0:1]"]) == {1: 1, 3: 2}
+    assert grad_scans(["blocks[0:1]"]) == {1: 2, 3: 2}  # embed trainable: prefix needs backward
+
+    # without a frozen prefix the whole stack is one scan of 4, run forward and backward
+    plan = resolve_freeze(params, ["embed", "pos"])
+    trainable, frozen = plan.split(params)
+    loss = loss_of(SMALL4, "nnx", plan.stack_plan(policy))
+    grad = jax.grad(lambda t: loss(plan.merge(t, frozen), x, y))
+    assert scan_lengths(jax.make_jaxpr(grad)(trainable).jaxpr) == {4: 2}
