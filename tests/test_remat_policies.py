@@ -27,7 +27,7 @@ def reference():
         params = canonical.init_params(cfg, 1)
         x = zoo.example_batch(cfg, 3, seed=2)
         y = labels_for(cfg, x)
-        out[kind] = cfg, params, x, y, jax.value_and_grad(loss_of(cfg, "nnx"))(params, x, y)
+        out[kind] = cfg, params, x, y, jax.jit(jax.value_and_grad(loss_of(cfg, "nnx")))(params, x, y)
     return out
 
 

@@ -13,6 +13,7 @@ from zoo.ui import err_console
 COMMAND_MODULES = (
     "zoo.commands.models",
     "zoo.commands.train",
+    "zoo.commands.remat",
 )
 
 

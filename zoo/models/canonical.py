@@ -112,13 +112,12 @@ def _layout_of(model) -> _Layout:
 @functools.lru_cache(maxsize=64)
 def _template(cfg: ModelConfig, backend: str) -> _Layout:
     cls = module_class(cfg, backend)
-    # The template may first be needed while tracing; build it eagerly so the throwaway
-    # init keys do not leak into the caller's jaxpr.
-    with jax.ensure_compile_time_eval():
-        if backend == "nnx":
-            abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
-        else:
-            abstract = eqx.filter_eval_shape(cls, cfg, key=jax.random.key(0))
+    # Shapes only. The throwaway init key is made inside the abstract trace, so it never
+    # leaks into a caller that is itself tracing.
+    if backend == "nnx":
+        abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+    else:
+        abstract = eqx.filter_eval_shape(lambda: cls(cfg, key=jax.random.key(0)))
     return _layout_of(abstract)
 
 
@@ -185,6 +184,11 @@ def _init_leaf(cfg: ModelConfig, path: Path, shape, key) -> jax.Array:
 def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> dict:
     """Fresh canonical params. Each leaf draws from ``fold_in(key, index)`` in path order."""
     key = jax.random.key(seed) if isinstance(seed, int) else seed
+    return _init_params(cfg, key)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params(cfg: ModelConfig, key: jax.Array) -> dict:
     shapes = canonical_shapes(cfg)
     paths = sorted(_template(cfg, "nnx").paths)
     values = [
