@@ -1,0 +1,488 @@
+"""Residual inspector: what a remat policy makes the backward pass keep, by name and byte.
+
+Residuals are the values the forward pass hands to the backward pass. We find them the way
+``jax.vjp`` does: trace ``vjp(f)`` to a jaxpr and read which forward values the pullback
+closes over. Each residual is then followed back to where it was made, through
+``reduce_precision`` (which ``checkpoint_name`` leaves behind), through ``device_put`` (how an
+offloaded residual reaches ``pinned_host``), through ``jit`` calls, and into ``lax.scan``
+bodies, so a value stacked over L layers is still reported under its activation name
+(:mod:`zoo.names`) with ``count = L``.
+
+Two views are reported:
+
+``per_block``
+    One scanned block on its own: the exact function the layer scan runs
+    (:func:`zoo.scan.layer_body`), differentiated with respect to one layer's parameters and
+    the block input. This is the quickest way to see what a policy does to a block.
+
+``residuals``
+    The whole model: ``vjp`` of the mean cross-entropy with respect to all parameters. Rows
+    come in three scopes: ``stack`` (saved once per scan step: count L, or G group inputs for
+    ``nested``), ``outside`` (embedding, final LayerNorm, head and loss, and values that the
+    scan hoists out of the loop because they do not depend on the layer, like the causal mask),
+    and, for ``nested`` only, ``replay``: the L/G layer inputs that the backward pass rebuilds
+    and holds while it works through one group.
+
+Residuals that are the parameters themselves (or a reshape/transpose of them) have
+``kind = "param"``; batch inputs and labels have ``kind = "input"``. Both are listed but left
+out of the totals: they live in memory for the whole step whatever the policy, and the scan
+keeps the stacked parameters as they are rather than copying them per step. The totals are
+the activation memory a policy controls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jcore
+
+from zoo import names
+from zoo.configs import MLPConfig, ModelConfig
+from zoo.models import canonical
+from zoo.models.registry import check_backend, get_config
+from zoo.remat import get_policy
+from zoo.scan import layer_body, num_groups
+from zoo.train.losses import per_example_loss
+
+DEVICE = "device"
+HOST = "pinned_host"
+
+# Primitives that move or re-tag a value without computing a new one: a residual produced by
+# one of these is reported under the name of its input.
+_PASS_THROUGH = {"reduce_precision", "device_put", "copy", "copy_p", "optimization_barrier"}
+# Primitives that only change a value's layout; a parameter seen through them is still a
+# parameter (e.g. LayerNorm's scale reshaped to [1, 1, D], or Equinox's transposed weights).
+_LAYOUT = {"reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims",
+           "convert_element_type"}
+
+
+@dataclass(frozen=True)
+class _Origin:
+    name: str
+    kind: str  # "activation" | "param" | "input" | "constant"
+    source: str = ""
+    named: bool = False  # carries a checkpoint name (or is the block input)
+
+
+@dataclass(frozen=True)
+class _Found:
+    origin: _Origin
+    count: int  # how many copies the residual stacks (scan length product)
+    stacked: bool  # passed through a scan's per-step outputs (one leading axis per scan)
+    shape: tuple[int, ...]  # one copy's shape
+    dtype: str
+    memory_kind: str  # "device" or "pinned_host"
+
+
+def _summarize(eqn) -> str:
+    try:
+        from jax._src import source_info_util
+
+        return source_info_util.summarize(eqn.source_info)
+    except Exception:  # pragma: no cover - the summary is a convenience only
+        return ""
+
+
+def _sub_jaxpr(eqn):
+    """The jaxpr of a call-like equation whose inputs and outputs line up with the eqn's."""
+    for key in ("jaxpr", "call_jaxpr"):
+        sub = eqn.params.get(key)
+        if sub is None:
+            continue
+        inner = getattr(sub, "jaxpr", sub)
+        if isinstance(inner, jcore.Jaxpr) and len(inner.invars) == len(eqn.invars) \
+                and len(inner.outvars) == len(eqn.outvars):
+            return inner
+    return None
+
+
+def _scan_counts(eqn) -> tuple[int, int]:
+    """(number of consts, number of carries) of a scan equation, across JAX versions."""
+    if "num_consts" in eqn.params:
+        return eqn.params["num_consts"], eqn.params["num_carry"]
+    consts, carry, _ = eqn.params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
+def _input_name(var, jaxpr) -> str | None:
+    """The checkpoint name a jaxpr input is given where it is first used, following it into
+    calls and scan carries (the block input is tagged ``layer_input`` inside the body)."""
+    for eqn in jaxpr.eqns:
+        for pos, invar in enumerate(eqn.invars):
+            if invar is not var:
+                continue
+            if eqn.primitive.name == "name":
+                return eqn.params["name"]
+            sub = _sub_jaxpr(eqn)
+            if sub is None and eqn.primitive.name == "scan":
+                sub = eqn.params["jaxpr"].jaxpr
+            if sub is not None and pos < len(sub.invars):
+                found = _input_name(sub.invars[pos], sub)
+                if found:
+                    return found
+    return None
+
+
+class _Frame:
+    """One jaxpr being walked, and how its inputs map onto the enclosing jaxpr."""
+
+    def __init__(self, jaxpr, parent: "_Frame | None" = None, outer_eqn=None,
+                 top_inputs: Callable[[int], _Origin] | None = None):
+        self.jaxpr = jaxpr
+        self.parent = parent
+        self.outer_eqn = outer_eqn
+        self.top_inputs = top_inputs
+        self.producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+        # a value that is passed straight to ``checkpoint_name`` is that named tensor
+        self.named_as = {e.invars[0]: e.params["name"] for e in jaxpr.eqns
+                         if e.primitive.name == "name" and not isinstance(e.invars[0], jcore.Literal)}
+        self.invar_pos = {v: i for i, v in enumerate(jaxpr.invars)}
+        self.constvars = set(jaxpr.constvars)
+
+    def resolve(self, var, count: int = 1, stacked: int = 0) -> tuple[_Origin, int, int]:
+        """``(origin, copies, scan levels)`` of ``var``: where it was made, how many copies
+        enclosing scans stack, and how many leading scan axes its shape carries."""
+        if isinstance(var, jcore.Literal):
+            return _Origin("literal", "constant"), count, stacked
+        if var in self.producer:
+            return self._from_eqn(self.producer[var], var, count, stacked)
+        if var in self.invar_pos:
+            return self._from_input(self.invar_pos[var], var, count, stacked)
+        if var in self.constvars:
+            kind = "input" if self.parent is None else "constant"
+            return _Origin("batch input" if kind == "input" else "constant", kind), count, stacked
+        return _Origin("unknown", "activation"), count, stacked
+
+    def _from_input(self, pos: int, var, count: int, stacked: int):
+        if self.parent is None:
+            return self.top_inputs(pos), count, stacked
+        eqn = self.outer_eqn
+        if eqn.primitive.name == "scan":
+            num_consts, num_carry = _scan_counts(eqn)
+            if num_consts <= pos < num_consts + num_carry:  # the carry: a block (or group) input
+                name = _input_name(var, self.jaxpr)
+                return _Origin(name or "scan carry", "activation", "scan carry",
+                               named=bool(name)), count, stacked
+        origin, _, _ = self.parent.resolve(eqn.invars[pos])
+        return origin, count, stacked
+
+    def _from_eqn(self, eqn, var, count: int, stacked: int):
+        prim = eqn.primitive.name
+        src = _summarize(eqn)
+        if prim == "name":
+            return _Origin(eqn.params["name"], "activation", src, named=True), count, stacked
+        if var in self.named_as:
+            return _Origin(self.named_as[var], "activation", src, named=True), count, stacked
+        if prim in _PASS_THROUGH:
+            return self.resolve(eqn.invars[0], count, stacked)
+        if prim in _LAYOUT:
+            origin, _, _ = self.resolve(eqn.invars[0])
+            if origin.kind in ("param", "input", "constant"):
+                return origin, count, stacked
+            return _Origin(prim, "activation", src), count, stacked
+        if prim == "scan":
+            pos = eqn.outvars.index(var)
+            _, num_carry = _scan_counts(eqn)
+            body = eqn.params["jaxpr"].jaxpr
+            child = _Frame(body, self, eqn)
+            if pos < num_carry:  # final carry: the output of the last step
+                return _Origin("scan output", "activation", src), count, stacked
+            return child.resolve(body.outvars[pos], count * eqn.params["length"], stacked + 1)
+        sub = _sub_jaxpr(eqn)
+        if sub is not None:
+            pos = eqn.outvars.index(var)
+            child = _Frame(sub, self, eqn)
+            origin, count, stacked = child.resolve(sub.outvars[pos], count, stacked)
+            if origin.kind == "activation" and not origin.named and "name" in eqn.params:
+                origin = _Origin(f"{prim}({eqn.params['name']})", "activation", src)
+            return origin, count, stacked
+        return _Origin(prim, "activation", src), count, stacked
+
+
+def _depends_on_inputs(jaxpr, live_inputs=None) -> set:
+    """Vars of ``jaxpr`` that depend on at least one of its (live) inputs, looking inside
+    calls output by output (a ``jit`` may return both a mask built from constants and a
+    value computed from the inputs)."""
+    dep = set(jaxpr.invars if live_inputs is None else live_inputs)
+    for eqn in jaxpr.eqns:
+        live = [not isinstance(v, jcore.Literal) and v in dep for v in eqn.invars]
+        if not any(live):
+            continue
+        sub = _sub_jaxpr(eqn)
+        if sub is None:
+            dep.update(eqn.outvars)
+            continue
+        inner = _depends_on_inputs(sub, [v for v, on in zip(sub.invars, live) if on])
+        dep.update(o for o, i in zip(eqn.outvars, sub.outvars) if i in inner)
+    return dep
+
+
+def _memory_kind(aval) -> str:
+    space = getattr(aval, "memory_space", None)
+    label = getattr(space, "name", str(space)).lower()
+    return HOST if "host" in label else DEVICE
+
+
+def find_residuals(fn: Callable, *args, const_args: tuple = (),
+                   input_origin: Callable[[int], _Origin] | None = None,
+                   loop_invariant_kind: bool = False) -> list[_Found]:
+    """Residuals of ``vjp(lambda *a: fn(*a, *const_args), *args)``, each followed to its origin.
+
+    ``args`` and ``const_args`` may be arrays or ``jax.ShapeDtypeStruct``: only shapes are
+    traced, nothing runs. ``const_args`` are inputs that are not differentiated (a batch).
+    ``input_origin(i)`` describes flattened input ``i`` (the leaves of ``args`` then of
+    ``const_args``; default: a parameter). With ``loop_invariant_kind``, residuals that depend
+    on no input are marked ``constant``: inside a scan they are hoisted out of the loop and
+    kept once, not once per step.
+    """
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    const_leaves, const_tree = jax.tree_util.tree_flatten(const_args)
+    num_diff = len(leaves)
+
+    def traced(*xs):
+        consts = jax.tree_util.tree_unflatten(const_tree, xs[num_diff:])
+
+        def flat(*diff):
+            return fn(*jax.tree_util.tree_unflatten(tree, diff), *consts)
+
+        return jax.vjp(flat, *xs[:num_diff])
+
+    closed, shapes = jax.make_jaxpr(traced, return_shape=True)(*leaves, *const_leaves)
+    jaxpr = closed.jaxpr
+    num_res = len(jax.tree_util.tree_leaves(shapes[1]))
+    res_vars = jaxpr.outvars[len(jaxpr.outvars) - num_res:]
+    frame = _Frame(jaxpr, top_inputs=input_origin or (lambda i: _Origin("param", "param")))
+    live = _depends_on_inputs(jaxpr) if loop_invariant_kind else None
+    found = []
+    for var in res_vars:
+        origin, count, stacked = frame.resolve(var)
+        if origin.kind == "constant" and origin.name == "literal":
+            continue  # 0-d literal constants: no memory worth reporting
+        if live is not None and origin.kind == "activation" and var not in live:
+            origin = _Origin(origin.name, "constant", origin.source)
+        shape = tuple(var.aval.shape)[stacked:]  # one copy: drop the leading scan axes
+        found.append(_Found(origin, count, stacked > 0, shape, str(var.aval.dtype),
+                            _memory_kind(var.aval)))
+    return found
+
+
+def _row(found: _Found, scope: str) -> dict:
+    each = math.prod(found.shape) * np.dtype(found.dtype).itemsize
+    count = found.count
+    return {
+        "name": found.origin.name,
+        "shape": list(found.shape),
+        "dtype": found.dtype,
+        "bytes_each": int(each),
+        "bytes": int(each * count),
+        "memory_kind": found.memory_kind,
+        "count": int(count),
+        "kind": found.origin.kind,
+        "scope": scope,
+        "source": found.origin.source,
+    }
+
+
+def _merge(rows: list[dict]) -> list[dict]:
+    """Merge rows that describe the same residual (same name, shape, placement, scope)."""
+    merged: dict[tuple, dict] = {}
+    for row in rows:
+        key = (row["name"], tuple(row["shape"]), row["dtype"], row["memory_kind"], row["kind"],
+               row["scope"], row["source"])
+        if key in merged:
+            merged[key]["count"] += row["count"]
+            merged[key]["bytes"] += row["bytes"]
+        else:
+            merged[key] = dict(row)
+    return list(merged.values())
+
+
+# --- models -> pure functions ------------------------------------------------------------------
+
+
+def block_fn(model, backend: str):
+    """``(layer_fn, stacked)``: the pure per-layer function a model's scan runs, and its
+    stacked block parameters, obtained exactly as the model's ``__call__`` does."""
+    if check_backend(backend) == "nnx":
+        from flax import nnx
+
+        graphdef, stacked = nnx.split(model.blocks)
+        return (lambda layer, h: nnx.merge(graphdef, layer)(h)), stacked
+    import equinox as eqx
+
+    stacked, static = eqx.partition(model.blocks, eqx.is_array)
+    return (lambda layer, h: jax.vmap(eqx.combine(layer, static))(h)), stacked
+
+
+def block_input_shape(cfg: ModelConfig, batch: int, seq: int | None) -> tuple[int, ...]:
+    if isinstance(cfg, MLPConfig):
+        return (batch, cfg.d_hidden)
+    return (batch, seq or cfg.max_len, cfg.d_model)
+
+
+def example_labels(cfg: ModelConfig, x: jax.Array, seed: int = 1) -> jax.Array:
+    """Random valid labels for input ``x``: [B] for classifiers, [B, T] for language models."""
+    key = jax.random.key(seed)
+    classes = getattr(cfg, "num_classes", 0)
+    if classes:
+        return jax.random.randint(key, (x.shape[0],), 0, classes)
+    return jax.random.randint(key, x.shape[:2], 0, cfg.vocab_size)
+
+
+def _dotted(path) -> str:
+    return jax.tree_util.keystr(path, simple=True, separator=".").removesuffix(".value")
+
+
+def _block_param_paths(cfg: ModelConfig, backend: str, layer) -> list[str]:
+    """Canonical names (``attn.q.w``...) of one layer's parameter leaves, in leaf order."""
+    leaves = jax.tree_util.tree_flatten_with_path(layer)[0]
+    canon = [p[1:] for p in canonical._template(cfg, backend).paths if p[0] == "blocks"]
+    if len(canon) == len(leaves):
+        return [".".join(p) for p in canon]
+    return [_dotted(path) for path, _ in leaves]
+
+
+def _stack_scan(group_body, stacked, h):
+    def step(carry, layer):
+        return group_body(layer, carry), None
+
+    return jax.lax.scan(step, h, stacked)[0]
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+def residual_report(model_name_or_cfg, policy, *, backend: str = "nnx", batch: int = 8,
+                    seq: int | None = None, seed: int = 0, **overrides) -> dict:
+    """What ``policy`` keeps for the backward pass of ``model`` at this batch shape.
+
+    ``overrides`` are config fields (``num_layers=16``...). Returns a JSON-ready dict; see the
+    module docstring for the meaning of ``per_block``, the row ``scope`` and ``kind``.
+    """
+    cfg = get_config(model_name_or_cfg, **overrides)
+    backend = check_backend(backend)
+    pol = get_policy(policy)
+    is_mlp = isinstance(cfg, MLPConfig)
+    if not is_mlp:
+        seq = seq or cfg.max_len
+        if seq > cfg.max_len:
+            from zoo.errors import ZooError
+
+            raise ZooError(f"seq={seq} is longer than the model's max_len={cfg.max_len}")
+    else:
+        seq = None
+    num_layers = cfg.num_layers
+    # Only shapes matter: everything below is traced with ShapeDtypeStructs, nothing runs.
+    params = jax.eval_shape(lambda: canonical.init_params(cfg, seed))
+    captured = {}
+
+    def blocks_of(p):
+        captured["layer_fn"], stacked = block_fn(canonical.from_canonical(cfg, backend, p), backend)
+        return stacked
+
+    stacked = jax.eval_shape(blocks_of, params)
+    layer_fn = captured["layer_fn"]  # closes over static structure only, no traced values
+    layer0 = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), stacked)
+    h = jax.ShapeDtypeStruct(block_input_shape(cfg, batch, seq), jnp.float32)
+    block_paths = _block_param_paths(cfg, backend, layer0)
+
+    def block_inputs(i: int) -> _Origin:
+        if i < len(block_paths):
+            return _Origin(f"param {block_paths[i]}", "param")
+        return _Origin(names.LAYER_INPUT, "activation", "block input", named=True)
+
+    # 1. one block, in isolation
+    body = layer_body(layer_fn, pol)
+    per_block = _merge([
+        _row(f, "block")
+        for f in find_residuals(body, layer0, h, input_origin=block_inputs,
+                                loop_invariant_kind=True)
+    ])
+
+    # 2. the whole model: vjp of the loss with respect to every parameter
+    x, y = batch_shapes(cfg, batch, seq)
+    from zoo.api import apply_fn
+
+    apply = apply_fn(cfg, backend)
+
+    def loss(p, x, y):
+        return per_example_loss(apply(p, x, pol), y).mean()
+
+    param_paths = [_dotted(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+
+    def loss_inputs(i: int) -> _Origin:
+        if i < len(param_paths):
+            return _Origin(f"param {param_paths[i]}", "param")
+        return _Origin("batch input" if i == len(param_paths) else "labels", "input")
+
+    found = find_residuals(loss, params, const_args=(x, y), input_origin=loss_inputs)
+    rows = [_row(f, "stack" if f.stacked else "outside") for f in found]
+
+    # 3. nested: the backward pass replays one group at a time; while it does, it holds the
+    #    residuals of that group's inner scan (its L/G layer inputs under ``full``).
+    groups = None
+    if pol.nested:
+        groups = num_groups(num_layers)
+        per_group = num_layers // groups
+        group_params = jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct((per_group, *a.shape[1:]), a.dtype), stacked)
+        replay = find_residuals(lambda g, c: _stack_scan(body, g, c), group_params, h,
+                                input_origin=block_inputs)
+        rows += [_row(f, "replay") for f in replay]
+
+    rows = _merge(rows)
+    def order(r):
+        return (_SCOPE_ORDER[r["scope"]], _KIND_ORDER[r["kind"]], _name_order(r["name"]),
+                -r["bytes"], r["name"])
+
+    rows.sort(key=order)
+    per_block.sort(key=order)
+
+    def total(mem, scope=None):
+        return sum(r["bytes"] for r in rows if r["kind"] == "activation" and r["memory_kind"] == mem
+                   and (scope is None or r["scope"] == scope))
+
+    return {
+        "model": model_name_or_cfg if isinstance(model_name_or_cfg, str) else cfg.kind,
+        "backend": backend,
+        "policy": pol.name,
+        "batch": batch,
+        "seq": seq,
+        "num_layers": num_layers,
+        "groups": groups,
+        "per_block": per_block,
+        "residuals": rows,
+        "total_device_bytes": total(DEVICE),
+        "total_host_bytes": total(HOST),
+        "stack_device_bytes": total(DEVICE, "stack"),
+        "stack_host_bytes": total(HOST, "stack"),
+        "replay_device_bytes": total(DEVICE, "replay"),
+        "outside_device_bytes": total(DEVICE, "outside"),
+        "param_bytes_listed": sum(r["bytes"] for r in rows if r["kind"] == "param"),
+    }
+
+
+_SCOPE_ORDER = {"stack": 0, "replay": 1, "outside": 2, "block": 0}
+_KIND_ORDER = {"activation": 0, "constant": 1, "input": 2, "param": 3}
+
+
+def _name_order(name: str) -> int:
+    return names.ALL.index(name) if name in names.ALL else len(names.ALL)
+
+
+def batch_shapes(cfg: ModelConfig, batch: int, seq: int | None):
+    """Abstract (input, labels) of a batch, matching :func:`zoo.example_batch`."""
+    if isinstance(cfg, MLPConfig):
+        x = jax.ShapeDtypeStruct((batch, cfg.d_in), jnp.float32)
+    elif cfg.takes_features:
+        x = jax.ShapeDtypeStruct((batch, seq, cfg.d_in), jnp.float32)
+    else:
+        x = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+    classes = getattr(cfg, "num_classes", 0)
+    y = jax.ShapeDtypeStruct((batch,) if classes else (batch, seq), jnp.int32)
+    return x, y
