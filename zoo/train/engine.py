@@ -31,6 +31,7 @@ class DPRuntime:
     clip_norm: float
     expected_batch_size: float
     microbatch_size: int | None = None
+    clipping: str = "vmap"  # "ghost": per-example norms without per-example gradients
 
 
 @dataclass(frozen=True)
@@ -59,14 +60,25 @@ class Engine:
             return jax.value_and_grad(loss)(state.params)
         return self._dp_grads(state, frozen, batch)
 
-    def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
+    def _clipped_sum(self, state: TrainState, frozen: dict, batch: dict):
+        if self.dp.clipping == "ghost":
+            from zoo.dp.ghost import ghost_clipped_grad_sum
+
+            return ghost_clipped_grad_sum(
+                self.cfg, state.params, batch["x"], batch["y"], l2_clip_norm=self.dp.clip_norm,
+                example_mask=batch["mask"], frozen=frozen, freeze_plan=self.freeze,
+                remat=self.remat, backend=self.backend)
+
         def one_example(trainable, frozen, x, y):
             return self.example_losses(trainable, frozen, x[None], y[None])[0][0]
 
-        grad_sum, _ = clipped_grad_sum(
+        return clipped_grad_sum(
             one_example, state.params, batch["x"], batch["y"],
             l2_clip_norm=self.dp.clip_norm, microbatch_size=self.dp.microbatch_size,
             example_mask=batch["mask"], frozen=frozen)
+
+    def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
+        grad_sum, _ = self._clipped_sum(state, frozen, batch)
         grads = privatize(grad_sum, state.step_key(), noise_multiplier=self.dp.noise_multiplier,
                           l2_clip_norm=self.dp.clip_norm,
                           expected_batch_size=self.dp.expected_batch_size)
