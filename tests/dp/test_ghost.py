@@ -1,0 +1,339 @@
+"""Ghost clipping (zoo.dp.ghost) against the vmap path (zoo.dp.clipped_grad_sum).
+
+The reference differentiates the real models (``zoo.apply_fn`` in both backends) example by
+example; ghost clipping never sees them. Norms and clipped sums must agree to rtol 1e-4.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+import zoo
+from zoo.configs import MLPConfig
+from zoo.dp import clipped_grad_sum, ghost
+from zoo.models.canonical import canonical_shapes
+from zoo.remat import get_policy
+from zoo.scan import StackPlan
+from zoo.train.freeze import resolve_freeze
+from zoo.train.losses import per_example_loss
+
+RTOL = 1e-4
+B = 6
+# XLA's CPU backend at optimisation level 0 compiles these programs ~2.5x faster; the
+# numbers are the same to far below RTOL. Every program here is compiled once.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+CONFIGS = {
+    "mlp": zoo.get_config("mlp-s", d_in=12, d_hidden=24, num_layers=2),
+    "lm": zoo.get_config("transformer-xs", d_model=32, d_ff=64, max_len=16, vocab_size=40),
+    "digits": zoo.get_config("transformer-digits", d_model=32, d_ff=64),
+}
+
+
+# Inputs and params come from numpy: every eager jax op would be one more XLA compile, and
+# those add up to many seconds on a busy CPU.
+
+
+@functools.lru_cache(maxsize=None)
+def params_of(cfg):
+    """Random canonical params, LayerNorm gains and all biases away from 1 and 0 so that
+    every leaf's gradient is exercised."""
+    rng = np.random.default_rng(0)
+    out: dict = {}
+    for path, shape in sorted(canonical_shapes(cfg).items()):
+        leaf = path.rsplit(".", 1)[-1]
+        if leaf == "scale":
+            value = 1.0 + 0.2 * rng.standard_normal(shape)
+        elif leaf == "b":
+            value = 0.1 * rng.standard_normal(shape)
+        elif path == "pos.w" or (path == "embed.w" and not getattr(cfg, "d_in", 1)):
+            value = 0.3 * rng.standard_normal(shape)  # embedding tables
+        else:
+            value = rng.standard_normal(shape) * shape[-2] ** -0.5  # dense [in, out]
+        node = out
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value.astype(np.float32)
+    return out
+
+
+def jit(fn):
+    return jax.jit(fn, compiler_options=FAST_COMPILE)
+
+
+def batch(cfg, seed=0, b=B):
+    rng = np.random.default_rng(seed + 100)
+    if isinstance(cfg, MLPConfig):
+        return (rng.uniform(size=(b, cfg.d_in)).astype(np.float32),
+                rng.integers(0, cfg.num_classes, b).astype(np.int32))
+    seq = cfg.max_len
+    if cfg.takes_features:
+        x = rng.uniform(size=(b, seq, cfg.d_in)).astype(np.float32)
+    else:
+        x = rng.integers(0, cfg.vocab_size, (b, seq)).astype(np.int32)
+    if cfg.is_classifier:
+        return x, rng.integers(0, cfg.num_classes, b).astype(np.int32)
+    return x, rng.integers(0, cfg.vocab_size, (b, seq)).astype(np.int32)
+
+
+ONES = np.ones(B, np.float32)
+CLIP = np.float32(1.0)
+
+
+def vmap_fn(cfg, backend, plan=None, remat="none"):
+    """Jitted vmap-path clipped sum on the real model (frozen tree merged by ``plan``)."""
+    return _vmap_fn(cfg, backend, plan, remat)
+
+
+@functools.lru_cache(maxsize=None)  # one compiled program per distinct setting
+def _vmap_fn(cfg, backend, plan, remat):
+    apply = zoo.apply_fn(cfg, backend)
+
+    def loss(p, fz, xi, yi):
+        full = p if plan is None else plan.merge(p, fz)
+        return per_example_loss(apply(full, xi[None], remat), yi[None])[0]
+
+    def run(params, frozen, x, y, clip, mask):
+        return clipped_grad_sum(loss, params, x, y, l2_clip_norm=clip, example_mask=mask,
+                                frozen={} if frozen is None else frozen)
+
+    return jit(run)
+
+
+def ghost_fn(cfg, plan=None, remat="none", method="auto", dense=None):
+    return _ghost_fn(cfg, plan, remat, ghost.choose_method(remat, method), dense)
+
+
+@functools.lru_cache(maxsize=None)
+def _ghost_fn(cfg, plan, remat, method, dense):
+    def run(params, frozen, x, y, clip, mask):
+        return ghost.ghost_clipped_grad_sum(
+            cfg, params, x, y, l2_clip_norm=clip, example_mask=mask, frozen=frozen,
+            freeze_plan=plan, remat=remat, method=method, dense=dense)
+
+    return jit(run)
+
+
+def assert_close(ours, ref, norms, ref_norms):
+    np.testing.assert_allclose(np.asarray(norms), np.asarray(ref_norms), rtol=RTOL)
+    assert jax.tree.structure(ours) == jax.tree.structure(ref)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(ref)):
+        b = np.asarray(b)
+        np.testing.assert_allclose(np.asarray(a), b, rtol=RTOL, atol=RTOL * np.abs(b).max() + 1e-9,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+def setup(cfg, patterns=None, x=None, y=None):
+    params = params_of(cfg)
+    if x is None:
+        x, y = batch(cfg)
+    plan, frozen = None, None
+    if patterns:
+        plan = resolve_freeze(params, patterns)
+        params, frozen = plan.split(params)
+    return params, frozen, plan, x, y
+
+
+def compare(cfg, *, backend="nnx", x=None, y=None, mask=None, patterns=None, ref_remat="none",
+            **ghost_kw):
+    """Ghost vs vmap path at a clip bound between the norms (some clipped, some not)."""
+    params, frozen, plan, x, y = setup(cfg, patterns, x, y)
+    mask = ONES if mask is None else mask
+    run = ghost_fn(cfg, plan, **ghost_kw)
+    _, unclipped = run(params, frozen, x, y, np.float32(np.inf), mask)
+    kept = np.asarray(mask) > 0
+    clip = np.float32(np.median(np.asarray(unclipped)[kept]))
+    ours, norms = run(params, frozen, x, y, clip, mask)
+    ref, ref_norms = vmap_fn(cfg, backend, plan, ref_remat)(params, frozen, x, y, clip, mask)
+    ref_kept = np.asarray(ref_norms)[kept]
+    assert np.any(ref_kept > clip) and np.any(ref_kept < clip), "clipping should be partly active"
+    assert_close(ours, ref, norms, ref_norms)
+    return ours, norms
+
+
+# --------------------------------------------------------------------------- the ghost forward
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_ghost_forward_logits_equal_the_models(name):
+    cfg = CONFIGS[name]
+    params = params_of(cfg)
+    x, _ = batch(cfg, seed=2)
+    logits = jit(lambda p, x: {"ghost": ghost.ghost_forward(cfg, p, x)[0],
+                               **{b: zoo.apply_fn(cfg, b)(p, x) for b in ("nnx", "eqx")}})
+    out = logits(params, x)
+    for backend in ("nnx", "eqx"):
+        assert out["ghost"].shape == out[backend].shape
+        np.testing.assert_allclose(np.asarray(out["ghost"]), np.asarray(out[backend]),
+                                   rtol=1e-5, atol=1e-5, err_msg=backend)
+
+
+# --------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize("name, backend", [
+    ("mlp", "nnx"), ("mlp", "eqx"), ("lm", "nnx"), ("lm", "eqx"), ("digits", "nnx")])
+def test_matches_vmap_path(name, backend):
+    compare(CONFIGS[name], backend=backend)
+
+
+def test_second_backward_method_matches_mlp():
+    compare(CONFIGS["mlp"], method="backward")
+
+
+@pytest.mark.parametrize("remat, method", [("full", "auto"), ("minimal", "bookkeeping")])
+def test_remat_policies(remat, method):
+    # "auto" picks the second-backward method under a remat policy (see test_choose_method).
+    compare(CONFIGS["lm"], remat=remat, method=method)
+
+
+def test_nested_remat():
+    compare(CONFIGS["mlp"], remat="nested", method="bookkeeping")
+
+
+def test_choose_method():
+    assert ghost.choose_method("none") == "bookkeeping"
+    assert ghost.choose_method("full") == "backward"
+    assert ghost.choose_method(StackPlan(get_policy("minimal"), 1)) == "backward"
+    assert ghost.choose_method("full", "bookkeeping") == "bookkeeping"
+
+
+@pytest.mark.parametrize("dense", ["gram", "materialise"])
+def test_repeated_tokens_are_merged_before_the_norm(dense):
+    # Forces every sequence dense op and the token table into one norm form.
+    cfg = CONFIGS["lm"]
+    x, y = batch(cfg, seed=3)
+    x = x % 3  # few distinct tokens everywhere; example 0: one token; example 1: two tokens
+    x[0] = 7
+    x[1] = np.where(np.arange(x.shape[1]) % 2 == 0, 5, 9)
+    compare(cfg, x=x, y=y, dense=dense)
+
+
+@pytest.mark.parametrize("method", ["bookkeeping", "backward"])
+def test_padding_mask_with_garbage_in_masked_slots(method):
+    cfg = CONFIGS["digits"]
+    x, y = batch(cfg, seed=4)
+    x[1] = np.nan  # a padding slot full of NaN must not reach the sum
+    mask = np.array([1, 0, 1, 1, 0, 1], np.float32)
+    _, norms = compare(cfg, x=x, y=y, mask=mask, method=method)
+    np.testing.assert_array_equal(np.asarray(norms)[[1, 4]], 0.0)
+
+
+@pytest.mark.parametrize("method", ["bookkeeping", "backward"])
+def test_unmasked_non_finite_example_is_dropped_but_reported(method):
+    cfg = CONFIGS["digits"]
+    params = params_of(cfg)
+    x, y = batch(cfg, seed=5)
+    x[2, 3] = np.inf
+    ours, norms = ghost_fn(cfg, method=method)(params, None, x, y, CLIP, ONES)
+    ref, ref_norms = vmap_fn(cfg, "nnx")(params, None, x, y, CLIP, ONES)
+    assert not np.isfinite(np.asarray(norms)[2]) and np.isfinite(np.asarray(norms)[[0, 1, 3]]).all()
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(ours))
+    assert_close(ours, ref, norms, ref_norms)
+
+
+def test_padding_mask_mlp():
+    compare(CONFIGS["mlp"], mask=np.array([0, 1, 1, 0, 1, 1], np.float32))
+
+
+def test_frozen_layers():
+    cfg = CONFIGS["lm"]
+    ours, _ = compare(cfg, patterns=["embed", "blocks[0:1]"], method="bookkeeping")
+    assert "embed" not in ours  # frozen leaves get no gradient at all
+    assert ours["blocks"]["attn"]["q"]["w"].shape[0] == cfg.num_layers - 1
+
+
+def test_frozen_rows_that_are_not_a_prefix_second_backward():
+    # Layer 1 of the MLP, ln_f and the positions frozen: the norm skips exactly those.
+    ours, _ = compare(CONFIGS["lm"], patterns=["blocks[1].mlp", "ln_f", "pos"], remat="full",
+                      method="backward")
+    assert ours["blocks"]["mlp"]["up"]["w"].shape[0] == 1 and "ln_f" not in ours
+
+
+def test_stack_plan_frozen_prefix_gets_no_gradient():
+    # StackPlan(frozen_prefix=1) stop-gradients layer 0, like freezing blocks[0:1].
+    cfg = CONFIGS["mlp"]
+    params, frozen, plan, x, y = setup(cfg, ["head.b"])
+    stack = StackPlan(get_policy("none"), frozen_prefix=1)
+    ours, norms = ghost_fn(cfg, plan, stack)(params, frozen, x, y, CLIP, ONES)
+    np.testing.assert_array_equal(np.asarray(ours["blocks"]["dense"]["w"][0]), 0.0)
+    ref_plan = resolve_freeze(params_of(cfg), ["head.b", "blocks[0:1]"])
+    trainable, ref_frozen = ref_plan.split(params_of(cfg))
+    ref, ref_norms = vmap_fn(cfg, "nnx", ref_plan)(trainable, ref_frozen, x, y, CLIP, ONES)
+    ours["blocks"] = jax.tree.map(lambda a: np.asarray(a)[1:], ours["blocks"])
+    assert_close(ours, ref, norms, ref_norms)
+
+
+def test_disjoint_frozen_tree_without_a_plan():
+    cfg = CONFIGS["mlp"]
+    params, frozen, plan, x, y = setup(cfg, ["head"])
+    ours = ghost_fn(cfg, None)(params, frozen, x, y, CLIP, ONES)
+    ref = vmap_fn(cfg, "eqx", plan)(params, frozen, x, y, CLIP, ONES)
+    assert_close(ours[0], ref[0], ours[1], ref[1])
+
+
+def test_engine_style_call_returns_losses_too():
+    # How zoo.train.engine calls it: a FreezePlan that may freeze nothing, a StackPlan.
+    cfg = CONFIGS["mlp"]
+    params = params_of(cfg)
+    x, y = batch(cfg)
+    plan = resolve_freeze(params, [])
+    trainable, frozen = plan.split(params)
+    run = jit(lambda t, f: ghost.ghost_clipped_grad_sum(
+        cfg, t, x, y, l2_clip_norm=1.0, example_mask=ONES, frozen=f, freeze_plan=plan,
+        remat=StackPlan(get_policy("none")), return_losses=True))
+    grads, norms, losses = run(trainable, frozen)
+    ref, ref_norms = vmap_fn(cfg, "nnx")(params, None, x, y, CLIP, ONES)
+    assert_close(grads, ref, norms, ref_norms)
+    expected = jit(lambda p: per_example_loss(zoo.apply_fn(cfg, "nnx")(p, x), y))(params)
+    np.testing.assert_allclose(np.asarray(losses), np.asarray(expected), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- support and errors
+
+
+def test_supports_and_reason():
+    for cfg in CONFIGS.values():
+        assert ghost.supports(cfg) and ghost.unsupported_reason(cfg) is None
+    assert not ghost.supports(object())
+    assert "MLPConfig" in ghost.unsupported_reason(object())
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomMLP(MLPConfig):
+    """A subclass could change the model: ghost clipping must not trust it."""
+
+
+def test_unknown_model_falls_back_to_vmap_with_a_warning():
+    base = CONFIGS["mlp"]
+    cfg = CustomMLP(**dataclasses.asdict(base))
+    assert not ghost.supports(cfg)
+    params = params_of(base)
+    x, y = batch(base)
+    with pytest.warns(UserWarning, match="vmap path"):
+        ours, norms = jit(lambda p: ghost.ghost_clipped_grad_sum(
+            cfg, p, x, y, l2_clip_norm=1.0, example_mask=ONES))(params)
+    ref, ref_norms = vmap_fn(base, "nnx")(params, None, x, y, CLIP, ONES)
+    assert_close(ours, ref, norms, ref_norms)
+
+
+def test_bad_arguments():
+    cfg = CONFIGS["mlp"]
+    params = params_of(cfg)
+    x, y = batch(cfg)
+    with pytest.raises(ValueError, match="l2_clip_norm"):
+        ghost.ghost_clipped_grad_sum(cfg, params, x, y, l2_clip_norm=0.0)
+    with pytest.raises(ValueError, match="example_mask"):
+        ghost.ghost_clipped_grad_sum(cfg, params, x, y, l2_clip_norm=1.0, example_mask=np.ones(3))
+    with pytest.raises(ValueError, match="method"):
+        ghost.ghost_clipped_grad_sum(cfg, params, x, y, l2_clip_norm=1.0, method="twice")
+
+
+def test_dense_method_rule():
+    assert ghost.dense_method(64, 64, 64) == "materialise"
+    assert ghost.dense_method(4, 512, 512) == "gram"
+    assert ghost.dense_method(1024, 64, 256) == "materialise"

@@ -1,0 +1,35 @@
+"""``zoo bench dp`` on a tiny batch: the JSON shape, and microbatching bounds temp memory."""
+
+import argparse
+import json
+
+from zoo.bench import dp as dp_bench
+
+
+def run_bench(argv, capsys):
+    parser = argparse.ArgumentParser()
+    dp_bench.add_bench(parser.add_subparsers(dest="bench"))
+    args = parser.parse_args(["dp", *argv])
+    assert args.func(args) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_bench_dp_json_and_microbatch_memory(capsys):
+    result = run_bench(["mlp-s", "--batch", "32", "--microbatch", "4", "--methods",
+                        "zoo vmap,zoo microbatch", "--no-sweep", "--rounds", "1", "--steps", "1",
+                        "--quiet", "--json"], capsys)
+    assert {"rows", "model", "batch"} <= set(result)
+    assert result["model"] == "mlp-s" and result["batch"] == 32
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"non-private", "zoo vmap", "zoo microbatch k=4"}
+    for row in rows.values():
+        assert {"method", "step_ms", "step_ratio", "temp_bytes", "temp_ratio"} <= set(row)
+        assert row["step_ms"] > 0 and row["temp_bytes"] > 0
+    assert rows["non-private"]["step_ratio"] == 1.0 and rows["non-private"]["temp_ratio"] == 1.0
+    # per-example gradients of 32 examples at once need more scratch than 4 at a time
+    assert rows["zoo microbatch k=4"]["temp_bytes"] < rows["zoo vmap"]["temp_bytes"]
+
+def test_default_rows_and_the_opt_in_ghost_row():
+    assert dp_bench.DEFAULT_METHODS == ["non-private", "zoo vmap", "zoo microbatch",
+                                        "jax_privacy clipped_grad", "optax dpsgd"]
+    assert dp_bench.GHOST in dp_bench.METHODS and dp_bench.GHOST not in dp_bench.DEFAULT_METHODS

@@ -1,0 +1,81 @@
+"""DP-SGD through the training loop: one compile, honest epsilon, clear errors."""
+
+import json
+import re
+
+import dp_accounting
+import pytest
+from dp_accounting.pld import PLDAccountant
+
+from zoo import recipes
+from zoo.cli import main
+from zoo.data import load_dataset
+from zoo.train.loop import train
+
+TARGET = 0.5  # a large noise multiplier keeps the PLD calibration quick
+
+
+def quick_dp(**values):
+    return recipes.with_values(recipes.load_recipe("digits-mlp-dp"), {
+        "train.steps": 4, "train.eval_every": 2, "train.log_every": 2, "train.checkpoint_every": 4,
+        "dp.epsilon": TARGET, **values})
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dp-run")
+    recipe = quick_dp()
+    return recipe, train(recipe, out, show_progress=False), out
+
+
+def test_dp_step_compiles_once_and_summary_reports_privacy(dp_run):
+    recipe, summary, _ = dp_run
+    assert summary["compile_count"] == 1  # Poisson batches are padded to one fixed shape
+    for key in ("epsilon", "delta", "noise_multiplier", "sampling_prob", "clip_norm", "steps",
+                "accountant"):
+        assert key in summary, key
+    assert summary["steps"] == 4 and summary["accountant"] == "pld"
+    assert summary["delta"] == recipe.dp.delta and summary["clip_norm"] == recipe.dp.clip_norm
+    # q is the expected batch over the number of TRAINING examples (eval rows are not sampled)
+    data = load_dataset("digits", task="classify", seed=recipe.train.seed,
+                        eval_fraction=recipe.data.eval_fraction)
+    assert summary["sampling_prob"] == pytest.approx(recipe.dp.expected_batch_size / data.num_train)
+
+
+def test_epsilon_recomputed_independently_and_within_target(dp_run):
+    _, summary, _ = dp_run
+    step = dp_accounting.PoissonSampledDpEvent(
+        summary["sampling_prob"], dp_accounting.GaussianDpEvent(summary["noise_multiplier"]))
+    accountant = PLDAccountant()
+    accountant.compose(dp_accounting.SelfComposedDpEvent(step, summary["steps"]))
+    epsilon = accountant.get_epsilon(summary["delta"])
+    assert epsilon == pytest.approx(summary["epsilon"], rel=1e-6)
+    assert summary["epsilon"] <= TARGET
+    assert summary["epsilon"] >= 0.95 * TARGET  # calibrated to the budget, not over-noised
+
+
+def test_epsilon_logged_at_evals_is_nondecreasing(dp_run):
+    _, summary, out = dp_run
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [(r["step"], r["epsilon"]) for r in records if "epsilon" in r]
+    assert [s for s, _ in evals] == [2, 4]
+    spent = [e for _, e in evals]
+    assert all(0 < a <= b for a, b in zip(spent, spent[1:]))
+    assert spent[-1] == pytest.approx(summary["epsilon"])
+
+
+@pytest.mark.parametrize("setting,needles", [
+    ("dp.epsilon=-1", ["epsilon=-1"]),
+    ("dp.delta=0.5", ["delta=0.5", "1/num_examples"]),
+    ("dp.clip_norm=0", ["clip_norm=0"]),
+    ("dp.expected_batch_size=100000", ["expected_batch_size", "100000"]),
+    ("dp.sampler=shuffle", ["sampler='shuffle'", "poisson"]),
+])
+def test_bad_dp_settings_give_clear_errors(setting, needles, tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["train", "digits-mlp-dp", "--steps", "2", "--out", str(out), "--no-progress",
+                 "--set", setting]) == 2
+    err = re.sub(r"\s+", " ", capsys.readouterr().err)
+    for needle in needles:
+        assert needle in err, err
+    assert not out.exists()  # rejected before anything is written

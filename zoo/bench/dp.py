@@ -1,0 +1,415 @@
+"""``zoo bench dp``: what DP-SGD costs, every implementation side by side in one process.
+
+Each row is one full jitted train step on the same model, the same initial params and the
+same batch of B examples: gradients, then an SGD-with-momentum update (state donated). The
+rows differ only in how the gradient is made:
+
+``non-private``       the engine's ordinary step: gradient of the mean loss.
+``zoo vmap``          the engine's DP step: :func:`zoo.dp.clipped_grad_sum` with all B
+                      per-example gradients at once (``microbatch_size=None``), then
+                      :func:`zoo.dp.privatize` (Gaussian noise, divide by the expected batch).
+``zoo microbatch k``  the same with ``microbatch_size=k``: B / k chunks under ``lax.scan``.
+``jax_privacy``       ``jax_privacy.clipping.clipped_grad`` for the clipped sum, then the same
+                      ``privatize``.
+``optax dpsgd``       ``jax.vmap(jax.grad)`` per-example gradients fed to
+                      ``optax.contrib.dpsgd`` (which clips, sums, adds noise and does SGD
+                      with momentum itself).
+
+For every row we report the median step time and XLA's compiled temporary memory
+(``memory_analysis().temp_size_in_bytes``), each also as a ratio to ``non-private``. Timing
+runs the rows in interleaved rounds so that all of them see the same machine load.
+
+A second table compiles (without running) the DP step at several microbatch sizes k and at
+two batch sizes: the temporary memory follows k, not B.
+
+Adding a method: write ``builder(setup) -> (step, optimizer)`` and :func:`register_method`
+it; ``step(state, frozen, batch) -> (state, metrics)`` must be a pure function suitable for
+``jax.jit``. Ghost clipping comes in this way as the opt-in ``ghost`` row (see :data:`GHOST`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from zoo import bench
+from zoo.api import example_batch
+from zoo.bench.common import memory_stats
+from zoo.configs import MLPConfig, ModelConfig
+from zoo.dp import clipped_grad_sum, privatize
+from zoo.errors import ZooError, choice_error
+from zoo.inspect import example_labels
+from zoo.models import canonical
+from zoo.models.registry import check_backend, get_config
+from zoo.remat import get_policy
+from zoo.scan import StackPlan
+from zoo.train.engine import DPRuntime, Engine
+from zoo.train.freeze import resolve_freeze
+from zoo.train.state import TrainState
+
+BASELINE = "non-private"
+# Bench batch per preset: big enough that per-example gradients dominate the DP step, small
+# enough that the whole bench runs in a minute or two on two CPU cores.
+DEFAULT_BATCH = {"mlp-s": 256, "mlp-m": 256, "mlp-mnist": 64, "transformer-digits": 128,
+                 "transformer-xs": 32, "transformer-s": 16}
+FALLBACK_BATCH = 64
+LR, MOMENTUM, CLIP, SIGMA = 0.1, 0.9, 1.0, 1.0
+
+Progress = Callable[[str], None] | None
+Step = Callable[[TrainState, dict, dict], tuple[TrainState, dict]]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every method builder gets: the non-private engine and the DP constants."""
+
+    engine: Engine  # dp=None; its optimizer is the shared SGD-with-momentum
+    batch_size: int
+    microbatch_size: int
+    clip_norm: float = CLIP
+    noise_multiplier: float = SIGMA
+
+    def dp_engine(self, microbatch_size: int | None) -> Engine:
+        runtime = DPRuntime(self.noise_multiplier, self.clip_norm, float(self.batch_size), microbatch_size)
+        return dataclasses.replace(self.engine, dp=runtime)
+
+    def one_example_loss(self, trainable, frozen, x, y):
+        """Loss of one example (no leading batch axis), as the engine's DP step defines it."""
+        return self.engine.example_losses(trainable, frozen, x[None], y[None])[0][0]
+
+
+Builder = Callable[[Setup], tuple[Step, optax.GradientTransformation]]
+METHODS: dict[str, Builder] = {}
+DEFAULT_METHODS: list[str] = []  # what runs without --methods
+
+
+def register_method(name: str, builder: Builder, default: bool = True) -> Builder:
+    """Add a row to the bench (rows appear in registration order). ``default=False`` rows
+    run only when asked for with ``methods=[...]`` / ``--methods``."""
+    METHODS[name] = builder
+    if default and name not in DEFAULT_METHODS:
+        DEFAULT_METHODS.append(name)
+    return builder
+
+
+def _sgd_step(setup: Setup, grads_fn) -> Step:
+    """A train step whose gradient comes from ``grads_fn(state, frozen, batch) -> (loss, grads)``."""
+    opt = setup.engine.optimizer
+
+    def step(state, frozen, batch):
+        loss, grads = grads_fn(state, frozen, batch)
+        updates, opt_state = opt.update(grads, state.opt_state, state.params)
+        return (TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state, state.rng),
+                {"loss": loss})
+
+    return step
+
+
+def _non_private(setup: Setup):
+    return setup.engine.train_step_fn, setup.engine.optimizer
+
+
+def _zoo_vmap(setup: Setup):
+    return setup.dp_engine(None).train_step_fn, setup.engine.optimizer
+
+
+def _zoo_microbatch(setup: Setup):
+    return setup.dp_engine(setup.microbatch_size).train_step_fn, setup.engine.optimizer
+
+
+def _jax_privacy(setup: Setup):
+    from jax_privacy.clipping import clipped_grad
+
+    def masked(trainable, frozen, x, y, m):
+        return setup.one_example_loss(trainable, frozen, x, y) * m
+
+    clipped = clipped_grad(masked, argnums=0, l2_clip_norm=setup.clip_norm, batch_argnums=(2, 3, 4),
+                           keep_batch_dim=False, return_values=True)
+
+    def grads_fn(state, frozen, batch):
+        grad_sum, aux = clipped(state.params, frozen, batch["x"], batch["y"], batch["mask"])
+        grads = privatize(grad_sum, state.step_key(), noise_multiplier=setup.noise_multiplier,
+                          l2_clip_norm=setup.clip_norm, expected_batch_size=setup.batch_size)
+        return aux.values.sum() / jnp.maximum(batch["mask"].sum(), 1.0), grads
+
+    return _sgd_step(setup, grads_fn), setup.engine.optimizer
+
+
+def _optax_dpsgd(setup: Setup):
+    opt = optax.contrib.dpsgd(LR, l2_norm_clip=setup.clip_norm, noise_multiplier=setup.noise_multiplier,
+                              seed=0, momentum=MOMENTUM)
+
+    def step(state, frozen, batch):
+        def masked(trainable, x, y, m):
+            return setup.one_example_loss(trainable, frozen, x, y) * m
+
+        losses, grads = jax.vmap(jax.value_and_grad(masked), in_axes=(None, 0, 0, 0))(
+            state.params, batch["x"], batch["y"], batch["mask"])
+        updates, opt_state = opt.update(grads, state.opt_state, state.params)
+        return (TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state, state.rng),
+                {"loss": losses.sum() / jnp.maximum(batch["mask"].sum(), 1.0)})
+
+    return step, opt
+
+
+register_method(BASELINE, _non_private)
+register_method("zoo vmap", _zoo_vmap)
+register_method("zoo microbatch", _zoo_microbatch)
+register_method("jax_privacy clipped_grad", _jax_privacy)
+register_method("optax dpsgd", _optax_dpsgd)
+
+# Ghost clipping (zoo/dp/ghost.py, selected in the engine by DPRuntime(..., clipping="ghost"))
+# plugs in here like any other method. It is opt-in (`--methods ghost`) rather than a default
+# row: its owner decides when its numbers are ready to be compared.
+GHOST = "ghost"
+
+
+def _ghost(setup: Setup):
+    runtime = DPRuntime(setup.noise_multiplier, setup.clip_norm, float(setup.batch_size), None, "ghost")
+    return dataclasses.replace(setup.engine, dp=runtime).train_step_fn, setup.engine.optimizer
+
+
+register_method(GHOST, _ghost, default=False)
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _say(progress: Progress, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def _config(model: str | ModelConfig, batch: int | None, seq: int | None):
+    cfg = get_config(model)
+    name = model if isinstance(model, str) else None
+    batch = batch or DEFAULT_BATCH.get(name, FALLBACK_BATCH)
+    if batch < 1:
+        raise ZooError(f"--batch must be a positive int, got {batch}")
+    if isinstance(cfg, MLPConfig):
+        return cfg, batch, None
+    seq = seq or cfg.max_len
+    if seq > cfg.max_len:
+        raise ZooError(f"seq={seq} is longer than the model's max_len={cfg.max_len}")
+    return cfg, batch, seq
+
+
+def _batch(cfg, batch: int, seq: int | None, seed: int) -> dict:
+    x = example_batch(cfg, batch, seed=seed, seq_len=seq)
+    return {"x": x, "y": example_labels(cfg, x), "mask": jnp.ones((batch,), jnp.float32)}
+
+
+def _check_microbatch(k: int, batch: int) -> int:
+    if not isinstance(k, int) or k < 1 or batch % k:
+        divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+        raise ZooError(f"microbatch size {k!r} must divide the batch {batch}; valid: "
+                       f"{', '.join(map(str, divisors))}")
+    return k
+
+
+def _setup(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str], seed: int):
+    params = canonical.init_params(cfg, seed)
+    plan = resolve_freeze(params, list(freeze))
+    engine = Engine(cfg=cfg, backend=backend, remat=StackPlan(get_policy("none"), plan.frozen_prefix),
+                    freeze=plan, optimizer=optax.sgd(LR, momentum=MOMENTUM))
+    return Setup(engine=engine, batch_size=batch, microbatch_size=microbatch), params
+
+
+def _compile(step: Step, state, frozen, batch):
+    return jax.jit(step, donate_argnames="state").lower(state, frozen, batch).compile()
+
+
+def _fresh_state(setup: Setup, params, optimizer, seed: int):
+    trainable, frozen = setup.engine.freeze.split(jax.tree.map(jnp.copy, params))
+    return TrainState.create(trainable, optimizer, seed), frozen
+
+
+def bench_dp(model: str | ModelConfig, backend: str = "nnx", batch: int | None = None,
+             seq: int | None = None, microbatch: int | None = None,
+             sweep: Sequence[int] | None = None, memory_sweep: bool = True,
+             methods: Sequence[str] | None = None,
+             freeze: Sequence[str] = (), rounds: int = 5, steps_per_round: int = 3, seed: int = 0,
+             progress: Progress = None) -> dict:
+    """Measure every method (see the module docstring) and the microbatch memory sweep.
+
+    ``microbatch`` (k of the ``zoo microbatch`` row) defaults to B/8; ``sweep`` (the k values
+    of the memory table) to B/32, B/8, B/2, each compiled at batch B and 2B.
+    """
+    backend = check_backend(backend)
+    cfg, batch, seq = _config(model, batch, seq)
+    microbatch = _check_microbatch(microbatch or max(1, batch // 8), batch)
+    names = list(methods) if methods else list(DEFAULT_METHODS)
+    if BASELINE not in names:
+        names.insert(0, BASELINE)
+    for name in names:
+        if name not in METHODS:
+            raise choice_error("dp bench method", name, METHODS)
+    setup, params = _setup(cfg, backend, batch, microbatch, freeze, seed)
+    data = jax.device_put(_batch(cfg, batch, seq, seed))
+
+    runs = {}
+    for name in names:
+        _say(progress, f"dp bench: compiling {name}")
+        step, optimizer = METHODS[name](setup)
+        state, frozen = _fresh_state(setup, params, optimizer, seed)
+        tic = time.perf_counter()
+        compiled = _compile(step, state, frozen, data)
+        compile_s = time.perf_counter() - tic
+        runs[name] = {"compiled": compiled, "state": state, "frozen": frozen, "compile_s": compile_s,
+                      "temp": memory_stats(compiled)["temp_size_in_bytes"], "times": []}
+
+    def advance(run, n):
+        out = None
+        for _ in range(n):
+            run["state"], out = run["compiled"](run["state"], run["frozen"], data)
+        jax.block_until_ready((run["state"], out))
+
+    for run in runs.values():  # warm up
+        advance(run, 1)
+    for r in range(rounds):
+        _say(progress, f"dp bench: timing round {r + 1}/{rounds}")
+        for run in runs.values():
+            tic = time.perf_counter()
+            advance(run, steps_per_round)
+            run["times"].append((time.perf_counter() - tic) / steps_per_round)
+
+    base_ms = 1e3 * statistics.median(runs[BASELINE]["times"])
+    base_temp = runs[BASELINE]["temp"]
+    rows = []
+    for name, run in runs.items():
+        step_ms = 1e3 * statistics.median(run["times"])
+        label = f"zoo microbatch k={microbatch}" if name == "zoo microbatch" else name
+        rows.append({"method": label, "step_ms": round(step_ms, 3), "step_ratio": round(step_ms / base_ms, 3),
+                     "temp_bytes": run["temp"],
+                     "temp_ratio": round(run["temp"] / base_temp, 3) if base_temp else None,
+                     "compile_s": round(run["compile_s"], 3)})
+    result = {"model": model if isinstance(model, str) else cfg.kind, "backend": backend,
+              "batch": batch, "seq": seq, "microbatch": microbatch,
+              "trainable_params": setup.engine.freeze.trainable_count,
+              "frozen_params": setup.engine.freeze.frozen_count,
+              "device": jax.devices()[0].platform, "rounds": rounds,
+              "steps_per_round": steps_per_round, "rows": rows}
+    if memory_sweep:
+        known = {(batch, None): runs["zoo vmap"]["temp"]} if "zoo vmap" in runs else {}
+        if "zoo microbatch" in runs:
+            known[(batch, microbatch)] = runs["zoo microbatch"]["temp"]
+        result["microbatch_sweep"] = microbatch_sweep(setup, params, cfg, seq, sweep, seed, progress,
+                                                      known=known)
+    return result
+
+
+def microbatch_sweep(setup: Setup, params, cfg, seq, ks: Sequence[int] | None = None, seed: int = 0,
+                     progress: Progress = None, known: dict | None = None) -> list[dict]:
+    """Compiled temp bytes of the DP step for each k, and for all B at once, at batch B and 2B
+    (compile only). ``known`` maps ``(batch, k or None)`` to temp bytes already measured."""
+    batch = setup.batch_size
+    ks = list(ks) if ks else sorted({max(1, batch // 32), max(1, batch // 8), max(1, batch // 2)})
+    for k in ks:
+        _check_microbatch(k, batch)
+    known = dict(known or {})
+    rows = []
+    for b in (batch, 2 * batch):
+        data = None
+        for k in [*ks, None]:
+            if (b, k) not in known:
+                _say(progress, f"dp bench: microbatch sweep k={k or 'all'} at batch {b}")
+                data = data if data is not None else _batch(cfg, b, seq, seed)
+                sized = dataclasses.replace(setup, batch_size=b)
+                engine = sized.dp_engine(k)
+                state, frozen = _fresh_state(sized, params, engine.optimizer, seed)
+                compiled = _compile(engine.train_step_fn, state, frozen, data)
+                known[(b, k)] = memory_stats(compiled)["temp_size_in_bytes"]
+            rows.append({"batch": b, "microbatch": k if k is not None else b, "vmap_all": k is None,
+                         "temp_bytes": known[(b, k)]})
+    return rows
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _mib(n) -> str:
+    return f"{n / 2**20:.2f}"
+
+
+def _ints(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ZooError(f"expected comma-separated ints, got {text!r}") from None
+
+
+def _run_cli(args) -> int:
+    from zoo.ui import emit_json, err_console, print_table
+
+    progress = None if args.quiet else (lambda m: err_console.print(f"[dim]{m}[/]", highlight=False))
+    methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+    result = bench_dp(args.model, backend=args.backend, batch=args.batch, seq=args.seq,
+                      microbatch=args.microbatch, sweep=_ints(args.sweep), memory_sweep=not args.no_sweep,
+                      methods=methods, freeze=args.freeze or (), rounds=args.rounds,
+                      steps_per_round=args.steps, progress=progress)
+    if args.json:
+        emit_json(result)
+        return 0
+    seq = f" x {result['seq']}" if result["seq"] else ""
+    print_table(
+        f"zoo bench dp {result['model']} ({result['backend']}, batch {result['batch']}{seq}, "
+        f"{result['device']}; median of {result['rounds']} rounds)",
+        ["method", "step ms", "step x", "temp MiB", "temp x", "compile s"],
+        [(r["method"], f"{r['step_ms']:.2f}", f"{r['step_ratio']:.2f}", _mib(r["temp_bytes"]),
+          f"{r['temp_ratio']:.2f}" if r["temp_ratio"] is not None else "-", f"{r['compile_s']:.1f}")
+         for r in result["rows"]])
+    if "microbatch_sweep" in result:
+        print_table("DP step compiled temp memory (MiB) by microbatch size k (compile only)",
+                    ["batch", "k", "temp MiB"],
+                    [(r["batch"], f"{r['microbatch']}{' (all, vmap)' if r['vmap_all'] else ''}",
+                      _mib(r["temp_bytes"])) for r in result["microbatch_sweep"]])
+    return 0
+
+
+def add_bench(bench_sub) -> None:
+    bench.register("dp", bench_dp)
+    p = bench_sub.add_parser(
+        "dp", help="DP-SGD step cost: ours (vmap, microbatched), jax_privacy, optax dpsgd",
+        description="Time and compile one train step per DP-SGD implementation (ratios to the "
+                    "non-private step), then the DP step's temp memory by microbatch size.")
+    p.add_argument("model", help="model preset, e.g. mlp-s, transformer-digits")
+    p.add_argument("--backend", default="nnx", choices=["nnx", "eqx"])
+    p.add_argument("--batch", type=int, default=None,
+                   help=f"batch size (default per preset, e.g. 256 for mlp-s; else {FALLBACK_BATCH})")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: max_len)")
+    p.add_argument("--microbatch", type=int, default=None, help="k of the microbatched row (default B/8)")
+    p.add_argument("--sweep", default=None, metavar="K1,K2,K3",
+                   help="microbatch sizes of the memory table (default B/32,B/8,B/2)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the microbatch memory table")
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated subset of: {', '.join(METHODS)} (non-private always runs)")
+    p.add_argument("--freeze", action="append", metavar="PATTERN",
+                   help="freeze canonical params matching PATTERN (repeatable)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds (median is reported)")
+    p.add_argument("--steps", type=int, default=3, help="steps per timed round")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=_run_cli)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m zoo.bench.dp MODEL ...``: the same as ``zoo bench dp MODEL ...``."""
+    parser = argparse.ArgumentParser(prog="zoo bench")
+    add_bench(parser.add_subparsers(dest="bench", required=True))
+    args = parser.parse_args(["dp", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
