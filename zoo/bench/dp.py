@@ -178,7 +178,7 @@ def _ghost(setup: Setup):
     return dataclasses.replace(setup.engine, dp=runtime).train_step_fn, setup.engine.optimizer
 
 
-register_method(GHOST, _ghost, default=False)
+register_method(GHOST, _ghost, default=True)
 
 
 # ----------------------------------------------------------------------------- measuring

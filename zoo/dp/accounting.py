@@ -58,7 +58,7 @@ class DPConfig:
     expected_batch_size: int = 256
     microbatch_size: int | None = None
     accountant: str = "pld"
-    clipping: str = "vmap"
+    clipping: str = "ghost"  # zoo models; "vmap" is the general path
     sampler: str = "poisson"
 
 
