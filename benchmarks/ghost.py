@@ -7,9 +7,10 @@ Workloads: ``mlp-s`` at B=256 and ``transformer-xs`` at B=32, T=64 (its training
 Every variant is a full jitted step -- gradient, (clipping and noise), SGD update -- on the
 same params and batch:
 
-* ``non-private``: ``value_and_grad`` of the mean loss;
+* ``non-private``: ``jax.grad`` of the mean loss;
 * ``ghost`` / ``ghost-backward``: :func:`zoo.dp.ghost.ghost_clipped_grad_sum` (book-kept
-  clipped sum / a second backward pass) + :func:`zoo.dp.privatize`;
+  clipped sum / norm taps and a second backward pass) + :func:`zoo.dp.privatize`; for the
+  transformer also ``ghost-gram`` / ``ghost-materialise`` (one norm form forced everywhere);
 * ``vmap``: :func:`zoo.dp.clipped_grad_sum` + :func:`zoo.dp.privatize`;
 * ``jax_privacy``: ``jax_privacy.clipping.clipped_grad`` + :func:`zoo.dp.privatize`;
 * ``optax-dpsgd``: ``vmap(grad)`` per-example gradients fed to ``optax.contrib.dpsgd``.
@@ -17,7 +18,8 @@ same params and batch:
 The machine may be shared, so the variants are timed round-robin (one call each per round)
 and we report the median per variant and the median over rounds of each variant's time
 divided by the non-private time of the same round.  Memory is XLA's compiled
-``temp_size_in_bytes``.  The ghost step is also cut into prefixes (forward; + probe backward;
+``temp_size_in_bytes``.  The transformer is also compared under ``--remat`` (default
+``full``): non-private vs both ghost methods.  The ghost step is also cut into prefixes (forward; + probe backward;
 + norms; + book-kept sum; + noise; + update) whose median differences show where time goes.
 """
 
@@ -287,8 +289,7 @@ def main(argv=None):
     parser.add_argument("--remat", default="full",
                         help="also compare under this remat policy (transformer); '' to skip")
     parser.add_argument("--single-thread", action="store_true",
-                        help="one XLA CPU thread, timed by process CPU time (steadier on a "
-                             "shared machine)")
+                        help="one XLA CPU thread, timed by process CPU time")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     global CLOCK

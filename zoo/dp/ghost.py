@@ -287,11 +287,10 @@ def _mlp_forward(cfg: MLPConfig, params, hooks: _Hooks, x, policy, prefix, stop)
         out = checkpoint_name(act(hidden), names.MLP_OUT)
         return out, ({"blocks.dense": h} if hk.capture else None)
 
-    h_in = x
     h, block_caps = _run_stack(block, params["blocks"], hooks, h, policy, prefix, stop)
     p = params["head"]
     logits = hooks.out("head", h @ p["w"] + p["b"], {"head": h})
-    caps = {"in_proj": h_in, **(block_caps or {}), "head": h} if hooks.capture else {}
+    caps = {"in_proj": x, **(block_caps or {}), "head": h} if hooks.capture else {}
     return checkpoint_name(logits, names.LOGITS), caps
 
 
