@@ -194,10 +194,12 @@ def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
     return accs
 
 
-def _rescale_batch(values: dict, n_full: int, n_sweep: int) -> dict:
+def _rescale_batch(values: dict, recipe_batch: int, n_full: int, n_sweep: int) -> dict:
+    """Grid values with the expected batch (the grid's or the recipe's) scaled to the sweep's
+    smaller training set, so that q = expected_batch_size / N is the recipe's."""
     out = dict(values)
-    if "dp.expected_batch_size" in out:
-        out["dp.expected_batch_size"] = max(1, round(out["dp.expected_batch_size"] * n_sweep / n_full))
+    ebs = out.get("dp.expected_batch_size", recipe_batch)
+    out["dp.expected_batch_size"] = max(1, round(ebs * n_sweep / n_full))
     return out
 
 
@@ -238,7 +240,7 @@ def run_sweep(args) -> dict:
         point = dict(zip(keys, combo))
         row = {"point": point, "val_accuracy": {}, "val_std": {}}
         for eps in epsilons:
-            values = _rescale_batch(point, n_full, n_sweep)
+            values = _rescale_batch(point, base.dp.expected_batch_size, n_full, n_sweep)
             if math.isinf(eps):
                 ebs = values.get("dp.expected_batch_size", base.dp.expected_batch_size)
                 values.update({"dp.enabled": False, "train.batch_size": int(ebs)})
@@ -307,7 +309,7 @@ def run_final(args) -> dict:
 
 
 def _print_final(result: dict) -> None:
-    print(f"\n{result['recipe']}: eval accuracy, mean +- std over seeds {result['seeds']}\n")
+    print(f"\n{result['recipe']}: eval accuracy, mean ± std over seeds {result['seeds']}\n")
     print("| epsilon | eval accuracy | per seed | sigma | q | steps | epsilon spent |")
     print("|---|---|---|---|---|---|---|")
     for r in result["rows"]:
@@ -315,7 +317,7 @@ def _print_final(result: dict) -> None:
         q = f"{r['sampling_prob']:.3f}" if r["sampling_prob"] else "-"
         spent = f"{r['epsilon_spent']:.4f}" if r["epsilon_spent"] is not None else "-"
         per = ", ".join(f"{a:.3f}" for a in r["per_seed"])
-        print(f"| {r['epsilon']} | {r['eval_accuracy']:.3f} +- {r['eval_std']:.3f} | {per} | {sigma} | "
+        print(f"| {r['epsilon']} | {r['eval_accuracy']:.3f} ± {r['eval_std']:.3f} | {per} | {sigma} | "
               f"{q} | {r['steps']} | {spent} |")
 
 

@@ -64,6 +64,15 @@ def test_epsilon_logged_at_evals_is_nondecreasing(dp_run):
     assert spent[-1] == pytest.approx(summary["epsilon"])
 
 
+def test_microbatched_vmap_clipping_with_a_given_noise_multiplier(tmp_path):
+    recipe = quick_dp(**{"train.steps": 3, "train.eval_every": 3, "dp.clipping": "vmap",
+                         "dp.microbatch_size": 64, "dp.epsilon": None, "dp.noise_multiplier": 8.0})
+    summary = train(recipe, tmp_path, show_progress=False)
+    assert summary["compile_count"] == 1
+    assert summary["padded_batch_size"] % 64 == 0  # the scan needs whole microbatches
+    assert summary["noise_multiplier"] == 8.0 and 0 < summary["epsilon"] < 1.0
+
+
 @pytest.mark.parametrize("setting,needles", [
     ("dp.epsilon=-1", ["epsilon=-1"]),
     ("dp.delta=0.5", ["delta=0.5", "1/num_examples"]),

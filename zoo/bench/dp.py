@@ -14,6 +14,8 @@ rows differ only in how the gradient is made:
 ``optax dpsgd``       ``jax.vmap(jax.grad)`` per-example gradients fed to
                       ``optax.contrib.dpsgd`` (which clips, sums, adds noise and does SGD
                       with momentum itself).
+``ghost``             the engine's DP step with ghost clipping (``zoo.dp.ghost``): per-example
+                      norms without per-example gradients.
 
 For every row we report the median step time and XLA's compiled temporary memory
 (``memory_analysis().temp_size_in_bytes``), each also as a ratio to ``non-private``. Timing
@@ -24,7 +26,7 @@ two batch sizes: the temporary memory follows k, not B.
 
 Adding a method: write ``builder(setup) -> (step, optimizer)`` and :func:`register_method`
 it; ``step(state, frozen, batch) -> (state, metrics)`` must be a pure function suitable for
-``jax.jit``. Ghost clipping comes in this way as the opt-in ``ghost`` row (see :data:`GHOST`).
+``jax.jit``. Ghost clipping comes in this way (see :data:`GHOST`).
 """
 
 from __future__ import annotations
@@ -168,8 +170,7 @@ register_method("jax_privacy clipped_grad", _jax_privacy)
 register_method("optax dpsgd", _optax_dpsgd)
 
 # Ghost clipping (zoo/dp/ghost.py, selected in the engine by DPRuntime(..., clipping="ghost"))
-# plugs in here like any other method. It is opt-in (`--methods ghost`) rather than a default
-# row: its owner decides when its numbers are ready to be compared.
+# plugs in like any other method; pass default=False to make a new row opt-in (`--methods`).
 GHOST = "ghost"
 
 
