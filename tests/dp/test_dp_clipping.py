@@ -238,3 +238,17 @@ def test_jit_equals_eager():
     for out in (jitted(params, *batch, mask, jnp.float32(clip)), static(params, *batch, mask)):
         assert_tree_close(out[0], eager[0])
         np.testing.assert_allclose(np.asarray(out[1]), np.asarray(eager[1]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [None, 2])
+def test_return_losses_are_the_per_example_losses(k):
+    loss, params, (x, y) = setup_case("attention", seed=3)
+    mask = jnp.array([1, 1, 0, 1, 1, 1, 0, 1], jnp.float32)
+    fn = jax.jit(lambda p: clipped_grad_sum(loss, p, x, y, l2_clip_norm=0.5, example_mask=mask,
+                                            microbatch_size=k, return_losses=True))
+    grad_sum, norms, losses = fn(params)
+    plain_sum, plain_norms = cgs(loss, params, x, y, l2_clip_norm=0.5, example_mask=mask)
+    expected = np.array([float(loss(params, x[i], y[i])) for i in range(B)]) * np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(losses), expected, rtol=1e-5)
+    assert_tree_close(grad_sum, plain_sum)
+    np.testing.assert_allclose(np.asarray(norms), np.asarray(plain_norms), rtol=1e-5)  # f32, chunked

@@ -82,3 +82,15 @@ def test_works_under_jit_with_bf16_leaves():
     out = fn(clean, jax.random.PRNGKey(5), 2.0)
     assert out["w"].dtype == jnp.bfloat16
     assert abs(float(np.std(np.asarray(out["w"], np.float32))) - 1.0) < 0.1  # sigma*C/2 = 1
+
+
+def test_noise_is_split_key_normal_per_leaf_under_jit():
+    """The scheduling barriers in add_gaussian_noise do not change the values: leaf i gets
+    std * normal(split(key, n)[i])."""
+    clean = clean_tree()
+    key = jax.random.PRNGKey(7)
+    noisy = jax.jit(lambda g, k: add_gaussian_noise(g, k, noise_multiplier=SIGMA, l2_clip_norm=CLIP))(clean, key)
+    keys = jax.random.split(key, 2)
+    for k, n, c in zip(keys, jax.tree.leaves(noisy), jax.tree.leaves(clean)):
+        expected = np.asarray(c) + SIGMA * CLIP * np.asarray(jax.random.normal(k, c.shape))
+        np.testing.assert_allclose(np.asarray(n), expected, rtol=1e-6, atol=1e-6)

@@ -64,7 +64,8 @@ def clipped_grad_sum(
     microbatch_size: int | None = None,
     example_mask: jax.Array | None = None,
     frozen: PyTree | None = None,
-) -> tuple[PyTree, jax.Array]:
+    return_losses: bool = False,
+) -> tuple[PyTree, jax.Array] | tuple[PyTree, jax.Array, jax.Array]:
     """Sum of per-example clipped gradients and the pre-clip per-example norms.
 
     Args:
@@ -90,12 +91,15 @@ def clipped_grad_sum(
       frozen: optional pytree passed to the loss as a non-differentiated
         argument.  It gets no gradient, is not part of the returned pytree and
         does not enter the norm.
+      return_losses: also return the per-example losses ``[B]`` that the
+        per-example gradients were computed with (saves the caller a forward pass
+        for its metrics; masked examples report 0).
 
     Returns:
       ``(grad_sum, norms)``: ``grad_sum`` has the structure and dtypes of
       ``params`` (accumulated in at least float32); ``norms`` is float32 ``[B]``
       with the pre-clip global L2 norm of each example's gradient (0 for masked
-      examples).
+      examples).  With ``return_losses``, ``(grad_sum, norms, losses)``.
 
     Examples whose gradient norm is not finite are dropped from the sum (their
     contribution is zero, which keeps the sensitivity bound) but their norm is
@@ -139,15 +143,15 @@ def clipped_grad_sum(
     has_frozen = frozen is not None
 
     if has_frozen:
-        grad_one = jax.grad(lambda p, fz, *ex: per_example_loss(p, fz, *ex))
+        grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, fz, *ex))
     else:
-        grad_one = jax.grad(lambda p, fz, *ex: per_example_loss(p, *ex))
+        grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, *ex))
     n_batch = len(batch)
     per_example_grads = jax.vmap(grad_one, in_axes=(None, None) + (0,) * n_batch)
 
     def chunk_sum(chunk, keep):
         """Clipped sum and norms for one chunk of examples (leading axis k)."""
-        grads = per_example_grads(params, frozen, *chunk)
+        losses, grads = per_example_grads(params, frozen, *chunk)
         leaves = jax.tree.leaves(grads)
         k = keep.shape[0]
         sq = jnp.zeros((k,), jnp.float32)
@@ -166,10 +170,11 @@ def clipped_grad_sum(
             contrib = jnp.where(use.reshape(shape), contrib, jnp.zeros((), acc))
             return jnp.sum(contrib, axis=0)
 
-        return jax.tree.map(weighted_sum, grads), jnp.where(keep, norms, 0.0)
+        losses = jnp.where(keep, losses.astype(jnp.float32), 0.0)
+        return jax.tree.map(weighted_sum, grads), (jnp.where(keep, norms, 0.0), losses)
 
     if microbatch_size is None or microbatch_size == b:
-        summed, norms = chunk_sum(batch, keep_all)
+        summed, (norms, losses) = chunk_sum(batch, keep_all)
     else:
         n_chunks = b // microbatch_size
 
@@ -184,11 +189,11 @@ def clipped_grad_sum(
 
         def body(carry, xs):
             chunk, keep = xs
-            part, chunk_norms = chunk_sum(chunk, keep)
-            return jax.tree.map(jnp.add, carry, part), chunk_norms
+            part, per_example = chunk_sum(chunk, keep)
+            return jax.tree.map(jnp.add, carry, part), per_example
 
-        summed, norms = jax.lax.scan(body, init, (chunks, keep_chunks))
-        norms = norms.reshape((b,))
+        summed, (norms, losses) = jax.lax.scan(body, init, (chunks, keep_chunks))
+        norms, losses = norms.reshape((b,)), losses.reshape((b,))
 
     summed = jax.tree.map(lambda s, p: s.astype(jnp.result_type(p)), summed, params)
-    return summed, norms
+    return (summed, norms, losses) if return_losses else (summed, norms)

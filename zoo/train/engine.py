@@ -67,7 +67,8 @@ class Engine:
             return ghost_clipped_grad_sum(
                 self.cfg, state.params, batch["x"], batch["y"], l2_clip_norm=self.dp.clip_norm,
                 example_mask=batch["mask"], frozen=frozen, freeze_plan=self.freeze,
-                remat=self.remat, backend=self.backend)
+                remat=self.remat, backend=self.backend, microbatch_size=self.dp.microbatch_size,
+                return_losses=True)
 
         def one_example(trainable, frozen, x, y):
             return self.example_losses(trainable, frozen, x[None], y[None])[0][0]
@@ -75,14 +76,14 @@ class Engine:
         return clipped_grad_sum(
             one_example, state.params, batch["x"], batch["y"],
             l2_clip_norm=self.dp.clip_norm, microbatch_size=self.dp.microbatch_size,
-            example_mask=batch["mask"], frozen=frozen)
+            example_mask=batch["mask"], frozen=frozen, return_losses=True)
 
     def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
-        grad_sum, _ = self._clipped_sum(state, frozen, batch)
+        # The logged loss comes from the clipping pass itself: no extra forward over the batch.
+        grad_sum, _, losses = self._clipped_sum(state, frozen, batch)
         grads = privatize(grad_sum, state.step_key(), noise_multiplier=self.dp.noise_multiplier,
                           l2_clip_norm=self.dp.clip_norm,
                           expected_batch_size=self.dp.expected_batch_size)
-        losses, _ = self.example_losses(state.params, frozen, batch["x"], batch["y"])
         return masked_mean(losses, batch["mask"]), grads
 
     def train_step_fn(self, state: TrainState, frozen: dict, batch: dict):

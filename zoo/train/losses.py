@@ -14,10 +14,11 @@ def per_example_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def masked_mean(values: jax.Array, mask: jax.Array | None) -> jax.Array:
-    """Mean over examples where mask is 1. An all-zero mask gives 0, not NaN."""
+    """Mean over examples where mask is 1. An all-zero mask gives 0, not NaN, and a NaN in a
+    masked-out slot does not leak into the mean (0 * NaN would be NaN)."""
     if mask is None:
         return values.mean()
-    return (values * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+    return jnp.where(mask > 0, values * mask, 0.0).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
 def accuracy_per_example(logits: jax.Array, labels: jax.Array) -> jax.Array:
