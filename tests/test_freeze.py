@@ -11,7 +11,7 @@ from jax.extend import core as jcore
 
 import zoo
 from zoo.errors import ZooError
-from zoo.models.canonical import canonical_shapes, init_params
+from zoo.models.canonical import canonical_shapes, flat_by_path, init_params, nest_by_path
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
 from zoo.train.freeze import FreezePlan, parse_pattern, resolve_freeze
@@ -24,17 +24,6 @@ SMALL4 = zoo.get_config("transformer-xs", num_layers=4, d_model=32, d_ff=64, max
                         vocab_size=40)
 
 STACKED_XS = sorted(p for p in canonical_shapes(XS) if p.startswith("blocks."))
-
-
-def nested(flat: dict) -> dict:
-    out: dict = {}
-    for path, value in flat.items():
-        *parents, last = path.split(".")
-        node = out
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return out
 
 
 def random_params(shapes: dict, seed=0) -> dict:
@@ -51,7 +40,7 @@ def random_params(shapes: dict, seed=0) -> dict:
         else:
             value *= 0.1
         flat[path] = jax.numpy.asarray(value)
-    return nested(flat)
+    return nest_by_path(flat)
 
 
 def frozen_view(plan: FreezePlan) -> dict:
@@ -66,8 +55,7 @@ def sizes(tree) -> int:
 
 
 def flat_paths(tree) -> set:
-    return {jax.tree_util.keystr(p, simple=True, separator=".")
-            for p, _ in jax.tree_util.tree_leaves_with_path(tree)}
+    return set(flat_by_path(tree))
 
 
 # Less LLVM optimisation: these tiny programs compile about twice as fast, same float semantics.

@@ -23,7 +23,6 @@ MLP (``mlp-s`` with L=4): batch 4, hidden H=128; one activation is ``B*H*4`` byt
 input and ``mlp_hidden`` (the activation's input); ``mlp_out`` is the next block's input.
 """
 
-import argparse
 import functools
 import json
 
@@ -173,11 +172,9 @@ def test_report_is_json_with_the_documented_keys():
 
 
 def _parser():
-    from zoo.commands import remat as remat_cmd
+    from zoo.cli import build_parser
 
-    parser = argparse.ArgumentParser(prog="zoo")
-    remat_cmd.add_parser(parser.add_subparsers(dest="command", required=True))
-    return parser
+    return build_parser()
 
 
 def test_cli_residuals_json(capsys):

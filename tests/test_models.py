@@ -1,7 +1,6 @@
 """Both backends: same names, same logits and gradients from the same canonical weights."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

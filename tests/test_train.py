@@ -1,12 +1,10 @@
 """The training engine end to end on small runs: compile once, resume, NaN, backends, CLI."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np

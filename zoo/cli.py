@@ -9,24 +9,29 @@ import sys
 from zoo.errors import ZooError
 from zoo.ui import err_console
 
-# Modules that define ``add_parser(subparsers)``; each registers one or more subcommands.
-COMMAND_MODULES = (
-    "zoo.commands.models",
-    "zoo.commands.train",
-    "zoo.commands.remat",
-)
+# Modules that define ``add_parser(subparsers)``, with the subcommands each one registers.
+COMMAND_MODULES = {
+    "zoo.commands.models": ("models",),
+    "zoo.commands.train": ("train", "eval", "sample", "recipes", "params"),
+    "zoo.commands.remat": ("residuals", "remat-policies"),
+    "zoo.commands.bench": ("bench",),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or with ``command`` only the module that defines it: the command
+    modules import orbax, datasets and dp_accounting, which take seconds to load."""
     parser = argparse.ArgumentParser(prog="zoo", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    modules = [m for m, commands in COMMAND_MODULES.items() if command in commands]
+    for name in modules or COMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except ZooError as error:

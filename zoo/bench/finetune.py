@@ -11,12 +11,10 @@ import time
 
 import jax
 import numpy as np
-import optax
 
 from zoo.api import example_batch
 from zoo.models import canonical
 from zoo.models.registry import get_config
-from zoo.remat import get_policy
 from zoo.train.engine import Engine
 from zoo.train.freeze import resolve_freeze
 from zoo.train.state import make_optimizer

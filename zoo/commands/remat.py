@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from zoo import bench
 from zoo.remat import POLICIES, get_policy
 from zoo.ui import console, emit_json, human_bytes, print_table
 
@@ -82,5 +81,3 @@ def add_parser(sub) -> None:
     p = sub.add_parser("remat-policies", help="list the named remat policies")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=run_policies)
-
-    bench.add_bench_parser(sub)

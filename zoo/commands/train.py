@@ -15,11 +15,10 @@ from rich.table import Table
 from zoo import recipes as recipe_lib
 from zoo.api import apply_fn
 from zoo.errors import ZooError
-from zoo.models.canonical import dotted
 from zoo.train import checkpoint
 from zoo.train.engine import evaluate
 from zoo.train.loop import build_run, train
-from zoo.ui import console, emit_json, err_console, print_table
+from zoo.ui import console, emit_json, print_table
 
 FLAG_FIELDS = {  # flag dest -> recipe field
     "backend": "model.backend", "remat": "train.remat", "dataset": "data.dataset",

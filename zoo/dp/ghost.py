@@ -59,6 +59,7 @@ from jax.ad_checkpoint import checkpoint_name
 from zoo import names
 from zoo.configs import MLPConfig, ModelConfig, TransformerConfig
 from zoo.errors import ZooError, check_choice
+from zoo.models.canonical import flat_by_path, nest_by_path
 from zoo.models.ops import ACTIVATIONS, causal_attention
 from zoo.remat import RematPolicy, get_policy
 from zoo.scan import StackPlan, layer_body, num_groups
@@ -144,22 +145,6 @@ def sites(cfg: ModelConfig) -> tuple[Site, ...]:
         Site("ln_f", "ln", ("scale", "b"), "ln_f"),
         Site("head", "dense", ("w", "b"), "head"),
     )
-
-
-def _nested(flat: dict) -> dict:
-    out: dict = {}
-    for path, value in flat.items():
-        node = out
-        *parents, last = path.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return out
-
-
-def _flat(tree: dict) -> dict:
-    return {jax.tree_util.keystr(p, simple=True, separator="."): x
-            for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 # ----------------------------------------------------------------------------- the ghost forward
@@ -613,7 +598,7 @@ def _resolve_freeze(params, frozen, freeze_plan):
         return params, None
     if freeze_plan is not None:
         return freeze_plan.merge(params, frozen), freeze_plan
-    t_flat, f_flat = _flat(params), _flat(frozen)
+    t_flat, f_flat = flat_by_path(params), flat_by_path(frozen)
     overlap = sorted(set(t_flat) & set(f_flat))
     if overlap:
         raise ZooError(
@@ -623,7 +608,7 @@ def _resolve_freeze(params, frozen, freeze_plan):
         return params, None
     from zoo.train.freeze import resolve_freeze
 
-    full = _nested({**t_flat, **f_flat})
+    full = nest_by_path({**t_flat, **f_flat})
     return full, resolve_freeze(full, sorted(f_flat))
 
 
@@ -900,9 +885,9 @@ def book_kept_sum(gp: GhostPlan, full, ops, weights, use):
         else:
             for leaf, g in op.grad(weights, use).items():
                 out[f"{site.path}.{leaf}"] = g
-    for path, p in _flat(full).items():  # frozen leaves: placeholders, dropped by the split
+    for path, p in flat_by_path(full).items():  # frozen leaves: placeholders, dropped by the split
         out[path] = out[path].astype(jnp.result_type(p)) if path in out else jnp.zeros_like(p)
-    grads = _nested(out)
+    grads = nest_by_path(out)
     if gp.freeze is not None:
         grads = gp.freeze.split(grads)[0]
     return grads
@@ -925,7 +910,7 @@ def _apply_merged(cfg, backend, frozen, freeze_plan):
         if freeze_plan is not None:
             full = freeze_plan.merge(trainable, frozen)
         else:
-            full = _nested({**_flat(trainable), **_flat(frozen)})
+            full = nest_by_path({**flat_by_path(trainable), **flat_by_path(frozen)})
         return apply(full, x, remat)
 
     return merged

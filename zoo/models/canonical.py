@@ -72,6 +72,17 @@ def _nested(paths, values) -> dict:
     return out
 
 
+def flat_by_path(tree) -> dict:
+    """``{"blocks.attn.q.w": leaf, ...}``: a nested dict's leaves keyed by dotted path."""
+    return {jax.tree_util.keystr(p, simple=True, separator="."): x
+            for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def nest_by_path(flat) -> dict:
+    """Inverse of :func:`flat_by_path`: a nested dict from a ``{dotted path: leaf}`` mapping."""
+    return _nested([path.split(".") for path in flat], list(flat.values()))
+
+
 def _swap(x):
     return jnp.swapaxes(x, -1, -2)
 

@@ -32,11 +32,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from zoo.errors import ZooError
+from zoo.models.canonical import flat_by_path, nest_by_path
 
 STACK = "blocks"  # top-level key of the scanned stack in the canonical tree
 
@@ -172,22 +172,6 @@ def _concat_rows(pieces):
     return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=0)
 
 
-def _flat(tree) -> dict:
-    return {jax.tree_util.keystr(p, simple=True, separator="."): x
-            for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-
-
-def _nested(flat: Mapping[str, object]) -> dict:
-    out: dict = {}
-    for path, value in flat.items():
-        node = out
-        *parents, last = path.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return out
-
-
 def _count(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
@@ -307,13 +291,13 @@ class FreezePlan:
                 continue
             frozen[path] = _concat_rows([x[a:b] for is_frozen, a, b in runs if is_frozen])
             trainable[path] = _concat_rows([x[a:b] for is_frozen, a, b in runs if not is_frozen])
-        return _nested(trainable), _nested(frozen)
+        return nest_by_path(trainable), nest_by_path(frozen)
 
     def merge(self, trainable: dict, frozen: dict) -> dict:
         """Exact inverse of :meth:`split`: rows go back in layer order by static slicing and
         concatenation, so the result is bitwise equal to the original and its gradient with
         respect to ``trainable`` is the corresponding rows of the full gradient."""
-        t_flat, f_flat = _flat(trainable), _flat(frozen)
+        t_flat, f_flat = flat_by_path(trainable), flat_by_path(frozen)
         expected_t = {p for p in self.shapes if self.is_trainable(p) != "no"}
         expected_f = {p for p in self.shapes if self.frozen_count_of(p)}
         for name, got, want in (("trainable", t_flat, expected_t), ("frozen", f_flat, expected_f)):
@@ -336,10 +320,10 @@ class FreezePlan:
                     pieces.append(source[start:start + b - a])
                     offsets[is_frozen] = start + b - a
                 out[path] = _concat_rows(pieces)
-        return _nested(out)
+        return nest_by_path(out)
 
     def _flat_checked(self, params: dict, what: str) -> dict:
-        flat = _flat(params)
+        flat = flat_by_path(params)
         if set(flat) != set(self.shapes):
             raise ZooError(
                 f"FreezePlan: {what} do not fit the plan: missing "
@@ -397,7 +381,7 @@ def _shapes_of(params_or_shapes) -> dict[str, tuple[int, ...]]:
         )
     if params_or_shapes and all(_is_shape(v) for v in params_or_shapes.values()):
         return {str(k): tuple(int(d) for d in v) for k, v in params_or_shapes.items()}
-    return {path: tuple(x.shape) for path, x in _flat(params_or_shapes).items()}
+    return {path: tuple(x.shape) for path, x in flat_by_path(params_or_shapes).items()}
 
 
 def _stack_depth(shapes: Mapping[str, tuple[int, ...]], num_layers: int | None) -> int:

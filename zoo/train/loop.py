@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import jax
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -154,7 +153,7 @@ def train(recipe: Recipe, out_dir: str | Path, *, resume: bool = False,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     run = run or build_run(recipe)
-    engine, cfg = run.engine, run.cfg
+    engine = run.engine
     state, frozen = engine.init_state(run.params, recipe.train.seed)
     start = 0
     if resume and (saved := checkpoint.latest_step(out)) is not None:
