@@ -10,7 +10,7 @@ from dp_accounting.pld import PLDAccountant
 from zoo import recipes
 from zoo.cli import main
 from zoo.data import load_dataset
-from zoo.train.loop import train
+from zoo.train.loop import build_run, train
 
 TARGET = 0.5  # a large noise multiplier keeps the PLD calibration quick
 
@@ -88,3 +88,8 @@ def test_bad_dp_settings_give_clear_errors(setting, needles, tmp_path, capsys):
     for needle in needles:
         assert needle in err, err
     assert not out.exists()  # rejected before anything is written
+
+
+def test_microbatch_size_with_ghost_clipping_warns_that_it_only_pads():
+    with pytest.warns(UserWarning, match=r"microbatch_size=64.*ghost.*dp.clipping='vmap'"):
+        build_run(quick_dp(**{"dp.microbatch_size": 64}))

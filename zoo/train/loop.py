@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from zoo.configs import ModelConfig
 from zoo.dp import PoissonSampler, epsilon_spent, resolve_noise_multiplier
+from zoo.dp import ghost
 from zoo.errors import ZooError
 from zoo.models import canonical
 from zoo.recipes import Recipe, to_dict
@@ -70,6 +72,16 @@ def _dp_plan(recipe: Recipe, task: Task) -> DPPlan | None:
     return DPPlan(sampler=sampler, noise_multiplier=sigma, epsilon=eps, steps=recipe.train.steps)
 
 
+def _warn_unused_microbatch(recipe: Recipe, cfg: ModelConfig) -> None:
+    dp = recipe.dp
+    if dp.enabled and dp.clipping == "ghost" and dp.microbatch_size and ghost.supports(cfg):
+        warnings.warn(
+            f"dp.microbatch_size={dp.microbatch_size} has no effect on memory with "
+            f"dp.clipping='ghost' (there are no per-example gradients to chunk); it only rounds "
+            f"the padded batch up to a multiple of {dp.microbatch_size}. Use dp.clipping='vmap' "
+            f"to clip in microbatches.", stacklevel=3)
+
+
 def build_run(recipe: Recipe) -> Run:
     """Resolve a recipe: data, model sizes, initial params (fresh or ``init_from``), engine."""
     seed = recipe.train.seed
@@ -91,6 +103,7 @@ def build_run(recipe: Recipe) -> Run:
     else:
         params = canonical.init_params(cfg, seed)
     freeze = resolve_freeze(params, recipe.freeze.patterns)
+    _warn_unused_microbatch(recipe, cfg)
     dp = _dp_plan(recipe, task)
     optimizer = make_optimizer(recipe.optim, recipe.train.steps, clip=dp is None)
     engine = Engine(
