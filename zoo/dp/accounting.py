@@ -18,12 +18,12 @@ import functools
 import math
 import numbers
 from dataclasses import dataclass
-
-import dp_accounting
-from dp_accounting.pld import PLDAccountant
-from dp_accounting.rdp import RdpAccountant
+from typing import TYPE_CHECKING
 
 from zoo.errors import ZooError, choice_error
+
+if TYPE_CHECKING:
+    from dp_accounting import DpEvent
 
 __all__ = [
     "ACCOUNTANTS",
@@ -125,10 +125,21 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
         raise ZooError(f"microbatch_size must be a positive int or None; got microbatch_size={mb!r}.")
 
 
+def _dp_accounting():
+    # Imported on first use: it takes about a second, and configs and the CLI import this module.
+    import dp_accounting
+
+    return dp_accounting
+
+
 def _make_accountant(accountant: str, pld_discretization: float):
     if accountant == "pld":
+        from dp_accounting.pld import PLDAccountant
+
         return functools.partial(PLDAccountant, value_discretization_interval=pld_discretization)
     if accountant == "rdp":
+        from dp_accounting.rdp import RdpAccountant
+
         return RdpAccountant
     raise choice_error("accountant", accountant, ACCOUNTANTS)
 
@@ -146,7 +157,8 @@ def _check_steps(steps: int) -> int:
     return int(steps)
 
 
-def _dpsgd_event(noise_multiplier: float, sampling_prob: float, steps: int) -> dp_accounting.DpEvent:
+def _dpsgd_event(noise_multiplier: float, sampling_prob: float, steps: int) -> DpEvent:
+    dp_accounting = _dp_accounting()
     step = dp_accounting.PoissonSampledDpEvent(
         sampling_prob, dp_accounting.GaussianDpEvent(noise_multiplier)
     )
@@ -198,6 +210,7 @@ def calibrate_noise_multiplier(
         raise ZooError(f"epsilon must be a finite number > 0; got epsilon={epsilon!r}.")
     make_acc = _make_accountant(accountant, pld_discretization)
     q = float(sampling_prob)
+    dp_accounting = _dp_accounting()
     sigma = dp_accounting.calibrate_dp_mechanism(
         make_acc,
         lambda s: _dpsgd_event(s, q, steps),

@@ -30,7 +30,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 __all__ = ["PoissonSampler", "padded_size_for"]
 
@@ -57,6 +56,8 @@ def padded_size_for(num_examples: int, sampling_prob: float, truncation_prob: fl
         raise ValueError(f"truncation_prob must be in [0, 1); got {truncation_prob!r}.")
     if q == 1.0 or truncation_prob == 0.0:
         return n
+    from scipy import stats  # on first use: scipy.stats takes most of a second to import
+
     s = stats.binom.isf(truncation_prob, n, q)
     s = n if not math.isfinite(s) else int(min(max(s, 0), n))
     # isf is a float search; make the answer exact with the survival function.
