@@ -319,6 +319,11 @@ def test_unknown_model_falls_back_to_vmap_with_a_warning():
             cfg, p, x, y, l2_clip_norm=1.0, example_mask=ONES))(params)
     ref, ref_norms = vmap_fn(base, "nnx")(params, None, x, y, CLIP, ONES)
     assert_close(ours, ref, norms, ref_norms)
+    with pytest.warns(UserWarning, match="vmap path"):
+        *_, losses = jit(lambda p: ghost.ghost_clipped_grad_sum(
+            cfg, p, x, y, l2_clip_norm=1.0, example_mask=ONES, return_losses=True))(params)
+    expected = per_example_loss(zoo.apply_fn(base, "nnx")(params, x), y)
+    np.testing.assert_allclose(np.asarray(losses), np.asarray(expected), rtol=1e-5)
 
 
 def test_bad_arguments():

@@ -685,12 +685,8 @@ def ghost_clipped_grad_sum(
 
     reason = unsupported_reason(cfg)
     if reason:
-        out = _fallback(cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen,
-                        freeze_plan, remat, backend, microbatch_size)
-        if return_losses:
-            apply = _apply_merged(cfg, backend, frozen, freeze_plan)
-            out = (*out, per_example_loss(apply(params, x, remat), y))
-        return out
+        return _fallback(cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen,
+                         freeze_plan, remat, backend, microbatch_size, return_losses)
 
     full, plan = _resolve_freeze(params, frozen, freeze_plan)
     gp = prepare(cfg, plan, remat)
@@ -917,7 +913,7 @@ def _apply_merged(cfg, backend, frozen, freeze_plan):
 
 
 def _fallback(cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen, freeze_plan,
-              remat, backend, microbatch_size):
+              remat, backend, microbatch_size, return_losses):
     from zoo.dp.clipping import clipped_grad_sum
 
     warnings.warn(f"ghost clipping unavailable ({reason}); using the vmap path "
@@ -930,4 +926,4 @@ def _fallback(cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen, fre
 
     return clipped_grad_sum(loss, params, x, y, l2_clip_norm=l2_clip_norm,
                             example_mask=example_mask, microbatch_size=microbatch_size,
-                            frozen={})
+                            frozen={}, return_losses=return_losses)
