@@ -92,6 +92,16 @@ def _warm_up(cfg, backend: str, x, y, seed: int) -> None:
     compile_timed(step, params, jax.eval_shape(optimizer.init, params), x[:1], y[:1])
 
 
+def _warmed_inputs(model, cfg, backend: str, batch, seq, seed: int, progress, label: str):
+    """The bench shape, an example batch and its labels, after the warm-up compile."""
+    batch, seq = _shape(model, cfg, batch, seq)
+    x = example_batch(cfg, batch, seed=seed, seq_len=seq)
+    y = example_labels(cfg, x)
+    _say(progress, f"{label}: warm-up compile")
+    _warm_up(cfg, backend, x, y, seed)
+    return batch, seq, x, y
+
+
 def bench_remat(model, policies=None, backend: str = "nnx", batch: int | None = None,
                 seq: int | None = None, num_layers: int | None = None, repeats: int = 5,
                 plot: str | None = None, seed: int = 0, progress: Progress = None) -> dict:
@@ -99,11 +109,7 @@ def bench_remat(model, policies=None, backend: str = "nnx", batch: int | None = 
     backend = check_backend(backend)
     cfg = _config(model, num_layers)
     names = parse_policies(policies)
-    batch, seq = _shape(model, cfg, batch, seq)
-    x = example_batch(cfg, batch, seed=seed, seq_len=seq)
-    y = example_labels(cfg, x)
-    _say(progress, "remat bench: warm-up compile")
-    _warm_up(cfg, backend, x, y, seed)
+    batch, seq, x, y = _warmed_inputs(model, cfg, backend, batch, seq, seed, progress, "remat bench")
     rows = []
     for name in names:
         _say(progress, f"remat bench: {name}")
@@ -182,11 +188,8 @@ def bench_depths(model, policies=("full", "nested"), depths=(16, 64), backend: s
     names = [get_policy(p).name for p in (policies.split(",") if isinstance(policies, str) else policies)]
     depths = parse_depths(depths)
     cfg0 = _config(model, None)
-    batch, seq = _shape(model, cfg0, batch, seq)
-    x = example_batch(cfg0, batch, seed=seed, seq_len=seq)
-    y = example_labels(cfg0, x)
-    _say(progress, "remat depth sweep: warm-up compile")
-    _warm_up(cfg0, backend, x, y, seed)
+    batch, seq, x, y = _warmed_inputs(model, cfg0, backend, batch, seq, seed, progress,
+                                      "remat depth sweep")
     rows = []
     for name in names:
         for depth in depths:
