@@ -4,13 +4,19 @@ import json
 import re
 
 import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from dp_accounting.pld import PLDAccountant
 
 from zoo import recipes
 from zoo.cli import main
 from zoo.data import load_dataset
-from zoo.train.loop import build_run, train
+from zoo.dp import privatize
+from zoo.dp.noise import DEFAULT_NOISE_PRNG
+from zoo.train.loop import build_run, train, train_batch
+from zoo.train.state import TrainState
 
 TARGET = 0.5  # a large noise multiplier keeps the PLD calibration quick
 
@@ -79,6 +85,7 @@ def test_microbatched_vmap_clipping_with_a_given_noise_multiplier(tmp_path):
     ("dp.clip_norm=0", ["clip_norm=0"]),
     ("dp.expected_batch_size=100000", ["expected_batch_size", "100000"]),
     ("dp.sampler=shuffle", ["sampler='shuffle'", "poisson"]),
+    ("dp.noise_prng=philox2x32", ["'philox2x32'", "philox4x32, threefry2x32, threefry4x32"]),
 ])
 def test_bad_dp_settings_give_clear_errors(setting, needles, tmp_path, capsys):
     out = tmp_path / "never"
@@ -93,3 +100,25 @@ def test_bad_dp_settings_give_clear_errors(setting, needles, tmp_path, capsys):
 def test_microbatch_size_with_ghost_clipping_warns_that_it_only_pads():
     with pytest.warns(UserWarning, match=r"microbatch_size=64.*ghost.*dp.clipping='vmap'"):
         build_run(quick_dp(**{"dp.microbatch_size": 64}))
+
+
+def test_dp_step_draws_its_noise_with_the_configured_sampler():
+    """The engine's DP gradient is privatize(clipped sum, step key) with dp.noise_prng."""
+    noise = {}
+    for prng in (DEFAULT_NOISE_PRNG, "threefry2x32"):
+        run = build_run(quick_dp(**{"dp.epsilon": None, "dp.noise_multiplier": 2.0, "dp.noise_prng": prng}))
+        assert run.engine.dp.noise_prng == prng
+        trainable, frozen = run.freeze.split(run.params)
+        state = TrainState.create(trainable, run.engine.optimizer, seed=0)
+        batch = jax.tree.map(jnp.asarray, train_batch(run, 0))
+        _, grads = run.engine._dp_grads(state, frozen, batch)
+        grad_sum, _, _ = run.engine._clipped_sum(state, frozen, batch)
+        dp = run.engine.dp
+        expected = privatize(grad_sum, state.step_key(), noise_multiplier=2.0, l2_clip_norm=dp.clip_norm,
+                             expected_batch_size=dp.expected_batch_size, prng=prng)
+        for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+        noise[prng] = np.concatenate([np.ravel(g - s / dp.expected_batch_size) for g, s in
+                                      zip(jax.tree.leaves(grads), jax.tree.leaves(grad_sum))])
+    a, b = noise.values()
+    assert abs(np.corrcoef(a, b)[0, 1]) < 0.05  # same step key, independent noise per sampler

@@ -115,6 +115,7 @@ def test_valid_configs_pass():
         (dict(epsilon=None, noise_multiplier=0.0), ["noise_multiplier=0.0"]),
         (dict(accountant="gdp"), ["'gdp'", "pld, rdp"]),
         (dict(clipping="per_layer"), ["'per_layer'", "ghost, vmap"]),
+        (dict(noise_prng="philox8x32"), ["'philox8x32'", "philox4x32, threefry2x32, threefry4x32"]),
         (dict(microbatch_size=0), ["microbatch_size=0"]),
     ],
 )

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from zoo.dp import add_gaussian_noise, privatize
+from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS, noise_key
+from zoo.errors import ZooError
 
 SIGMA, CLIP = 1.3, 0.7
 
@@ -27,9 +29,11 @@ def standardized(noisy, clean):
     )
 
 
-def test_noise_is_standard_normal_at_scale_sigma_c():
+@pytest.mark.parametrize("prng", [*NOISE_PRNGS, None])
+def test_noise_is_standard_normal_at_scale_sigma_c(prng):
     clean = clean_tree()
-    noisy = add_gaussian_noise(clean, jax.random.PRNGKey(0), noise_multiplier=SIGMA, l2_clip_norm=CLIP)
+    noisy = add_gaussian_noise(clean, jax.random.PRNGKey(0), noise_multiplier=SIGMA, l2_clip_norm=CLIP,
+                               prng=prng)
     assert jax.tree.structure(noisy) == jax.tree.structure(clean)
     z = standardized(noisy, clean)
     n = z.size
@@ -90,7 +94,39 @@ def test_noise_is_split_key_normal_per_leaf_under_jit():
     clean = clean_tree()
     key = jax.random.PRNGKey(7)
     noisy = jax.jit(lambda g, k: add_gaussian_noise(g, k, noise_multiplier=SIGMA, l2_clip_norm=CLIP))(clean, key)
-    keys = jax.random.split(key, 2)
+    keys = jax.random.split(noise_key(key), 2)
     for k, n, c in zip(keys, jax.tree.leaves(noisy), jax.tree.leaves(clean)):
         expected = np.asarray(c) + SIGMA * CLIP * np.asarray(jax.random.normal(k, c.shape))
         np.testing.assert_allclose(np.asarray(n), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_noise_prng_picks_the_sampler():
+    zeros = {"w": jnp.zeros((2000,))}
+    kw = dict(noise_multiplier=1.0, l2_clip_norm=1.0)
+    key = jax.random.key(11)
+    draws = {prng: np.asarray(add_gaussian_noise(zeros, key, prng=prng, **kw)["w"]) for prng in NOISE_PRNGS}
+    for a in NOISE_PRNGS:  # every sampler gives its own noise from the same key
+        for b in NOISE_PRNGS:
+            if a < b:
+                assert abs(np.corrcoef(draws[a], draws[b])[0, 1]) < 0.1
+    # prng=None draws with the key's own implementation (threefry2x32 here).
+    own = np.asarray(add_gaussian_noise(zeros, key, prng=None, **kw)["w"])
+    np.testing.assert_allclose(own, np.asarray(jax.random.normal(jax.random.split(key, 1)[0], (2000,))), rtol=1e-6)
+    # A key that already has the requested implementation is used as it is.
+    philox = jax.random.key(11, impl=DEFAULT_NOISE_PRNG)
+    assert noise_key(philox) is philox
+    assert str(jax.random.key_impl(noise_key(key))) == DEFAULT_NOISE_PRNG
+
+
+def test_every_noise_prng_has_a_key_of_at_least_64_bits():
+    """Noise keys are drawn per step and per leaf: with 32-bit keys two of them would likely
+    collide in a long run, and equal keys give equal noise."""
+    for prng in NOISE_PRNGS:
+        data = jax.random.key_data(jax.random.key(0, impl=prng))
+        assert data.size * data.dtype.itemsize * 8 >= 64, prng
+
+
+def test_unknown_noise_prng_names_the_valid_ones():
+    with pytest.raises(ZooError, match=r"'philox2x32'.*philox4x32, threefry2x32, threefry4x32"):
+        add_gaussian_noise({"w": jnp.zeros(3)}, jax.random.key(0), noise_multiplier=1.0, l2_clip_norm=1.0,
+                           prng="philox2x32")

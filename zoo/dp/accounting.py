@@ -20,6 +20,7 @@ import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
 from zoo.errors import ZooError, choice_error
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class DPConfig:
     accountant: str = "pld"
     clipping: str = "ghost"  # zoo models; "vmap" is the general path
     sampler: str = "poisson"
+    noise_prng: str = DEFAULT_NOISE_PRNG  # JAX PRNG implementation that draws the noise
 
 
 def _is_num(x: object) -> bool:
@@ -85,6 +87,8 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
         raise choice_error("accountant", cfg.accountant, ACCOUNTANTS)
     if cfg.clipping not in CLIPPING_MODES:
         raise choice_error("clipping", cfg.clipping, CLIPPING_MODES)
+    if cfg.noise_prng not in NOISE_PRNGS:
+        raise choice_error("noise_prng", cfg.noise_prng, NOISE_PRNGS)
     if (cfg.epsilon is None) == (cfg.noise_multiplier is None):
         raise ZooError(
             "set exactly one of epsilon (target budget; the noise multiplier is "

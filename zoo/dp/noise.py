@@ -14,9 +14,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from zoo.errors import choice_error
+
 PyTree = Any
 
-__all__ = ["add_gaussian_noise", "privatize"]
+__all__ = ["NOISE_PRNGS", "DEFAULT_NOISE_PRNG", "add_gaussian_noise", "noise_key", "privatize"]
+
+# JAX's counter-based samplers with keys of at least 64 bits.  Philox-4x32-10 (the cuRAND
+# and PyTorch generator) is the default because it is the fastest of them here: on CPU JAX
+# lowers threefry2x32 with a rolled loop, and the noise is most of what a ghost DP step on
+# mlp-s adds to the non-private step (docs/dp.md, "The noise sampler").  philox2x32 is left
+# out: its 32-bit key makes two of a long run's per-step, per-leaf noise keys likely to
+# collide (about 1 in 3 for 6 leaves x 10k steps), and equal keys mean equal noise.
+NOISE_PRNGS = ("philox4x32", "threefry2x32", "threefry4x32")
+DEFAULT_NOISE_PRNG = "philox4x32"
 
 
 def _static(x: object) -> bool:
@@ -38,19 +49,37 @@ def _noise_std(noise_multiplier, l2_clip_norm):
     return noise_multiplier * l2_clip_norm
 
 
+def noise_key(key: jax.Array, prng: str | None = DEFAULT_NOISE_PRNG) -> jax.Array:
+    """A key of JAX's ``prng`` implementation derived from ``key`` (typed or raw uint32).
+
+    ``prng=None`` keeps ``key``'s own implementation.  The derived key's data are bits
+    drawn from ``key``, so the same ``key`` always gives the same noise key.
+    """
+    if prng is None:
+        return key
+    if prng not in NOISE_PRNGS:
+        raise choice_error("noise PRNG", prng, NOISE_PRNGS)
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and str(jax.random.key_impl(key)) == prng:
+        return key
+    data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=prng)))
+    return jax.random.wrap_key_data(jax.random.bits(key, data.shape, data.dtype), impl=prng)
+
+
 def add_gaussian_noise(
     grad_sum: PyTree,
     key: jax.Array,
     *,
     noise_multiplier: float | jax.Array,
     l2_clip_norm: float | jax.Array,
+    prng: str | None = DEFAULT_NOISE_PRNG,
 ) -> PyTree:
     """Return ``grad_sum + N(0, (noise_multiplier * l2_clip_norm)^2)`` per coordinate.
 
     Every leaf gets its own key from ``jax.random.split(key, num_leaves)``, so
     leaves receive independent noise.  Noise is drawn in at least float32 and
     the result is cast back to each leaf's dtype.  The same key always yields
-    the same noise; the caller must use a fresh key every step.
+    the same noise; the caller must use a fresh key every step.  ``prng`` names the
+    sampler (:data:`NOISE_PRNGS`; see :func:`noise_key`).
 
     Under ``jit`` the noise of a leaf is drawn only after the whole sum is computed and the
     previous leaf's noise is added, so the sampler's scratch buffers (several times the
@@ -61,7 +90,7 @@ def add_gaussian_noise(
     leaves, treedef = jax.tree.flatten(grad_sum)
     if not leaves:
         return grad_sum
-    keys = jax.random.split(key, len(leaves))
+    keys = jax.random.split(noise_key(key, prng), len(leaves))
     leaves, keys = jax.lax.optimization_barrier((leaves, keys))
     noisy = []
     for leaf, leaf_key in zip(leaves, keys):
@@ -81,6 +110,7 @@ def privatize(
     noise_multiplier: float | jax.Array,
     l2_clip_norm: float | jax.Array,
     expected_batch_size: int | float,
+    prng: str | None = DEFAULT_NOISE_PRNG,
 ) -> PyTree:
     """Noisy clipped-gradient mean: ``add_gaussian_noise(...) / expected_batch_size``.
 
@@ -91,7 +121,7 @@ def privatize(
     if _static(expected_batch_size) and not expected_batch_size > 0:
         raise ValueError(f"expected_batch_size must be > 0; got {expected_batch_size!r}.")
     noisy = add_gaussian_noise(
-        grad_sum, key, noise_multiplier=noise_multiplier, l2_clip_norm=l2_clip_norm
+        grad_sum, key, noise_multiplier=noise_multiplier, l2_clip_norm=l2_clip_norm, prng=prng
     )
     return jax.tree.map(
         lambda x: (x / jnp.asarray(expected_batch_size, jnp.promote_types(x.dtype, jnp.float32))).astype(x.dtype),

@@ -17,6 +17,7 @@ import optax
 from zoo.api import apply_fn
 from zoo.configs import ModelConfig
 from zoo.dp import clipped_grad_sum, privatize
+from zoo.dp.noise import DEFAULT_NOISE_PRNG
 from zoo.scan import StackPlan
 from zoo.train.freeze import FreezePlan
 from zoo.train.losses import accuracy_per_example, masked_mean, per_example_loss
@@ -32,6 +33,7 @@ class DPRuntime:
     expected_batch_size: float
     microbatch_size: int | None = None
     clipping: str = "vmap"  # "ghost": per-example norms without per-example gradients
+    noise_prng: str = DEFAULT_NOISE_PRNG
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class Engine:
         grad_sum, _, losses = self._clipped_sum(state, frozen, batch)
         grads = privatize(grad_sum, state.step_key(), noise_multiplier=self.dp.noise_multiplier,
                           l2_clip_norm=self.dp.clip_norm,
-                          expected_batch_size=self.dp.expected_batch_size)
+                          expected_batch_size=self.dp.expected_batch_size, prng=self.dp.noise_prng)
         return masked_mean(losses, batch["mask"]), grads
 
     def train_step_fn(self, state: TrainState, frozen: dict, batch: dict):

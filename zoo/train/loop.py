@@ -111,7 +111,7 @@ def build_run(recipe: Recipe) -> Run:
         remat=StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix),
         freeze=freeze, optimizer=optimizer,
         dp=DPRuntime(dp.noise_multiplier, recipe.dp.clip_norm, dp.sampler.expected_batch_size,
-                     recipe.dp.microbatch_size, recipe.dp.clipping) if dp else None)
+                     recipe.dp.microbatch_size, recipe.dp.clipping, recipe.dp.noise_prng) if dp else None)
     return Run(recipe, task, cfg, params, freeze, engine, dp)
 
 
