@@ -1,5 +1,6 @@
 """DP-SGD through the training loop: one compile, honest epsilon, clear errors."""
 
+import dataclasses
 import json
 import re
 
@@ -14,7 +15,7 @@ from zoo import recipes
 from zoo.cli import main
 from zoo.data import load_dataset
 from zoo.dp import privatize
-from zoo.dp.noise import DEFAULT_NOISE_PRNG
+from zoo.dp.noise import DEFAULT_NOISE_PRNG, noise_key
 from zoo.train.loop import build_run, train, train_batch
 from zoo.train.state import TrainState
 
@@ -122,3 +123,22 @@ def test_dp_step_draws_its_noise_with_the_configured_sampler():
                                       zip(jax.tree.leaves(grads), jax.tree.leaves(grad_sum))])
     a, b = noise.values()
     assert abs(np.corrcoef(a, b)[0, 1]) < 0.05  # same step key, independent noise per sampler
+
+
+def test_step_keys_and_noise_keys_are_not_the_init_keys():
+    """init_params draws leaf i from fold_in(key(seed), i); no step key may be one of those
+    keys, or the noise of that step could be read off the published initial weights."""
+    run = build_run(quick_dp())
+    seed = run.recipe.train.seed
+    trainable, _ = run.freeze.split(run.params)
+    state = TrainState.create(trainable, run.engine.optimizer, seed=seed)
+    root = jax.random.key(seed)
+    init_words = set()
+    for i in range(64):
+        leaf_key = jax.random.fold_in(root, i)
+        init_words.update(np.asarray(jax.random.key_data(leaf_key)).tolist())
+        init_words.update(np.asarray(jax.random.bits(leaf_key, (8,), jnp.uint32)).tolist())
+    for step in range(64):
+        at_step = dataclasses.replace(state, step=jnp.int32(step))
+        for key in (at_step.step_key(), noise_key(at_step.step_key(), run.engine.dp.noise_prng)):
+            assert not init_words.intersection(np.asarray(jax.random.key_data(key)).ravel().tolist()), step

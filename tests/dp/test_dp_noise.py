@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from zoo.dp import add_gaussian_noise, privatize
-from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS, noise_key
+from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS, NOISE_STREAM, noise_key
 from zoo.errors import ZooError
 
 SIGMA, CLIP = 1.3, 0.7
@@ -109,13 +109,34 @@ def test_noise_prng_picks_the_sampler():
         for b in NOISE_PRNGS:
             if a < b:
                 assert abs(np.corrcoef(draws[a], draws[b])[0, 1]) < 0.1
-    # prng=None draws with the key's own implementation (threefry2x32 here).
+    # prng=None draws with the key's own implementation (threefry2x32 here), from its noise stream.
     own = np.asarray(add_gaussian_noise(zeros, key, prng=None, **kw)["w"])
-    np.testing.assert_allclose(own, np.asarray(jax.random.normal(jax.random.split(key, 1)[0], (2000,))), rtol=1e-6)
-    # A key that already has the requested implementation is used as it is.
-    philox = jax.random.key(11, impl=DEFAULT_NOISE_PRNG)
-    assert noise_key(philox) is philox
+    stream = jax.random.fold_in(key, NOISE_STREAM)
+    np.testing.assert_allclose(own, np.asarray(jax.random.normal(jax.random.split(stream, 1)[0], (2000,))),
+                               rtol=1e-6)
     assert str(jax.random.key_impl(noise_key(key))) == DEFAULT_NOISE_PRNG
+    philox = jax.random.key(11, impl=DEFAULT_NOISE_PRNG)  # already the right kind: only the stream
+    np.testing.assert_array_equal(jax.random.key_data(noise_key(philox)),
+                                  jax.random.key_data(jax.random.fold_in(philox, NOISE_STREAM)))
+
+
+@pytest.mark.parametrize("prng", [*NOISE_PRNGS, None])
+def test_raw_and_typed_keys_give_the_same_noise(prng):
+    typed = jax.random.key(5)
+    raw = jax.random.key_data(typed)
+    np.testing.assert_array_equal(jax.random.key_data(noise_key(raw, prng)),
+                                  jax.random.key_data(noise_key(typed, prng)))
+
+
+@pytest.mark.parametrize("prng", [*NOISE_PRNGS, None])
+def test_noise_key_shares_no_bits_with_other_uses_of_the_key(prng):
+    """Whoever else derives from the step key (bits, fold_in, split) must not see the noise key."""
+    key = jax.random.key(3)
+    noise = np.asarray(jax.random.key_data(noise_key(key, prng))).ravel()
+    others = [jax.random.bits(key, (8,), jnp.uint32), jax.random.key_data(jax.random.split(key, 4))]
+    others += [jax.random.key_data(jax.random.fold_in(key, i)) for i in range(64)]
+    seen = set(np.concatenate([np.asarray(o).ravel() for o in others]).tolist())
+    assert not seen.intersection(noise.tolist())
 
 
 def test_every_noise_prng_has_a_key_of_at_least_64_bits():

@@ -29,6 +29,7 @@ __all__ = ["NOISE_PRNGS", "DEFAULT_NOISE_PRNG", "add_gaussian_noise", "noise_key
 # noise.
 NOISE_PRNGS = ("philox4x32", "threefry2x32", "threefry4x32")
 DEFAULT_NOISE_PRNG = "philox4x32"
+NOISE_STREAM = 0x6E6F6973  # fold_in constant that separates the noise from other uses of a key
 
 
 def _static(x: object) -> bool:
@@ -51,19 +52,22 @@ def _noise_std(noise_multiplier, l2_clip_norm):
 
 
 def noise_key(key: jax.Array, prng: str | None = DEFAULT_NOISE_PRNG) -> jax.Array:
-    """A key of JAX's ``prng`` implementation derived from ``key`` (typed or raw uint32).
+    """The key the noise is drawn with: its own stream of ``key`` (typed, or raw key data of
+    JAX's default implementation), as a key of JAX's ``prng`` implementation.
 
-    ``prng=None`` keeps ``key``'s own implementation.  The derived key's data are bits
-    drawn from ``key``, so the same ``key`` always gives the same noise key.
+    The stream is ``fold_in(key, NOISE_STREAM)``, so the noise never shares bits with another
+    use of ``key``. For another implementation its key data are bits drawn from that stream.
+    ``prng=None`` keeps ``key``'s implementation. The same ``key`` always gives the same key.
     """
-    if prng is None:
-        return key
-    if prng not in NOISE_PRNGS:
+    if prng is not None and prng not in NOISE_PRNGS:
         raise choice_error("noise PRNG", prng, NOISE_PRNGS)
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and str(jax.random.key_impl(key)) == prng:
-        return key
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    stream = jax.random.fold_in(key, NOISE_STREAM)
+    if prng is None or str(jax.random.key_impl(stream)) == prng:
+        return stream
     data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=prng)))
-    return jax.random.wrap_key_data(jax.random.bits(key, data.shape, data.dtype), impl=prng)
+    return jax.random.wrap_key_data(jax.random.bits(stream, data.shape, data.dtype), impl=prng)
 
 
 def add_gaussian_noise(
@@ -76,8 +80,8 @@ def add_gaussian_noise(
 ) -> PyTree:
     """Return ``grad_sum + N(0, (noise_multiplier * l2_clip_norm)^2)`` per coordinate.
 
-    Every leaf gets its own key from ``jax.random.split(key, num_leaves)``, so
-    leaves receive independent noise.  Noise is drawn in at least float32 and
+    Every leaf gets its own key from ``jax.random.split(noise_key(key, prng), num_leaves)``,
+    so leaves receive independent noise.  Noise is drawn in at least float32 and
     the result is cast back to each leaf's dtype.  The same key always yields
     the same noise; the caller must use a fresh key every step.  ``prng`` names the
     sampler (:data:`NOISE_PRNGS`; see :func:`noise_key`).

@@ -11,6 +11,18 @@ import optax
 from zoo.configs import OptimConfig
 
 
+# ``canonical.init_params`` draws leaf i from ``fold_in(key(seed), i)``. Step s's key would be
+# that same key if the step keys hung off ``key(seed)`` directly, and the DP noise of step s
+# could then be read off the published initial weights. The training stream branches off at
+# a constant no leaf index reaches.
+TRAIN_RNG_STREAM = 0x7A6F6F21
+
+
+def train_key(seed: int) -> jax.Array:
+    """The root of a run's per-step keys, independent of the keys that initialise the model."""
+    return jax.random.fold_in(jax.random.key(seed), TRAIN_RNG_STREAM)
+
+
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class TrainState:
@@ -30,7 +42,7 @@ class TrainState:
             step=jnp.zeros((), jnp.int32),
             params=params,
             opt_state=optimizer.init(params),
-            rng=jax.random.key_data(jax.random.key(seed)),
+            rng=jax.random.key_data(train_key(seed)),
         )
 
     def step_key(self) -> jax.Array:
