@@ -3,6 +3,8 @@
 import dataclasses
 import json
 import re
+import shutil
+import warnings
 
 import dp_accounting
 import jax
@@ -16,8 +18,9 @@ from zoo.cli import main
 from zoo.data import load_dataset
 from zoo.dp import privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, noise_key
-from zoo.train.loop import build_run, train, train_batch
-from zoo.train.state import TrainState
+from zoo.train import checkpoint
+from zoo.train.loop import _warn_if_public_noise_keys, build_run, dp_train_key, train, train_batch
+from zoo.train.state import TrainState, train_key
 
 TARGET = 0.5  # a large noise multiplier keeps the PLD calibration quick
 
@@ -142,3 +145,37 @@ def test_step_keys_and_noise_keys_are_not_the_init_keys():
         at_step = dataclasses.replace(state, step=jnp.int32(step))
         for key in (at_step.step_key(), noise_key(at_step.step_key(), run.engine.dp.noise_prng)):
             assert not init_words.intersection(np.asarray(jax.random.key_data(key)).ravel().tolist()), step
+
+
+def test_dp_noise_keys_are_secret_unless_a_noise_seed_is_given():
+    recipe = quick_dp()
+    a, b = (np.asarray(jax.random.key_data(dp_train_key(recipe))) for _ in range(2))
+    assert not np.array_equal(a, b)  # 64 fresh bits from the OS each run
+    assert not np.array_equal(a, np.asarray(jax.random.key_data(train_key(recipe.train.seed))))
+    pinned = quick_dp(**{"dp.noise_seed": 123})
+    np.testing.assert_array_equal(jax.random.key_data(dp_train_key(pinned)), jax.random.key_data(train_key(123)))
+
+
+def test_dp_run_with_a_secret_noise_key_resumes_to_identical_params(tmp_path):
+    """The secret key lives in the checkpoint's state, so a resumed run keeps drawing the same noise."""
+    recipe = quick_dp(**{"train.steps": 4, "train.eval_every": 4, "train.checkpoint_every": 2})
+    train(recipe, tmp_path / "whole", show_progress=False)
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / checkpoint.CHECKPOINT_DIR / "4")
+    assert checkpoint.latest_step(tmp_path / "resumed") == 2
+    train(recipe, tmp_path / "resumed", resume=True, show_progress=False)
+    whole = checkpoint.load_checkpoint(tmp_path / "whole").params
+    resumed = checkpoint.load_checkpoint(tmp_path / "resumed").params
+    jax.tree_util.tree_map(np.testing.assert_array_equal, whole, resumed)
+
+
+def test_resuming_a_checkpoint_whose_noise_keys_are_the_init_keys_warns():
+    run = build_run(quick_dp())
+    trainable, _ = run.freeze.split(run.params)
+    state = TrainState.create(trainable, run.engine.optimizer, seed=0)
+    old_root = dataclasses.replace(state, rng=jax.random.key_data(jax.random.key(0)))
+    with pytest.warns(RuntimeWarning, match="initial weights"):
+        _warn_if_public_noise_keys(old_root, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_public_noise_keys(state, 0)

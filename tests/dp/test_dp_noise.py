@@ -132,7 +132,9 @@ def test_raw_and_typed_keys_give_the_same_noise(prng):
 def test_noise_key_shares_no_bits_with_other_uses_of_the_key(prng):
     """Whoever else derives from the step key (bits, fold_in, split) must not see the noise key."""
     key = jax.random.key(3)
-    noise = np.asarray(jax.random.key_data(noise_key(key, prng))).ravel()
+    leaf_keys = jax.random.split(noise_key(key, prng), 8)  # what add_gaussian_noise draws with
+    noise = np.concatenate([np.asarray(jax.random.key_data(noise_key(key, prng))).ravel(),
+                            np.asarray(jax.random.key_data(leaf_keys)).ravel()])
     others = [jax.random.bits(key, (8,), jnp.uint32), jax.random.key_data(jax.random.split(key, 4))]
     others += [jax.random.key_data(jax.random.fold_in(key, i)) for i in range(64)]
     seen = set(np.concatenate([np.asarray(o).ravel() for o in others]).tolist())

@@ -62,6 +62,9 @@ class DPConfig:
     clipping: str = "ghost"  # zoo models; "vmap" is the general path
     sampler: str = "poisson"
     noise_prng: str = DEFAULT_NOISE_PRNG  # JAX PRNG implementation that draws the noise
+    # None: the noise keys come from 64 bits of OS entropy, kept only in the checkpoint's
+    # state. An int makes the run repeatable, and the noise only as secret as that int.
+    noise_seed: int | None = None
 
 
 def _is_num(x: object) -> bool:
@@ -89,6 +92,14 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
         raise choice_error("clipping", cfg.clipping, CLIPPING_MODES)
     if cfg.noise_prng not in NOISE_PRNGS:
         raise choice_error("noise_prng", cfg.noise_prng, NOISE_PRNGS)
+    if cfg.noise_seed is not None and not (
+        isinstance(cfg.noise_seed, numbers.Integral) and not isinstance(cfg.noise_seed, bool)
+        and 0 <= cfg.noise_seed < 2**32
+    ):
+        raise ZooError(
+            f"noise_seed must be an int in [0, 2**32) (JAX keys hold 32 bits of a seed), or unset "
+            f"for 64 secret bits from the OS; got noise_seed={cfg.noise_seed!r}."
+        )
     if (cfg.epsilon is None) == (cfg.noise_multiplier is None):
         raise ZooError(
             "set exactly one of epsilon (target budget; the noise multiplier is "

@@ -112,12 +112,12 @@ class Engine:
     def eval_step(self):
         return jax.jit(self.eval_step_fn)
 
-    def init_state(self, params: dict, seed: int) -> tuple[TrainState, dict]:
+    def init_state(self, params: dict, seed: int, key: jax.Array | None = None) -> tuple[TrainState, dict]:
         trainable, frozen = self.freeze.split(params)
         # The state is donated to every step, so it must own its buffers: without the copy a
         # trainable leaf would alias the caller's params and be deleted by the first step.
         trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
-        state = TrainState.create(trainable, self.optimizer, seed)
+        state = TrainState.create(trainable, self.optimizer, seed, key)
         # Commit everything to one device: restored (committed) and fresh (uncommitted) arrays
         # mixed in one state would make the second step compile again.
         return jax.device_put((state, frozen), jax.devices()[0])

@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import jax
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -29,7 +30,7 @@ from zoo.train import checkpoint
 from zoo.train.compiles import CompileCounter
 from zoo.train.engine import DPRuntime, Engine, evaluate
 from zoo.train.freeze import FreezePlan, resolve_freeze
-from zoo.train.state import make_optimizer
+from zoo.train.state import TrainState, make_optimizer, secret_train_key, train_key
 from zoo.train.task import Task, fit_model_to_task, load_task, task_kind
 from zoo.models.registry import get_config
 
@@ -70,6 +71,22 @@ def _dp_plan(recipe: Recipe, task: Task) -> DPPlan | None:
     sampler = PoissonSampler.for_expected_batch(n, dp.expected_batch_size, recipe.train.seed,
                                                 pad_to_multiple=dp.microbatch_size or 1)
     return DPPlan(sampler=sampler, noise_multiplier=sigma, epsilon=eps, steps=recipe.train.steps)
+
+
+def dp_train_key(recipe: Recipe) -> jax.Array:
+    """Root of a DP run's step keys: secret unless ``dp.noise_seed`` pins it (see TrainState)."""
+    seed = recipe.dp.noise_seed
+    return secret_train_key() if seed is None else train_key(seed)
+
+
+def _warn_if_public_noise_keys(state: TrainState, seed: int) -> None:
+    # Checkpoints written before the step keys had a stream of their own stored key(seed),
+    # whose step keys are the keys of the initial weights.
+    if np.array_equal(np.asarray(state.rng), np.asarray(jax.random.key_data(jax.random.key(seed)))):
+        warnings.warn(
+            "this checkpoint's DP noise keys are the keys that drew its initial weights, so the "
+            "noise can be recomputed from them; the privacy claim does not hold for this run. "
+            "Start it again instead of resuming.", RuntimeWarning, stacklevel=3)
 
 
 def _warn_unused_microbatch(recipe: Recipe, cfg: ModelConfig) -> None:
@@ -167,12 +184,14 @@ def train(recipe: Recipe, out_dir: str | Path, *, resume: bool = False,
     out.mkdir(parents=True, exist_ok=True)
     run = run or build_run(recipe)
     engine = run.engine
-    state, frozen = engine.init_state(run.params, recipe.train.seed)
+    state, frozen = engine.init_state(run.params, recipe.train.seed, dp_train_key(recipe) if run.dp else None)
     start = 0
     if resume and (saved := checkpoint.latest_step(out)) is not None:
         state = checkpoint.restore_state(out, saved, state)
         start = saved
         console.print(f"resuming from step {saved} in {out}")
+        if run.dp:
+            _warn_if_public_noise_keys(state, recipe.train.seed)
     elif not resume and checkpoint.latest_step(out) is not None:
         raise ZooError(f"{str(out)!r} already holds checkpoints; pass --resume to continue that "
                        "run or choose another --out")

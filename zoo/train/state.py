@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from zoo.configs import OptimConfig
@@ -23,6 +25,16 @@ def train_key(seed: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), TRAIN_RNG_STREAM)
 
 
+def secret_train_key() -> jax.Array:
+    """A root of per-step keys from 64 bits of OS entropy.
+
+    A DP run's noise must not be computable from anything public. ``train_key(seed)`` is not
+    enough for that: the seed also draws the initial weights and has at most 32 bits (JAX
+    truncates larger seeds), so it can be found by search from those weights.
+    """
+    return jax.random.wrap_key_data(np.frombuffer(os.urandom(8), dtype=np.uint32).copy())
+
+
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class TrainState:
@@ -37,12 +49,14 @@ class TrainState:
     rng: jax.Array
 
     @classmethod
-    def create(cls, params: dict, optimizer: optax.GradientTransformation, seed: int) -> "TrainState":
+    def create(cls, params: dict, optimizer: optax.GradientTransformation, seed: int,
+               key: jax.Array | None = None) -> "TrainState":
+        """A fresh state whose per-step keys hang off ``key``, or ``train_key(seed)`` without one."""
         return cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
             opt_state=optimizer.init(params),
-            rng=jax.random.key_data(train_key(seed)),
+            rng=jax.random.key_data(train_key(seed) if key is None else key),
         )
 
     def step_key(self) -> jax.Array:
