@@ -60,7 +60,7 @@ def noise_key(key: jax.Array, prng: str | None = DEFAULT_NOISE_PRNG) -> jax.Arra
     ``prng=None`` keeps ``key``'s implementation. The same ``key`` always gives the same key.
     """
     if prng is not None and prng not in NOISE_PRNGS:
-        raise choice_error("noise PRNG", prng, NOISE_PRNGS)
+        raise choice_error("noise_prng", prng, NOISE_PRNGS)
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(key)
     stream = jax.random.fold_in(key, NOISE_STREAM)
