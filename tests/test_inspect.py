@@ -69,6 +69,10 @@ def test_full_keeps_one_block_input_per_layer():
     assert rep["total_host_bytes"] == 0
 
 
+def test_full_lean_saves_exactly_what_full_saves():
+    assert rows(report("transformer", "full-lean")) == rows(report("transformer", "full"))
+
+
 def test_offload_layer_input_moves_the_block_inputs_to_host():
     rep = report("transformer", "offload-layer-input")
     assert rows(rep) == {"layer_input": (L * ACT, "pinned_host", L)}

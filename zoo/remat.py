@@ -31,6 +31,9 @@ class RematPolicy:
 
     ``checkpoint`` False means the block is not wrapped in ``jax.checkpoint`` at all.
     ``nested`` True runs the stack as a two-level scan over groups of layers.
+    ``replay_policy``, when set, governs the block's recomputation in the backward pass: the
+    replay keeps only what that policy allows and recomputes the rest once more, which lowers
+    the peak of the block's backward pass without changing what is saved across blocks.
     """
 
     name: str
@@ -41,11 +44,16 @@ class RematPolicy:
     save_dots: bool = False
     nested: bool = False
     jax_policy: Callable | None = field(default=None, compare=False, repr=False)
+    replay_policy: Callable | None = field(default=None, compare=False, repr=False)
 
     def wrap(self, fn: Callable) -> Callable:
         """Wrap a block function in ``jax.checkpoint`` under this policy (or not at all)."""
         if not self.checkpoint:
             return fn
+        if self.replay_policy is not None:
+            # The barrier is the point here: without it XLA merges the third pass of the
+            # elementwise ops into the replay, and the replay's peak comes back.
+            fn = jax.checkpoint(fn, policy=self.replay_policy, prevent_cse=True)
         # prevent_cse=False: inside scan, XLA cannot CSE the recomputation away, and the
         # barrier would only cost speed.
         return jax.checkpoint(fn, policy=self.jax_policy, prevent_cse=False)
@@ -78,6 +86,13 @@ POLICIES: dict[str, RematPolicy] = {
     for p in (
         RematPolicy("none", "no checkpoint: keep every residual autodiff wants", checkpoint=False),
         _named("full", "save nothing inside a block; recompute it all in the backward pass"),
+        RematPolicy(
+            "full-lean",
+            "save what full saves; while replaying a block keep only matmul outputs (lower peak,"
+            " elementwise ops run a third time)",
+            jax_policy=cp.nothing_saveable,
+            replay_policy=cp.dots_with_no_batch_dims_saveable,
+        ),
         RematPolicy(
             "dots",
             "save matmul outputs without batch dims; recompute elementwise ops",
