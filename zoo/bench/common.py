@@ -53,16 +53,35 @@ def memory_stats(compiled) -> dict:
         dict.fromkeys(fields, 0)
 
 
-def median_ms(run: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``run()`` in milliseconds; ``run`` must block until done."""
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
+def time_in_rounds(steppers: dict[str, Callable[[int], object]], rounds: int,
+                   steps_per_round: int = 1, on_round: Callable[[int], None] | None = None
+                   ) -> dict[str, list[float]]:
+    """Seconds per step of every stepper, one figure per round.
+
+    ``stepper(n)`` runs n steps and blocks until they are done. Each stepper takes one
+    warm-up step first. The steppers then take turns within every round, so all of them see
+    the same machine load, and each takes one untimed step before its timed ones: the
+    stepper before it evicted the caches, and training repeats one step, so the steady state
+    is what we time.
+    """
+    for stepper in steppers.values():
+        stepper(1)
+    times: dict[str, list[float]] = {name: [] for name in steppers}
+    for r in range(rounds):
+        if on_round is not None:
+            on_round(r)
+        for name, stepper in steppers.items():
+            stepper(1)
+            tic = time.perf_counter()
+            stepper(steps_per_round)
+            times[name].append((time.perf_counter() - tic) / steps_per_round)
+    return times
+
+
+def median_ratio(times: Sequence[float], base: Sequence[float]) -> float:
+    """Median over rounds of ``times[r] / base[r]``: both figures of a round saw the same
+    machine load, so this is steadier than a ratio of medians on a shared machine."""
+    return statistics.median(t / b for t, b in zip(times, base))
 
 
 def scatter_plot(path: str, points: Sequence[tuple[str, float, float]], *, xlabel: str,
@@ -88,28 +107,40 @@ def scatter_plot(path: str, points: Sequence[tuple[str, float, float]], *, xlabe
     return path
 
 
-# Label positions to try, in points from the marker: right, below, above, then to the left.
-_OFFSETS = [(6, 4, "left"), (6, -12, "left"), (6, 14, "left"), (6, -24, "left"),
-            (-6, 4, "right"), (-6, -12, "right"), (6, 26, "left"), (-6, 16, "right")]
+# Label positions to try, in points from the marker: right, below, above and left of it, then
+# the same directions further out (with a leader line back to the marker).
+_DIRECTIONS = [(1, 0.3, "left"), (1, -1, "left"), (1, 1.4, "left"), (-1, 0.3, "right"),
+               (-1, -1, "right"), (-1, 1.4, "right"), (0, 2.2, "center"), (0, -2, "center")]
+_OFFSETS = [(dx * r, dy * r, align) for r in (6, 16, 28, 40) for dx, dy, align in _DIRECTIONS]
+_MARKER_HALF_WIDTH_PX = 5
+
+
+def _marker_boxes(ax, points):
+    from matplotlib.transforms import Bbox
+
+    h = _MARKER_HALF_WIDTH_PX
+    centres = ax.transData.transform([(x, y) for _, x, y in points])
+    return [Bbox([[cx - h, cy - h], [cx + h, cy + h]]) for cx, cy in centres]
 
 
 def _place_labels(fig, ax, points, colors) -> None:
     """Annotate each point, in its marker's colour, at the first offset whose text box
-    overlaps no earlier label (policies often share a temp-memory figure, so markers
-    coincide); labels moved off the default spot get a thin leader line."""
+    overlaps no earlier label and no other marker and stays inside the axes (policies often
+    share a temp-memory figure, so markers crowd); labels moved off the default spot get a
+    thin leader line."""
     renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    markers = _marker_boxes(ax, points)
     placed = []
-    for (label, x, y), color in zip(points, colors):
-        for i, (dx, dy, align) in enumerate(_OFFSETS):
+    for k, ((label, x, y), color) in enumerate(zip(points, colors)):
+        obstacles = placed + markers[:k] + markers[k + 1:]
+        for i, (dx, dy, align) in enumerate([*_OFFSETS, _OFFSETS[0]]):
             leader = None if i == 0 else {"arrowstyle": "-", "color": color, "lw": 0.6}
             note = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy),
                                ha=align, fontsize=8, color=color, arrowprops=leader)
             box = note.get_window_extent(renderer)
-            if not any(box.overlaps(other) for other in placed):
-                break
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if i == len(_OFFSETS) or (inside and not any(box.overlaps(o) for o in obstacles)):
+                break  # the last try is the default spot again: every other one collided
             note.remove()
-        else:
-            note = ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 4),
-                               fontsize=8, color=color)
-            box = note.get_window_extent(renderer)
         placed.append(box)

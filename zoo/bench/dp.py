@@ -48,7 +48,7 @@ import optax
 
 from zoo import bench
 from zoo.api import example_batch
-from zoo.bench.common import memory_stats
+from zoo.bench.common import median_ratio, memory_stats, time_in_rounds
 from zoo.configs import MLPConfig, ModelConfig
 from zoo.dp import privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
@@ -278,34 +278,24 @@ def bench_dp(model: str | ModelConfig, backend: str = "nnx", batch: int | None =
         compiled = _compile(step, state, frozen, data)
         compile_s = time.perf_counter() - tic
         runs[name] = {"compiled": compiled, "state": state, "frozen": frozen, "compile_s": compile_s,
-                      "temp": memory_stats(compiled)["temp_size_in_bytes"], "times": []}
+                      "temp": memory_stats(compiled)["temp_size_in_bytes"]}
 
-    def advance(run, n):
-        out = None
-        for _ in range(n):
-            run["state"], out = run["compiled"](run["state"], run["frozen"], data)
-        jax.block_until_ready((run["state"], out))
+    def stepper(run):
+        def advance(n):
+            out = None
+            for _ in range(n):
+                run["state"], out = run["compiled"](run["state"], run["frozen"], data)
+            jax.block_until_ready((run["state"], out))
+        return advance
 
-    for run in runs.values():  # warm up
-        advance(run, 1)
-    for r in range(rounds):
-        _say(progress, f"dp bench: timing round {r + 1}/{rounds}")
-        for run in runs.values():
-            # One untimed step first: the row before this one evicted the caches, and a
-            # training run repeats one step, so the steady state is what we time.
-            advance(run, 1)
-            tic = time.perf_counter()
-            advance(run, steps_per_round)
-            run["times"].append((time.perf_counter() - tic) / steps_per_round)
-
-    base_times = runs[BASELINE]["times"]
+    times = time_in_rounds({name: stepper(run) for name, run in runs.items()}, rounds,
+                           steps_per_round,
+                           on_round=lambda r: _say(progress, f"dp bench: timing round {r + 1}/{rounds}"))
     base_temp = runs[BASELINE]["temp"]
     rows = []
     for name, run in runs.items():
-        step_ms = 1e3 * statistics.median(run["times"])
-        # The median of per-round ratios: both rows of a round saw the same machine load, so
-        # this is steadier than a ratio of medians on a shared machine.
-        ratio = statistics.median(t / b for t, b in zip(run["times"], base_times))
+        step_ms = 1e3 * statistics.median(times[name])
+        ratio = median_ratio(times[name], times[BASELINE])
         label = f"zoo microbatch k={microbatch}" if name == "zoo microbatch" else name
         rows.append({"method": label, "step_ms": round(step_ms, 3), "step_ratio": round(ratio, 3),
                      "temp_bytes": run["temp"],

@@ -2,8 +2,10 @@
 
 For each policy we build the same jitted AdamW train step (mean cross-entropy, params and
 optimizer state donated), lower and compile it, read XLA's ``memory_analysis()`` temp bytes,
-time the step, and ask the residual inspector (:mod:`zoo.inspect`) how many activation bytes
-the policy keeps on device and on host. Ratios are relative to ``none`` (always measured).
+and ask the residual inspector (:mod:`zoo.inspect`) how many activation bytes the policy keeps
+on device and on host. Then the policies take turns in timed rounds (one untimed and one timed
+step each per round), so that all of them see the same machine load. Ratios are relative to
+``none`` (always measured); the step ratio is the median over rounds of the per-round ratio.
 
 With depths (``--depths 16,64``) the benchmark instead compiles the step at each depth
 without running it, to show how temp memory and compile time grow with the layer count
@@ -12,13 +14,15 @@ without running it, to show how temp memory and compile time grow with the layer
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 
 import jax
 
 from zoo import bench
 from zoo.api import example_batch
-from zoo.bench.common import compile_timed, median_ms, memory_stats, scatter_plot, train_step
+from zoo.bench.common import (compile_timed, median_ratio, memory_stats, scatter_plot, time_in_rounds,
+                              train_step)
 from zoo.configs import MLPConfig
 from zoo.errors import ZooError
 from zoo.inspect import example_labels, residual_report
@@ -110,37 +114,41 @@ def bench_remat(model, policies=None, backend: str = "nnx", batch: int | None = 
     cfg = _config(model, num_layers)
     names = parse_policies(policies)
     batch, seq, x, y = _warmed_inputs(model, cfg, backend, batch, seq, seed, progress, "remat bench")
-    rows = []
+    runs = {}
     for name in names:
-        _say(progress, f"remat bench: {name}")
+        _say(progress, f"remat bench: compiling {name}")
         step, optimizer = train_step(cfg, backend, name)
         params = canonical.init_params(cfg, seed)
         opt_state = optimizer.init(params)
         compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
-        memory = memory_stats(compiled)
-        state = {"params": params, "opt": opt_state, "loss": None}
-
-        def run():
-            state["params"], state["opt"], state["loss"] = compiled(state["params"], state["opt"], x, y)
-            jax.block_until_ready(state["loss"])
-
-        step_ms = median_ms(run, repeats)
         report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed)
-        rows.append({
+        runs[name] = {"compiled": compiled, "state": [params, opt_state, None], "row": {
             "policy": name,
-            "temp_bytes": memory["temp_size_in_bytes"],
-            "step_ms": round(step_ms, 3),
+            "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
             "compile_s": round(compile_s, 3),
             "lower_s": round(lower_s, 3),
             "residual_device_bytes": report["total_device_bytes"],
             "residual_host_bytes": report["total_host_bytes"],
-            "loss": float(state["loss"]),
-        })
-        del state, compiled
-    base = next(r for r in rows if r["policy"] == BASELINE)
-    for row in rows:
+        }}
+
+    def stepper(run):
+        def advance(n):
+            for _ in range(n):
+                run["state"] = list(run["compiled"](*run["state"][:2], x, y))
+            jax.block_until_ready(run["state"][2])
+        return advance
+
+    times = time_in_rounds({name: stepper(run) for name, run in runs.items()}, repeats,
+                           on_round=lambda r: _say(progress, f"remat bench: timing round {r + 1}/{repeats}"))
+    base = runs[BASELINE]["row"]
+    rows = []
+    for name, run in runs.items():
+        row = run["row"]
+        row["step_ms"] = round(1e3 * statistics.median(times[name]), 3)
+        row["step_ratio"] = round(median_ratio(times[name], times[BASELINE]), 4)
         row["temp_ratio"] = round(row["temp_bytes"] / base["temp_bytes"], 4) if base["temp_bytes"] else None
-        row["step_ratio"] = round(row["step_ms"] / base["step_ms"], 4) if base["step_ms"] else None
+        row["loss"] = float(run["state"][2])
+        rows.append(row)
     result = {
         "model": model if isinstance(model, str) else cfg.kind,
         "backend": backend,
@@ -282,7 +290,7 @@ def _run_cli(args) -> int:
     print_table(
         f"zoo bench remat {args.model} ({result['backend']}, L={result['num_layers']}, "
         f"batch {result['batch']}, seq {result['seq']}, {result['device']}, "
-        f"median of {result['repeats']})",
+        f"median of {result['repeats']} rounds)",
         ["policy", "temp MiB", "temp/none", "step ms", "step/none", "compile s",
          "resid dev MiB", "resid host MiB"],
         [(r["policy"], _mib(r["temp_bytes"]), f"{r['temp_ratio']:.3f}", f"{r['step_ms']:.1f}",
@@ -311,7 +319,8 @@ def add_bench(bench_sub) -> None:
     p.add_argument("--seq", type=int, default=None,
                    help="sequence length (default: 128 for transformer-s, else max_len)")
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
-    p.add_argument("--repeats", type=int, default=5, help="timed steps after one warm-up step")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed rounds; in each, every policy takes one untimed and one timed step")
     p.add_argument("--depths", default=None,
                    help="comma-separated layer counts, e.g. 16,64: compile-only depth sweep")
     p.add_argument("--plot", default=None, metavar="FILE.png",
