@@ -15,7 +15,6 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 
 from zoo.dp.noise import NOISE_PRNGS, add_gaussian_noise
 from zoo.models import canonical

@@ -1,12 +1,14 @@
 """How low can per-block remat go at transformer-s's shape? (docs/remat.md, "Why `full` is above 15%")
 
 A plain-JAX stand-in for transformer-s (L=4, batch 16 x seq 128, d_model 128, 4 heads, d_ff 512,
-vocab 128) with an AdamW step, compiled (not run) three ways:
+vocab 128) with an AdamW step, compiled (not run) five ways:
 
 * ``none``: no checkpoint;
 * ``full``: the scan body under ``nothing_saveable``, as zoo's ``full`` does it;
+* ``lean``: as zoo's ``full-lean``: ``full``, and the block's replay keeps only matmul outputs;
 * ``sub``: as ``full``, and inside the block the attention half and the MLP half are each
-  checkpointed again, so the backward pass of one block replays one half at a time.
+  checkpointed again, so the backward pass of one block replays one half at a time;
+* ``sub-lean``: as ``sub``, with each half's replay keeping only matmul outputs.
 
 Prints XLA's compiled temp memory and its ratio to ``none``:
 
@@ -18,6 +20,7 @@ import optax
 
 L, B, T, D, H, F, V = 4, 16, 128, 128, 4, 512, 128
 NOTHING = jax.checkpoint_policies.nothing_saveable
+DOTS = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
 def layer_norm(x):
@@ -42,13 +45,16 @@ def mlp_half(p, x):
 
 def make_loss(mode: str):
     attn, mlp = attention_half, mlp_half
-    if mode == "sub":
-        attn, mlp = jax.checkpoint(attn, policy=NOTHING), jax.checkpoint(mlp, policy=NOTHING)
+    if mode.startswith("sub"):
+        inner = DOTS if mode == "sub-lean" else NOTHING
+        attn, mlp = jax.checkpoint(attn, policy=inner), jax.checkpoint(mlp, policy=inner)
 
     def block(x, p):
         return mlp(p, attn(p, x)), None
 
-    if mode in ("full", "sub"):
+    if mode == "lean":
+        block = jax.checkpoint(block, policy=DOTS)  # prevent_cse=True (the default) matters
+    if mode != "none":
         block = jax.checkpoint(block, policy=NOTHING)
 
     def loss(params, tokens, labels):
@@ -67,7 +73,7 @@ def main() -> None:
     optimizer = optax.adamw(1e-3)
     opt_state = optimizer.init(params)
     temp = {}
-    for mode in ("none", "full", "sub"):
+    for mode in ("none", "full", "lean", "sub", "sub-lean"):
         loss = make_loss(mode)
 
         def step(p, s, tokens, labels, loss=loss):
@@ -76,7 +82,7 @@ def main() -> None:
 
         compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, tokens, tokens).compile()
         temp[mode] = compiled.memory_analysis().temp_size_in_bytes
-        print(f"{mode:5s} {temp[mode] / 2**20:6.1f} MiB  {temp[mode] / temp['none']:.3f} of none")
+        print(f"{mode:8s} {temp[mode] / 2**20:6.1f} MiB  {temp[mode] / temp['none']:.3f} of none")
 
 
 if __name__ == "__main__":
