@@ -78,6 +78,18 @@ def time_in_rounds(steppers: dict[str, Callable[[int], object]], rounds: int,
     return times
 
 
+def state_stepper(step: Callable, run: dict, *args) -> Callable[[int], None]:
+    """A stepper for :func:`time_in_rounds`: ``n`` calls of
+    ``run["state"], run["out"] = step(run["state"], *args)``, then block."""
+
+    def advance(n: int) -> None:
+        for _ in range(n):
+            run["state"], run["out"] = step(run["state"], *args)
+        jax.block_until_ready((run["state"], run["out"]))
+
+    return advance
+
+
 def median_ratio(times: Sequence[float], base: Sequence[float]) -> float:
     """Median over rounds of ``times[r] / base[r]``: both figures of a round saw the same
     machine load, so this is steadier than a ratio of medians on a shared machine."""

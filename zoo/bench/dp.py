@@ -48,7 +48,7 @@ import optax
 
 from zoo import bench
 from zoo.api import example_batch
-from zoo.bench.common import median_ratio, memory_stats, time_in_rounds
+from zoo.bench.common import median_ratio, memory_stats, state_stepper, time_in_rounds
 from zoo.configs import MLPConfig, ModelConfig
 from zoo.dp import privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
@@ -280,15 +280,8 @@ def bench_dp(model: str | ModelConfig, backend: str = "nnx", batch: int | None =
         runs[name] = {"compiled": compiled, "state": state, "frozen": frozen, "compile_s": compile_s,
                       "temp": memory_stats(compiled)["temp_size_in_bytes"]}
 
-    def stepper(run):
-        def advance(n):
-            out = None
-            for _ in range(n):
-                run["state"], out = run["compiled"](run["state"], run["frozen"], data)
-            jax.block_until_ready((run["state"], out))
-        return advance
-
-    times = time_in_rounds({name: stepper(run) for name, run in runs.items()}, rounds,
+    times = time_in_rounds({name: state_stepper(run["compiled"], run, run["frozen"], data)
+                            for name, run in runs.items()}, rounds,
                            steps_per_round,
                            on_round=lambda r: _say(progress, f"dp bench: timing round {r + 1}/{rounds}"))
     base_temp = runs[BASELINE]["temp"]

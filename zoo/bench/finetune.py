@@ -2,17 +2,19 @@
 
 Side by side in one process, on the same params and batch: compiled train-step temp memory,
 optimizer-state bytes, and median step time, with the frozen run as a ratio to the full one.
+The two runs take turns in timed rounds (:func:`zoo.bench.common.time_in_rounds`); the step
+ratio is the median of the per-round ratios.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 
 import jax
 import numpy as np
 
 from zoo.api import example_batch
+from zoo.bench.common import median_ratio, state_stepper, time_in_rounds
 from zoo.models import canonical
 from zoo.models.registry import get_config
 from zoo.train.engine import Engine
@@ -54,25 +56,19 @@ def bench_finetune(model: str = "transformer-s", *, backend: str = "nnx", batch:
         engine, plan, state, frozen, compiled = _setup(cfg, backend, params, pats, policy, data)
         runs[name] = dict(engine=engine, plan=plan, state=state, frozen=frozen,
                           temp=compiled.memory_analysis().temp_size_in_bytes,
-                          opt_bytes=_nbytes(state.opt_state), times=[])
-    for run in runs.values():  # warm up
-        run["state"], _ = run["engine"].train_step(run["state"], run["frozen"], data)
-    for _ in range(repeats):
-        for run in runs.values():
-            tic = time.perf_counter()
-            for _ in range(steps):
-                run["state"], metrics = run["engine"].train_step(run["state"], run["frozen"], data)
-            jax.block_until_ready(metrics)
-            run["times"].append((time.perf_counter() - tic) / steps)
+                          opt_bytes=_nbytes(state.opt_state))
+
+    times = time_in_rounds({name: state_stepper(run["engine"].train_step, run, run["frozen"], data)
+                            for name, run in runs.items()}, repeats, steps)
     rows = []
     for name, run in runs.items():
         rows.append({"run": name, "trainable_params": run["plan"].trainable_count,
                      "temp_bytes": int(run["temp"]), "opt_state_bytes": run["opt_bytes"],
-                     "step_ms": statistics.median(run["times"]) * 1e3})
+                     "step_ms": statistics.median(times[name]) * 1e3,
+                     "step_ratio": median_ratio(times[name], times["full"])})
     full = rows[0]
     for row in rows:
         row["temp_ratio"] = row["temp_bytes"] / full["temp_bytes"]
-        row["step_ratio"] = row["step_ms"] / full["step_ms"]
         row["opt_state_ratio"] = row["opt_state_bytes"] / full["opt_state_bytes"]
         row["trainable_ratio"] = row["trainable_params"] / full["trainable_params"]
     return {"model": model, "backend": backend, "batch": batch, "seq": int(x.shape[1]) if x.ndim > 1 else None,

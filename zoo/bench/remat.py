@@ -21,8 +21,8 @@ import jax
 
 from zoo import bench
 from zoo.api import example_batch
-from zoo.bench.common import (compile_timed, median_ratio, memory_stats, scatter_plot, time_in_rounds,
-                              train_step)
+from zoo.bench.common import (compile_timed, median_ratio, memory_stats, scatter_plot, state_stepper,
+                              time_in_rounds, train_step)
 from zoo.configs import MLPConfig
 from zoo.errors import ZooError
 from zoo.inspect import example_labels, residual_report
@@ -122,7 +122,7 @@ def bench_remat(model, policies=None, backend: str = "nnx", batch: int | None = 
         opt_state = optimizer.init(params)
         compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
         report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed)
-        runs[name] = {"compiled": compiled, "state": [params, opt_state, None], "row": {
+        runs[name] = {"compiled": compiled, "state": (params, opt_state), "row": {
             "policy": name,
             "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
             "compile_s": round(compile_s, 3),
@@ -132,11 +132,10 @@ def bench_remat(model, policies=None, backend: str = "nnx", batch: int | None = 
         }}
 
     def stepper(run):
-        def advance(n):
-            for _ in range(n):
-                run["state"] = list(run["compiled"](*run["state"][:2], x, y))
-            jax.block_until_ready(run["state"][2])
-        return advance
+        def train(state, x, y):  # (params, opt_state) -> (params, opt_state), loss
+            params, opt_state, loss = run["compiled"](*state, x, y)
+            return (params, opt_state), loss
+        return state_stepper(train, run, x, y)
 
     times = time_in_rounds({name: stepper(run) for name, run in runs.items()}, repeats,
                            on_round=lambda r: _say(progress, f"remat bench: timing round {r + 1}/{repeats}"))
@@ -147,7 +146,7 @@ def bench_remat(model, policies=None, backend: str = "nnx", batch: int | None = 
         row["step_ms"] = round(1e3 * statistics.median(times[name]), 3)
         row["step_ratio"] = round(median_ratio(times[name], times[BASELINE]), 4)
         row["temp_ratio"] = round(row["temp_bytes"] / base["temp_bytes"], 4) if base["temp_bytes"] else None
-        row["loss"] = float(run["state"][2])
+        row["loss"] = float(run["out"])
         rows.append(row)
     result = {
         "model": model if isinstance(model, str) else cfg.kind,
