@@ -129,8 +129,8 @@ def test_mlp_model():
 
 
 @pytest.mark.parametrize("kind", list(MODELS))
-@pytest.mark.parametrize("policy", ["full", "save-attn", "minimal", "offload-layer-input",
-                                    "offload-minimal"])
+@pytest.mark.parametrize("policy", ["full", "full-lean", "save-attn", "minimal",
+                                    "offload-layer-input", "offload-minimal"])
 def test_backends_agree_on_named_residuals(kind, policy):
     nnx_rep, eqx_rep = report(kind, policy, "nnx"), report(kind, policy, "eqx")
     assert rows(nnx_rep) == rows(eqx_rep)

@@ -12,6 +12,7 @@ import optax
 
 from zoo.api import apply_fn
 from zoo.configs import ModelConfig
+from zoo.errors import ZooError
 from zoo.train.losses import per_example_loss
 
 
@@ -64,6 +65,9 @@ def time_in_rounds(steppers: dict[str, Callable[[int], object]], rounds: int,
     stepper before it evicted the caches, and training repeats one step, so the steady state
     is what we time.
     """
+    if rounds < 1 or steps_per_round < 1:
+        raise ZooError(f"timing needs at least one round and one step per round; got rounds={rounds} "
+                       f"(--repeats or --rounds) and steps per round={steps_per_round} (--steps)")
     for stepper in steppers.values():
         stepper(1)
     times: dict[str, list[float]] = {name: [] for name in steppers}
@@ -88,6 +92,19 @@ def state_stepper(step: Callable, run: dict, *args) -> Callable[[int], None]:
         jax.block_until_ready((run["state"], run["out"]))
 
     return advance
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts of rounds and steps: an int of at least 1."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def median_ratio(times: Sequence[float], base: Sequence[float]) -> float:
@@ -147,7 +164,7 @@ def _place_labels(fig, ax, points, colors) -> None:
     for k, ((label, x, y), color) in enumerate(zip(points, colors)):
         obstacles = placed + markers[:k] + markers[k + 1:]
         for i, (dx, dy, align) in enumerate([*_OFFSETS, _OFFSETS[0]]):
-            leader = None if i == 0 else {"arrowstyle": "-", "color": color, "lw": 0.6}
+            leader = None if i in (0, len(_OFFSETS)) else {"arrowstyle": "-", "color": color, "lw": 0.6}
             note = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy),
                                ha=align, fontsize=8, color=color, arrowprops=leader)
             box = note.get_window_extent(renderer)

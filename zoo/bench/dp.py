@@ -48,7 +48,7 @@ import optax
 
 from zoo import bench
 from zoo.api import example_batch
-from zoo.bench.common import median_ratio, memory_stats, state_stepper, time_in_rounds
+from zoo.bench.common import median_ratio, memory_stats, positive_int, state_stepper, time_in_rounds
 from zoo.configs import MLPConfig, ModelConfig
 from zoo.dp import privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
@@ -398,8 +398,8 @@ def add_bench(bench_sub) -> None:
                    help=f"comma-separated subset of: {', '.join(METHODS)} (non-private always runs)")
     p.add_argument("--freeze", action="append", metavar="PATTERN",
                    help="freeze canonical params matching PATTERN (repeatable)")
-    p.add_argument("--rounds", type=int, default=11, help="timed rounds (medians are reported)")
-    p.add_argument("--steps", type=int, default=3, help="steps per timed round")
+    p.add_argument("--rounds", type=positive_int, default=11, help="timed rounds (medians are reported)")
+    p.add_argument("--steps", type=positive_int, default=3, help="steps per timed round")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_run_cli)

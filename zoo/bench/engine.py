@@ -1,19 +1,20 @@
 """``zoo bench engine``: the zoo train step against a hand-written pure-JAX step.
 
 Both steps see the same params, batch and optax optimizer, and run side by side in one
-process; the ratio is zoo time / hand-written time (median over several timed blocks).
+process, taking turns in timed rounds; the ratio is the median over rounds of zoo time over
+hand-written time.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from zoo import recipes
+from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
 from zoo.configs import MLPConfig
 from zoo.train.loop import build_run, train_batch
 from zoo.train.state import TrainState
@@ -86,14 +87,6 @@ def hand_written_step(cfg, optimizer):
     return jax.jit(step, donate_argnames="state")
 
 
-def _time_block(fn, state, steps):
-    tic = time.perf_counter()
-    for _ in range(steps):
-        state, out = fn(state)
-    jax.block_until_ready(out)
-    return state, (time.perf_counter() - tic) / steps
-
-
 def bench_engine(recipe_name: str, backend: str, *, steps: int = 20, repeats: int = 7) -> dict:
     recipe = recipes.with_values(recipes.load_recipe(recipe_name), {"model.backend": backend})
     run = build_run(recipe)
@@ -102,19 +95,15 @@ def bench_engine(recipe_name: str, backend: str, *, steps: int = 20, repeats: in
     ref_state = TrainState.create(jax.tree_util.tree_map(jnp.copy, run.params),
                                   run.engine.optimizer, 0)
     ref = hand_written_step(run.cfg, run.engine.optimizer)
-    zoo_fn = lambda s: run.engine.train_step(s, frozen, batch)  # noqa: E731
-    ref_fn = lambda s: ref(s, batch)  # noqa: E731
-    zoo_state, _ = _time_block(zoo_fn, zoo_state, 3)  # compile + warm up
-    ref_state, _ = _time_block(ref_fn, ref_state, 3)
-    zoo_times, ref_times = [], []
-    for _ in range(repeats):  # interleave so both see the same machine load
-        zoo_state, t = _time_block(zoo_fn, zoo_state, steps)
-        zoo_times.append(t)
-        ref_state, t = _time_block(ref_fn, ref_state, steps)
-        ref_times.append(t)
-    zoo_ms, ref_ms = statistics.median(zoo_times) * 1e3, statistics.median(ref_times) * 1e3
+    runs = {"zoo": {"state": zoo_state}, "hand": {"state": ref_state}}
+    times = time_in_rounds({
+        "zoo": state_stepper(lambda s: run.engine.train_step(s, frozen, batch), runs["zoo"]),
+        "hand": state_stepper(lambda s: ref(s, batch), runs["hand"]),
+    }, repeats, steps)
+    zoo_ms, ref_ms = statistics.median(times["zoo"]) * 1e3, statistics.median(times["hand"]) * 1e3
     return {"recipe": recipe_name, "backend": backend, "batch": int(batch["x"].shape[0]),
-            "zoo_step_ms": zoo_ms, "hand_step_ms": ref_ms, "ratio": zoo_ms / ref_ms,
+            "zoo_step_ms": zoo_ms, "hand_step_ms": ref_ms,
+            "ratio": median_ratio(times["zoo"], times["hand"]),
             "repeats": repeats, "steps_per_repeat": steps}
 
 
@@ -134,7 +123,7 @@ def add_bench(sub) -> None:
     p = sub.add_parser("engine", help="zoo train step vs a hand-written pure-JAX step")
     p.add_argument("recipe", nargs="?", default="digits-mlp")
     p.add_argument("--backends", default="nnx,eqx")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--steps", type=positive_int, default=20)
+    p.add_argument("--repeats", type=positive_int, default=7)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from zoo.api import example_batch
-from zoo.bench.common import median_ratio, state_stepper, time_in_rounds
+from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
 from zoo.models import canonical
 from zoo.models.registry import get_config
 from zoo.train.engine import Engine
@@ -100,6 +100,6 @@ def add_bench(sub) -> None:
     p.add_argument("--freeze", action="append", metavar="PATTERN",
                    help="default: embed, pos, blocks[0:L/2]")
     p.add_argument("--remat", default="none")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

@@ -21,8 +21,8 @@ import jax
 
 from zoo import bench
 from zoo.api import example_batch
-from zoo.bench.common import (compile_timed, median_ratio, memory_stats, scatter_plot, state_stepper,
-                              time_in_rounds, train_step)
+from zoo.bench.common import (compile_timed, median_ratio, memory_stats, positive_int, scatter_plot,
+                              state_stepper, time_in_rounds, train_step)
 from zoo.configs import MLPConfig
 from zoo.errors import ZooError
 from zoo.inspect import example_labels, residual_report
@@ -318,7 +318,7 @@ def add_bench(bench_sub) -> None:
     p.add_argument("--seq", type=int, default=None,
                    help="sequence length (default: 128 for transformer-s, else max_len)")
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
-    p.add_argument("--repeats", type=int, default=5,
+    p.add_argument("--repeats", type=positive_int, default=5,
                    help="timed rounds; in each, every policy takes one untimed and one timed step")
     p.add_argument("--depths", default=None,
                    help="comma-separated layer counts, e.g. 16,64: compile-only depth sweep")
