@@ -3,6 +3,7 @@ compiled-memory figures, step timing and a labelled scatter plot."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -96,8 +97,6 @@ def state_stepper(step: Callable, run: dict, *args) -> Callable[[int], None]:
 
 def positive_int(text: str) -> int:
     """argparse type for counts of rounds and steps: an int of at least 1."""
-    import argparse
-
     try:
         value = int(text)
     except ValueError:
