@@ -53,9 +53,9 @@ from zoo.dp import PoissonSampler, resolve_noise_multiplier
 from zoo.models import canonical
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
+from zoo.train import checkpoint
 from zoo.train.engine import DPRuntime, Engine, evaluate
 from zoo.train.freeze import resolve_freeze
-from zoo.train import checkpoint
 from zoo.train.loop import DPPlan, Run, train, train_batch
 from zoo.train.state import make_optimizer
 from zoo.train.task import Task, fit_model_to_task, task_kind
@@ -95,7 +95,9 @@ def transform_inputs(x_fit: np.ndarray, kind: str):
     raise SystemExit(f"unknown --inputs {kind!r}; valid: unit, centered, standardized")
 
 
-def validation_tasks(recipe, seeds: list[int], inputs: str = "unit", val_size: int = VAL_SIZE) -> dict[int, Task]:
+def validation_tasks(
+    recipe, seeds: list[int], inputs: str = "unit", val_size: int = VAL_SIZE
+) -> dict[int, Task]:
     """Per seed, a Task whose 'eval' split is the validation rows, never an eval row of any seed.
 
     Each seed's training split (as ``load_task`` would build it) minus the validation rows is
@@ -108,8 +110,14 @@ def validation_tasks(recipe, seeds: list[int], inputs: str = "unit", val_size: i
         raise SystemExit("the sweep needs a classification recipe")
     splits, loaded = {}, {}
     for seed in seeds:
-        ds = load_dataset(data_cfg.dataset, task=kind, seed=seed, eval_fraction=data_cfg.eval_fraction,
-                          classes=data_cfg.classes, label_column=data_cfg.label_column)
+        ds = load_dataset(
+            data_cfg.dataset,
+            task=kind,
+            seed=seed,
+            eval_fraction=data_cfg.eval_fraction,
+            classes=data_cfg.classes,
+            label_column=data_cfg.label_column,
+        )
         n = ds.num_train + ds.num_eval
         splits[seed] = split_indices(n, data_cfg.eval_fraction, seed, data_cfg.dataset)
         loaded[seed] = ds
@@ -118,8 +126,10 @@ def validation_tasks(recipe, seeds: list[int], inputs: str = "unit", val_size: i
         pool &= set(train_idx.tolist())
     pool = np.array(sorted(pool))
     if len(pool) < 2 * val_size:
-        raise SystemExit(f"only {len(pool)} rows are training rows of every seed; use fewer seeds "
-                         f"or a --val-size below {len(pool) // 2}")
+        raise SystemExit(
+            f"only {len(pool)} rows are training rows of every seed; use fewer seeds "
+            f"or a --val-size below {len(pool) // 2}"
+        )
     val = np.sort(np.random.default_rng(VAL_SEED).choice(pool, val_size, replace=False))
     tasks = {}
     for seed in seeds:
@@ -127,9 +137,16 @@ def validation_tasks(recipe, seeds: list[int], inputs: str = "unit", val_size: i
         x, y = _all_rows(ds, train_idx, held_idx)
         fit = train_idx[~np.isin(train_idx, val)]
         f = transform_inputs(x[fit], inputs)
-        sub = Dataset(name=f"{ds.name}[validation]", task="classify", x_train=f(x[fit]), y_train=y[fit],
-                      x_eval=f(x[val]), y_eval=y[val], num_classes=ds.num_classes,
-                      feature_shape=ds.feature_shape)
+        sub = Dataset(
+            name=f"{ds.name}[validation]",
+            task="classify",
+            x_train=f(x[fit]),
+            y_train=y[fit],
+            x_eval=f(x[val]),
+            y_eval=y[val],
+            num_classes=ds.num_classes,
+            feature_shape=ds.feature_shape,
+        )
         row_shape = tuple(ds.feature_shape) if data_cfg.layout == "rows" else None
         tasks[seed] = Task(data=sub, config=data_cfg, seq_len=None, row_shape=row_shape)
     return tasks
@@ -154,12 +171,26 @@ def _engine(recipe, task: Task, sigma: float | None, sampler: PoissonSampler | N
     freeze = resolve_freeze(params0, recipe.freeze.patterns)
     dp = None
     if sigma is not None:
-        dp = DPRuntime(sigma, recipe.dp.clip_norm, sampler.expected_batch_size, recipe.dp.microbatch_size,
-                       recipe.dp.clipping)
+        dp = DPRuntime(
+            sigma,
+            recipe.dp.clip_norm,
+            sampler.expected_batch_size,
+            recipe.dp.microbatch_size,
+            recipe.dp.clipping,
+        )
     optimizer = make_optimizer(recipe.optim, recipe.train.steps, clip=dp is None)
-    return cfg, freeze, Engine(cfg=cfg, backend=recipe.model.backend,
-                               remat=StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix),
-                               freeze=freeze, optimizer=optimizer, dp=dp)
+    return (
+        cfg,
+        freeze,
+        Engine(
+            cfg=cfg,
+            backend=recipe.model.backend,
+            remat=StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix),
+            freeze=freeze,
+            optimizer=optimizer,
+            dp=dp,
+        ),
+    )
 
 
 def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
@@ -170,8 +201,9 @@ def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
     sigma, sampler0 = None, None
     if dp_on:
         sigma = _sigma(recipe.dp, n, recipe.train.steps)
-        sampler0 = PoissonSampler.for_expected_batch(n, recipe.dp.expected_batch_size, 0,
-                                                     pad_to_multiple=recipe.dp.microbatch_size or 1)
+        sampler0 = PoissonSampler.for_expected_batch(
+            n, recipe.dp.expected_batch_size, 0, pad_to_multiple=recipe.dp.microbatch_size or 1
+        )
     cfg, freeze, engine = _engine(recipe, any_task, sigma, sampler0)
     source = checkpoint.load_checkpoint(recipe.freeze.init_from).params if recipe.freeze.init_from else None
     accs = []
@@ -179,8 +211,12 @@ def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
         r = recipes.with_values(recipe, {"train.seed": seed})
         plan = None
         if dp_on:
-            plan = DPPlan(sampler=dataclasses.replace(sampler0, seed=seed), noise_multiplier=sigma,
-                          epsilon=float("nan"), steps=r.train.steps)
+            plan = DPPlan(
+                sampler=dataclasses.replace(sampler0, seed=seed),
+                noise_multiplier=sigma,
+                epsilon=float("nan"),
+                steps=r.train.steps,
+            )
         params = source if source is not None else canonical.init_params(cfg, seed)
         run = Run(r, task, cfg, params, freeze, engine, plan)
         state, frozen = engine.init_state(run.params, seed)
@@ -227,17 +263,24 @@ def run_sweep(args) -> dict:
     epsilons = _parse_epsilons(args.epsilons)
     tasks = validation_tasks(base, seeds, args.inputs, args.val_size)
     n_sweep = next(iter(tasks.values())).num_train
-    ref = load_dataset(base.data.dataset, task="classify", seed=seeds[0],
-                       eval_fraction=base.data.eval_fraction, classes=base.data.classes,
-                       label_column=base.data.label_column)
+    ref = load_dataset(
+        base.data.dataset,
+        task="classify",
+        seed=seeds[0],
+        eval_fraction=base.data.eval_fraction,
+        classes=base.data.classes,
+        label_column=base.data.label_column,
+    )
     n_full = ref.num_train
     grid = _parse_grid(args.grid)
     keys = list(grid)
-    _say(f"sweep: {len(tasks)} seeds, train {n_sweep} (recipe trains on {n_full}), "
-         f"validation {args.val_size}, inputs={args.inputs}")
+    _say(
+        f"sweep: {len(tasks)} seeds, train {n_sweep} (recipe trains on {n_full}), "
+        f"validation {args.val_size}, inputs={args.inputs}"
+    )
     rows = []
     for combo in itertools.product(*grid.values()) if keys else [()]:
-        point = dict(zip(keys, combo))
+        point = dict(zip(keys, combo, strict=True))
         row = {"point": point, "val_accuracy": {}, "val_std": {}}
         for eps in epsilons:
             values = _rescale_batch(point, base.dp.expected_batch_size, n_full, n_sweep)
@@ -250,20 +293,31 @@ def run_sweep(args) -> dict:
             accs = sweep_point(recipes.with_values(base, values), tasks)
             row["val_accuracy"][str(eps)] = statistics.mean(accs)
             row["val_std"][str(eps)] = statistics.pstdev(accs)
-            _say(f"  {point} eps={eps}: val {statistics.mean(accs):.4f} {[round(a, 3) for a in accs]} "
-                 f"({time.perf_counter() - tic:.0f}s)")
+            _say(
+                f"  {point} eps={eps}: val {statistics.mean(accs):.4f} {[round(a, 3) for a in accs]} "
+                f"({time.perf_counter() - tic:.0f}s)"
+            )
         row["mean_over_eps"] = statistics.mean(row["val_accuracy"].values())
         rows.append(row)
     rows.sort(key=lambda r: -r["mean_over_eps"])
-    return {"recipe": args.recipe, "set": args.set or [], "seeds": seeds,
-            "epsilons": [str(e) for e in epsilons],
-            "inputs": args.inputs, "n_train_sweep": n_sweep, "n_validation": args.val_size, "rows": rows}
+    return {
+        "recipe": args.recipe,
+        "set": args.set or [],
+        "seeds": seeds,
+        "epsilons": [str(e) for e in epsilons],
+        "inputs": args.inputs,
+        "n_train_sweep": n_sweep,
+        "n_validation": args.val_size,
+        "rows": rows,
+    }
 
 
 def _print_sweep(result: dict) -> None:
     eps = result["epsilons"]
-    print(f"\nvalidation accuracy, mean of seeds {result['seeds']} ({result['recipe']}, "
-          f"inputs={result['inputs']})\n")
+    print(
+        f"\nvalidation accuracy, mean of seeds {result['seeds']} ({result['recipe']}, "
+        f"inputs={result['inputs']})\n"
+    )
     print("| " + " | ".join(["point", *[f"eps={e}" for e in eps], "mean"]) + " |")
     print("|" + "---|" * (len(eps) + 2))
     for r in result["rows"]:
@@ -291,17 +345,26 @@ def run_final(args) -> dict:
                 recipe = recipes.with_values(base, values)
                 tic = time.perf_counter()
                 summary = train(recipe, Path(tmp) / f"{eps}-{seed}", show_progress=False)
-                _say(f"  eps={eps} seed={seed}: eval {summary['eval_accuracy']:.4f} "
-                     f"spent {summary.get('epsilon')} ({time.perf_counter() - tic:.0f}s)")
+                _say(
+                    f"  eps={eps} seed={seed}: eval {summary['eval_accuracy']:.4f} "
+                    f"spent {summary.get('epsilon')} ({time.perf_counter() - tic:.0f}s)"
+                )
                 runs.append(summary)
             accs = [s["eval_accuracy"] for s in runs]
-            rows.append({
-                "epsilon": str(eps), "eval_accuracy": statistics.mean(accs),
-                "eval_std": statistics.pstdev(accs), "per_seed": accs,
-                "epsilon_spent": max((s.get("epsilon") or 0.0) for s in runs) if not math.isinf(eps) else None,
-                "noise_multiplier": runs[0].get("noise_multiplier"),
-                "sampling_prob": runs[0].get("sampling_prob"), "steps": runs[0]["steps"],
-            })
+            rows.append(
+                {
+                    "epsilon": str(eps),
+                    "eval_accuracy": statistics.mean(accs),
+                    "eval_std": statistics.pstdev(accs),
+                    "per_seed": accs,
+                    "epsilon_spent": max((s.get("epsilon") or 0.0) for s in runs)
+                    if not math.isinf(eps)
+                    else None,
+                    "noise_multiplier": runs[0].get("noise_multiplier"),
+                    "sampling_prob": runs[0].get("sampling_prob"),
+                    "steps": runs[0]["steps"],
+                }
+            )
     result = {"recipe": args.recipe, "set": args.set or [], "seeds": seeds, "rows": rows}
     if args.plot:
         result["plot"] = plot(result, args.plot)
@@ -317,8 +380,10 @@ def _print_final(result: dict) -> None:
         q = f"{r['sampling_prob']:.3f}" if r["sampling_prob"] else "-"
         spent = f"{r['epsilon_spent']:.4f}" if r["epsilon_spent"] is not None else "-"
         per = ", ".join(f"{a:.3f}" for a in r["per_seed"])
-        print(f"| {r['epsilon']} | {r['eval_accuracy']:.3f} ± {r['eval_std']:.3f} | {per} | {sigma} | "
-              f"{q} | {r['steps']} | {spent} |")
+        print(
+            f"| {r['epsilon']} | {r['eval_accuracy']:.3f} ± {r['eval_std']:.3f} | {per} | {sigma} | "
+            f"{q} | {r['steps']} | {spent} |"
+        )
 
 
 def plot(result: dict, path: str) -> str:
@@ -332,15 +397,30 @@ def plot(result: dict, path: str) -> str:
     finite.sort(key=lambda r: float(r["epsilon"]))
     fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=120)
     xs = [float(r["epsilon"]) for r in finite]
-    ax.errorbar(xs, [r["eval_accuracy"] for r in finite], yerr=[r["eval_std"] for r in finite],
-                marker="o", capsize=4, label=f"DP-SGD (mean \u00b1 std, {len(result['seeds'])} seeds)")
+    ax.errorbar(
+        xs,
+        [r["eval_accuracy"] for r in finite],
+        yerr=[r["eval_std"] for r in finite],
+        marker="o",
+        capsize=4,
+        label=f"DP-SGD (mean \u00b1 std, {len(result['seeds'])} seeds)",
+    )
     for r in finite:
-        ax.annotate(f"{r['eval_accuracy']:.3f}", (float(r["epsilon"]), r["eval_accuracy"]),
-                    textcoords="offset points", xytext=(6, -12), fontsize=9)
+        ax.annotate(
+            f"{r['eval_accuracy']:.3f}",
+            (float(r["epsilon"]), r["eval_accuracy"]),
+            textcoords="offset points",
+            xytext=(6, -12),
+            fontsize=9,
+        )
     for r in result["rows"]:
         if r["epsilon"] == "inf":
-            ax.axhline(r["eval_accuracy"], color="gray", linestyle="--",
-                       label=f"no DP (eps = inf): {r['eval_accuracy']:.3f}")
+            ax.axhline(
+                r["eval_accuracy"],
+                color="gray",
+                linestyle="--",
+                label=f"no DP (eps = inf): {r['eval_accuracy']:.3f}",
+            )
     ax.set_xscale("log")
     ax.set_xlim(min(xs) / 1.3, max(xs) * 1.6)
     ax.set_xticks(xs)
@@ -368,8 +448,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--grid", action="append", metavar="SECTION.FIELD=V1,V2,...")
     p.add_argument("--val-size", type=int, default=VAL_SIZE, help="validation rows (default %(default)s)")
-    p.add_argument("--inputs", default="unit", choices=["unit", "centered", "standardized"],
-                   help="input map for the sweep only (the recipe always trains on the data as loaded)")
+    p.add_argument(
+        "--inputs",
+        default="unit",
+        choices=["unit", "centered", "standardized"],
+        help="input map for the sweep only (the recipe always trains on the data as loaded)",
+    )
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override the recipe")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     p = sub.add_parser("final", help="eval accuracy of the recipe at each epsilon, mean over seeds")

@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 
 if "--single-thread" in sys.argv:  # must be set before jax starts its CPU client
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-                               " intra_op_parallelism_threads=1").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    ).strip()
 
 import jax
 import jax.numpy as jnp
@@ -44,8 +45,7 @@ import optax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zoo  # noqa: E402
-from zoo.dp import clipped_grad_sum, privatize  # noqa: E402
-from zoo.dp import ghost  # noqa: E402
+from zoo.dp import clipped_grad_sum, ghost, privatize  # noqa: E402
 from zoo.models.canonical import init_params  # noqa: E402
 from zoo.train.losses import per_example_loss  # noqa: E402
 
@@ -77,8 +77,7 @@ def steps(cfg, b):
     def private(clipped_sum):
         def step(params, opt_state, x, y, key):
             grad_sum = clipped_sum(params, x, y)
-            grads = privatize(grad_sum, key, noise_multiplier=NOISE, l2_clip_norm=CLIP,
-                              expected_batch_size=b)
+            grads = privatize(grad_sum, key, noise_multiplier=NOISE, l2_clip_norm=CLIP, expected_batch_size=b)
             updates, opt_state = sgd.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
@@ -95,7 +94,10 @@ def steps(cfg, b):
 
         jp_clipped = jp_clipping.clipped_grad(
             lambda p, x, y: per_example_loss(apply(p, x), y).sum(),
-            l2_clip_norm=CLIP, batch_argnums=(1, 2), keep_batch_dim=True)
+            l2_clip_norm=CLIP,
+            batch_argnums=(1, 2),
+            keep_batch_dim=True,
+        )
     except ImportError:  # pragma: no cover - jax-privacy is a pinned dependency
         pass
 
@@ -108,18 +110,29 @@ def steps(cfg, b):
 
     out = {
         "non-private": (non_private, sgd),
-        "ghost": private(lambda p, x, y: ghost.ghost_clipped_grad_sum(
-            cfg, p, x, y, l2_clip_norm=CLIP, method="bookkeeping")[0]),
-        "ghost-backward": private(lambda p, x, y: ghost.ghost_clipped_grad_sum(
-            cfg, p, x, y, l2_clip_norm=CLIP, method="backward")[0]),
-        "vmap": private(lambda p, x, y: clipped_grad_sum(
-            one_loss, p, x, y, l2_clip_norm=CLIP)[0]),
+        "ghost": private(
+            lambda p, x, y: ghost.ghost_clipped_grad_sum(
+                cfg, p, x, y, l2_clip_norm=CLIP, method="bookkeeping"
+            )[0]
+        ),
+        "ghost-backward": private(
+            lambda p, x, y: ghost.ghost_clipped_grad_sum(cfg, p, x, y, l2_clip_norm=CLIP, method="backward")[
+                0
+            ]
+        ),
+        "vmap": private(lambda p, x, y: clipped_grad_sum(one_loss, p, x, y, l2_clip_norm=CLIP)[0]),
     }
     if not isinstance(cfg, zoo.configs.MLPConfig):  # no sequence axis: one norm form only
-        out["ghost-gram"] = private(lambda p, x, y: ghost.ghost_clipped_grad_sum(
-            cfg, p, x, y, l2_clip_norm=CLIP, method="bookkeeping", dense="gram")[0])
-        out["ghost-materialise"] = private(lambda p, x, y: ghost.ghost_clipped_grad_sum(
-            cfg, p, x, y, l2_clip_norm=CLIP, method="bookkeeping", dense="materialise")[0])
+        out["ghost-gram"] = private(
+            lambda p, x, y: ghost.ghost_clipped_grad_sum(
+                cfg, p, x, y, l2_clip_norm=CLIP, method="bookkeeping", dense="gram"
+            )[0]
+        )
+        out["ghost-materialise"] = private(
+            lambda p, x, y: ghost.ghost_clipped_grad_sum(
+                cfg, p, x, y, l2_clip_norm=CLIP, method="bookkeeping", dense="materialise"
+            )[0]
+        )
     if jp_clipped is not None:
         out["jax_privacy"] = private(jp_clipped)
     out["optax-dpsgd"] = (optax_dpsgd, dpsgd)
@@ -138,18 +151,20 @@ def remat_steps(cfg, b, remat):
 
     def ghost_step(method):
         def step(params, opt_state, x, y, key):
-            grad_sum, _ = ghost.ghost_clipped_grad_sum(cfg, params, x, y, l2_clip_norm=CLIP,
-                                                       remat=remat, method=method)
-            grads = privatize(grad_sum, key, noise_multiplier=NOISE, l2_clip_norm=CLIP,
-                              expected_batch_size=b)
+            grad_sum, _ = ghost.ghost_clipped_grad_sum(
+                cfg, params, x, y, l2_clip_norm=CLIP, remat=remat, method=method
+            )
+            grads = privatize(grad_sum, key, noise_multiplier=NOISE, l2_clip_norm=CLIP, expected_batch_size=b)
             updates, opt_state = sgd.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
         return step
 
-    return {f"non-private, remat={remat}": (non_private, sgd),
-            f"ghost auto (= backward), remat={remat}": (ghost_step("auto"), sgd),
-            f"ghost bookkeeping, remat={remat}": (ghost_step("bookkeeping"), sgd)}
+    return {
+        f"non-private, remat={remat}": (non_private, sgd),
+        f"ghost auto (= backward), remat={remat}": (ghost_step("auto"), sgd),
+        f"ghost bookkeeping, remat={remat}": (ghost_step("bookkeeping"), sgd),
+    }
 
 
 def _total(tree):
@@ -177,21 +192,24 @@ def stages(cfg, b):
         return _total(ghost.clip_factors(sq, keep, CLIP))
 
     def weighted(params, opt_state, x, y, key):
-        return ghost.ghost_clipped_grad_sum(cfg, params, x, y, l2_clip_norm=CLIP,
-                                            method="bookkeeping")
+        return ghost.ghost_clipped_grad_sum(cfg, params, x, y, l2_clip_norm=CLIP, method="bookkeeping")
 
     def noised(params, opt_state, x, y, key):
         grad_sum, _ = weighted(params, opt_state, x, y, key)
-        return privatize(grad_sum, key, noise_multiplier=NOISE, l2_clip_norm=CLIP,
-                         expected_batch_size=b)
+        return privatize(grad_sum, key, noise_multiplier=NOISE, l2_clip_norm=CLIP, expected_batch_size=b)
 
     def updated(params, opt_state, x, y, key):
         updates, opt_state = sgd.update(noised(params, opt_state, x, y, key), opt_state, params)
         return _total(optax.apply_updates(params, updates))
 
-    return {"forward": forward, "+ probe backward": probe, "+ norms and factors": norms,
-            "+ book-kept sum": lambda *a: _total(weighted(*a)),
-            "+ noise": lambda *a: _total(noised(*a)), "+ SGD update": updated}, sgd
+    return {
+        "forward": forward,
+        "+ probe backward": probe,
+        "+ norms and factors": norms,
+        "+ book-kept sum": lambda *a: _total(weighted(*a)),
+        "+ noise": lambda *a: _total(noised(*a)),
+        "+ SGD update": updated,
+    }, sgd
 
 
 def compile_all(fns, args_of):
@@ -216,9 +234,12 @@ def round_robin(compiled, args_of, rounds, reference):
             times[name].append(CLOCK() - t0)
     out = {}
     for name, ts in times.items():
-        ratios = [t / r for t, r in zip(ts, times[reference])] if reference else []
-        out[name] = {"median_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts),
-                     "ratio": statistics.median(ratios) if ratios else None}
+        ratios = [t / r for t, r in zip(ts, times[reference], strict=True)] if reference else []
+        out[name] = {
+            "median_ms": 1e3 * statistics.median(ts),
+            "min_ms": 1e3 * min(ts),
+            "ratio": statistics.median(ratios) if ratios else None,
+        }
     return out
 
 
@@ -242,24 +263,33 @@ def bench(workload: str, rounds: int, remat: str | None) -> dict:
     timing = _timed_table(steps(cfg, b), params, x, y, key, rounds, "non-private")
     remat_timing = None
     if remat and not isinstance(cfg, zoo.configs.MLPConfig):
-        remat_timing = _timed_table(remat_steps(cfg, b, remat), params, x, y, key, rounds,
-                                    f"non-private, remat={remat}")
+        remat_timing = _timed_table(
+            remat_steps(cfg, b, remat), params, x, y, key, rounds, f"non-private, remat={remat}"
+        )
 
     stage_fns, sgd = stages(cfg, b)
     state = sgd.init(params)
     stage_compiled, _ = compile_all(stage_fns, lambda n: (params, state, x, y, key))
     stage_times = round_robin(stage_compiled, lambda n: (params, state, x, y, key), rounds, None)
     shape = f"B={b}" + (f", T={seq}" if seq else "")
-    return {"workload": f"{name} ({shape})", "steps": timing, "remat": remat_timing,
-            "stages": {n: t["median_ms"] for n, t in stage_times.items()}}
+    return {
+        "workload": f"{name} ({shape})",
+        "steps": timing,
+        "remat": remat_timing,
+        "stages": {n: t["median_ms"] for n, t in stage_times.items()},
+    }
 
 
 def _table(rows: dict) -> list[str]:
-    lines = ["| step | median ms | min ms | time / non-private | temp MB | temp / non-private |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| step | median ms | min ms | time / non-private | temp MB | temp / non-private |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, t in rows.items():
-        lines.append(f"| {name} | {t['median_ms']:.2f} | {t['min_ms']:.2f} | {t['ratio']:.2f}x | "
-                     f"{t['temp_bytes'] / 1e6:.2f} | {t['temp_ratio']:.2f}x |")
+        lines.append(
+            f"| {name} | {t['median_ms']:.2f} | {t['min_ms']:.2f} | {t['ratio']:.2f}x | "
+            f"{t['temp_bytes'] / 1e6:.2f} | {t['temp_ratio']:.2f}x |"
+        )
     return lines
 
 
@@ -269,12 +299,13 @@ def report(result: dict) -> str:
     ghost_ms = steps_["ghost"]["median_ms"]
     for other in ("vmap", "jax_privacy", "optax-dpsgd"):
         if other in steps_:
-            lines.append(f"- ghost is {steps_[other]['median_ms'] / ghost_ms:.1f}x faster than "
-                         f"{other} (ratio of medians)")
+            lines.append(
+                f"- ghost is {steps_[other]['median_ms'] / ghost_ms:.1f}x faster than "
+                f"{other} (ratio of medians)"
+            )
     if result.get("remat"):
         lines += ["", *_table(result["remat"])]
-    lines += ["", "| ghost step (book-keeping), cumulative | median ms | stage ms |",
-              "|---|---:|---:|"]
+    lines += ["", "| ghost step (book-keeping), cumulative | median ms | stage ms |", "|---|---:|---:|"]
     prev = 0.0
     for name, ms in result["stages"].items():
         lines.append(f"| {name} | {ms:.2f} | {ms - prev:+.2f} |")
@@ -286,19 +317,24 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--only", choices=sorted(WORKLOADS))
-    parser.add_argument("--remat", default="full",
-                        help="also compare under this remat policy (transformer); '' to skip")
-    parser.add_argument("--single-thread", action="store_true",
-                        help="one XLA CPU thread, timed by process CPU time")
+    parser.add_argument(
+        "--remat", default="full", help="also compare under this remat policy (transformer); '' to skip"
+    )
+    parser.add_argument(
+        "--single-thread", action="store_true", help="one XLA CPU thread, timed by process CPU time"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     global CLOCK
     if args.single_thread:
         CLOCK = time.process_time
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {args.rounds} rounds, "
-          f"{'single-thread CPU time' if args.single_thread else 'wall time'}", flush=True)
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].platform}, {args.rounds} rounds, "
+        f"{'single-thread CPU time' if args.single_thread else 'wall time'}",
+        flush=True,
+    )
     results = []
-    for workload in ([args.only] if args.only else list(WORKLOADS)):
+    for workload in [args.only] if args.only else list(WORKLOADS):
         results.append(bench(workload, args.rounds, args.remat or None))
         print(report(results[-1]) + "\n", flush=True)
     if args.json:

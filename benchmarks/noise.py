@@ -8,6 +8,7 @@ tree through ``x + 0``, shows the fixed cost of one call.
 
     .venv/bin/python benchmarks/noise.py [--rounds 30] [--calls 20]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,14 @@ REFERENCE = "threefry2x32"
 
 
 def samplers():
-    fns = {name: jax.jit(lambda tree, key, name=name: add_gaussian_noise(
-        tree, key, noise_multiplier=1.0, l2_clip_norm=1.0, prng=name)) for name in NOISE_PRNGS}
+    fns = {
+        name: jax.jit(
+            lambda tree, key, name=name: add_gaussian_noise(
+                tree, key, noise_multiplier=1.0, l2_clip_norm=1.0, prng=name
+            )
+        )
+        for name in NOISE_PRNGS
+    }
     fns["copy"] = jax.jit(lambda tree, key: jax.tree.map(lambda x: x + 0.0, tree))
     return fns
 
@@ -47,10 +54,18 @@ def time_preset(preset: str, rounds: int, calls: int) -> dict:
             jax.block_until_ready(out)
             times[name].append((time.perf_counter() - tic) / calls * 1e3)
     ref = times[REFERENCE]
-    return {"preset": preset, "params": count, "leaves": len(jax.tree.leaves(params)),
-            "rows": {name: {"ms": statistics.median(t),
-                            "ratio": statistics.median(a / b for a, b in zip(t, ref))}
-                     for name, t in times.items()}}
+    return {
+        "preset": preset,
+        "params": count,
+        "leaves": len(jax.tree.leaves(params)),
+        "rows": {
+            name: {
+                "ms": statistics.median(t),
+                "ratio": statistics.median(a / b for a, b in zip(t, ref, strict=True)),
+            }
+            for name, t in times.items()
+        },
+    }
 
 
 def main() -> None:
@@ -63,10 +78,14 @@ def main() -> None:
     print("|---|" + "---:|" * (len(NOISE_PRNGS) + 1))
     for preset in args.presets.split(","):
         r = time_preset(preset, args.rounds, args.calls)
-        cells = [f"{r['rows'][n]['ms']:.3f} ms ({r['rows'][n]['ratio']:.2f}x)" for n in (*NOISE_PRNGS, "copy")]
+        cells = [
+            f"{r['rows'][n]['ms']:.3f} ms ({r['rows'][n]['ratio']:.2f}x)" for n in (*NOISE_PRNGS, "copy")
+        ]
         print(f"| {preset} ({r['params']:,}, {r['leaves']}) | {' | '.join(cells)} |")
-    print(f"\n{jax.devices()[0].platform}; median of {args.rounds} rounds of {args.calls} calls; "
-          f"(ratio) = median per-round ratio to {REFERENCE}")
+    print(
+        f"\n{jax.devices()[0].platform}; median of {args.rounds} rounds of {args.calls} calls; "
+        f"(ratio) = median per-round ratio to {REFERENCE}"
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Prints XLA's compiled temp memory and its ratio to ``none``:
 
     .venv/bin/python benchmarks/remat_floor.py
 """
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -67,8 +68,11 @@ def make_loss(mode: str):
 
 def main() -> None:
     shapes = {"q": (D, D), "k": (D, D), "v": (D, D), "o": (D, D), "up": (D, F), "down": (F, D)}
-    params = {"embed": jnp.zeros((V, D)), "head": jnp.zeros((D, V)),
-              "blocks": {name: jnp.zeros((L, *shape)) for name, shape in shapes.items()}}
+    params = {
+        "embed": jnp.zeros((V, D)),
+        "head": jnp.zeros((D, V)),
+        "blocks": {name: jnp.zeros((L, *shape)) for name, shape in shapes.items()},
+    }
     tokens = jnp.zeros((B, T), jnp.int32)
     optimizer = optax.adamw(1e-3)
     opt_state = optimizer.init(params)

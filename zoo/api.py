@@ -65,8 +65,9 @@ def param_count(model_or_params) -> int:
     return sum(row.count for row in param_table(model_or_params))
 
 
-def example_batch(name: str | ModelConfig, batch_size: int = 2, seed: int = 0,
-                  seq_len: int | None = None, **overrides) -> jax.Array:
+def example_batch(
+    name: str | ModelConfig, batch_size: int = 2, seed: int = 0, seq_len: int | None = None, **overrides
+) -> jax.Array:
     """A valid random model input for preset ``name``: features, token ids or feature rows."""
     cfg = get_config(name, **overrides)
     key = jax.random.key(seed)

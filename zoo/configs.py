@@ -165,8 +165,9 @@ class TrainConfig:
     remat: str = "none"
 
     def __post_init__(self) -> None:
-        _require_positive(self, "steps", "batch_size", "eval_every", "eval_batches", "log_every",
-                          "checkpoint_every")
+        _require_positive(
+            self, "steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every"
+        )
         from zoo.remat import get_policy
 
         get_policy(self.remat)  # unknown names fail here, with the valid list

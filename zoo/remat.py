@@ -99,16 +99,25 @@ POLICIES: dict[str, RematPolicy] = {
             save_dots=True,
             jax_policy=cp.dots_with_no_batch_dims_saveable,
         ),
-        _named("save-attn", "save q/k/v and the attention output projection", saved=(
-            names.ATTN_Q, names.ATTN_K, names.ATTN_V, names.ATTN_OUT)),
-        _named("minimal", "save every projection output (q/k/v, attn_out, mlp_hidden, mlp_out)",
-               saved=names.PROJECTIONS),
-        _named("offload-layer-input", "offload each block input to pinned_host; recompute the rest",
-               offloaded=(names.LAYER_INPUT,)),
-        _named("offload-minimal", "offload every projection output to pinned_host",
-               offloaded=names.PROJECTIONS),
-        _named("nested", "two-level scan over ~sqrt(L) groups: residuals O(sqrt L), not O(L)",
-               nested=True),
+        _named(
+            "save-attn",
+            "save q/k/v and the attention output projection",
+            saved=(names.ATTN_Q, names.ATTN_K, names.ATTN_V, names.ATTN_OUT),
+        ),
+        _named(
+            "minimal",
+            "save every projection output (q/k/v, attn_out, mlp_hidden, mlp_out)",
+            saved=names.PROJECTIONS,
+        ),
+        _named(
+            "offload-layer-input",
+            "offload each block input to pinned_host; recompute the rest",
+            offloaded=(names.LAYER_INPUT,),
+        ),
+        _named(
+            "offload-minimal", "offload every projection output to pinned_host", offloaded=names.PROJECTIONS
+        ),
+        _named("nested", "two-level scan over ~sqrt(L) groups: residuals O(sqrt L), not O(L)", nested=True),
     )
 }
 
@@ -117,10 +126,12 @@ CUSTOM_PREFIX = "custom:"
 
 def parse_custom(spec: str) -> RematPolicy:
     """``custom:attn_q=device,layer_input=offload,mlp_hidden=remat`` -> RematPolicy."""
-    body = spec[len(CUSTOM_PREFIX):]
+    body = spec[len(CUSTOM_PREFIX) :]
     saved, offloaded = [], []
     if not body.strip():
-        raise ZooError(f"empty custom remat spec {spec!r}; write e.g. 'custom:attn_q=device,layer_input=offload'")
+        raise ZooError(
+            f"empty custom remat spec {spec!r}; write e.g. 'custom:attn_q=device,layer_input=offload'"
+        )
     for item in body.split(","):
         if "=" not in item:
             raise ZooError(f"custom remat item {item!r} in {spec!r} must be NAME=device|offload|remat")

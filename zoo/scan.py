@@ -31,7 +31,7 @@ class StackPlan:
     frozen_prefix: int = 0
 
 
-def as_plan(remat: "StackPlan | RematPolicy | str") -> StackPlan:
+def as_plan(remat: StackPlan | RematPolicy | str) -> StackPlan:
     if isinstance(remat, StackPlan):
         return remat
     return StackPlan(get_policy(remat))

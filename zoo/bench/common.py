@@ -17,8 +17,9 @@ from zoo.errors import ZooError
 from zoo.train.losses import per_example_loss
 
 
-def train_step(cfg: ModelConfig, backend: str, remat="none",
-               optimizer: optax.GradientTransformation | None = None):
+def train_step(
+    cfg: ModelConfig, backend: str, remat="none", optimizer: optax.GradientTransformation | None = None
+):
     """``(step, optimizer)``: a jitted AdamW step on canonical params, params and optimizer
     state donated. ``step(params, opt_state, x, y) -> (params, opt_state, loss)``, where the
     loss is the mean cross-entropy of ``zoo.apply_fn(cfg, backend)`` under ``remat``."""
@@ -49,15 +50,25 @@ def compile_timed(jitted, *args) -> tuple[object, float, float]:
 def memory_stats(compiled) -> dict:
     """Byte counts from XLA's ``memory_analysis()`` (zeros where a backend gives none)."""
     stats = compiled.memory_analysis()
-    fields = ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
-              "alias_size_in_bytes", "generated_code_size_in_bytes", "host_temp_size_in_bytes")
-    return {f: int(getattr(stats, f, 0) or 0) for f in fields} if stats is not None else \
-        dict.fromkeys(fields, 0)
+    fields = (
+        "temp_size_in_bytes",
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "alias_size_in_bytes",
+        "generated_code_size_in_bytes",
+        "host_temp_size_in_bytes",
+    )
+    return (
+        {f: int(getattr(stats, f, 0) or 0) for f in fields} if stats is not None else dict.fromkeys(fields, 0)
+    )
 
 
-def time_in_rounds(steppers: dict[str, Callable[[int], object]], rounds: int,
-                   steps_per_round: int = 1, on_round: Callable[[int], None] | None = None
-                   ) -> dict[str, list[float]]:
+def time_in_rounds(
+    steppers: dict[str, Callable[[int], object]],
+    rounds: int,
+    steps_per_round: int = 1,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, list[float]]:
     """Seconds per step of every stepper, one figure per round.
 
     ``stepper(n)`` runs n steps and blocks until they are done. Each stepper takes one
@@ -67,8 +78,10 @@ def time_in_rounds(steppers: dict[str, Callable[[int], object]], rounds: int,
     is what we time.
     """
     if rounds < 1 or steps_per_round < 1:
-        raise ZooError(f"timing needs at least one round and one step per round; got rounds={rounds} "
-                       f"(--repeats or --rounds) and steps per round={steps_per_round} (--steps)")
+        raise ZooError(
+            f"timing needs at least one round and one step per round; got rounds={rounds} "
+            f"(--repeats or --rounds) and steps per round={steps_per_round} (--steps)"
+        )
     for stepper in steppers.values():
         stepper(1)
     times: dict[str, list[float]] = {name: [] for name in steppers}
@@ -109,11 +122,12 @@ def positive_int(text: str) -> int:
 def median_ratio(times: Sequence[float], base: Sequence[float]) -> float:
     """Median over rounds of ``times[r] / base[r]``: both figures of a round saw the same
     machine load, so this is steadier than a ratio of medians on a shared machine."""
-    return statistics.median(t / b for t, b in zip(times, base))
+    return statistics.median(t / b for t, b in zip(times, base, strict=True))
 
 
-def scatter_plot(path: str, points: Sequence[tuple[str, float, float]], *, xlabel: str,
-                 ylabel: str, title: str) -> str:
+def scatter_plot(
+    path: str, points: Sequence[tuple[str, float, float]], *, xlabel: str, ylabel: str, title: str
+) -> str:
     """Write a PNG scatter of ``(label, x, y)`` points, each labelled. Returns ``path``."""
     import matplotlib
 
@@ -137,8 +151,16 @@ def scatter_plot(path: str, points: Sequence[tuple[str, float, float]], *, xlabe
 
 # Label positions to try, in points from the marker: right, below, above and left of it, then
 # the same directions further out (with a leader line back to the marker).
-_DIRECTIONS = [(1, 0.3, "left"), (1, -1, "left"), (1, 1.4, "left"), (-1, 0.3, "right"),
-               (-1, -1, "right"), (-1, 1.4, "right"), (0, 2.2, "center"), (0, -2, "center")]
+_DIRECTIONS = [
+    (1, 0.3, "left"),
+    (1, -1, "left"),
+    (1, 1.4, "left"),
+    (-1, 0.3, "right"),
+    (-1, -1, "right"),
+    (-1, 1.4, "right"),
+    (0, 2.2, "center"),
+    (0, -2, "center"),
+]
 _OFFSETS = [(dx * r, dy * r, align) for r in (6, 16, 28, 40) for dx, dy, align in _DIRECTIONS]
 _MARKER_HALF_WIDTH_PX = 5
 
@@ -160,12 +182,20 @@ def _place_labels(fig, ax, points, colors) -> None:
     frame = ax.get_window_extent(renderer)
     markers = _marker_boxes(ax, points)
     placed = []
-    for k, ((label, x, y), color) in enumerate(zip(points, colors)):
-        obstacles = placed + markers[:k] + markers[k + 1:]
+    for k, ((label, x, y), color) in enumerate(zip(points, colors, strict=True)):
+        obstacles = placed + markers[:k] + markers[k + 1 :]
         for i, (dx, dy, align) in enumerate([*_OFFSETS, _OFFSETS[0]]):
             leader = None if i in (0, len(_OFFSETS)) else {"arrowstyle": "-", "color": color, "lw": 0.6}
-            note = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy),
-                               ha=align, fontsize=8, color=color, arrowprops=leader)
+            note = ax.annotate(
+                label,
+                (x, y),
+                textcoords="offset points",
+                xytext=(dx, dy),
+                ha=align,
+                fontsize=8,
+                color=color,
+                arrowprops=leader,
+            )
             box = note.get_window_extent(renderer)
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
             if i == len(_OFFSETS) or (inside and not any(box.overlaps(o) for o in obstacles)):

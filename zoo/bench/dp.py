@@ -53,10 +53,10 @@ from zoo.configs import MLPConfig, ModelConfig
 from zoo.dp import privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
 from zoo.errors import ZooError, choice_error
-from zoo.inspect import example_labels
 from zoo.models import canonical
 from zoo.models.registry import check_backend, get_config
 from zoo.remat import get_policy
+from zoo.residuals import example_labels
 from zoo.scan import StackPlan
 from zoo.train.engine import DPRuntime, Engine
 from zoo.train.freeze import resolve_freeze
@@ -65,8 +65,14 @@ from zoo.train.state import TrainState
 BASELINE = "non-private"
 # Bench batch per preset: big enough that per-example gradients dominate the DP step, small
 # enough that the whole bench runs in a minute or two on two CPU cores.
-DEFAULT_BATCH = {"mlp-s": 256, "mlp-m": 256, "mlp-mnist": 64, "transformer-digits": 128,
-                 "transformer-xs": 32, "transformer-s": 16}
+DEFAULT_BATCH = {
+    "mlp-s": 256,
+    "mlp-m": 256,
+    "mlp-mnist": 64,
+    "transformer-digits": 128,
+    "transformer-xs": 32,
+    "transformer-s": 16,
+}
 FALLBACK_BATCH = 64
 LR, MOMENTUM, CLIP, SIGMA = 0.1, 0.9, 1.0, 1.0
 
@@ -114,8 +120,10 @@ def _sgd_step(setup: Setup, grads_fn) -> Step:
     def step(state, frozen, batch):
         loss, grads = grads_fn(state, frozen, batch)
         updates, opt_state = opt.update(grads, state.opt_state, state.params)
-        return (TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state, state.rng),
-                {"loss": loss})
+        return (
+            TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state, state.rng),
+            {"loss": loss},
+        )
 
     return step
 
@@ -138,31 +146,46 @@ def _jax_privacy(setup: Setup):
     def masked(trainable, frozen, x, y, m):
         return setup.one_example_loss(trainable, frozen, x, y) * m
 
-    clipped = clipped_grad(masked, argnums=0, l2_clip_norm=setup.clip_norm, batch_argnums=(2, 3, 4),
-                           keep_batch_dim=False, return_values=True)
+    clipped = clipped_grad(
+        masked,
+        argnums=0,
+        l2_clip_norm=setup.clip_norm,
+        batch_argnums=(2, 3, 4),
+        keep_batch_dim=False,
+        return_values=True,
+    )
 
     def grads_fn(state, frozen, batch):
         grad_sum, aux = clipped(state.params, frozen, batch["x"], batch["y"], batch["mask"])
-        grads = privatize(grad_sum, state.step_key(), noise_multiplier=setup.noise_multiplier,
-                          l2_clip_norm=setup.clip_norm, expected_batch_size=setup.batch_size)
+        grads = privatize(
+            grad_sum,
+            state.step_key(),
+            noise_multiplier=setup.noise_multiplier,
+            l2_clip_norm=setup.clip_norm,
+            expected_batch_size=setup.batch_size,
+        )
         return aux.values.sum() / jnp.maximum(batch["mask"].sum(), 1.0), grads
 
     return _sgd_step(setup, grads_fn), setup.engine.optimizer
 
 
 def _optax_dpsgd(setup: Setup):
-    opt = optax.contrib.dpsgd(LR, l2_norm_clip=setup.clip_norm, noise_multiplier=setup.noise_multiplier,
-                              seed=0, momentum=MOMENTUM)
+    opt = optax.contrib.dpsgd(
+        LR, l2_norm_clip=setup.clip_norm, noise_multiplier=setup.noise_multiplier, seed=0, momentum=MOMENTUM
+    )
 
     def step(state, frozen, batch):
         def masked(trainable, x, y, m):
             return setup.one_example_loss(trainable, frozen, x, y) * m
 
         losses, grads = jax.vmap(jax.value_and_grad(masked), in_axes=(None, 0, 0, 0))(
-            state.params, batch["x"], batch["y"], batch["mask"])
+            state.params, batch["x"], batch["y"], batch["mask"]
+        )
         updates, opt_state = opt.update(grads, state.opt_state, state.params)
-        return (TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state, state.rng),
-                {"loss": losses.sum() / jnp.maximum(batch["mask"].sum(), 1.0)})
+        return (
+            TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state, state.rng),
+            {"loss": losses.sum() / jnp.maximum(batch["mask"].sum(), 1.0)},
+        )
 
     return step, opt
 
@@ -180,8 +203,9 @@ GHOST = "ghost"
 
 def _ghost_with(noise_prng: str) -> Builder:
     def build(setup: Setup):
-        runtime = DPRuntime(setup.noise_multiplier, setup.clip_norm, float(setup.batch_size), None,
-                            "ghost", noise_prng)
+        runtime = DPRuntime(
+            setup.noise_multiplier, setup.clip_norm, float(setup.batch_size), None, "ghost", noise_prng
+        )
         return dataclasses.replace(setup.engine, dp=runtime).train_step_fn, setup.engine.optimizer
 
     return build
@@ -224,16 +248,22 @@ def _batch(cfg, batch: int, seq: int | None, seed: int) -> dict:
 def _check_microbatch(k: int, batch: int) -> int:
     if not isinstance(k, int) or k < 1 or batch % k:
         divisors = [d for d in range(1, batch + 1) if batch % d == 0]
-        raise ZooError(f"microbatch size {k!r} must divide the batch {batch}; valid: "
-                       f"{', '.join(map(str, divisors))}")
+        raise ZooError(
+            f"microbatch size {k!r} must divide the batch {batch}; valid: {', '.join(map(str, divisors))}"
+        )
     return k
 
 
 def _setup(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str], seed: int):
     params = canonical.init_params(cfg, seed)
     plan = resolve_freeze(params, list(freeze))
-    engine = Engine(cfg=cfg, backend=backend, remat=StackPlan(get_policy("none"), plan.frozen_prefix),
-                    freeze=plan, optimizer=optax.sgd(LR, momentum=MOMENTUM))
+    engine = Engine(
+        cfg=cfg,
+        backend=backend,
+        remat=StackPlan(get_policy("none"), plan.frozen_prefix),
+        freeze=plan,
+        optimizer=optax.sgd(LR, momentum=MOMENTUM),
+    )
     return Setup(engine=engine, batch_size=batch, microbatch_size=microbatch), params
 
 
@@ -246,12 +276,21 @@ def _fresh_state(setup: Setup, params, optimizer, seed: int):
     return TrainState.create(trainable, optimizer, seed), frozen
 
 
-def bench_dp(model: str | ModelConfig, backend: str = "nnx", batch: int | None = None,
-             seq: int | None = None, microbatch: int | None = None,
-             sweep: Sequence[int] | None = None, memory_sweep: bool = True,
-             methods: Sequence[str] | None = None,
-             freeze: Sequence[str] = (), rounds: int = 11, steps_per_round: int = 3, seed: int = 0,
-             progress: Progress = None) -> dict:
+def bench_dp(
+    model: str | ModelConfig,
+    backend: str = "nnx",
+    batch: int | None = None,
+    seq: int | None = None,
+    microbatch: int | None = None,
+    sweep: Sequence[int] | None = None,
+    memory_sweep: bool = True,
+    methods: Sequence[str] | None = None,
+    freeze: Sequence[str] = (),
+    rounds: int = 11,
+    steps_per_round: int = 3,
+    seed: int = 0,
+    progress: Progress = None,
+) -> dict:
     """Measure every method (see the module docstring) and the microbatch memory sweep.
 
     ``microbatch`` (k of the ``zoo microbatch`` row) defaults to B/8; ``sweep`` (the k values
@@ -277,40 +316,69 @@ def bench_dp(model: str | ModelConfig, backend: str = "nnx", batch: int | None =
         tic = time.perf_counter()
         compiled = _compile(step, state, frozen, data)
         compile_s = time.perf_counter() - tic
-        runs[name] = {"compiled": compiled, "state": state, "frozen": frozen, "compile_s": compile_s,
-                      "temp": memory_stats(compiled)["temp_size_in_bytes"]}
+        runs[name] = {
+            "compiled": compiled,
+            "state": state,
+            "frozen": frozen,
+            "compile_s": compile_s,
+            "temp": memory_stats(compiled)["temp_size_in_bytes"],
+        }
 
-    times = time_in_rounds({name: state_stepper(run["compiled"], run, run["frozen"], data)
-                            for name, run in runs.items()}, rounds,
-                           steps_per_round,
-                           on_round=lambda r: _say(progress, f"dp bench: timing round {r + 1}/{rounds}"))
+    times = time_in_rounds(
+        {name: state_stepper(run["compiled"], run, run["frozen"], data) for name, run in runs.items()},
+        rounds,
+        steps_per_round,
+        on_round=lambda r: _say(progress, f"dp bench: timing round {r + 1}/{rounds}"),
+    )
     base_temp = runs[BASELINE]["temp"]
     rows = []
     for name, run in runs.items():
         step_ms = 1e3 * statistics.median(times[name])
         ratio = median_ratio(times[name], times[BASELINE])
         label = f"zoo microbatch k={microbatch}" if name == "zoo microbatch" else name
-        rows.append({"method": label, "step_ms": round(step_ms, 3), "step_ratio": round(ratio, 3),
-                     "temp_bytes": run["temp"],
-                     "temp_ratio": round(run["temp"] / base_temp, 3) if base_temp else None,
-                     "compile_s": round(run["compile_s"], 3)})
-    result = {"model": model if isinstance(model, str) else cfg.kind, "backend": backend,
-              "batch": batch, "seq": seq, "microbatch": microbatch,
-              "trainable_params": setup.engine.freeze.trainable_count,
-              "frozen_params": setup.engine.freeze.frozen_count,
-              "device": jax.devices()[0].platform, "rounds": rounds,
-              "steps_per_round": steps_per_round, "rows": rows}
+        rows.append(
+            {
+                "method": label,
+                "step_ms": round(step_ms, 3),
+                "step_ratio": round(ratio, 3),
+                "temp_bytes": run["temp"],
+                "temp_ratio": round(run["temp"] / base_temp, 3) if base_temp else None,
+                "compile_s": round(run["compile_s"], 3),
+            }
+        )
+    result = {
+        "model": model if isinstance(model, str) else cfg.kind,
+        "backend": backend,
+        "batch": batch,
+        "seq": seq,
+        "microbatch": microbatch,
+        "trainable_params": setup.engine.freeze.trainable_count,
+        "frozen_params": setup.engine.freeze.frozen_count,
+        "device": jax.devices()[0].platform,
+        "rounds": rounds,
+        "steps_per_round": steps_per_round,
+        "rows": rows,
+    }
     if memory_sweep:
         known = {(batch, None): runs["zoo vmap"]["temp"]} if "zoo vmap" in runs else {}
         if "zoo microbatch" in runs:
             known[(batch, microbatch)] = runs["zoo microbatch"]["temp"]
-        result["microbatch_sweep"] = microbatch_sweep(setup, params, cfg, seq, sweep, seed, progress,
-                                                      known=known)
+        result["microbatch_sweep"] = microbatch_sweep(
+            setup, params, cfg, seq, sweep, seed, progress, known=known
+        )
     return result
 
 
-def microbatch_sweep(setup: Setup, params, cfg, seq, ks: Sequence[int] | None = None, seed: int = 0,
-                     progress: Progress = None, known: dict | None = None) -> list[dict]:
+def microbatch_sweep(
+    setup: Setup,
+    params,
+    cfg,
+    seq,
+    ks: Sequence[int] | None = None,
+    seed: int = 0,
+    progress: Progress = None,
+    known: dict | None = None,
+) -> list[dict]:
     """Compiled temp bytes of the DP step for each k, and for all B at once, at batch B and 2B
     (compile only). ``known`` maps ``(batch, k or None)`` to temp bytes already measured."""
     batch = setup.batch_size
@@ -330,8 +398,14 @@ def microbatch_sweep(setup: Setup, params, cfg, seq, ks: Sequence[int] | None = 
                 state, frozen = _fresh_state(sized, params, engine.optimizer, seed)
                 compiled = _compile(engine.train_step_fn, state, frozen, data)
                 known[(b, k)] = memory_stats(compiled)["temp_size_in_bytes"]
-            rows.append({"batch": b, "microbatch": k if k is not None else b, "vmap_all": k is None,
-                         "temp_bytes": known[(b, k)]})
+            rows.append(
+                {
+                    "batch": b,
+                    "microbatch": k if k is not None else b,
+                    "vmap_all": k is None,
+                    "temp_bytes": known[(b, k)],
+                }
+            )
     return rows
 
 
@@ -356,10 +430,20 @@ def _run_cli(args) -> int:
 
     progress = None if args.quiet else (lambda m: err_console.print(f"[dim]{m}[/]", highlight=False))
     methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
-    result = bench_dp(args.model, backend=args.backend, batch=args.batch, seq=args.seq,
-                      microbatch=args.microbatch, sweep=_ints(args.sweep), memory_sweep=not args.no_sweep,
-                      methods=methods, freeze=args.freeze or (), rounds=args.rounds,
-                      steps_per_round=args.steps, progress=progress)
+    result = bench_dp(
+        args.model,
+        backend=args.backend,
+        batch=args.batch,
+        seq=args.seq,
+        microbatch=args.microbatch,
+        sweep=_ints(args.sweep),
+        memory_sweep=not args.no_sweep,
+        methods=methods,
+        freeze=args.freeze or (),
+        rounds=args.rounds,
+        steps_per_round=args.steps,
+        progress=progress,
+    )
     if args.json:
         emit_json(result)
         return 0
@@ -368,36 +452,70 @@ def _run_cli(args) -> int:
         f"zoo bench dp {result['model']} ({result['backend']}, batch {result['batch']}{seq}, "
         f"{result['device']}; median of {result['rounds']} rounds)",
         ["method", "step ms", "step x", "temp MiB", "temp x", "compile s"],
-        [(r["method"], f"{r['step_ms']:.2f}", f"{r['step_ratio']:.2f}", _mib(r["temp_bytes"]),
-          f"{r['temp_ratio']:.2f}" if r["temp_ratio"] is not None else "-", f"{r['compile_s']:.1f}")
-         for r in result["rows"]])
+        [
+            (
+                r["method"],
+                f"{r['step_ms']:.2f}",
+                f"{r['step_ratio']:.2f}",
+                _mib(r["temp_bytes"]),
+                f"{r['temp_ratio']:.2f}" if r["temp_ratio"] is not None else "-",
+                f"{r['compile_s']:.1f}",
+            )
+            for r in result["rows"]
+        ],
+    )
     if "microbatch_sweep" in result:
-        print_table("DP step compiled temp memory (MiB) by microbatch size k (compile only)",
-                    ["batch", "k", "temp MiB"],
-                    [(r["batch"], f"{r['microbatch']}{' (all, vmap)' if r['vmap_all'] else ''}",
-                      _mib(r["temp_bytes"])) for r in result["microbatch_sweep"]])
+        print_table(
+            "DP step compiled temp memory (MiB) by microbatch size k (compile only)",
+            ["batch", "k", "temp MiB"],
+            [
+                (
+                    r["batch"],
+                    f"{r['microbatch']}{' (all, vmap)' if r['vmap_all'] else ''}",
+                    _mib(r["temp_bytes"]),
+                )
+                for r in result["microbatch_sweep"]
+            ],
+        )
     return 0
 
 
 def add_bench(bench_sub) -> None:
     bench.register("dp", bench_dp)
     p = bench_sub.add_parser(
-        "dp", help="DP-SGD step cost: ours (vmap, microbatched), jax_privacy, optax dpsgd",
+        "dp",
+        help="DP-SGD step cost: ours (vmap, microbatched), jax_privacy, optax dpsgd",
         description="Time and compile one train step per DP-SGD implementation (ratios to the "
-                    "non-private step), then the DP step's temp memory by microbatch size.")
+        "non-private step), then the DP step's temp memory by microbatch size.",
+    )
     p.add_argument("model", help="model preset, e.g. mlp-s, transformer-digits")
     p.add_argument("--backend", default="nnx", choices=["nnx", "eqx"])
-    p.add_argument("--batch", type=int, default=None,
-                   help=f"batch size (default per preset, e.g. 256 for mlp-s; else {FALLBACK_BATCH})")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help=f"batch size (default per preset, e.g. 256 for mlp-s; else {FALLBACK_BATCH})",
+    )
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: max_len)")
     p.add_argument("--microbatch", type=int, default=None, help="k of the microbatched row (default B/8)")
-    p.add_argument("--sweep", default=None, metavar="K1,K2,K3",
-                   help="microbatch sizes of the memory table (default B/32,B/8,B/2)")
+    p.add_argument(
+        "--sweep",
+        default=None,
+        metavar="K1,K2,K3",
+        help="microbatch sizes of the memory table (default B/32,B/8,B/2)",
+    )
     p.add_argument("--no-sweep", action="store_true", help="skip the microbatch memory table")
-    p.add_argument("--methods", default=None,
-                   help=f"comma-separated subset of: {', '.join(METHODS)} (non-private always runs)")
-    p.add_argument("--freeze", action="append", metavar="PATTERN",
-                   help="freeze canonical params matching PATTERN (repeatable)")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help=f"comma-separated subset of: {', '.join(METHODS)} (non-private always runs)",
+    )
+    p.add_argument(
+        "--freeze",
+        action="append",
+        metavar="PATTERN",
+        help="freeze canonical params matching PATTERN (repeatable)",
+    )
     p.add_argument("--rounds", type=positive_int, default=11, help="timed rounds (medians are reported)")
     p.add_argument("--steps", type=positive_int, default=3, help="steps per timed round")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -50,8 +50,10 @@ def _transformer_logits(params, x, cfg):
 
     def layer(h, p):
         a = _layer_norm(h, p["ln1"])
-        q, k, v = (jnp.einsum("btd,de->bte", a, p["attn"][n]["w"]).reshape(*a.shape[:2], heads, d_head)
-                   for n in "qkv")
+        q, k, v = (
+            jnp.einsum("btd,de->bte", a, p["attn"][n]["w"]).reshape(*a.shape[:2], heads, d_head)
+            for n in "qkv"
+        )
         s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d_head)
         s = jnp.where(mask, s, jnp.finfo(s.dtype).min)
         ctx = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v).reshape(h.shape)
@@ -81,8 +83,9 @@ def hand_written_step(cfg, optimizer):
     def step(state, batch):
         value, grads = jax.value_and_grad(loss)(state.params, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state,
-                          state.rng), value
+        return TrainState(
+            state.step + 1, optax.apply_updates(state.params, updates), opt_state, state.rng
+        ), value
 
     return jax.jit(step, donate_argnames="state")
 
@@ -92,30 +95,45 @@ def bench_engine(recipe_name: str, backend: str, *, steps: int = 20, repeats: in
     run = build_run(recipe)
     batch = jax.device_put(train_batch(run, 0))
     zoo_state, frozen = run.engine.init_state(run.params, 0)
-    ref_state = TrainState.create(jax.tree_util.tree_map(jnp.copy, run.params),
-                                  run.engine.optimizer, 0)
+    ref_state = TrainState.create(jax.tree_util.tree_map(jnp.copy, run.params), run.engine.optimizer, 0)
     ref = hand_written_step(run.cfg, run.engine.optimizer)
     runs = {"zoo": {"state": zoo_state}, "hand": {"state": ref_state}}
-    times = time_in_rounds({
-        "zoo": state_stepper(lambda s: run.engine.train_step(s, frozen, batch), runs["zoo"]),
-        "hand": state_stepper(lambda s: ref(s, batch), runs["hand"]),
-    }, repeats, steps)
+    times = time_in_rounds(
+        {
+            "zoo": state_stepper(lambda s: run.engine.train_step(s, frozen, batch), runs["zoo"]),
+            "hand": state_stepper(lambda s: ref(s, batch), runs["hand"]),
+        },
+        repeats,
+        steps,
+    )
     zoo_ms, ref_ms = statistics.median(times["zoo"]) * 1e3, statistics.median(times["hand"]) * 1e3
-    return {"recipe": recipe_name, "backend": backend, "batch": int(batch["x"].shape[0]),
-            "zoo_step_ms": zoo_ms, "hand_step_ms": ref_ms,
-            "ratio": median_ratio(times["zoo"], times["hand"]),
-            "repeats": repeats, "steps_per_repeat": steps}
+    return {
+        "recipe": recipe_name,
+        "backend": backend,
+        "batch": int(batch["x"].shape[0]),
+        "zoo_step_ms": zoo_ms,
+        "hand_step_ms": ref_ms,
+        "ratio": median_ratio(times["zoo"], times["hand"]),
+        "repeats": repeats,
+        "steps_per_repeat": steps,
+    }
 
 
 def run(args) -> int:
-    rows = [bench_engine(args.recipe, b, steps=args.steps, repeats=args.repeats)
-            for b in args.backends.split(",")]
+    rows = [
+        bench_engine(args.recipe, b, steps=args.steps, repeats=args.repeats) for b in args.backends.split(",")
+    ]
     if args.json:
         emit_json({"rows": rows})
     else:
-        print_table(f"engine overhead: {args.recipe}", ["backend", "zoo ms", "hand ms", "ratio"],
-                    [(r["backend"], f"{r['zoo_step_ms']:.3f}", f"{r['hand_step_ms']:.3f}",
-                      f"{r['ratio']:.3f}") for r in rows])
+        print_table(
+            f"engine overhead: {args.recipe}",
+            ["backend", "zoo ms", "hand ms", "ratio"],
+            [
+                (r["backend"], f"{r['zoo_step_ms']:.3f}", f"{r['hand_step_ms']:.3f}", f"{r['ratio']:.3f}")
+                for r in rows
+            ],
+        )
     return 0
 
 

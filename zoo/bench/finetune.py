@@ -15,12 +15,12 @@ import numpy as np
 
 from zoo.api import example_batch
 from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
+from zoo.configs import OptimConfig
 from zoo.models import canonical
 from zoo.models.registry import get_config
 from zoo.train.engine import Engine
 from zoo.train.freeze import resolve_freeze
 from zoo.train.state import make_optimizer
-from zoo.configs import OptimConfig
 from zoo.ui import emit_json, print_table
 
 DEFAULT_FREEZE = ("embed", "pos", "blocks[0:{half}]")
@@ -32,16 +32,29 @@ def _nbytes(tree) -> int:
 
 def _setup(cfg, backend, params, patterns, policy, batch):
     plan = resolve_freeze(params, patterns)
-    engine = Engine(cfg=cfg, backend=backend, remat=plan.stack_plan(policy), freeze=plan,
-                    optimizer=make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000))
+    engine = Engine(
+        cfg=cfg,
+        backend=backend,
+        remat=plan.stack_plan(policy),
+        freeze=plan,
+        optimizer=make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000),
+    )
     state, frozen = engine.init_state(params, 0)
     compiled = engine.train_step.lower(state, frozen, batch).compile()
     return engine, plan, state, frozen, compiled
 
 
-def bench_finetune(model: str = "transformer-s", *, backend: str = "nnx", batch: int = 16,
-                   seq: int | None = None, freeze: tuple[str, ...] | None = None,
-                   policy: str = "none", steps: int = 5, repeats: int = 5) -> dict:
+def bench_finetune(
+    model: str = "transformer-s",
+    *,
+    backend: str = "nnx",
+    batch: int = 16,
+    seq: int | None = None,
+    freeze: tuple[str, ...] | None = None,
+    policy: str = "none",
+    steps: int = 5,
+    repeats: int = 5,
+) -> dict:
     cfg = get_config(model)
     half = cfg.num_layers // 2
     patterns = tuple(p.format(half=half) for p in (freeze or DEFAULT_FREEZE))
@@ -49,45 +62,97 @@ def bench_finetune(model: str = "transformer-s", *, backend: str = "nnx", batch:
     x = example_batch(cfg, batch, seed=1, seq_len=seq)
     is_lm = cfg.kind == "transformer" and not cfg.is_classifier
     labels = np.random.default_rng(0).integers(
-        0, cfg.vocab_size if is_lm else cfg.num_classes, x.shape[:2] if is_lm else x.shape[:1])
+        0, cfg.vocab_size if is_lm else cfg.num_classes, x.shape[:2] if is_lm else x.shape[:1]
+    )
     data = jax.device_put({"x": x, "y": labels.astype(np.int32), "mask": np.ones(batch, np.float32)})
     runs = {}
     for name, pats in (("full", ()), ("frozen", patterns)):
         engine, plan, state, frozen, compiled = _setup(cfg, backend, params, pats, policy, data)
-        runs[name] = dict(engine=engine, plan=plan, state=state, frozen=frozen,
-                          temp=compiled.memory_analysis().temp_size_in_bytes,
-                          opt_bytes=_nbytes(state.opt_state))
+        runs[name] = dict(
+            engine=engine,
+            plan=plan,
+            state=state,
+            frozen=frozen,
+            temp=compiled.memory_analysis().temp_size_in_bytes,
+            opt_bytes=_nbytes(state.opt_state),
+        )
 
-    times = time_in_rounds({name: state_stepper(run["engine"].train_step, run, run["frozen"], data)
-                            for name, run in runs.items()}, repeats, steps)
+    times = time_in_rounds(
+        {
+            name: state_stepper(run["engine"].train_step, run, run["frozen"], data)
+            for name, run in runs.items()
+        },
+        repeats,
+        steps,
+    )
     rows = []
     for name, run in runs.items():
-        rows.append({"run": name, "trainable_params": run["plan"].trainable_count,
-                     "temp_bytes": int(run["temp"]), "opt_state_bytes": run["opt_bytes"],
-                     "step_ms": statistics.median(times[name]) * 1e3,
-                     "step_ratio": median_ratio(times[name], times["full"])})
+        rows.append(
+            {
+                "run": name,
+                "trainable_params": run["plan"].trainable_count,
+                "temp_bytes": int(run["temp"]),
+                "opt_state_bytes": run["opt_bytes"],
+                "step_ms": statistics.median(times[name]) * 1e3,
+                "step_ratio": median_ratio(times[name], times["full"]),
+            }
+        )
     full = rows[0]
     for row in rows:
         row["temp_ratio"] = row["temp_bytes"] / full["temp_bytes"]
         row["opt_state_ratio"] = row["opt_state_bytes"] / full["opt_state_bytes"]
         row["trainable_ratio"] = row["trainable_params"] / full["trainable_params"]
-    return {"model": model, "backend": backend, "batch": batch, "seq": int(x.shape[1]) if x.ndim > 1 else None,
-            "policy": policy, "freeze": list(patterns), "rows": rows}
+    return {
+        "model": model,
+        "backend": backend,
+        "batch": batch,
+        "seq": int(x.shape[1]) if x.ndim > 1 else None,
+        "policy": policy,
+        "freeze": list(patterns),
+        "rows": rows,
+    }
 
 
 def run(args) -> int:
     freeze = tuple(args.freeze) if args.freeze else None
-    result = bench_finetune(args.model, backend=args.backend, batch=args.batch, seq=args.seq,
-                            freeze=freeze, policy=args.remat, repeats=args.repeats)
+    result = bench_finetune(
+        args.model,
+        backend=args.backend,
+        batch=args.batch,
+        seq=args.seq,
+        freeze=freeze,
+        policy=args.remat,
+        repeats=args.repeats,
+    )
     if args.json:
         emit_json(result)
         return 0
-    print_table(f"fine-tune vs full: {args.model}, freeze {', '.join(result['freeze'])}, remat={args.remat}",
-                ["run", "trainable", "temp MiB", "temp ratio", "opt-state ratio", "trainable ratio",
-                 "step ms", "step ratio"],
-                [(r["run"], f"{r['trainable_params']:,}", f"{r['temp_bytes'] / 2**20:.1f}",
-                  f"{r['temp_ratio']:.3f}", f"{r['opt_state_ratio']:.4f}", f"{r['trainable_ratio']:.4f}",
-                  f"{r['step_ms']:.1f}", f"{r['step_ratio']:.3f}") for r in result["rows"]])
+    print_table(
+        f"fine-tune vs full: {args.model}, freeze {', '.join(result['freeze'])}, remat={args.remat}",
+        [
+            "run",
+            "trainable",
+            "temp MiB",
+            "temp ratio",
+            "opt-state ratio",
+            "trainable ratio",
+            "step ms",
+            "step ratio",
+        ],
+        [
+            (
+                r["run"],
+                f"{r['trainable_params']:,}",
+                f"{r['temp_bytes'] / 2**20:.1f}",
+                f"{r['temp_ratio']:.3f}",
+                f"{r['opt_state_ratio']:.4f}",
+                f"{r['trainable_ratio']:.4f}",
+                f"{r['step_ms']:.1f}",
+                f"{r['step_ratio']:.3f}",
+            )
+            for r in result["rows"]
+        ],
+    )
     return 0
 
 
@@ -97,8 +162,7 @@ def add_bench(sub) -> None:
     p.add_argument("--backend", default="nnx")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int)
-    p.add_argument("--freeze", action="append", metavar="PATTERN",
-                   help="default: embed, pos, blocks[0:L/2]")
+    p.add_argument("--freeze", action="append", metavar="PATTERN", help="default: embed, pos, blocks[0:L/2]")
     p.add_argument("--remat", default="none")
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--json", action="store_true")

@@ -2,7 +2,7 @@
 
 For each policy we build the same jitted AdamW train step (mean cross-entropy, params and
 optimizer state donated), lower and compile it, read XLA's ``memory_analysis()`` temp bytes,
-and ask the residual inspector (:mod:`zoo.inspect`) how many activation bytes the policy keeps
+and ask the residual inspector (:mod:`zoo.residuals`) how many activation bytes the policy keeps
 on device and on host. Then the policies take turns in timed rounds (one untimed and one timed
 step each per round), so that all of them see the same machine load. Ratios are relative to
 ``none`` (always measured); the step ratio is the median over rounds of the per-round ratio.
@@ -14,6 +14,7 @@ without running it, to show how temp memory and compile time grow with the layer
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 
@@ -21,14 +22,22 @@ import jax
 
 from zoo import bench
 from zoo.api import example_batch
-from zoo.bench.common import (compile_timed, median_ratio, memory_stats, positive_int, scatter_plot,
-                              state_stepper, time_in_rounds, train_step)
+from zoo.bench.common import (
+    compile_timed,
+    median_ratio,
+    memory_stats,
+    positive_int,
+    scatter_plot,
+    state_stepper,
+    time_in_rounds,
+    train_step,
+)
 from zoo.configs import MLPConfig
 from zoo.errors import ZooError
-from zoo.inspect import example_labels, residual_report
 from zoo.models import canonical
 from zoo.models.registry import check_backend, get_config
 from zoo.remat import get_policy, policy_names
+from zoo.residuals import example_labels, residual_report
 
 BASELINE = "none"
 # Bench shapes per preset: big enough that activations dominate, small enough that the whole
@@ -106,9 +115,18 @@ def _warmed_inputs(model, cfg, backend: str, batch, seq, seed: int, progress, la
     return batch, seq, x, y
 
 
-def bench_remat(model, policies=None, backend: str = "nnx", batch: int | None = None,
-                seq: int | None = None, num_layers: int | None = None, repeats: int = 5,
-                plot: str | None = None, seed: int = 0, progress: Progress = None) -> dict:
+def bench_remat(
+    model,
+    policies=None,
+    backend: str = "nnx",
+    batch: int | None = None,
+    seq: int | None = None,
+    num_layers: int | None = None,
+    repeats: int = 5,
+    plot: str | None = None,
+    seed: int = 0,
+    progress: Progress = None,
+) -> dict:
     """Compile, measure and time one train step per policy. See the module docstring."""
     backend = check_backend(backend)
     cfg = _config(model, num_layers)
@@ -122,23 +140,31 @@ def bench_remat(model, policies=None, backend: str = "nnx", batch: int | None = 
         opt_state = optimizer.init(params)
         compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
         report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed)
-        runs[name] = {"compiled": compiled, "state": (params, opt_state), "row": {
-            "policy": name,
-            "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
-            "compile_s": round(compile_s, 3),
-            "lower_s": round(lower_s, 3),
-            "residual_device_bytes": report["total_device_bytes"],
-            "residual_host_bytes": report["total_host_bytes"],
-        }}
+        runs[name] = {
+            "compiled": compiled,
+            "state": (params, opt_state),
+            "row": {
+                "policy": name,
+                "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
+                "compile_s": round(compile_s, 3),
+                "lower_s": round(lower_s, 3),
+                "residual_device_bytes": report["total_device_bytes"],
+                "residual_host_bytes": report["total_host_bytes"],
+            },
+        }
 
     def stepper(run):
         def train(state, x, y):  # (params, opt_state) -> (params, opt_state), loss
             params, opt_state, loss = run["compiled"](*state, x, y)
             return (params, opt_state), loss
+
         return state_stepper(train, run, x, y)
 
-    times = time_in_rounds({name: stepper(run) for name, run in runs.items()}, repeats,
-                           on_round=lambda r: _say(progress, f"remat bench: timing round {r + 1}/{repeats}"))
+    times = time_in_rounds(
+        {name: stepper(run) for name, run in runs.items()},
+        repeats,
+        on_round=lambda r: _say(progress, f"remat bench: timing round {r + 1}/{repeats}"),
+    )
     base = runs[BASELINE]["row"]
     rows = []
     for name, run in runs.items():
@@ -163,8 +189,16 @@ def bench_remat(model, policies=None, backend: str = "nnx", batch: int | None = 
     return result
 
 
-_KEY_ORDER = ("policy", "temp_bytes", "temp_ratio", "step_ms", "step_ratio", "compile_s",
-              "residual_device_bytes", "residual_host_bytes")
+_KEY_ORDER = (
+    "policy",
+    "temp_bytes",
+    "temp_ratio",
+    "step_ms",
+    "step_ratio",
+    "compile_s",
+    "residual_device_bytes",
+    "residual_host_bytes",
+)
 
 
 def _ordered(row: dict) -> dict:
@@ -175,15 +209,26 @@ def plot_remat(result: dict, path: str) -> str:
     """Scatter of compiled temp memory against step time, one labelled point per policy."""
     points = [(r["policy"], r["temp_bytes"] / 2**20, r["step_ms"]) for r in result["rows"]]
     seq = f" x {result['seq']}" if result.get("seq") else ""
-    title = (f"{result['model']} ({result['backend']}, L={result['num_layers']}, "
-             f"batch {result['batch']}{seq}, {result.get('device', 'cpu')}): remat policies")
-    return scatter_plot(path, points, xlabel="compiled temp memory (MiB)",
-                        ylabel="median train-step time (ms)", title=title)
+    title = (
+        f"{result['model']} ({result['backend']}, L={result['num_layers']}, "
+        f"batch {result['batch']}{seq}, {result.get('device', 'cpu')}): remat policies"
+    )
+    return scatter_plot(
+        path, points, xlabel="compiled temp memory (MiB)", ylabel="median train-step time (ms)", title=title
+    )
 
 
-def bench_depths(model, policies=("full", "nested"), depths=(16, 64), backend: str = "nnx",
-                 batch: int | None = None, seq: int | None = None, seed: int = 0,
-                 residuals: bool = True, progress: Progress = None) -> dict:
+def bench_depths(
+    model,
+    policies=("full", "nested"),
+    depths=(16, 64),
+    backend: str = "nnx",
+    batch: int | None = None,
+    seq: int | None = None,
+    seed: int = 0,
+    residuals: bool = True,
+    progress: Progress = None,
+) -> dict:
     """Compile (without running) the train step at each depth for each policy.
 
     Rows: ``{policy, num_layers, temp_bytes, compile_s, lower_s, param_bytes,
@@ -195,22 +240,25 @@ def bench_depths(model, policies=("full", "nested"), depths=(16, 64), backend: s
     names = [get_policy(p).name for p in (policies.split(",") if isinstance(policies, str) else policies)]
     depths = parse_depths(depths)
     cfg0 = _config(model, None)
-    batch, seq, x, y = _warmed_inputs(model, cfg0, backend, batch, seq, seed, progress,
-                                      "remat depth sweep")
+    batch, seq, x, y = _warmed_inputs(model, cfg0, backend, batch, seq, seed, progress, "remat depth sweep")
     rows = []
     for name in names:
         for depth in depths:
             _say(progress, f"remat depth sweep: {name} at L={depth}")
             cfg = _config(model, depth)
             step, optimizer = train_step(cfg, backend, name)
-            params = jax.eval_shape(lambda: canonical.init_params(cfg, seed))
+            params = jax.eval_shape(functools.partial(canonical.init_params, cfg, seed))
             opt_state = jax.eval_shape(optimizer.init, params)
             compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
-            row = {"policy": name, "num_layers": depth,
-                   "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
-                   "compile_s": round(compile_s, 3), "lower_s": round(lower_s, 3),
-                   # the gradient is a temp buffer of this size, and it grows with depth too
-                   "param_bytes": sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(params))}
+            row = {
+                "policy": name,
+                "num_layers": depth,
+                "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
+                "compile_s": round(compile_s, 3),
+                "lower_s": round(lower_s, 3),
+                # the gradient is a temp buffer of this size, and it grows with depth too
+                "param_bytes": sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(params)),
+            }
             if residuals:
                 report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed)
                 row["residual_device_bytes"] = report["total_device_bytes"]
@@ -223,8 +271,11 @@ def bench_depths(model, policies=("full", "nested"), depths=(16, 64), backend: s
         first = next(r for r in rows if r["policy"] == name and r["num_layers"] == lo)
         last = next(r for r in rows if r["policy"] == name and r["num_layers"] == hi)
         entry = {"policy": name, "from_layers": lo, "to_layers": hi}
-        for key, label in (("temp_bytes", "temp_growth"), ("compile_s", "compile_growth"),
-                           ("residual_device_bytes", "residual_device_growth")):
+        for key, label in (
+            ("temp_bytes", "temp_growth"),
+            ("compile_s", "compile_growth"),
+            ("residual_device_bytes", "residual_device_growth"),
+        ):
             if first.get(key):
                 entry[label] = round(last[key] / first[key], 3)
         growth.append(entry)
@@ -259,30 +310,61 @@ def _run_cli(args) -> int:
     progress = None if args.quiet else (lambda m: err_console.print(f"[dim]{m}[/]", highlight=False))
     if args.depths:
         policies = args.policies or "full,nested"
-        result = bench_depths(args.model, policies=[p for p in policies.split(",") if p.strip()],
-                              depths=parse_depths(args.depths), backend=args.backend,
-                              batch=args.batch, seq=args.seq, progress=progress)
+        result = bench_depths(
+            args.model,
+            policies=[p for p in policies.split(",") if p.strip()],
+            depths=parse_depths(args.depths),
+            backend=args.backend,
+            batch=args.batch,
+            seq=args.seq,
+            progress=progress,
+        )
         if args.json:
             emit_json(result)
             return 0
         print_table(
             f"zoo bench remat {args.model} --depths {args.depths} ({result['backend']}, "
             f"batch {result['batch']}, seq {result['seq']}, {result['device']}; compile only)",
-            ["policy", "layers", "temp MiB", "compile s", "params MiB", "resid dev MiB",
-             "resid host MiB"],
-            [(r["policy"], r["num_layers"], _mib(r["temp_bytes"]), f"{r['compile_s']:.2f}",
-              _mib(r["param_bytes"]), _mib(r.get("residual_device_bytes")),
-              _mib(r.get("residual_host_bytes")))
-             for r in result["rows"]])
-        print_table("growth from the shallowest to the deepest stack",
-                    ["policy", "layers", "temp x", "compile x", "resid dev x"],
-                    [(g["policy"], f"{g['from_layers']} -> {g['to_layers']}", g.get("temp_growth", "-"),
-                      g.get("compile_growth", "-"), g.get("residual_device_growth", "-"))
-                     for g in result["growth"]])
+            ["policy", "layers", "temp MiB", "compile s", "params MiB", "resid dev MiB", "resid host MiB"],
+            [
+                (
+                    r["policy"],
+                    r["num_layers"],
+                    _mib(r["temp_bytes"]),
+                    f"{r['compile_s']:.2f}",
+                    _mib(r["param_bytes"]),
+                    _mib(r.get("residual_device_bytes")),
+                    _mib(r.get("residual_host_bytes")),
+                )
+                for r in result["rows"]
+            ],
+        )
+        print_table(
+            "growth from the shallowest to the deepest stack",
+            ["policy", "layers", "temp x", "compile x", "resid dev x"],
+            [
+                (
+                    g["policy"],
+                    f"{g['from_layers']} -> {g['to_layers']}",
+                    g.get("temp_growth", "-"),
+                    g.get("compile_growth", "-"),
+                    g.get("residual_device_growth", "-"),
+                )
+                for g in result["growth"]
+            ],
+        )
         return 0
-    result = bench_remat(args.model, policies=args.policies, backend=args.backend,
-                         batch=args.batch, seq=args.seq, num_layers=args.layers,
-                         repeats=args.repeats, plot=args.plot, progress=progress)
+    result = bench_remat(
+        args.model,
+        policies=args.policies,
+        backend=args.backend,
+        batch=args.batch,
+        seq=args.seq,
+        num_layers=args.layers,
+        repeats=args.repeats,
+        plot=args.plot,
+        progress=progress,
+    )
     if args.json:
         emit_json(result)
         return 0
@@ -290,11 +372,30 @@ def _run_cli(args) -> int:
         f"zoo bench remat {args.model} ({result['backend']}, L={result['num_layers']}, "
         f"batch {result['batch']}, seq {result['seq']}, {result['device']}, "
         f"median of {result['repeats']} rounds)",
-        ["policy", "temp MiB", "temp/none", "step ms", "step/none", "compile s",
-         "resid dev MiB", "resid host MiB"],
-        [(r["policy"], _mib(r["temp_bytes"]), f"{r['temp_ratio']:.3f}", f"{r['step_ms']:.1f}",
-          f"{r['step_ratio']:.2f}", f"{r['compile_s']:.2f}", _mib(r["residual_device_bytes"]),
-          _mib(r["residual_host_bytes"])) for r in result["rows"]])
+        [
+            "policy",
+            "temp MiB",
+            "temp/none",
+            "step ms",
+            "step/none",
+            "compile s",
+            "resid dev MiB",
+            "resid host MiB",
+        ],
+        [
+            (
+                r["policy"],
+                _mib(r["temp_bytes"]),
+                f"{r['temp_ratio']:.3f}",
+                f"{r['step_ms']:.1f}",
+                f"{r['step_ratio']:.2f}",
+                f"{r['compile_s']:.2f}",
+                _mib(r["residual_device_bytes"]),
+                _mib(r["residual_host_bytes"]),
+            )
+            for r in result["rows"]
+        ],
+    )
     if args.plot:
         from zoo.ui import console
 
@@ -305,25 +406,41 @@ def _run_cli(args) -> int:
 def add_bench(bench_sub) -> None:
     bench.register("remat", bench_remat)
     p = bench_sub.add_parser(
-        "remat", help="remat policies side by side: temp memory, step time, compile time",
+        "remat",
+        help="remat policies side by side: temp memory, step time, compile time",
         description="Compile and time one train step per remat policy (ratios to 'none'), or "
-                    "with --depths, compile only at several layer counts.")
+        "with --depths, compile only at several layer counts.",
+    )
     p.add_argument("model", help="model preset, e.g. transformer-s")
-    p.add_argument("--policies", default=None,
-                   help="comma-separated policies (default: all; 'none' is always added as the "
-                        "baseline; with --depths the default is full,nested)")
+    p.add_argument(
+        "--policies",
+        default=None,
+        help="comma-separated policies (default: all; 'none' is always added as the "
+        "baseline; with --depths the default is full,nested)",
+    )
     p.add_argument("--backend", default="nnx", choices=["nnx", "eqx"])
-    p.add_argument("--batch", type=int, default=None,
-                   help=f"batch size (default: 16 for transformer-s, else {FALLBACK_BATCH})")
-    p.add_argument("--seq", type=int, default=None,
-                   help="sequence length (default: 128 for transformer-s, else max_len)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help=f"batch size (default: 16 for transformer-s, else {FALLBACK_BATCH})",
+    )
+    p.add_argument(
+        "--seq", type=int, default=None, help="sequence length (default: 128 for transformer-s, else max_len)"
+    )
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
-    p.add_argument("--repeats", type=positive_int, default=5,
-                   help="timed rounds; in each, every policy takes one untimed and one timed step")
-    p.add_argument("--depths", default=None,
-                   help="comma-separated layer counts, e.g. 16,64: compile-only depth sweep")
-    p.add_argument("--plot", default=None, metavar="FILE.png",
-                   help="write a temp-memory vs step-time scatter plot")
+    p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="timed rounds; in each, every policy takes one untimed and one timed step",
+    )
+    p.add_argument(
+        "--depths", default=None, help="comma-separated layer counts, e.g. 16,64: compile-only depth sweep"
+    )
+    p.add_argument(
+        "--plot", default=None, metavar="FILE.png", help="write a temp-memory vs step-time scatter plot"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_run_cli)

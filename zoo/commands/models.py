@@ -15,8 +15,15 @@ def preset_rows() -> list[dict]:
     for name, cfg in PRESETS.items():
         shapes = canonical.canonical_shapes(cfg)
         params = sum(math.prod(s) for s in shapes.values())
-        rows.append({"name": name, "kind": cfg.kind, "params": params,
-                     "description": DESCRIPTIONS[name], **dataclasses.asdict(cfg)})
+        rows.append(
+            {
+                "name": name,
+                "kind": cfg.kind,
+                "params": params,
+                "description": DESCRIPTIONS[name],
+                **dataclasses.asdict(cfg),
+            }
+        )
     return rows
 
 
@@ -25,9 +32,11 @@ def run(args) -> int:
     if args.json:
         emit_json(rows)
         return 0
-    print_table("zoo model presets", ["name", "kind", "layers", "params", "description"],
-                [(r["name"], r["kind"], r["num_layers"], f"{r['params']:,}", r["description"])
-                 for r in rows])
+    print_table(
+        "zoo model presets",
+        ["name", "kind", "layers", "params", "description"],
+        [(r["name"], r["kind"], r["num_layers"], f"{r['params']:,}", r["description"]) for r in rows],
+    )
     return 0
 
 

@@ -11,12 +11,13 @@ def _shape(shape) -> str:
 
 
 def run_residuals(args) -> int:
-    from zoo.inspect import residual_report
+    from zoo.residuals import residual_report
 
     get_policy(args.remat)  # unknown names fail here, listing the valid ones
     overrides = {"num_layers": args.layers} if args.layers else {}
-    report = residual_report(args.model, args.remat, backend=args.backend, batch=args.batch,
-                             seq=args.seq, **overrides)
+    report = residual_report(
+        args.model, args.remat, backend=args.backend, batch=args.batch, seq=args.seq, **overrides
+    )
     if args.json:
         emit_json(report)
         return 0
@@ -30,45 +31,75 @@ def run_residuals(args) -> int:
         f"residuals of {report['model']} under '{report['policy']}' ({view}; {report['backend']}, "
         f"L={report['num_layers']}{groups}, batch {report['batch']}{seq})",
         ["name", "shape", "dtype", "bytes", "memory kind", "count", "scope"],
-        [(r["name"] + ("" if r["kind"] == "activation" else f" ({r['kind']})"), _shape(r["shape"]),
-          r["dtype"], human_bytes(r["bytes"]), r["memory_kind"], r["count"], r["scope"])
-         for r in shown])
+        [
+            (
+                r["name"] + ("" if r["kind"] == "activation" else f" ({r['kind']})"),
+                _shape(r["shape"]),
+                r["dtype"],
+                human_bytes(r["bytes"]),
+                r["memory_kind"],
+                r["count"],
+                r["scope"],
+            )
+            for r in shown
+        ],
+    )
     if hidden:
-        console.print(f"{len(hidden)} parameter/input residuals ({human_bytes(sum(r['bytes'] for r in hidden))})"
-                      " not shown and not counted: they are live for the whole step anyway "
-                      "(--all shows them).", highlight=False)
+        console.print(
+            f"{len(hidden)} parameter/input residuals ({human_bytes(sum(r['bytes'] for r in hidden))})"
+            " not shown and not counted: they are live for the whole step anyway "
+            "(--all shows them).",
+            highlight=False,
+        )
     if args.per_block:
         acts = [r for r in rows if r["kind"] == "activation"]
         dev = sum(r["bytes"] for r in acts if r["memory_kind"] == "device")
-        console.print(f"one block: [bold]{human_bytes(dev)}[/] on device, "
-                      f"[bold]{human_bytes(sum(r['bytes'] for r in acts) - dev)}[/] on pinned_host "
-                      "(the scan keeps this once per layer)", highlight=False)
+        console.print(
+            f"one block: [bold]{human_bytes(dev)}[/] on device, "
+            f"[bold]{human_bytes(sum(r['bytes'] for r in acts) - dev)}[/] on pinned_host "
+            "(the scan keeps this once per layer)",
+            highlight=False,
+        )
     console.print(
         f"whole model, activation residuals: [bold]{human_bytes(report['total_device_bytes'])}[/] on device "
         f"({report['total_device_bytes']:,} B), [bold]{human_bytes(report['total_host_bytes'])}[/] "
-        f"on pinned_host ({report['total_host_bytes']:,} B)", highlight=False)
+        f"on pinned_host ({report['total_host_bytes']:,} B)",
+        highlight=False,
+    )
     return 0
 
 
 def run_policies(args) -> int:
     rows = [{"name": p.name, "description": p.description} for p in POLICIES.values()]
-    rows.append({"name": "custom:NAME=device|offload|remat,...",
-                 "description": "per-name placement; names not listed are recomputed"})
+    rows.append(
+        {
+            "name": "custom:NAME=device|offload|remat,...",
+            "description": "per-name placement; names not listed are recomputed",
+        }
+    )
     if args.json:
         emit_json(rows)
         return 0
-    print_table("remat policies (zoo.remat)", ["name", "description"],
-                [(r["name"], r["description"]) for r in rows])
+    print_table(
+        "remat policies (zoo.remat)", ["name", "description"], [(r["name"], r["description"]) for r in rows]
+    )
     return 0
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("residuals", help="what a remat policy keeps for the backward pass",
-                       description="List the residuals (values saved for the backward pass) of a "
-                                   "model's loss under a remat policy, by activation name.")
+    p = sub.add_parser(
+        "residuals",
+        help="what a remat policy keeps for the backward pass",
+        description="List the residuals (values saved for the backward pass) of a "
+        "model's loss under a remat policy, by activation name.",
+    )
     p.add_argument("model", help="model preset, e.g. transformer-s")
-    p.add_argument("--remat", required=True, metavar="POLICY",
-                   help="remat policy (see zoo remat-policies) or custom:NAME=...")
+    p.add_argument(
+        "--remat",
+        required=True,
+        metavar="POLICY",
+        help="remat policy (see zoo remat-policies) or custom:NAME=...",
+    )
     p.add_argument("--backend", default="nnx", choices=["nnx", "eqx"])
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: max_len)")

@@ -24,16 +24,25 @@ if TYPE_CHECKING:
 # it: `zoo recipes` needs none of it and starts in half the time.
 
 FLAG_FIELDS = {  # flag dest -> recipe field
-    "backend": "model.backend", "remat": "train.remat", "dataset": "data.dataset",
-    "steps": "train.steps", "batch_size": "train.batch_size", "lr": "optim.lr",
-    "seed": "train.seed", "init_from": "freeze.init_from", "freeze": "freeze.patterns",
+    "backend": "model.backend",
+    "remat": "train.remat",
+    "dataset": "data.dataset",
+    "steps": "train.steps",
+    "batch_size": "train.batch_size",
+    "lr": "optim.lr",
+    "seed": "train.seed",
+    "init_from": "freeze.init_from",
+    "freeze": "freeze.patterns",
 }
 
 
 def resolve_recipe(args) -> recipe_lib.Recipe:
     recipe = recipe_lib.load_recipe(args.recipe)
-    values = {field: getattr(args, dest) for dest, field in FLAG_FIELDS.items()
-              if getattr(args, dest, None) is not None}
+    values = {
+        field: getattr(args, dest)
+        for dest, field in FLAG_FIELDS.items()
+        if getattr(args, dest, None) is not None
+    }
     if values:
         recipe = recipe_lib.with_values(recipe, values)
     return recipe_lib.with_sets(recipe, args.set or [])
@@ -43,16 +52,26 @@ def _add_recipe_flags(p) -> None:
     p.add_argument("recipe", help="recipe name (see `zoo recipes`) or path to a .toml file")
     p.add_argument("--backend", choices=None, help="nnx or eqx")
     p.add_argument("--remat", help="remat policy (see `zoo remat-policies`)")
-    p.add_argument("--dataset", help="digits, python-docs, hf:NAME[:CONFIG], text:PATH, csv:PATH, parquet:PATH")
+    p.add_argument(
+        "--dataset", help="digits, python-docs, hf:NAME[:CONFIG], text:PATH, csv:PATH, parquet:PATH"
+    )
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
     p.add_argument("--init-from", metavar="CHECKPOINT_DIR", help="start from a zoo run directory")
-    p.add_argument("--freeze", action="append", metavar="PATTERN",
-                   help="freeze canonical params matching PATTERN (repeatable), e.g. embed, blocks[0:2]")
-    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                   help="override any recipe field, e.g. --set dp.epsilon=8")
+    p.add_argument(
+        "--freeze",
+        action="append",
+        metavar="PATTERN",
+        help="freeze canonical params matching PATTERN (repeatable), e.g. embed, blocks[0:2]",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="SECTION.FIELD=VALUE",
+        help="override any recipe field, e.g. --set dp.epsilon=8",
+    )
 
 
 def run_train(args) -> int:
@@ -63,13 +82,22 @@ def run_train(args) -> int:
     human = Console(stderr=True) if args.json else console
     run = build_run(recipe)
     print_param_table(run, human)
-    summary = train(recipe, out, resume=args.resume, console=Console(stderr=True),
-                    show_progress=not args.no_progress, run=run)
+    summary = train(
+        recipe,
+        out,
+        resume=args.resume,
+        console=Console(stderr=True),
+        show_progress=not args.no_progress,
+        run=run,
+    )
     if args.json:
         emit_json(summary)
     else:
-        print_table(f"{recipe.name} ({summary['backend']}, remat={summary['remat']})",
-                    ["metric", "value"], [(k, _fmt(v)) for k, v in summary.items()])
+        print_table(
+            f"{recipe.name} ({summary['backend']}, remat={summary['remat']})",
+            ["metric", "value"],
+            [(k, _fmt(v)) for k, v in summary.items()],
+        )
     return 0
 
 
@@ -84,13 +112,17 @@ def print_param_table(run, out: Console) -> None:
     for path, shape, count in _param_rows(run.params):
         table.add_row(path, str(shape), f"{count:,}", run.freeze.is_trainable(path))
     out.print(table)
-    out.print(f"trainable {run.freeze.trainable_count:,}  frozen {run.freeze.frozen_count:,}  "
-              f"total {run.freeze.trainable_count + run.freeze.frozen_count:,}")
+    out.print(
+        f"trainable {run.freeze.trainable_count:,}  frozen {run.freeze.frozen_count:,}  "
+        f"total {run.freeze.trainable_count + run.freeze.frozen_count:,}"
+    )
 
 
 def _param_rows(params):
-    return [(jax.tree_util.keystr(p, simple=True, separator="."), tuple(x.shape), int(np.prod(x.shape)))
-            for p, x in jax.tree_util.tree_leaves_with_path(params)]
+    return [
+        (jax.tree_util.keystr(p, simple=True, separator="."), tuple(x.shape), int(np.prod(x.shape)))
+        for p, x in jax.tree_util.tree_leaves_with_path(params)
+    ]
 
 
 def run_eval(args) -> int:
@@ -99,12 +131,14 @@ def run_eval(args) -> int:
     from zoo.train.loop import build_run
 
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
-    recipe = recipe_lib.with_values(ckpt.recipe, {"freeze.init_from": str(args.checkpoint_dir),
-                                                  "freeze.patterns": []})
+    recipe = recipe_lib.with_values(
+        ckpt.recipe, {"freeze.init_from": str(args.checkpoint_dir), "freeze.patterns": []}
+    )
     run = build_run(recipe)
     state, frozen = run.engine.init_state(run.params, recipe.train.seed)
-    metrics = evaluate(run.engine, state, frozen,
-                       run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches))
+    metrics = evaluate(
+        run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
+    )
     metrics = {"checkpoint": str(args.checkpoint_dir), "step": ckpt.step, **metrics}
     if run.task.is_lm:
         metrics.pop("eval_accuracy")
@@ -113,13 +147,13 @@ def run_eval(args) -> int:
     if args.json:
         emit_json(metrics)
     else:
-        print_table(f"eval of {args.checkpoint_dir}", ["metric", "value"],
-                    [(k, _fmt(v)) for k, v in metrics.items()])
+        print_table(
+            f"eval of {args.checkpoint_dir}", ["metric", "value"], [(k, _fmt(v)) for k, v in metrics.items()]
+        )
     return 0
 
 
-def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float,
-                seed: int) -> str:
+def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float, seed: int) -> str:
     """Sample ``length`` characters after ``prompt`` from an LM checkpoint.
 
     The model always sees a fixed [1, max_len] window, so the step compiles once.
@@ -147,7 +181,7 @@ def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float,
         tokens[: len(context)] = context
         token = next_token(ckpt.params, tokens, len(context) - 1, jax.random.fold_in(key, i))
         ids.append(int(token))
-    return tokenizer.decode(np.asarray(ids[len(tokenizer.encode(prompt)):], np.int32))
+    return tokenizer.decode(np.asarray(ids[len(tokenizer.encode(prompt)) :], np.int32))
 
 
 def run_sample(args) -> int:
@@ -180,16 +214,28 @@ def run_recipes(args) -> int:
         return 0
     rows = []
     for recipe in recipe_lib.list_recipes():
-        rows.append({"name": recipe.name, "description": recipe.description,
-                     "model": recipe.model.preset, "backend": recipe.model.backend,
-                     "dataset": recipe.data.dataset, "steps": recipe.train.steps,
-                     "remat": recipe.train.remat, "dp": recipe.dp.enabled,
-                     "freeze": list(recipe.freeze.patterns), "init_from": recipe.freeze.init_from})
+        rows.append(
+            {
+                "name": recipe.name,
+                "description": recipe.description,
+                "model": recipe.model.preset,
+                "backend": recipe.model.backend,
+                "dataset": recipe.data.dataset,
+                "steps": recipe.train.steps,
+                "remat": recipe.train.remat,
+                "dp": recipe.dp.enabled,
+                "freeze": list(recipe.freeze.patterns),
+                "init_from": recipe.freeze.init_from,
+            }
+        )
     if args.json:
         emit_json(rows)
     else:
-        print_table("zoo recipes", ["name", "model", "dataset", "description"],
-                    [(r["name"], r["model"], r["dataset"], r["description"]) for r in rows])
+        print_table(
+            "zoo recipes",
+            ["name", "model", "dataset", "description"],
+            [(r["name"], r["model"], r["dataset"], r["description"]) for r in rows],
+        )
     return 0
 
 
@@ -207,9 +253,16 @@ def run_params(args) -> int:
         recipe = recipe_lib.with_values(recipe, {"freeze.patterns": args.freeze})
     run = build_run(recipe)
     if args.json:
-        emit_json({"rows": [{"path": p, "shape": s, "count": c, "trainable": run.freeze.is_trainable(p)}
-                            for p, s, c in _param_rows(run.params)],
-                   "trainable": run.freeze.trainable_count, "frozen": run.freeze.frozen_count})
+        emit_json(
+            {
+                "rows": [
+                    {"path": p, "shape": s, "count": c, "trainable": run.freeze.is_trainable(p)}
+                    for p, s, c in _param_rows(run.params)
+                ],
+                "trainable": run.freeze.trainable_count,
+                "frozen": run.freeze.frozen_count,
+            }
+        )
     else:
         print_param_table(run, console)
     return 0

@@ -93,7 +93,8 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
     if cfg.noise_prng not in NOISE_PRNGS:
         raise choice_error("noise_prng", cfg.noise_prng, NOISE_PRNGS)
     if cfg.noise_seed is not None and not (
-        isinstance(cfg.noise_seed, numbers.Integral) and not isinstance(cfg.noise_seed, bool)
+        isinstance(cfg.noise_seed, numbers.Integral)
+        and not isinstance(cfg.noise_seed, bool)
         and 0 <= cfg.noise_seed < 2**32
     ):
         raise ZooError(
@@ -106,7 +107,9 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
             "calibrated) and noise_multiplier (epsilon is then reported); got "
             f"epsilon={cfg.epsilon!r}, noise_multiplier={cfg.noise_multiplier!r}."
         )
-    if cfg.epsilon is not None and not (_is_num(cfg.epsilon) and cfg.epsilon > 0 and math.isfinite(cfg.epsilon)):
+    if cfg.epsilon is not None and not (
+        _is_num(cfg.epsilon) and cfg.epsilon > 0 and math.isfinite(cfg.epsilon)
+    ):
         raise ZooError(f"epsilon must be a finite number > 0; got epsilon={cfg.epsilon!r}.")
     if cfg.noise_multiplier is not None and not (
         _is_num(cfg.noise_multiplier) and cfg.noise_multiplier > 0 and math.isfinite(cfg.noise_multiplier)
@@ -174,9 +177,7 @@ def _check_steps(steps: int) -> int:
 
 def _dpsgd_event(noise_multiplier: float, sampling_prob: float, steps: int) -> DpEvent:
     dp_accounting = _dp_accounting()
-    step = dp_accounting.PoissonSampledDpEvent(
-        sampling_prob, dp_accounting.GaussianDpEvent(noise_multiplier)
-    )
+    step = dp_accounting.PoissonSampledDpEvent(sampling_prob, dp_accounting.GaussianDpEvent(noise_multiplier))
     return dp_accounting.SelfComposedDpEvent(step, steps)
 
 

@@ -39,10 +39,7 @@ def _batch_size(batch: tuple) -> int:
         )
     sizes = {int(jnp.shape(x)[0]) if jnp.ndim(x) > 0 else None for x in leaves}
     if None in sizes:
-        raise ValueError(
-            "every batch array needs a leading example axis; got a scalar "
-            "(0-d) batch array."
-        )
+        raise ValueError("every batch array needs a leading example axis; got a scalar (0-d) batch array.")
     if len(sizes) != 1:
         raise ValueError(
             f"batch arrays disagree on the example axis size: {sorted(sizes)}; "
@@ -107,8 +104,7 @@ def clipped_grad_sum(
     """
     if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
         raise ValueError(
-            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); "
-            f"got {l2_clip_norm!r}."
+            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
         )
     b = _batch_size(batch)
 
@@ -118,9 +114,7 @@ def clipped_grad_sum(
             or isinstance(microbatch_size, bool)
             or microbatch_size < 1
         ):
-            raise ValueError(
-                f"microbatch_size must be a positive int or None; got {microbatch_size!r}."
-            )
+            raise ValueError(f"microbatch_size must be a positive int or None; got {microbatch_size!r}.")
         microbatch_size = int(microbatch_size)
         if b % microbatch_size != 0:
             raise ValueError(
@@ -134,8 +128,7 @@ def clipped_grad_sum(
     else:
         if jnp.shape(example_mask) != (b,):
             raise ValueError(
-                f"example_mask must have shape ({b},) to match the batch; got "
-                f"{jnp.shape(example_mask)}."
+                f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
             )
         keep_all = jnp.asarray(example_mask) > 0
 
@@ -183,9 +176,7 @@ def clipped_grad_sum(
 
         chunks = jax.tree.map(split, batch)
         keep_chunks = split(keep_all)
-        init = jax.tree.map(
-            lambda p: jnp.zeros(jnp.shape(p), _acc_dtype(jnp.result_type(p))), params
-        )
+        init = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), _acc_dtype(jnp.result_type(p))), params)
 
         def body(carry, xs):
             chunk, keep = xs

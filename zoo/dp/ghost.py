@@ -93,8 +93,10 @@ def unsupported_reason(cfg: object) -> str | None:
         return None
     if type(cfg) is TransformerConfig:
         return None
-    return (f"ghost clipping has a ghost forward only for the zoo MLPConfig and "
-            f"TransformerConfig models, not {type(cfg).__name__}")
+    return (
+        f"ghost clipping has a ghost forward only for the zoo MLPConfig and "
+        f"TransformerConfig models, not {type(cfg).__name__}"
+    )
 
 
 def supports(cfg: object) -> bool:
@@ -126,11 +128,16 @@ class Site:
 
 def sites(cfg: ModelConfig) -> tuple[Site, ...]:
     if isinstance(cfg, MLPConfig):
-        return (Site("in_proj", "dense", ("w", "b"), "in_proj"),
-                Site("blocks.dense", "dense", ("w", "b"), "blocks.dense"),
-                Site("head", "dense", ("w", "b"), "head"))
-    embed = (Site("embed", "dense", ("w", "b"), "embed") if cfg.takes_features
-             else Site("embed", "gather", ("w",), "embed"))
+        return (
+            Site("in_proj", "dense", ("w", "b"), "in_proj"),
+            Site("blocks.dense", "dense", ("w", "b"), "blocks.dense"),
+            Site("head", "dense", ("w", "b"), "head"),
+        )
+    embed = (
+        Site("embed", "dense", ("w", "b"), "embed")
+        if cfg.takes_features
+        else Site("embed", "gather", ("w",), "embed")
+    )
     return (
         embed,
         Site("pos", "pos", ("w",), "embed"),
@@ -219,7 +226,7 @@ class _Hooks:
     def stacked(self) -> dict:
         return {k: v for k, v in self.arrays.items() if k.startswith(STACK + ".")}
 
-    def layer(self, arrays) -> "_Hooks":
+    def layer(self, arrays) -> _Hooks:
         return _Hooks(self.mode, arrays, self.specs)
 
 
@@ -234,8 +241,7 @@ def _scan_stack(layer_fn: Callable, stacked, h, policy: RematPolicy):
     if not policy.nested:
         return jax.lax.scan(lambda carry, p: body(p, carry), h, stacked)
     groups = num_groups(num_layers)
-    grouped = jax.tree_util.tree_map(
-        lambda a: a.reshape(groups, num_layers // groups, *a.shape[1:]), stacked)
+    grouped = jax.tree_util.tree_map(lambda a: a.reshape(groups, num_layers // groups, *a.shape[1:]), stacked)
 
     def group_fn(group, carry):
         return jax.lax.scan(lambda c, p: body(p, c), carry, group)
@@ -253,11 +259,14 @@ def _run_stack(layer_fn, stacked_params, hooks: _Hooks, h, policy, prefix: int, 
         first = jax.tree_util.tree_map(lambda a: a[:prefix], stacked_params)
         if stop:
             first = jax.lax.stop_gradient(first)
-        h, _ = _scan_stack(lambda lp, c: (layer_fn(lp, c, _Hooks())[0], None),
-                           first, h, policy)
+        h, _ = _scan_stack(lambda lp, c: (layer_fn(lp, c, _Hooks())[0], None), first, h, policy)
         stacked_params = jax.tree_util.tree_map(lambda a: a[prefix:], stacked_params)
-    return _scan_stack(lambda lp, c: layer_fn(lp["params"], c, hooks.layer(lp["hooks"])),
-                       {"params": stacked_params, "hooks": hooks.stacked()}, h, policy)
+    return _scan_stack(
+        lambda lp, c: layer_fn(lp["params"], c, hooks.layer(lp["hooks"])),
+        {"params": stacked_params, "hooks": hooks.stacked()},
+        h,
+        policy,
+    )
 
 
 def _mlp_forward(cfg: MLPConfig, params, hooks: _Hooks, x, policy, prefix, stop):
@@ -267,8 +276,9 @@ def _mlp_forward(cfg: MLPConfig, params, hooks: _Hooks, x, policy, prefix, stop)
 
     def block(lp, h, hk):
         p = lp["dense"]
-        hidden = checkpoint_name(hk.out("blocks.dense", h @ p["w"] + p["b"], {"blocks.dense": h}),
-                                 names.MLP_HIDDEN)
+        hidden = checkpoint_name(
+            hk.out("blocks.dense", h @ p["w"] + p["b"], {"blocks.dense": h}), names.MLP_HIDDEN
+        )
         out = checkpoint_name(act(hidden), names.MLP_OUT)
         return out, ({"blocks.dense": h} if hk.capture else None)
 
@@ -296,26 +306,30 @@ def _transformer_forward(cfg: TransformerConfig, params, hooks: _Hooks, x, polic
             path = "blocks.attn." + name
             return checkpoint_name(hk.out(path, inp @ a[name]["w"], {path: inp}), tag)
 
-        q, k, v = (proj("q", names.ATTN_Q, y1), proj("k", names.ATTN_K, y1),
-                   proj("v", names.ATTN_V, y1))
+        q, k, v = (proj("q", names.ATTN_Q, y1), proj("k", names.ATTN_K, y1), proj("v", names.ATTN_V, y1))
         context = checkpoint_name(causal_attention(q, k, v, cfg.num_heads), names.ATTN_CONTEXT)
         h = h + proj("o", names.ATTN_OUT, context)
         xhat2 = _ln_hat(h)
         y2 = hk.out("blocks.ln2", xhat2 * p["ln2"]["scale"] + p["ln2"]["b"], {"blocks.ln2": xhat2})
         m = p["mlp"]
-        hidden = checkpoint_name(hk.out("blocks.mlp.up", y2 @ m["up"]["w"] + m["up"]["b"],
-                                        {"blocks.mlp.up": y2}), names.MLP_HIDDEN)
+        hidden = checkpoint_name(
+            hk.out("blocks.mlp.up", y2 @ m["up"]["w"] + m["up"]["b"], {"blocks.mlp.up": y2}), names.MLP_HIDDEN
+        )
         gelu = jax.nn.gelu(hidden)
-        out = checkpoint_name(hk.out("blocks.mlp.down", gelu @ m["down"]["w"] + m["down"]["b"],
-                                     {"blocks.mlp.down": gelu}), names.MLP_OUT)
-        caps = ({"blocks.ln1": xhat1, "blocks.ctx": context, "blocks.ln2": xhat2,
-                 "blocks.gelu": gelu} if hk.capture else None)
+        out = checkpoint_name(
+            hk.out("blocks.mlp.down", gelu @ m["down"]["w"] + m["down"]["b"], {"blocks.mlp.down": gelu}),
+            names.MLP_OUT,
+        )
+        caps = (
+            {"blocks.ln1": xhat1, "blocks.ctx": context, "blocks.ln2": xhat2, "blocks.gelu": gelu}
+            if hk.capture
+            else None
+        )
         return h + out, caps
 
     h, block_caps = _run_stack(block, params["blocks"], hooks, h, policy, prefix, stop)
     xhat_f = _ln_hat(h)
-    y = hooks.out("ln_f", xhat_f * params["ln_f"]["scale"] + params["ln_f"]["b"],
-                  {"ln_f": xhat_f})
+    y = hooks.out("ln_f", xhat_f * params["ln_f"]["scale"] + params["ln_f"]["b"], {"ln_f": xhat_f})
     if cfg.is_classifier:
         y = y.mean(axis=1)
     logits = hooks.out("head", y @ params["head"]["w"] + params["head"]["b"], {"head": y})
@@ -328,8 +342,16 @@ def _forward(cfg, params, x, hooks: _Hooks, policy, prefix=0, stop=False):
     return fwd(cfg, params, hooks, x, policy, prefix, stop)
 
 
-def ghost_forward(cfg: ModelConfig, params: dict, x: jax.Array, probes: dict | None = None,
-                  remat="none", *, frozen_prefix: int = 0, stop_prefix: bool = False):
+def ghost_forward(
+    cfg: ModelConfig,
+    params: dict,
+    x: jax.Array,
+    probes: dict | None = None,
+    remat="none",
+    *,
+    frozen_prefix: int = 0,
+    stop_prefix: bool = False,
+):
     """``(logits, captures)`` of the ghost forward on full canonical ``params``.
 
     ``probes`` maps a probe name (:attr:`Site.probe`) to a zero tensor shaped like that op's
@@ -358,8 +380,11 @@ def _probe_shapes(cfg: ModelConfig, x, layers: int) -> dict[str, tuple[int, ...]
         return {"in_proj": hid, "blocks.dense": (layers, *hid), "head": (b, cfg.num_classes)}
     t, d = x.shape[1], cfg.d_model
     row = (layers, b, t, d)
-    out = {"embed": (b, t, d), "ln_f": (b, t, d),
-           "head": (b, cfg.num_classes) if cfg.is_classifier else (b, t, cfg.vocab_size)}
+    out = {
+        "embed": (b, t, d),
+        "ln_f": (b, t, d),
+        "head": (b, cfg.num_classes) if cfg.is_classifier else (b, t, cfg.vocab_size),
+    }
     for name in ("ln1", "attn.q", "attn.k", "attn.v", "attn.o", "ln2", "mlp.down"):
         out["blocks." + name] = row
     out["blocks.mlp.up"] = (layers, b, t, cfg.d_ff)
@@ -414,7 +439,7 @@ class _Op:
     def _unflatten(cls, aux, children):
         op = object.__new__(cls)
         keys, op.static = aux
-        op.arrays = dict(zip(keys, children))
+        op.arrays = dict(zip(keys, children, strict=True))
         return op
 
 
@@ -475,8 +500,7 @@ class _LayerNorm(_Op):
     def __init__(self, xhat, d, leaves):
         d = d.astype(jnp.float32)
         self.static = tuple(leaves)
-        parts = {"scale": lambda: (d * xhat.astype(jnp.float32)).sum(axis=1),
-                 "b": lambda: d.sum(axis=1)}
+        parts = {"scale": lambda: (d * xhat.astype(jnp.float32)).sum(axis=1), "b": lambda: d.sum(axis=1)}
         self.arrays = {leaf: parts[leaf]() for leaf in leaves}
 
     def sq(self):
@@ -593,8 +617,10 @@ def _resolve_freeze(params, frozen, freeze_plan):
     """``(full params, plan or None)`` from the trainable tree, the frozen tree and the plan."""
     if frozen is None:
         if freeze_plan is not None and freeze_plan.frozen_count:
-            raise ZooError("ghost_clipped_grad_sum: freeze_plan freezes parameters but no "
-                           "frozen tree was given; pass frozen=plan.split(params)[1]")
+            raise ZooError(
+                "ghost_clipped_grad_sum: freeze_plan freezes parameters but no "
+                "frozen tree was given; pass frozen=plan.split(params)[1]"
+            )
         return params, None
     if freeze_plan is not None:
         return freeze_plan.merge(params, frozen), freeze_plan
@@ -603,7 +629,8 @@ def _resolve_freeze(params, frozen, freeze_plan):
     if overlap:
         raise ZooError(
             "ghost_clipped_grad_sum: the trainable and frozen trees share leaves "
-            f"{overlap} (row-wise freezing of a stack); pass freeze_plan= to merge them")
+            f"{overlap} (row-wise freezing of a stack); pass freeze_plan= to merge them"
+        )
     if not f_flat:
         return params, None
     from zoo.train.freeze import resolve_freeze
@@ -629,7 +656,7 @@ def ghost_clipped_grad_sum(
     example_mask: jax.Array | None = None,
     frozen: dict | None = None,
     freeze_plan=None,
-    remat: "str | RematPolicy | StackPlan" = "none",
+    remat: str | RematPolicy | StackPlan = "none",
     method: str = "auto",
     backend: str = "nnx",
     dense: str | None = None,
@@ -670,8 +697,9 @@ def ghost_clipped_grad_sum(
     if dense is not None:
         check_choice("dense norm method", dense, ("gram", "materialise"))
     if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
-        raise ValueError(f"l2_clip_norm must be > 0 (use float('inf') for no clipping); "
-                         f"got {l2_clip_norm!r}.")
+        raise ValueError(
+            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
+        )
     b = x.shape[0]
     if y.shape[0] != b:
         raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
@@ -679,14 +707,28 @@ def ghost_clipped_grad_sum(
         keep = jnp.ones((b,), bool)
     else:
         if jnp.shape(example_mask) != (b,):
-            raise ValueError(f"example_mask must have shape ({b},) to match the batch; got "
-                             f"{jnp.shape(example_mask)}.")
+            raise ValueError(
+                f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
+            )
         keep = jnp.asarray(example_mask) > 0
 
     reason = unsupported_reason(cfg)
     if reason:
-        return _fallback(cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen,
-                         freeze_plan, remat, backend, microbatch_size, return_losses)
+        return _fallback(
+            cfg,
+            params,
+            x,
+            y,
+            reason,
+            l2_clip_norm,
+            example_mask,
+            frozen,
+            freeze_plan,
+            remat,
+            backend,
+            microbatch_size,
+            return_losses,
+        )
 
     full, plan = _resolve_freeze(params, frozen, freeze_plan)
     gp = prepare(cfg, plan, remat)
@@ -705,7 +747,8 @@ def ghost_clipped_grad_sum(
         grads = jax.lax.cond(
             jnp.any(use),
             lambda: weighted_backward(gp, params, frozen, x2, y2, weights),
-            lambda: jax.tree_util.tree_map(jnp.zeros_like, params))
+            lambda: jax.tree_util.tree_map(jnp.zeros_like, params),
+        )
         grads = jax.tree_util.tree_map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
         return (grads, norms, losses) if return_losses else (grads, norms)
     losses, caps, deltas = probe_pass(gp, full, x, y)
@@ -795,8 +838,7 @@ def tap_pass(gp: GhostPlan, full, x, y, dense=None):
     layers = cfg.num_layers - gp.prefix
     taps, specs = {}, {}
     for site in gp.active:
-        rows = cfg.vocab_size if site.kind == "gather" else (
-            cfg.max_len if site.kind == "pos" else None)
+        rows = cfg.vocab_size if site.kind == "gather" else (cfg.max_len if site.kind == "pos" else None)
         specs[site.path] = (site.kind, site.leaves, dense, rows)
         lead = (layers,) if site.stacked else ()
         taps[site.path] = jnp.zeros((*lead, b, len(site.leaves)), jnp.float32)
@@ -810,7 +852,7 @@ def tap_pass(gp: GhostPlan, full, x, y, dense=None):
     sq = jnp.zeros((b,), jnp.float32)
     for site in gp.active:
         got = collected[site.path]
-        for j, (leaf, r) in enumerate(gp.rows_of(site.path).items()):
+        for j, r in enumerate(gp.rows_of(site.path).values()):
             sq = sq + (jnp.asarray(r, jnp.float32) @ got[..., j] if site.stacked else got[:, j])
     return losses, sq
 
@@ -834,7 +876,7 @@ def squared_norms(gp: GhostPlan, full, caps, deltas, batch_size: int, dense=None
     for site in gp.active:
         delta = deltas[site.probe]
         if site.stacked:
-            layer_params = jax.tree_util.tree_map(lambda a: a[gp.prefix:], full[STACK])
+            layer_params = jax.tree_util.tree_map(lambda a: a[gp.prefix :], full[STACK])
             layer_caps = {k: v for k, v in caps.items() if k.startswith(STACK + ".")}
 
             def make(p, c, d, s=site):
@@ -842,8 +884,7 @@ def squared_norms(gp: GhostPlan, full, caps, deltas, batch_size: int, dense=None
                 return op.sq(), op
 
             op_sq, op = jax.vmap(make)(layer_params, layer_caps, delta)
-            parts = [jnp.asarray(r, jnp.float32) @ op_sq[leaf]
-                     for leaf, r in gp.rows_of(site.path).items()]
+            parts = [jnp.asarray(r, jnp.float32) @ op_sq[leaf] for leaf, r in gp.rows_of(site.path).items()]
         else:
             op = _op_for(cfg, site, full, caps, delta, dense)
             parts = list(op.sq().values())
@@ -912,18 +953,40 @@ def _apply_merged(cfg, backend, frozen, freeze_plan):
     return merged
 
 
-def _fallback(cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen, freeze_plan,
-              remat, backend, microbatch_size, return_losses):
+def _fallback(
+    cfg,
+    params,
+    x,
+    y,
+    reason,
+    l2_clip_norm,
+    example_mask,
+    frozen,
+    freeze_plan,
+    remat,
+    backend,
+    microbatch_size,
+    return_losses,
+):
     from zoo.dp.clipping import clipped_grad_sum
 
-    warnings.warn(f"ghost clipping unavailable ({reason}); using the vmap path "
-                  "(zoo.dp.clipped_grad_sum)", stacklevel=3)
+    warnings.warn(
+        f"ghost clipping unavailable ({reason}); using the vmap path (zoo.dp.clipped_grad_sum)", stacklevel=3
+    )
     apply = _apply_merged(cfg, backend, frozen, freeze_plan)
 
     def loss(p, fz, xi, yi):
         del fz  # the frozen tree is closed over by ``apply``
         return per_example_loss(apply(p, xi[None], remat), yi[None])[0]
 
-    return clipped_grad_sum(loss, params, x, y, l2_clip_norm=l2_clip_norm,
-                            example_mask=example_mask, microbatch_size=microbatch_size,
-                            frozen={}, return_losses=return_losses)
+    return clipped_grad_sum(
+        loss,
+        params,
+        x,
+        y,
+        l2_clip_norm=l2_clip_norm,
+        example_mask=example_mask,
+        microbatch_size=microbatch_size,
+        frozen={},
+        return_losses=return_losses,
+    )

@@ -98,7 +98,7 @@ def add_gaussian_noise(
     keys = jax.random.split(noise_key(key, prng), len(leaves))
     leaves, keys = jax.lax.optimization_barrier((leaves, keys))
     noisy = []
-    for leaf, leaf_key in zip(leaves, keys):
+    for leaf, leaf_key in zip(leaves, keys, strict=True):
         if noisy:  # one leaf's sampler scratch at a time
             noisy[-1], leaf_key = jax.lax.optimization_barrier((noisy[-1], leaf_key))
         leaf = jnp.asarray(leaf)
@@ -129,6 +129,8 @@ def privatize(
         grad_sum, key, noise_multiplier=noise_multiplier, l2_clip_norm=l2_clip_norm, prng=prng
     )
     return jax.tree.map(
-        lambda x: (x / jnp.asarray(expected_batch_size, jnp.promote_types(x.dtype, jnp.float32))).astype(x.dtype),
+        lambda x: (x / jnp.asarray(expected_batch_size, jnp.promote_types(x.dtype, jnp.float32))).astype(
+            x.dtype
+        ),
         noisy,
     )

@@ -107,7 +107,7 @@ class PoissonSampler:
         truncation_prob: float = 1e-9,
         *,
         pad_to_multiple: int = 1,
-    ) -> "PoissonSampler":
+    ) -> PoissonSampler:
         """Sampler with ``q = expected_batch_size / num_examples``.
 
         ``padded_batch_size`` is the smallest size whose truncation probability
@@ -115,7 +115,11 @@ class PoissonSampler:
         to a multiple of ``pad_to_multiple`` (e.g. the clipping microbatch size).
         """
         n = _check_pos_int("num_examples", num_examples)
-        if isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, numbers.Real) or not expected_batch_size > 0:
+        if (
+            isinstance(expected_batch_size, bool)
+            or not isinstance(expected_batch_size, numbers.Real)
+            or not expected_batch_size > 0
+        ):
             raise ValueError(f"expected_batch_size must be > 0; got {expected_batch_size!r}.")
         q = expected_batch_size / n
         if not q <= 1.0:

@@ -64,7 +64,7 @@ def get_path(tree: dict, path: Path):
 
 def _nested(paths, values) -> dict:
     out: dict = {}
-    for path, value in zip(paths, values):
+    for path, value in zip(paths, values, strict=True):
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})
@@ -74,8 +74,10 @@ def _nested(paths, values) -> dict:
 
 def flat_by_path(tree) -> dict:
     """``{"blocks.attn.q.w": leaf, ...}``: a nested dict's leaves keyed by dotted path."""
-    return {jax.tree_util.keystr(p, simple=True, separator="."): x
-            for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+    return {
+        jax.tree_util.keystr(p, simple=True, separator="."): x
+        for p, x in jax.tree_util.tree_leaves_with_path(tree)
+    }
 
 
 def nest_by_path(flat) -> dict:
@@ -139,25 +141,30 @@ def to_canonical(model) -> dict:
         leaves = jax.tree_util.tree_leaves(nnx.split(model)[1])
     else:
         leaves = jax.tree_util.tree_leaves(model)
-    values = [_swap(x) if t else x for x, t in zip(leaves, layout.transposed)]
+    values = [_swap(x) if t else x for x, t in zip(leaves, layout.transposed, strict=True)]
     return _nested(layout.paths, values)
 
 
 def canonical_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Dotted canonical path -> shape, without allocating any parameters."""
     layout = _template(cfg, "nnx")
-    return {dotted(p): s for p, s in zip(layout.paths, layout.shapes)}
+    return {dotted(p): s for p, s in zip(layout.paths, layout.shapes, strict=True)}
 
 
 def check_params(cfg: ModelConfig, params: dict) -> None:
     """Raise a clear error when ``params`` does not fit ``cfg`` (missing, extra, bad shapes)."""
     expected = canonical_shapes(cfg)
-    got = {jax.tree_util.keystr(p, simple=True, separator="."): tuple(x.shape)
-           for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    got = {
+        jax.tree_util.keystr(p, simple=True, separator="."): tuple(x.shape)
+        for p, x in jax.tree_util.tree_leaves_with_path(params)
+    }
     missing = sorted(set(expected) - set(got))
     extra = sorted(set(got) - set(expected))
-    wrong = sorted(f"{k}: got {got[k]}, want {expected[k]}"
-                   for k in set(expected) & set(got) if tuple(expected[k]) != got[k])
+    wrong = sorted(
+        f"{k}: got {got[k]}, want {expected[k]}"
+        for k in set(expected) & set(got)
+        if tuple(expected[k]) != got[k]
+    )
     if missing or extra or wrong:
         raise ZooError(
             "parameters do not fit the model config "
@@ -174,7 +181,7 @@ def from_canonical(cfg: ModelConfig, backend: str, params: dict):
     except (KeyError, TypeError):
         check_params(cfg, params)
         raise
-    values = [_swap(x) if t else x for x, t in zip(values, layout.transposed)]
+    values = [_swap(x) if t else x for x, t in zip(values, layout.transposed, strict=True)]
     tree = jax.tree_util.tree_unflatten(layout.treedef, values)
     return nnx.merge(layout.graphdef, tree) if backend == "nnx" else tree
 
@@ -202,8 +209,5 @@ def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> dict:
 def _init_params(cfg: ModelConfig, key: jax.Array) -> dict:
     shapes = canonical_shapes(cfg)
     paths = sorted(_template(cfg, "nnx").paths)
-    values = [
-        _init_leaf(cfg, p, shapes[dotted(p)], jax.random.fold_in(key, i))
-        for i, p in enumerate(paths)
-    ]
+    values = [_init_leaf(cfg, p, shapes[dotted(p)], jax.random.fold_in(key, i)) for i, p in enumerate(paths)]
     return _nested(paths, values)

@@ -22,14 +22,14 @@ class CompileCounter:
             self.count += 1
 
     @contextlib.contextmanager
-    def track(self) -> Iterator["CompileCounter"]:
+    def track(self) -> Iterator[CompileCounter]:
         self._active = True
         try:
             yield self
         finally:
             self._active = False
 
-    def __enter__(self) -> "CompileCounter":
+    def __enter__(self) -> CompileCounter:
         jax.monitoring.register_event_duration_secs_listener(self._listener)
         return self
 

@@ -55,6 +55,7 @@ class Engine:
 
     def _grads(self, state: TrainState, frozen: dict, batch: dict):
         if self.dp is None:
+
             def loss(trainable):
                 losses, _ = self.example_losses(trainable, frozen, batch["x"], batch["y"])
                 return masked_mean(losses, batch["mask"])
@@ -67,40 +68,67 @@ class Engine:
             from zoo.dp.ghost import ghost_clipped_grad_sum
 
             return ghost_clipped_grad_sum(
-                self.cfg, state.params, batch["x"], batch["y"], l2_clip_norm=self.dp.clip_norm,
-                example_mask=batch["mask"], frozen=frozen, freeze_plan=self.freeze,
-                remat=self.remat, backend=self.backend, microbatch_size=self.dp.microbatch_size,
-                return_losses=True)
+                self.cfg,
+                state.params,
+                batch["x"],
+                batch["y"],
+                l2_clip_norm=self.dp.clip_norm,
+                example_mask=batch["mask"],
+                frozen=frozen,
+                freeze_plan=self.freeze,
+                remat=self.remat,
+                backend=self.backend,
+                microbatch_size=self.dp.microbatch_size,
+                return_losses=True,
+            )
 
         def one_example(trainable, frozen, x, y):
             return self.example_losses(trainable, frozen, x[None], y[None])[0][0]
 
         return clipped_grad_sum(
-            one_example, state.params, batch["x"], batch["y"],
-            l2_clip_norm=self.dp.clip_norm, microbatch_size=self.dp.microbatch_size,
-            example_mask=batch["mask"], frozen=frozen, return_losses=True)
+            one_example,
+            state.params,
+            batch["x"],
+            batch["y"],
+            l2_clip_norm=self.dp.clip_norm,
+            microbatch_size=self.dp.microbatch_size,
+            example_mask=batch["mask"],
+            frozen=frozen,
+            return_losses=True,
+        )
 
     def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
         # The logged loss comes from the clipping pass itself: no extra forward over the batch.
         grad_sum, _, losses = self._clipped_sum(state, frozen, batch)
-        grads = privatize(grad_sum, state.step_key(), noise_multiplier=self.dp.noise_multiplier,
-                          l2_clip_norm=self.dp.clip_norm,
-                          expected_batch_size=self.dp.expected_batch_size, prng=self.dp.noise_prng)
+        grads = privatize(
+            grad_sum,
+            state.step_key(),
+            noise_multiplier=self.dp.noise_multiplier,
+            l2_clip_norm=self.dp.clip_norm,
+            expected_batch_size=self.dp.expected_batch_size,
+            prng=self.dp.noise_prng,
+        )
         return masked_mean(losses, batch["mask"]), grads
 
     def train_step_fn(self, state: TrainState, frozen: dict, batch: dict):
         loss, grads = self._grads(state, frozen, batch)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                               opt_state=opt_state, rng=state.rng)
+        new_state = TrainState(
+            step=state.step + 1,
+            params=optax.apply_updates(state.params, updates),
+            opt_state=opt_state,
+            rng=state.rng,
+        )
         return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def eval_step_fn(self, trainable: dict, frozen: dict, batch: dict) -> dict:
         losses, logits = self.example_losses(trainable, frozen, batch["x"], batch["y"])
         mask = batch["mask"]
-        return {"loss_sum": (losses * mask).sum(),
-                "correct_sum": (accuracy_per_example(logits, batch["y"]) * mask).sum(),
-                "count": mask.sum()}
+        return {
+            "loss_sum": (losses * mask).sum(),
+            "correct_sum": (accuracy_per_example(logits, batch["y"]) * mask).sum(),
+            "count": mask.sum(),
+        }
 
     # -- compiled entry points -----------------------------------------------------------
     @functools.cached_property
@@ -132,5 +160,8 @@ def evaluate(engine: Engine, state: TrainState, frozen: dict, batches) -> dict:
             totals[key] += float(out[key])
     count = max(totals["count"], 1.0)
     loss = totals["loss_sum"] / count
-    return {"eval_loss": loss, "eval_accuracy": totals["correct_sum"] / count,
-            "eval_bits_per_char": loss / float(jnp.log(2.0))}
+    return {
+        "eval_loss": loss,
+        "eval_accuracy": totals["correct_sum"] / count,
+        "eval_bits_per_char": loss / float(jnp.log(2.0)),
+    }

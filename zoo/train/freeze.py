@@ -69,8 +69,7 @@ class Pattern:
             return False
         segments = dotted_path.split(".")
         return any(
-            fnmatch.fnmatchcase(".".join(segments[:n]), self.path)
-            for n in range(1, len(segments) + 1)
+            fnmatch.fnmatchcase(".".join(segments[:n]), self.path) for n in range(1, len(segments) + 1)
         )
 
     def rows(self, num_layers: int) -> tuple[int, ...]:
@@ -119,8 +118,9 @@ def _parse_layers(pattern: str, index: str) -> int | slice:
     m = _SLICE.fullmatch(index)
     if m is None:
         raise _malformed(pattern, f"layer range [{index}] is not an index or a start:stop[:step] slice")
-    start, stop, step = (None if v is None or not v.strip() else int(v)
-                         for v in m.group("start", "stop", "step"))
+    start, stop, step = (
+        None if v is None or not v.strip() else int(v) for v in m.group("start", "stop", "step")
+    )
     if step == 0:
         raise _malformed(pattern, "layer range step must not be 0")
     return slice(start, stop, step)
@@ -148,8 +148,11 @@ def parse_pattern(pattern: str) -> Pattern:
         raise ZooError(
             f"freeze pattern {pattern!r}: a layer range is only allowed directly after "
             f"'{STACK}' (the scanned stack), not after {head!r}"
-            + (f"; write e.g. '{STACK}[{index.strip()}].{head.split('.', 1)[1]}{tail}'"
-               if head.startswith(STACK + ".") else "")
+            + (
+                f"; write e.g. '{STACK}[{index.strip()}].{head.split('.', 1)[1]}{tail}'"
+                if head.startswith(STACK + ".")
+                else ""
+            )
         )
     return Pattern(pattern, head + tail, _parse_layers(pattern, index.strip()))
 
@@ -207,8 +210,15 @@ class FreezePlan:
     patterns: tuple[Pattern, ...] = field(default=())
 
     def __hash__(self) -> int:  # hashable, so a plan can be a static argument of jit
-        return hash((tuple(self.shapes.items()), tuple(sorted(self.frozen_rows.items())),
-                     self.frozen_leaves, self.num_layers, self.frozen_prefix))
+        return hash(
+            (
+                tuple(self.shapes.items()),
+                tuple(sorted(self.frozen_rows.items())),
+                self.frozen_leaves,
+                self.num_layers,
+                self.frozen_prefix,
+            )
+        )
 
     # --- per-leaf status
 
@@ -317,7 +327,7 @@ class FreezePlan:
                 for is_frozen, a, b in self._row_runs(path):
                     source = f_flat[path] if is_frozen else t_flat[path]
                     start = offsets[is_frozen]
-                    pieces.append(source[start:start + b - a])
+                    pieces.append(source[start : start + b - a])
                     offsets[is_frozen] = start + b - a
                 out[path] = _concat_rows(pieces)
         return nest_by_path(out)
@@ -362,8 +372,7 @@ def _no_match(pattern: Pattern, shapes) -> ZooError:
     close = close or difflib.get_close_matches(pattern.path, candidates, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return ZooError(
-        f"freeze pattern {pattern.text!r} matches no parameter.{hint} "
-        f"Available paths: {', '.join(shapes)}."
+        f"freeze pattern {pattern.text!r} matches no parameter.{hint} Available paths: {', '.join(shapes)}."
     )
 
 
@@ -392,8 +401,7 @@ def _stack_depth(shapes: Mapping[str, tuple[int, ...]], num_layers: int | None) 
     if num_layers is not None:
         if found and found != {num_layers}:
             raise ZooError(
-                f"num_layers={num_layers} does not match the stacked params, which have "
-                f"{found.pop()} layers"
+                f"num_layers={num_layers} does not match the stacked params, which have {found.pop()} layers"
             )
         return num_layers
     return found.pop() if found else 0
@@ -420,8 +428,9 @@ def resolve_freeze(
     rows: dict[str, set[int]] = {}
     for pattern in parsed:
         if pattern.layers is not None and not depth:
-            raise ZooError(f"freeze pattern {pattern.text!r} has a layer range, but the "
-                           f"params have no '{STACK}' stack")
+            raise ZooError(
+                f"freeze pattern {pattern.text!r} has a layer range, but the params have no '{STACK}' stack"
+            )
         selected_rows = pattern.rows(depth) if depth else ()
         hits = [p for p in shapes if pattern.selects(p)]
         if not hits:

@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from zoo.configs import ModelConfig
-from zoo.dp import PoissonSampler, epsilon_spent, resolve_noise_multiplier
-from zoo.dp import ghost
+from zoo.dp import PoissonSampler, epsilon_spent, ghost, resolve_noise_multiplier
 from zoo.errors import ZooError
 from zoo.models import canonical
+from zoo.models.registry import get_config
 from zoo.recipes import Recipe, to_dict
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
@@ -32,7 +32,6 @@ from zoo.train.engine import DPRuntime, Engine, evaluate
 from zoo.train.freeze import FreezePlan, resolve_freeze
 from zoo.train.state import TrainState, make_optimizer, secret_train_key, train_key
 from zoo.train.task import Task, fit_model_to_task, load_task, task_kind
-from zoo.models.registry import get_config
 
 
 class TrainingDiverged(ZooError):
@@ -68,8 +67,9 @@ def _dp_plan(recipe: Recipe, task: Task) -> DPPlan | None:
         return None
     n = task.num_train
     sigma, eps = resolve_noise_multiplier(dp, n, recipe.train.steps)
-    sampler = PoissonSampler.for_expected_batch(n, dp.expected_batch_size, recipe.train.seed,
-                                                pad_to_multiple=dp.microbatch_size or 1)
+    sampler = PoissonSampler.for_expected_batch(
+        n, dp.expected_batch_size, recipe.train.seed, pad_to_multiple=dp.microbatch_size or 1
+    )
     return DPPlan(sampler=sampler, noise_multiplier=sigma, epsilon=eps, steps=recipe.train.steps)
 
 
@@ -86,7 +86,10 @@ def _warn_if_public_noise_keys(state: TrainState, seed: int) -> None:
         warnings.warn(
             "this checkpoint's DP noise keys are the keys that drew its initial weights, so the "
             "noise can be recomputed from them; the privacy claim does not hold for this run. "
-            "Start it again instead of resuming.", RuntimeWarning, stacklevel=3)
+            "Start it again instead of resuming.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _warn_unused_microbatch(recipe: Recipe, cfg: ModelConfig) -> None:
@@ -96,7 +99,9 @@ def _warn_unused_microbatch(recipe: Recipe, cfg: ModelConfig) -> None:
             f"dp.microbatch_size={dp.microbatch_size} has no effect on memory with "
             f"dp.clipping='ghost' (there are no per-example gradients to chunk); it only rounds "
             f"the padded batch up to a multiple of {dp.microbatch_size}. Use dp.clipping='vmap' "
-            f"to clip in microbatches.", stacklevel=3)
+            f"to clip in microbatches.",
+            stacklevel=3,
+        )
 
 
 def build_run(recipe: Recipe) -> Run:
@@ -106,16 +111,21 @@ def build_run(recipe: Recipe) -> Run:
     if recipe.freeze.init_from:
         source = checkpoint.load_checkpoint(recipe.freeze.init_from)
     preset_cfg = get_config(recipe.model.preset, **dict(recipe.model.overrides))
-    task = load_task(recipe.data, task_kind(preset_cfg), seed,
-                     tokenizer=source.tokenizer if source else None,
-                     max_len=getattr(preset_cfg, "max_len", None))
+    task = load_task(
+        recipe.data,
+        task_kind(preset_cfg),
+        seed,
+        tokenizer=source.tokenizer if source else None,
+        max_len=getattr(preset_cfg, "max_len", None),
+    )
     cfg = fit_model_to_task(recipe.model.preset, dict(recipe.model.overrides), task)
     if source is not None:
         try:
             canonical.check_params(cfg, source.params)
         except ZooError as error:
-            raise ZooError(f"--init-from {recipe.freeze.init_from!r} does not fit this recipe's "
-                           f"model: {error}") from None
+            raise ZooError(
+                f"--init-from {recipe.freeze.init_from!r} does not fit this recipe's model: {error}"
+            ) from None
         params = source.params
     else:
         params = canonical.init_params(cfg, seed)
@@ -124,11 +134,22 @@ def build_run(recipe: Recipe) -> Run:
     dp = _dp_plan(recipe, task)
     optimizer = make_optimizer(recipe.optim, recipe.train.steps, clip=dp is None)
     engine = Engine(
-        cfg=cfg, backend=recipe.model.backend,
+        cfg=cfg,
+        backend=recipe.model.backend,
         remat=StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix),
-        freeze=freeze, optimizer=optimizer,
-        dp=DPRuntime(dp.noise_multiplier, recipe.dp.clip_norm, dp.sampler.expected_batch_size,
-                     recipe.dp.microbatch_size, recipe.dp.clipping, recipe.dp.noise_prng) if dp else None)
+        freeze=freeze,
+        optimizer=optimizer,
+        dp=DPRuntime(
+            dp.noise_multiplier,
+            recipe.dp.clip_norm,
+            dp.sampler.expected_batch_size,
+            recipe.dp.microbatch_size,
+            recipe.dp.clipping,
+            recipe.dp.noise_prng,
+        )
+        if dp
+        else None,
+    )
     return Run(recipe, task, cfg, params, freeze, engine, dp)
 
 
@@ -141,16 +162,23 @@ def train_batch(run: Run, step: int) -> dict[str, np.ndarray]:
 
 def _meta(run: Run) -> dict:
     tokenizer = run.task.data.tokenizer
-    return {"recipe": to_dict(run.recipe), "model": checkpoint.model_meta(run.cfg, run.engine.backend),
-            "tokenizer": tokenizer.to_json() if tokenizer else None}
+    return {
+        "recipe": to_dict(run.recipe),
+        "model": checkpoint.model_meta(run.cfg, run.engine.backend),
+        "tokenizer": tokenizer.to_json() if tokenizer else None,
+    }
 
 
 def _epsilon_at(run: Run, step: int) -> float:
     if step == 0:
         return 0.0
-    return epsilon_spent(noise_multiplier=run.dp.noise_multiplier, delta=run.recipe.dp.delta,
-                         sampling_prob=run.dp.sampler.sampling_prob, steps=step,
-                         accountant=run.recipe.dp.accountant)
+    return epsilon_spent(
+        noise_multiplier=run.dp.noise_multiplier,
+        delta=run.recipe.dp.delta,
+        sampling_prob=run.dp.sampler.sampling_prob,
+        steps=step,
+        accountant=run.recipe.dp.accountant,
+    )
 
 
 class _Log:
@@ -168,13 +196,27 @@ class _Log:
 
 
 def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} ex/s"),
-                    TimeRemainingColumn(), console=console, transient=False)
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[rate]} ex/s"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
 
 
-def train(recipe: Recipe, out_dir: str | Path, *, resume: bool = False,
-          console: Console | None = None, show_progress: bool = True, run: Run | None = None) -> dict:
+def train(
+    recipe: Recipe,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    console: Console | None = None,
+    show_progress: bool = True,
+    run: Run | None = None,
+) -> dict:
     """Train ``recipe`` into ``out_dir`` and return the run summary.
 
     ``run`` may be passed when the caller already built it from the same recipe.
@@ -193,8 +235,10 @@ def train(recipe: Recipe, out_dir: str | Path, *, resume: bool = False,
         if run.dp:
             _warn_if_public_noise_keys(state, recipe.train.seed)
     elif not resume and checkpoint.latest_step(out) is not None:
-        raise ZooError(f"{str(out)!r} already holds checkpoints; pass --resume to continue that "
-                       "run or choose another --out")
+        raise ZooError(
+            f"{str(out)!r} already holds checkpoints; pass --resume to continue that "
+            "run or choose another --out"
+        )
     (out / "recipe.json").write_text(json.dumps(to_dict(recipe), indent=2) + "\n")
     meta, log = _meta(run), _Log(out / "metrics.jsonl")
     batch_rows = run.dp.sampler.padded_batch_size if run.dp else recipe.train.batch_size
@@ -202,8 +246,9 @@ def train(recipe: Recipe, out_dir: str | Path, *, resume: bool = False,
     timed_examples, timed_seconds, loss = 0, 0.0, float("nan")
     try:
         with CompileCounter() as compiles, _progress(console) as progress:
-            bar = progress.add_task(recipe.name, total=steps, completed=start, loss="-", rate="-",
-                                    visible=show_progress)
+            bar = progress.add_task(
+                recipe.name, total=steps, completed=start, loss="-", rate="-", visible=show_progress
+            )
             for step in range(start, steps):
                 batch = train_batch(run, step)
                 tic = time.perf_counter()
@@ -216,17 +261,26 @@ def train(recipe: Recipe, out_dir: str | Path, *, resume: bool = False,
                 if not math.isfinite(loss):
                     raise TrainingDiverged(
                         f"loss became {loss} at step {step + 1}; stopped. The last good checkpoint "
-                        f"is step {last_saved} in {str(out)!r}" if last_saved else
-                        f"loss became {loss} at step {step + 1}; stopped before any checkpoint")
+                        f"is step {last_saved} in {str(out)!r}"
+                        if last_saved
+                        else f"loss became {loss} at step {step + 1}; stopped before any checkpoint"
+                    )
                 done = step + 1
                 rate = timed_examples / timed_seconds if timed_seconds else 0.0
                 progress.update(bar, completed=done, loss=f"{loss:.4f}", rate=f"{rate:,.0f}")
                 if done % recipe.train.log_every == 0 or done == steps:
-                    log.write({"step": done, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
-                               "examples_per_sec": rate})
+                    log.write(
+                        {
+                            "step": done,
+                            "loss": loss,
+                            "grad_norm": float(metrics["grad_norm"]),
+                            "examples_per_sec": rate,
+                        }
+                    )
                 if done % recipe.train.eval_every == 0 or done == steps:
-                    eval_metrics = evaluate(engine, state, frozen, run.task.eval_batches(
-                        batch_rows, recipe.train.eval_batches))
+                    eval_metrics = evaluate(
+                        engine, state, frozen, run.task.eval_batches(batch_rows, recipe.train.eval_batches)
+                    )
                     if run.dp:
                         eval_metrics["epsilon"] = _epsilon_at(run, done)
                     log.write({"step": done, **eval_metrics})
@@ -237,11 +291,18 @@ def train(recipe: Recipe, out_dir: str | Path, *, resume: bool = False,
     finally:
         log.close()
     summary = {
-        "recipe": recipe.name, "backend": engine.backend, "remat": recipe.train.remat,
-        "model": recipe.model.preset, "dataset": recipe.data.dataset, "steps": steps,
-        "train_loss": loss, "examples_per_sec": timed_examples / timed_seconds if timed_seconds else None,
-        "compile_count": compiles.count, "out_dir": str(out),
-        "trainable_params": run.freeze.trainable_count, "frozen_params": run.freeze.frozen_count,
+        "recipe": recipe.name,
+        "backend": engine.backend,
+        "remat": recipe.train.remat,
+        "model": recipe.model.preset,
+        "dataset": recipe.data.dataset,
+        "steps": steps,
+        "train_loss": loss,
+        "examples_per_sec": timed_examples / timed_seconds if timed_seconds else None,
+        "compile_count": compiles.count,
+        "out_dir": str(out),
+        "trainable_params": run.freeze.trainable_count,
+        "frozen_params": run.freeze.frozen_count,
         **{k: eval_metrics.get(k) for k in ("eval_loss", "eval_accuracy", "eval_bits_per_char")},
     }
     if run.task.is_lm:
@@ -249,10 +310,15 @@ def train(recipe: Recipe, out_dir: str | Path, *, resume: bool = False,
     else:
         summary.pop("eval_bits_per_char")
     if run.dp:
-        summary.update(epsilon=_epsilon_at(run, steps), delta=recipe.dp.delta,
-                       noise_multiplier=run.dp.noise_multiplier,
-                       sampling_prob=run.dp.sampler.sampling_prob, clip_norm=recipe.dp.clip_norm,
-                       accountant=recipe.dp.accountant, expected_batch_size=recipe.dp.expected_batch_size,
-                       padded_batch_size=run.dp.sampler.padded_batch_size)
+        summary.update(
+            epsilon=_epsilon_at(run, steps),
+            delta=recipe.dp.delta,
+            noise_multiplier=run.dp.noise_multiplier,
+            sampling_prob=run.dp.sampler.sampling_prob,
+            clip_norm=recipe.dp.clip_norm,
+            accountant=recipe.dp.accountant,
+            expected_batch_size=recipe.dp.expected_batch_size,
+            padded_batch_size=run.dp.sampler.padded_batch_size,
+        )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

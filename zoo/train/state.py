@@ -12,7 +12,6 @@ import optax
 
 from zoo.configs import OptimConfig
 
-
 # ``canonical.init_params`` draws leaf i from ``fold_in(key(seed), i)``. Step s's key would be
 # that same key if the step keys hung off ``key(seed)`` directly, and the DP noise of step s
 # could then be read off the published initial weights. The training stream branches off at
@@ -49,8 +48,9 @@ class TrainState:
     rng: jax.Array
 
     @classmethod
-    def create(cls, params: dict, optimizer: optax.GradientTransformation, seed: int,
-               key: jax.Array | None = None) -> "TrainState":
+    def create(
+        cls, params: dict, optimizer: optax.GradientTransformation, seed: int, key: jax.Array | None = None
+    ) -> TrainState:
         """A fresh state whose per-step keys hang off ``key``, or ``train_key(seed)`` without one."""
         return cls(
             step=jnp.zeros((), jnp.int32),
@@ -67,14 +67,18 @@ def learning_rate(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     end = cfg.lr * cfg.end_lr_ratio
     if cfg.schedule == "cosine":
         return optax.warmup_cosine_decay_schedule(
-            init_value=0.0 if cfg.warmup_steps else cfg.lr, peak_value=cfg.lr,
-            warmup_steps=cfg.warmup_steps, decay_steps=max(total_steps, cfg.warmup_steps + 1),
-            end_value=end)
+            init_value=0.0 if cfg.warmup_steps else cfg.lr,
+            peak_value=cfg.lr,
+            warmup_steps=cfg.warmup_steps,
+            decay_steps=max(total_steps, cfg.warmup_steps + 1),
+            end_value=end,
+        )
     if not cfg.warmup_steps:
         return optax.constant_schedule(cfg.lr)
     return optax.join_schedules(
         [optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)],
-        [cfg.warmup_steps])
+        [cfg.warmup_steps],
+    )
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int, clip: bool = True) -> optax.GradientTransformation:

@@ -51,8 +51,7 @@ class Task:
             starts = indices.astype(np.int64) * self.seq_len
             window = self.data.x_train[starts[:, None] + np.arange(self.seq_len + 1)]
             return {"x": window[:, :-1], "y": window[:, 1:], "mask": mask}
-        return {"x": self.shape_x(self.data.x_train[indices]), "y": self.data.y_train[indices],
-                "mask": mask}
+        return {"x": self.shape_x(self.data.x_train[indices]), "y": self.data.y_train[indices], "mask": mask}
 
     def eval_batches(self, batch_size: int, max_batches: int) -> Iterator[dict[str, np.ndarray]]:
         limit = max_batches if self.is_lm else None
@@ -61,24 +60,37 @@ class Task:
 
 
 def task_kind(model: ModelConfig) -> str:
-    """"lm" for a transformer with an LM head, else "classify"."""
+    """ "lm" for a transformer with an LM head, else "classify"."""
     if isinstance(model, MLPConfig) or model.is_classifier:
         return "classify"
     return "lm"
 
 
-def load_task(config: DataConfig, kind: str, seed: int, tokenizer: CharTokenizer | None = None,
-              max_len: int | None = None) -> Task:
-    data = load_dataset(config.dataset, task=kind, seed=seed,
-                        eval_fraction=config.eval_fraction, classes=config.classes,
-                        text_column=config.text_column, label_column=config.label_column,
-                        tokenizer=tokenizer)
+def load_task(
+    config: DataConfig,
+    kind: str,
+    seed: int,
+    tokenizer: CharTokenizer | None = None,
+    max_len: int | None = None,
+) -> Task:
+    data = load_dataset(
+        config.dataset,
+        task=kind,
+        seed=seed,
+        eval_fraction=config.eval_fraction,
+        classes=config.classes,
+        text_column=config.text_column,
+        label_column=config.label_column,
+        tokenizer=tokenizer,
+    )
     seq_len = (config.seq_len or max_len) if data.task == "lm" else None
     row_shape = None
     if config.layout == "rows":
         if data.task == "lm" or not data.feature_shape or len(data.feature_shape) != 2:
-            raise ZooError(f"data.layout='rows' needs 2-D image features; {config.dataset!r} has "
-                           f"feature shape {data.feature_shape}")
+            raise ZooError(
+                f"data.layout='rows' needs 2-D image features; {config.dataset!r} has "
+                f"feature shape {data.feature_shape}"
+            )
         row_shape = tuple(data.feature_shape)
     return Task(data=data, config=config, seq_len=seq_len, row_shape=row_shape)
 
@@ -89,16 +101,23 @@ def fit_model_to_task(preset: str, overrides: dict, task: Task) -> ModelConfig:
     fitted: dict = {}
     if isinstance(cfg, MLPConfig):
         if task.is_lm or task.row_shape:
-            raise ZooError(f"model {preset!r} is a classifier MLP; it needs flat features, "
-                           f"not {'text' if task.is_lm else 'rows'}")
+            raise ZooError(
+                f"model {preset!r} is a classifier MLP; it needs flat features, "
+                f"not {'text' if task.is_lm else 'rows'}"
+            )
         fitted = {"d_in": task.data.num_features, "num_classes": task.data.num_classes}
     elif task.is_lm:
-        fitted = {"vocab_size": task.data.vocab_size, "num_classes": 0, "d_in": 0,
-                  "max_len": max(cfg.max_len, task.seq_len)}
+        fitted = {
+            "vocab_size": task.data.vocab_size,
+            "num_classes": 0,
+            "d_in": 0,
+            "max_len": max(cfg.max_len, task.seq_len),
+        }
     else:
         if not task.row_shape:
-            raise ZooError(f"a transformer classifier needs data.layout='rows' (got 'flat') for "
-                           f"{task.config.dataset!r}")
+            raise ZooError(
+                f"a transformer classifier needs data.layout='rows' (got 'flat') for {task.config.dataset!r}"
+            )
         rows, width = task.row_shape
         fitted = {"d_in": width, "num_classes": task.data.num_classes, "max_len": rows}
     return get_config(cfg, **{k: v for k, v in fitted.items() if getattr(cfg, k) != v})

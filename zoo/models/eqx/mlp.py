@@ -39,9 +39,7 @@ class MLP(eqx.Module):
         k_in, k_blocks, k_head = jax.random.split(key, 3)
         self.cfg = cfg
         self.in_proj = eqx.nn.Linear(cfg.d_in, cfg.d_hidden, key=k_in)
-        self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(
-            jax.random.split(k_blocks, cfg.num_layers)
-        )
+        self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(k_blocks, cfg.num_layers))
         self.head = eqx.nn.Linear(cfg.d_hidden, cfg.num_classes, key=k_head)
 
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:

@@ -102,9 +102,7 @@ class Transformer(eqx.Module):
         else:
             self.embed = eqx.nn.Embedding(cfg.vocab_size, cfg.d_model, key=k_embed)
         self.pos = eqx.nn.Embedding(cfg.max_len, cfg.d_model, key=k_pos)
-        self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(
-            jax.random.split(k_blocks, cfg.num_layers)
-        )
+        self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(k_blocks, cfg.num_layers))
         self.ln_f = eqx.nn.LayerNorm(cfg.d_model, eps=LN_EPS)
         self.head = eqx.nn.Linear(cfg.d_model, cfg.out_dim, key=k_head)
 

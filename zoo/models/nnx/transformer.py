@@ -89,4 +89,3 @@ class Transformer(nnx.Module):
         if self.cfg.is_classifier:
             h = h.mean(axis=1)
         return checkpoint_name(self.head(h), names.LOGITS)
-

@@ -57,8 +57,7 @@ HOST = "pinned_host"
 _PASS_THROUGH = {"reduce_precision", "device_put", "copy", "copy_p", "optimization_barrier"}
 # Primitives that only change a value's layout; a parameter seen through them is still a
 # parameter (e.g. LayerNorm's scale reshaped to [1, 1, D], or Equinox's transposed weights).
-_LAYOUT = {"reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims",
-           "convert_element_type"}
+_LAYOUT = {"reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "convert_element_type"}
 
 
 @dataclass(frozen=True)
@@ -95,8 +94,11 @@ def _sub_jaxpr(eqn):
         if sub is None:
             continue
         inner = getattr(sub, "jaxpr", sub)
-        if isinstance(inner, jcore.Jaxpr) and len(inner.invars) == len(eqn.invars) \
-                and len(inner.outvars) == len(eqn.outvars):
+        if (
+            isinstance(inner, jcore.Jaxpr)
+            and len(inner.invars) == len(eqn.invars)
+            and len(inner.outvars) == len(eqn.outvars)
+        ):
             return inner
     return None
 
@@ -131,16 +133,24 @@ def _input_name(var, jaxpr) -> str | None:
 class _Frame:
     """One jaxpr being walked, and how its inputs map onto the enclosing jaxpr."""
 
-    def __init__(self, jaxpr, parent: "_Frame | None" = None, outer_eqn=None,
-                 top_inputs: Callable[[int], _Origin] | None = None):
+    def __init__(
+        self,
+        jaxpr,
+        parent: _Frame | None = None,
+        outer_eqn=None,
+        top_inputs: Callable[[int], _Origin] | None = None,
+    ):
         self.jaxpr = jaxpr
         self.parent = parent
         self.outer_eqn = outer_eqn
         self.top_inputs = top_inputs
         self.producer = {v: e for e in jaxpr.eqns for v in e.outvars}
         # a value that is passed straight to ``checkpoint_name`` is that named tensor
-        self.named_as = {e.invars[0]: e.params["name"] for e in jaxpr.eqns
-                         if e.primitive.name == "name" and not isinstance(e.invars[0], jcore.Literal)}
+        self.named_as = {
+            e.invars[0]: e.params["name"]
+            for e in jaxpr.eqns
+            if e.primitive.name == "name" and not isinstance(e.invars[0], jcore.Literal)
+        }
         self.invar_pos = {v: i for i, v in enumerate(jaxpr.invars)}
         self.constvars = set(jaxpr.constvars)
 
@@ -166,8 +176,11 @@ class _Frame:
             num_consts, num_carry = _scan_counts(eqn)
             if num_consts <= pos < num_consts + num_carry:  # the carry: a block (or group) input
                 name = _input_name(var, self.jaxpr)
-                return _Origin(name or "scan carry", "activation", "scan carry",
-                               named=bool(name)), count, stacked
+                return (
+                    _Origin(name or "scan carry", "activation", "scan carry", named=bool(name)),
+                    count,
+                    stacked,
+                )
         origin, _, _ = self.parent.resolve(eqn.invars[pos])
         return origin, count, stacked
 
@@ -217,8 +230,8 @@ def _depends_on_inputs(jaxpr, live_inputs=None) -> set:
         if sub is None:
             dep.update(eqn.outvars)
             continue
-        inner = _depends_on_inputs(sub, [v for v, on in zip(sub.invars, live) if on])
-        dep.update(o for o, i in zip(eqn.outvars, sub.outvars) if i in inner)
+        inner = _depends_on_inputs(sub, [v for v, on in zip(sub.invars, live, strict=True) if on])
+        dep.update(o for o, i in zip(eqn.outvars, sub.outvars, strict=True) if i in inner)
     return dep
 
 
@@ -228,9 +241,13 @@ def _memory_kind(aval) -> str:
     return HOST if "host" in label else DEVICE
 
 
-def find_residuals(fn: Callable, *args, const_args: tuple = (),
-                   input_origin: Callable[[int], _Origin] | None = None,
-                   loop_invariant_kind: bool = False) -> list[_Found]:
+def find_residuals(
+    fn: Callable,
+    *args,
+    const_args: tuple = (),
+    input_origin: Callable[[int], _Origin] | None = None,
+    loop_invariant_kind: bool = False,
+) -> list[_Found]:
     """Residuals of ``vjp(lambda *a: fn(*a, *const_args), *args)``, each followed to its origin.
 
     ``args`` and ``const_args`` may be arrays or ``jax.ShapeDtypeStruct``: only shapes are
@@ -255,7 +272,7 @@ def find_residuals(fn: Callable, *args, const_args: tuple = (),
     closed, shapes = jax.make_jaxpr(traced, return_shape=True)(*leaves, *const_leaves)
     jaxpr = closed.jaxpr
     num_res = len(jax.tree_util.tree_leaves(shapes[1]))
-    res_vars = jaxpr.outvars[len(jaxpr.outvars) - num_res:]
+    res_vars = jaxpr.outvars[len(jaxpr.outvars) - num_res :]
     frame = _Frame(jaxpr, top_inputs=input_origin or (lambda i: _Origin("param", "param")))
     live = _depends_on_inputs(jaxpr) if loop_invariant_kind else None
     found = []
@@ -266,8 +283,7 @@ def find_residuals(fn: Callable, *args, const_args: tuple = (),
         if live is not None and origin.kind == "activation" and var not in live:
             origin = _Origin(origin.name, "constant", origin.source)
         shape = tuple(var.aval.shape)[stacked:]  # one copy: drop the leading scan axes
-        found.append(_Found(origin, count, stacked > 0, shape, str(var.aval.dtype),
-                            _memory_kind(var.aval)))
+        found.append(_Found(origin, count, stacked > 0, shape, str(var.aval.dtype), _memory_kind(var.aval)))
     return found
 
 
@@ -292,8 +308,15 @@ def _merge(rows: list[dict]) -> list[dict]:
     """Merge rows that describe the same residual (same name, shape, placement, scope)."""
     merged: dict[tuple, dict] = {}
     for row in rows:
-        key = (row["name"], tuple(row["shape"]), row["dtype"], row["memory_kind"], row["kind"],
-               row["scope"], row["source"])
+        key = (
+            row["name"],
+            tuple(row["shape"]),
+            row["dtype"],
+            row["memory_kind"],
+            row["kind"],
+            row["scope"],
+            row["source"],
+        )
         if key in merged:
             merged[key]["count"] += row["count"]
             merged[key]["bytes"] += row["bytes"]
@@ -357,8 +380,16 @@ def _stack_scan(group_body, stacked, h):
 # --- the report --------------------------------------------------------------------------------
 
 
-def residual_report(model_name_or_cfg, policy, *, backend: str = "nnx", batch: int = 8,
-                    seq: int | None = None, seed: int = 0, **overrides) -> dict:
+def residual_report(
+    model_name_or_cfg,
+    policy,
+    *,
+    backend: str = "nnx",
+    batch: int = 8,
+    seq: int | None = None,
+    seed: int = 0,
+    **overrides,
+) -> dict:
     """What ``policy`` keeps for the backward pass of ``model`` at this batch shape.
 
     ``overrides`` are config fields (``num_layers=16``...). Returns a JSON-ready dict; see the
@@ -398,11 +429,12 @@ def residual_report(model_name_or_cfg, policy, *, backend: str = "nnx", batch: i
 
     # 1. one block, in isolation
     body = layer_body(layer_fn, pol)
-    per_block = _merge([
-        _row(f, "block")
-        for f in find_residuals(body, layer0, h, input_origin=block_inputs,
-                                loop_invariant_kind=True)
-    ])
+    per_block = _merge(
+        [
+            _row(f, "block")
+            for f in find_residuals(body, layer0, h, input_origin=block_inputs, loop_invariant_kind=True)
+        ]
+    )
 
     # 2. the whole model: vjp of the loss with respect to every parameter
     x, y = batch_shapes(cfg, batch, seq)
@@ -430,22 +462,35 @@ def residual_report(model_name_or_cfg, policy, *, backend: str = "nnx", batch: i
         groups = num_groups(num_layers)
         per_group = num_layers // groups
         group_params = jax.tree_util.tree_map(
-            lambda a: jax.ShapeDtypeStruct((per_group, *a.shape[1:]), a.dtype), stacked)
-        replay = find_residuals(lambda g, c: _stack_scan(body, g, c), group_params, h,
-                                input_origin=block_inputs)
+            lambda a: jax.ShapeDtypeStruct((per_group, *a.shape[1:]), a.dtype), stacked
+        )
+        replay = find_residuals(
+            lambda g, c: _stack_scan(body, g, c), group_params, h, input_origin=block_inputs
+        )
         rows += [_row(f, "replay") for f in replay]
 
     rows = _merge(rows)
+
     def order(r):
-        return (_SCOPE_ORDER[r["scope"]], _KIND_ORDER[r["kind"]], _name_order(r["name"]),
-                -r["bytes"], r["name"])
+        return (
+            _SCOPE_ORDER[r["scope"]],
+            _KIND_ORDER[r["kind"]],
+            _name_order(r["name"]),
+            -r["bytes"],
+            r["name"],
+        )
 
     rows.sort(key=order)
     per_block.sort(key=order)
 
     def total(mem, scope=None):
-        return sum(r["bytes"] for r in rows if r["kind"] == "activation" and r["memory_kind"] == mem
-                   and (scope is None or r["scope"] == scope))
+        return sum(
+            r["bytes"]
+            for r in rows
+            if r["kind"] == "activation"
+            and r["memory_kind"] == mem
+            and (scope is None or r["scope"] == scope)
+        )
 
     return {
         "model": model_name_or_cfg if isinstance(model_name_or_cfg, str) else cfg.kind,

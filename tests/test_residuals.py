@@ -30,7 +30,7 @@ import pytest
 
 import zoo
 from zoo.errors import ZooError
-from zoo.inspect import residual_report
+from zoo.residuals import residual_report
 from zoo.remat import policy_names
 
 B, T, D, F, L, V = 2, 8, 16, 32, 4, 40
@@ -216,3 +216,12 @@ def test_cli_unknown_policy_lists_valid_names():
             args.func(args)
     with pytest.raises(ZooError, match="Valid:"):
         residual_report(TRANSFORMER, "bogus")
+
+
+def test_public_names_and_the_old_module_name():
+    import zoo
+    import zoo.residuals
+
+    assert zoo.residual_report is residual_report
+    with pytest.warns(DeprecationWarning, match="zoo.residuals"):
+        assert zoo.inspect is zoo.residuals
