@@ -12,7 +12,9 @@ from zoo.ui import err_console
 # Modules that define ``add_parser(subparsers)``, with the subcommands each one registers.
 COMMAND_MODULES = {
     "zoo.commands.models": ("models",),
-    "zoo.commands.train": ("train", "eval", "sample", "recipes", "params"),
+    "zoo.commands.train": ("train", "eval", "params"),
+    "zoo.commands.sample": ("sample",),
+    "zoo.commands.recipes": ("recipes",),
     "zoo.commands.remat": ("residuals", "remat-policies"),
     "zoo.commands.bench": ("bench",),
 }

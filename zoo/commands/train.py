@@ -1,27 +1,20 @@
-"""``zoo train``, ``zoo eval``, ``zoo sample``, ``zoo recipes`` and ``zoo params``."""
+"""``zoo train``, ``zoo eval`` and ``zoo params``."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from zoo import recipes as recipe_lib
-from zoo.errors import ZooError
 from zoo.ui import console, emit_json, print_table
 
-if TYPE_CHECKING:
-    from zoo.train.checkpoint import Checkpoint
-
 # The training stack (orbax, datasets, the engine) is imported inside the commands that use
-# it: `zoo recipes` needs none of it and starts in half the time.
+# it, so that `zoo train --help` starts without it.
 
 FLAG_FIELDS = {  # flag dest -> recipe field
     "backend": "model.backend",
@@ -153,92 +146,6 @@ def run_eval(args) -> int:
     return 0
 
 
-def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float, seed: int) -> str:
-    """Sample ``length`` characters after ``prompt`` from an LM checkpoint.
-
-    The model always sees a fixed [1, max_len] window, so the step compiles once.
-    """
-    from zoo.api import apply_fn
-
-    cfg, tokenizer = ckpt.model_config, ckpt.tokenizer
-    if tokenizer is None or cfg.kind != "transformer" or cfg.is_classifier:
-        raise ZooError(f"{str(ckpt.path)!r} is not a language model checkpoint; `zoo sample` needs one")
-    apply = apply_fn(cfg, ckpt.backend)
-    window = cfg.max_len
-
-    @jax.jit
-    def next_token(params, tokens, position, key):
-        logits = apply(params, tokens[None])[0, position]
-        if temperature <= 0:
-            return jnp.argmax(logits)
-        return jax.random.categorical(key, logits / temperature)
-
-    ids = list(tokenizer.encode(prompt)) or [0]
-    key = jax.random.key(seed)
-    for i in range(length):
-        context = ids[-window:]
-        tokens = np.zeros(window, np.int32)
-        tokens[: len(context)] = context
-        token = next_token(ckpt.params, tokens, len(context) - 1, jax.random.fold_in(key, i))
-        ids.append(int(token))
-    return tokenizer.decode(np.asarray(ids[len(tokenizer.encode(prompt)) :], np.int32))
-
-
-def run_sample(args) -> int:
-    from zoo.train import checkpoint
-
-    ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
-    text = sample_text(ckpt, args.prompt, args.length, args.temperature, args.seed)
-    if args.json:
-        emit_json({"prompt": args.prompt, "sample": text})
-    else:
-        console.print(args.prompt + text, markup=False, highlight=False)
-    return 0
-
-
-def run_recipes(args) -> int:
-    if args.action == "show":
-        if not args.name:
-            raise ZooError("usage: zoo recipes show NAME")
-        recipe = recipe_lib.load_recipe(args.name)
-        if args.json:
-            emit_json(recipe_lib.to_dict(recipe))
-        else:
-            for section, values in recipe_lib.to_dict(recipe).items():
-                if isinstance(values, dict):
-                    console.print(f"[bold]\\[{section}][/]")
-                    for key, value in values.items():
-                        console.print(f"{key} = {json.dumps(value)}", markup=False, highlight=False)
-                else:
-                    console.print(f"{section} = {json.dumps(values)}", markup=False, highlight=False)
-        return 0
-    rows = []
-    for recipe in recipe_lib.list_recipes():
-        rows.append(
-            {
-                "name": recipe.name,
-                "description": recipe.description,
-                "model": recipe.model.preset,
-                "backend": recipe.model.backend,
-                "dataset": recipe.data.dataset,
-                "steps": recipe.train.steps,
-                "remat": recipe.train.remat,
-                "dp": recipe.dp.enabled,
-                "freeze": list(recipe.freeze.patterns),
-                "init_from": recipe.freeze.init_from,
-            }
-        )
-    if args.json:
-        emit_json(rows)
-    else:
-        print_table(
-            "zoo recipes",
-            ["name", "model", "dataset", "description"],
-            [(r["name"], r["model"], r["dataset"], r["description"]) for r in rows],
-        )
-    return 0
-
-
 def run_params(args) -> int:
     from zoo.train import checkpoint
     from zoo.train.loop import build_run
@@ -281,21 +188,6 @@ def add_parser(sub) -> None:
     p.add_argument("checkpoint_dir")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_eval)
-
-    p = sub.add_parser("sample", help="sample text from a language-model run")
-    p.add_argument("checkpoint_dir")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--length", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=run_sample)
-
-    p = sub.add_parser("recipes", help="list recipes, or `zoo recipes show NAME`")
-    p.add_argument("action", nargs="?", choices=["list", "show"], default="list")
-    p.add_argument("name", nargs="?")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=run_recipes)
 
     p = sub.add_parser("params", help="parameter table of a recipe or run directory")
     p.add_argument("target", metavar="RECIPE|CHECKPOINT_DIR")
