@@ -1,8 +1,8 @@
 import jax
-import jax.numpy as jnp
 import pytest
 
 import zoo
+from zoo.models.canonical import canonical_shapes
 from zoo.train.losses import per_example_loss
 
 
@@ -24,12 +24,11 @@ def loss_of(cfg, backend, remat="none"):
     return loss
 
 
-def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
-    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)):
-        assert jnp.allclose(x, y, rtol=rtol, atol=atol), (
-            f"{jax.tree_util.keystr(path)}: max abs diff {float(jnp.abs(x - y).max())}"
-        )
+def reduction_size(cfg, batch):
+    """The float rule's ``n`` (tests/numerics.py) for a model's logits, losses and gradients:
+    examples x positions x the widest contraction (the largest fan-in of a canonical leaf)."""
+    widths = [shape[-2] for shape in canonical_shapes(cfg).values() if len(shape) >= 2]
+    return batch * getattr(cfg, "max_len", 1) * max(widths)
 
 
 @pytest.fixture(scope="session")

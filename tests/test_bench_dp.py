@@ -15,9 +15,25 @@ def run_bench(argv, capsys):
 
 
 def test_bench_dp_json_and_microbatch_memory(capsys):
-    result = run_bench(["mlp-s", "--batch", "32", "--microbatch", "4", "--methods",
-                        "zoo vmap,zoo microbatch", "--no-sweep", "--rounds", "1", "--steps", "1",
-                        "--quiet", "--json"], capsys)
+    result = run_bench(
+        [
+            "mlp-s",
+            "--batch",
+            "32",
+            "--microbatch",
+            "4",
+            "--methods",
+            "zoo vmap,zoo microbatch",
+            "--no-sweep",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+            "--quiet",
+            "--json",
+        ],
+        capsys,
+    )
     assert {"rows", "model", "batch"} <= set(result)
     assert result["model"] == "mlp-s" and result["batch"] == 32
     rows = {r["method"]: r for r in result["rows"]}
@@ -29,9 +45,16 @@ def test_bench_dp_json_and_microbatch_memory(capsys):
     # per-example gradients of 32 examples at once need more scratch than 4 at a time
     assert rows["zoo microbatch k=4"]["temp_bytes"] < rows["zoo vmap"]["temp_bytes"]
 
+
 def test_default_rows_include_ghost():
-    assert dp_bench.DEFAULT_METHODS == ["non-private", "zoo vmap", "zoo microbatch",
-                                        "jax_privacy clipped_grad", "optax dpsgd", dp_bench.GHOST]
+    assert dp_bench.DEFAULT_METHODS == [
+        "non-private",
+        "zoo vmap",
+        "zoo microbatch",
+        "jax_privacy clipped_grad",
+        "optax dpsgd",
+        dp_bench.GHOST,
+    ]
 
 
 def test_ghost_dp_step_temp_memory_is_near_the_non_private_step():

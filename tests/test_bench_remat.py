@@ -15,8 +15,16 @@ from zoo.errors import ZooError
 
 # A tiny model, the same config as tests/test_inspect.py uses (one model template per session).
 TINY = zoo.get_config("mlp-s", num_layers=4)
-ROW_KEYS = {"policy", "temp_bytes", "temp_ratio", "step_ms", "step_ratio", "compile_s",
-            "residual_device_bytes", "residual_host_bytes"}
+ROW_KEYS = {
+    "policy",
+    "temp_bytes",
+    "temp_ratio",
+    "step_ms",
+    "step_ratio",
+    "compile_s",
+    "residual_device_bytes",
+    "residual_host_bytes",
+}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +67,11 @@ def test_unknown_policy_fails_before_compiling():
 def test_depth_sweep_nested_grows_slower_than_full():
     out = bench_depths(TINY, policies=("full", "nested"), depths=(4, 16), batch=4)
     assert {(r["policy"], r["num_layers"]) for r in out["rows"]} == {
-        ("full", 4), ("full", 16), ("nested", 4), ("nested", 16)}
+        ("full", 4),
+        ("full", 16),
+        ("nested", 4),
+        ("nested", 16),
+    }
     growth = {g["policy"]: g for g in out["growth"]}
     # residuals: full keeps L block inputs (x4), nested 2*sqrt(L) of them (4 -> 8: x2)
     assert growth["nested"]["residual_device_growth"] < growth["full"]["residual_device_growth"]
@@ -81,7 +93,12 @@ def test_bench_subcommand_registry():
     bench.add_bench_parser(sub)
     assert "zoo.bench.remat" in bench.BENCH_MODULES
     assert bench.BENCHES["remat"] is bench_remat
-    args = parser.parse_args(["bench", "remat", "transformer-s", "--policies", "full,nested",
-                              "--depths", "16,64", "--json"])
-    assert (args.bench, args.model, args.policies, args.depths) == ("remat", "transformer-s",
-                                                                    "full,nested", "16,64")
+    args = parser.parse_args(
+        ["bench", "remat", "transformer-s", "--policies", "full,nested", "--depths", "16,64", "--json"]
+    )
+    assert (args.bench, args.model, args.policies, args.depths) == (
+        "remat",
+        "transformer-s",
+        "full,nested",
+        "16,64",
+    )

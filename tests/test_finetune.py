@@ -24,13 +24,17 @@ def pretrained(tmp_path_factory):
 
 
 def finetune_recipe(source, patterns=("in_proj", "blocks[:-1]"), **values):
-    return recipes.with_values(recipes.load_recipe("digits-mlp-finetune"), {
-        **FAST, "freeze.init_from": str(source), "freeze.patterns": list(patterns), **values})
+    return recipes.with_values(
+        recipes.load_recipe("digits-mlp-finetune"),
+        {**FAST, "freeze.init_from": str(source), "freeze.patterns": list(patterns), **values},
+    )
 
 
 def _leaves(tree):
-    return {jax.tree_util.keystr(p, simple=True, separator="."): np.asarray(x)
-            for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+    return {
+        jax.tree_util.keystr(p, simple=True, separator="."): np.asarray(x)
+        for p, x in jax.tree_util.tree_leaves_with_path(tree)
+    }
 
 
 def test_frozen_weights_are_bitwise_unchanged_and_the_rest_moves(pretrained, tmp_path):
@@ -53,13 +57,16 @@ def test_no_optimizer_state_and_no_gradient_for_frozen(pretrained):
     moment_scalars = sum(x.size for x in jax.tree_util.tree_leaves(state.opt_state) if x.ndim)
     assert moment_scalars == 2 * run.freeze.trainable_count
     # the compiled step's outputs hold no frozen leaf: nothing is differentiated for them
-    batch = jax.tree_util.tree_map(np.asarray, {"x": np.zeros((4, 64), np.float32),
-                                                "y": np.zeros(4, np.int32),
-                                                "mask": np.ones(4, np.float32)})
+    batch = jax.tree_util.tree_map(
+        np.asarray,
+        {"x": np.zeros((4, 64), np.float32), "y": np.zeros(4, np.int32), "mask": np.ones(4, np.float32)},
+    )
     out_state, _ = jax.eval_shape(run.engine.train_step_fn, state, frozen, batch)
     assert set(_leaves(out_state.params)) == trainable_paths
     jaxpr = jax.make_jaxpr(run.engine.train_step_fn)(state, frozen, batch)
-    frozen_invars = jaxpr.jaxpr.invars[len(jax.tree_util.tree_leaves(state)):][:len(jax.tree_util.tree_leaves(frozen))]
+    frozen_invars = jaxpr.jaxpr.invars[len(jax.tree_util.tree_leaves(state)) :][
+        : len(jax.tree_util.tree_leaves(frozen))
+    ]
     # frozen inputs only feed the forward pass: none reaches an output unchanged or summed
     assert not set(map(id, frozen_invars)) & set(map(id, jaxpr.jaxpr.outvars))
 
@@ -77,6 +84,7 @@ def test_pattern_matching_nothing_lists_paths(pretrained):
 
 def test_load_checkpoint_from_python(pretrained):
     import zoo
+
     ckpt = zoo.load_checkpoint(pretrained)
     assert ckpt.recipe.name == "digits-mlp-pretrain"
     assert ckpt.recipe.data.classes == (0, 1, 2, 3, 4)
@@ -84,8 +92,7 @@ def test_load_checkpoint_from_python(pretrained):
 
 
 def test_params_command_marks_frozen(pretrained, capsys):
-    assert main(["params", "digits-mlp", "--freeze", "in_proj", "--freeze", "blocks[0]",
-                 "--json"]) == 0
+    assert main(["params", "digits-mlp", "--freeze", "in_proj", "--freeze", "blocks[0]", "--json"]) == 0
     table = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     marks = {r["path"]: r["trainable"] for r in table["rows"]}
     assert marks["in_proj.w"] == "no" and marks["head.w"] == "yes"
@@ -94,6 +101,7 @@ def test_params_command_marks_frozen(pretrained, capsys):
 
 def test_bench_finetune_frozen_prefix_saves_memory_and_optimizer_state():
     from zoo.bench.finetune import bench_finetune
+
     result = bench_finetune("transformer-xs", batch=4, seq=16, repeats=1)
     full, frozen = result["rows"]
     assert frozen["temp_bytes"] < full["temp_bytes"]

@@ -1,16 +1,19 @@
 """Both backends: same names, same logits and gradients from the same canonical weights."""
 
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import labels_for, loss_of, reduction_size
+from numerics import assert_bitwise_equal, assert_close
 
 import zoo
 from zoo import names
 from zoo.errors import ZooError
 from zoo.jaxprs import checkpoint_names, count_eqns
 from zoo.models import canonical
-
-from conftest import assert_trees_close, labels_for, loss_of
 
 SIZES = [
     ("mlp-s", {}),
@@ -27,10 +30,11 @@ def test_both_backends_tag_the_same_names(preset):
     found = {}
     for backend in zoo.BACKENDS:
         model = zoo.load_model(preset, backend)
-        found[backend] = checkpoint_names(lambda x: model(x), x)  # traced, not run
+        found[backend] = checkpoint_names(lambda x, model=model: model(x), x)  # traced, not run
     assert found["nnx"] == found["eqx"]
-    expected = set(names.ALL) if preset.startswith("transformer") else (
-        set(names.ALL) - set(names.TRANSFORMER_ONLY))
+    expected = (
+        set(names.ALL) if preset.startswith("transformer") else (set(names.ALL) - set(names.TRANSFORMER_ONLY))
+    )
     assert found["nnx"] == expected
 
 
@@ -40,17 +44,47 @@ def test_converted_weights_give_same_logits_and_grads(preset, overrides):
     params = canonical.init_params(cfg, seed=3)
     # perturb biases and gains so the test does not rely on zeros and ones
     params = jax.tree_util.tree_map_with_path(
-        lambda path, p: p if path[-1].key == "w" else
-        p + 0.1 * jax.random.normal(jax.random.key(p.size), p.shape), params)
+        lambda path, p: (
+            p if path[-1].key == "w" else p + 0.1 * jax.random.normal(jax.random.key(p.size), p.shape)
+        ),
+        params,
+    )
     x = zoo.example_batch(cfg, 3, seed=4)
     y = labels_for(cfg, x)
     nnx_model = zoo.from_canonical(cfg, "nnx", params)
     eqx_params = zoo.to_canonical(zoo.from_canonical(cfg, "eqx", zoo.to_canonical(nnx_model)))
-    logits = {b: jax.jit(zoo.apply_fn(cfg, b))(p, x)
-              for b, p in (("nnx", params), ("eqx", eqx_params))}
-    np.testing.assert_allclose(logits["nnx"], logits["eqx"], atol=1e-5, rtol=0)
+    logits = {b: jax.jit(zoo.apply_fn(cfg, b))(p, x) for b, p in (("nnx", params), ("eqx", eqx_params))}
+    n = reduction_size(cfg, 3)
+    assert_close(logits["nnx"], logits["eqx"], n=n, what="logits")
     grads = {b: jax.jit(jax.grad(loss_of(cfg, b)))(params, x, y) for b in zoo.BACKENDS}
-    assert_trees_close(grads["nnx"], grads["eqx"], rtol=1e-4, atol=1e-6)
+    assert_close(grads["nnx"], grads["eqx"], n=n, what="grads")
+
+
+def swap_first_two_layers(tree):
+    """The bug a weight converter makes when it maps layer i to the wrong row."""
+    return {
+        **tree,
+        "blocks": jax.tree.map(lambda a: a[jnp.array([1, 0, *range(2, a.shape[0])])], tree["blocks"]),
+    }
+
+
+def test_the_float_rule_still_catches_a_parity_bug():
+    """Negative test for this family: converted weights with two layers swapped give logits and
+    gradients that fail the comparison the parity test makes."""
+    preset, overrides = SIZES[3]
+    cfg = zoo.get_config(preset, **overrides)
+    params = canonical.init_params(cfg, seed=3)
+    x = zoo.example_batch(cfg, 3, seed=4)
+    y = labels_for(cfg, x)
+    n = reduction_size(cfg, 3)
+    apply = {b: jax.jit(zoo.apply_fn(cfg, b)) for b in zoo.BACKENDS}
+    assert_close(apply["eqx"](params, x), apply["nnx"](params, x), n=n)
+    with pytest.raises(AssertionError):
+        assert_close(apply["eqx"](swap_first_two_layers(params), x), apply["nnx"](params, x), n=n)
+    grad = {b: jax.jit(jax.grad(loss_of(cfg, b))) for b in zoo.BACKENDS}
+    swapped = swap_first_two_layers(grad["eqx"](swap_first_two_layers(params), x, y))
+    with pytest.raises(AssertionError):
+        assert_close(swapped, grad["nnx"](params, x, y), n=n)
 
 
 @pytest.mark.parametrize("backend", ["nnx", "eqx"])
@@ -58,7 +92,7 @@ def test_converted_weights_give_same_logits_and_grads(preset, overrides):
 def test_canonical_round_trip_is_exact(preset, backend):
     params = canonical.init_params(zoo.get_config(preset), seed=5)
     again = zoo.to_canonical(zoo.from_canonical(preset, backend, params))
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(a, b), params, again)
+    assert_bitwise_equal(again, params)
 
 
 @pytest.mark.parametrize("preset", ["mlp-s", "transformer-s"])
@@ -66,7 +100,7 @@ def test_same_seed_same_initial_weights_in_both_backends(preset):
     a = zoo.to_canonical(zoo.load_model(preset, "nnx", seed=7))
     b = zoo.to_canonical(zoo.load_model(preset, "eqx", seed=7))
     c = zoo.to_canonical(zoo.load_model(preset, "eqx", seed=8))
-    jax.tree_util.tree_map(lambda u, v: np.testing.assert_array_equal(u, v), a, b)
+    assert_bitwise_equal(a, b)
     assert not np.array_equal(a["head"]["w"], c["head"]["w"])
 
 
@@ -88,7 +122,7 @@ def test_train_step_jaxpr_does_not_grow_with_depth(preset, backend):
     counts = []
     for depth in (2, 32):
         cfg = zoo.get_config(preset, num_layers=depth)
-        params = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
+        params = jax.eval_shape(functools.partial(canonical.init_params, cfg, 0))
         x = zoo.example_batch(cfg, 2, seq_len=8)
         step = jax.value_and_grad(loss_of(cfg, backend))
         counts.append(count_eqns(step, params, x, labels_for(cfg, x)))
@@ -98,8 +132,14 @@ def test_train_step_jaxpr_does_not_grow_with_depth(preset, backend):
 def test_param_table_counts_match_model():
     model = zoo.load_model("mlp-s", "nnx")
     rows = zoo.param_table(model)
-    assert {r.path for r in rows} == {"in_proj.w", "in_proj.b", "blocks.dense.w", "blocks.dense.b",
-                                      "head.w", "head.b"}
+    assert {r.path for r in rows} == {
+        "in_proj.w",
+        "in_proj.b",
+        "blocks.dense.w",
+        "blocks.dense.b",
+        "head.w",
+        "head.b",
+    }
     assert sum(r.count for r in rows) == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
 
 

@@ -1,20 +1,20 @@
 """Every registered remat policy gives the same loss and gradients as no remat."""
 
 import jax
+import jax.numpy as jnp
 import pytest
+from conftest import labels_for, loss_of, reduction_size
+from numerics import assert_close
 
 import zoo
 from zoo import remat
 from zoo.errors import ZooError
 from zoo.models import canonical
 
-from conftest import assert_trees_close, labels_for, loss_of
-
 CUSTOM = "custom:attn_q=device,layer_input=offload,mlp_hidden=remat,mlp_out=device"
 MODELS = {
     "mlp": dict(preset="mlp-s", num_layers=4),
-    "transformer": dict(preset="transformer-xs", num_layers=4, d_model=32, d_ff=64, max_len=8,
-                        vocab_size=40),
+    "transformer": dict(preset="transformer-xs", num_layers=4, d_model=32, d_ff=64, max_len=8, vocab_size=40),
 }
 
 
@@ -37,8 +37,21 @@ def reference():
 def test_policy_matches_no_remat(reference, kind, backend, policy):
     cfg, params, x, y, (loss0, grads0) = reference[kind]
     loss, grads = jax.jit(jax.value_and_grad(loss_of(cfg, backend, policy)))(params, x, y)
-    assert abs(float(loss) - float(loss0)) <= 1e-5 * abs(float(loss0))
-    assert_trees_close(grads, grads0, rtol=1e-5, atol=1e-6)
+    assert_close((loss, grads), (loss0, grads0), n=reduction_size(cfg, 3))
+
+
+def test_the_float_rule_still_catches_a_replay_bug(reference):
+    """Negative test for this family: a replay that reads another layer's weights (two layers
+    swapped inside the stack) gives gradients that fail the comparison above."""
+    cfg, params, x, y, (loss0, grads0) = reference["transformer"]
+    step = jax.jit(jax.value_and_grad(loss_of(cfg, "nnx", "full")))
+
+    def swap(t):
+        return {**t, "blocks": jax.tree.map(lambda a: a[jnp.array([1, 0, 2, 3])], t["blocks"])}
+
+    loss, grads = step(swap(params), x, y)
+    with pytest.raises(AssertionError):
+        assert_close((loss, swap(grads)), (loss0, grads0), n=reduction_size(cfg, 3))
 
 
 def test_unknown_policy_lists_valid_names():
@@ -46,13 +59,16 @@ def test_unknown_policy_lists_valid_names():
         remat.get_policy("ful")
 
 
-@pytest.mark.parametrize("spec,match", [
-    ("custom:", "empty"),
-    ("custom:attn_q", "NAME=device"),
-    ("custom:atn_q=device", "Did you mean 'attn_q'"),
-    ("custom:attn_q=disk", "'disk'.*Valid: device, offload, remat"),
-    ("custom:attn_q=device,attn_q=remat", "twice"),
-])
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("custom:", "empty"),
+        ("custom:attn_q", "NAME=device"),
+        ("custom:atn_q=device", "Did you mean 'attn_q'"),
+        ("custom:attn_q=disk", "'disk'.*Valid: device, offload, remat"),
+        ("custom:attn_q=device,attn_q=remat", "twice"),
+    ],
+)
 def test_bad_custom_specs(spec, match):
     with pytest.raises(ZooError, match=match):
         remat.get_policy(spec)

@@ -30,8 +30,8 @@ import pytest
 
 import zoo
 from zoo.errors import ZooError
-from zoo.residuals import residual_report
 from zoo.remat import policy_names
+from zoo.residuals import residual_report
 
 B, T, D, F, L, V = 2, 8, 16, 32, 4, 40
 ACT = B * T * D * 4
@@ -39,14 +39,15 @@ HID = B * T * F * 4
 MB, MH = 4, 128  # MLP batch and hidden width (mlp-s)
 MACT = MB * MH * 4
 
-TRANSFORMER = zoo.get_config("transformer-xs", num_layers=L, d_model=D, num_heads=2, d_ff=F,
-                             max_len=T, vocab_size=V)
+TRANSFORMER = zoo.get_config(
+    "transformer-xs", num_layers=L, d_model=D, num_heads=2, d_ff=F, max_len=T, vocab_size=V
+)
 # the preset plus --layers, so the CLI test below reaches the same (cached) model template
 MLP = zoo.get_config("mlp-s", num_layers=L)
 MODELS = {"transformer": (TRANSFORMER, B), "mlp": (MLP, MB)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def report(kind, policy, backend="nnx"):
     cfg, batch = MODELS[kind]
     return residual_report(cfg, policy, backend=backend, batch=batch)
@@ -79,8 +80,7 @@ def test_offload_layer_input_moves_the_block_inputs_to_host():
     assert rep["stack_device_bytes"] == 0
     assert rep["total_host_bytes"] == L * ACT
     block = [r for r in rep["per_block"] if r["kind"] == "activation"]
-    assert [(r["name"], r["memory_kind"], r["bytes"]) for r in block] == \
-        [("layer_input", "pinned_host", ACT)]
+    assert [(r["name"], r["memory_kind"], r["bytes"]) for r in block] == [("layer_input", "pinned_host", ACT)]
 
 
 def test_save_attn():
@@ -92,8 +92,7 @@ def test_save_attn():
 
 def test_minimal_saves_the_projections_that_backward_needs():
     rep = report("transformer", "minimal")
-    expected = {n: (L * ACT, "device", L)
-                for n in ("layer_input", "attn_q", "attn_k", "attn_v", "attn_out")}
+    expected = {n: (L * ACT, "device", L) for n in ("layer_input", "attn_q", "attn_k", "attn_v", "attn_out")}
     expected["mlp_hidden"] = (L * HID, "device", L)
     assert rows(rep) == expected  # no mlp_out: the residual add does not need it
     assert rep["stack_device_bytes"] == L * (5 * ACT + HID)
@@ -103,8 +102,10 @@ def test_offload_minimal_splits_device_and_host():
     rep = report("transformer", "offload-minimal")
     got = rows(rep)
     assert got.pop("layer_input") == (L * ACT, "device", L)
-    assert got == {**{n: (L * ACT, "pinned_host", L) for n in ("attn_q", "attn_k", "attn_v", "attn_out")},
-                   "mlp_hidden": (L * HID, "pinned_host", L)}
+    assert got == {
+        **{n: (L * ACT, "pinned_host", L) for n in ("attn_q", "attn_k", "attn_v", "attn_out")},
+        "mlp_hidden": (L * HID, "pinned_host", L),
+    }
     assert rep["stack_host_bytes"] == L * (4 * ACT + HID)
     assert rep["total_host_bytes"] == rep["stack_host_bytes"]
 
@@ -121,16 +122,19 @@ def test_nested_keeps_group_inputs_plus_one_replayed_group():
 
 def test_mlp_model():
     assert rows(report("mlp", "full")) == {"layer_input": (L * MACT, "device", L)}
-    assert rows(report("mlp", "minimal")) == {"layer_input": (L * MACT, "device", L),
-                                              "mlp_hidden": (L * MACT, "device", L)}
+    assert rows(report("mlp", "minimal")) == {
+        "layer_input": (L * MACT, "device", L),
+        "mlp_hidden": (L * MACT, "device", L),
+    }
     rep = report("mlp", "offload-layer-input")
     assert rows(rep) == {"layer_input": (L * MACT, "pinned_host", L)}
     assert rep["total_host_bytes"] == L * MACT
 
 
 @pytest.mark.parametrize("kind", list(MODELS))
-@pytest.mark.parametrize("policy", ["full", "full-lean", "save-attn", "minimal",
-                                    "offload-layer-input", "offload-minimal"])
+@pytest.mark.parametrize(
+    "policy", ["full", "full-lean", "save-attn", "minimal", "offload-layer-input", "offload-minimal"]
+)
 def test_backends_agree_on_named_residuals(kind, policy):
     nnx_rep, eqx_rep = report(kind, policy, "nnx"), report(kind, policy, "eqx")
     assert rows(nnx_rep) == rows(eqx_rep)
@@ -148,8 +152,10 @@ def test_one_block_times_depth_matches_the_traced_stack(policy):
 
 
 def test_outside_part_does_not_depend_on_the_checkpoint_policy():
-    outside = {p: report("transformer", p)["outside_device_bytes"]
-               for p in ("full", "minimal", "offload-layer-input")}
+    outside = {
+        p: report("transformer", p)["outside_device_bytes"]
+        for p in ("full", "minimal", "offload-layer-input")
+    }
     assert len(set(outside.values())) == 1
     shapes = [r["shape"] for r in report("transformer", "full")["residuals"] if r["scope"] == "outside"]
     assert [B, T, V] in shapes  # softmax of the logits, kept for the cross-entropy backward
@@ -166,8 +172,18 @@ def test_params_are_listed_but_not_counted():
 
 def test_report_is_json_with_the_documented_keys():
     rep = json.loads(json.dumps(report("transformer", "minimal")))
-    for key in ("model", "backend", "policy", "batch", "seq", "num_layers", "per_block",
-                "residuals", "total_device_bytes", "total_host_bytes"):
+    for key in (
+        "model",
+        "backend",
+        "policy",
+        "batch",
+        "seq",
+        "num_layers",
+        "per_block",
+        "residuals",
+        "total_device_bytes",
+        "total_host_bytes",
+    ):
         assert key in rep
     for row in rep["residuals"]:
         assert {"name", "shape", "dtype", "bytes", "memory_kind", "count"} <= set(row)
@@ -182,19 +198,32 @@ def _parser():
 
 
 def test_cli_residuals_json(capsys):
-    args = _parser().parse_args(["residuals", "mlp-s", "--remat", "offload-layer-input",
-                                 "--batch", str(MB), "--layers", str(L), "--json"])
+    args = _parser().parse_args(
+        [
+            "residuals",
+            "mlp-s",
+            "--remat",
+            "offload-layer-input",
+            "--batch",
+            str(MB),
+            "--layers",
+            str(L),
+            "--json",
+        ]
+    )
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["total_host_bytes"] == L * MACT
     stack = [r for r in out["residuals"] if r["scope"] == "stack"]
     assert [(r["name"], r["count"], r["bytes"], r["memory_kind"]) for r in stack] == [
-        ("layer_input", L, L * MACT, "pinned_host")]
+        ("layer_input", L, L * MACT, "pinned_host")
+    ]
 
 
 def test_cli_residuals_table(capsys):
-    args = _parser().parse_args(["residuals", "mlp-s", "--remat", "minimal", "--batch", str(MB),
-                                 "--layers", str(L)])
+    args = _parser().parse_args(
+        ["residuals", "mlp-s", "--remat", "minimal", "--batch", str(MB), "--layers", str(L)]
+    )
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "mlp_hidden" in out and "layer_input" in out and "pinned_host" in out
@@ -209,8 +238,10 @@ def test_cli_policies_json(capsys):
 
 def test_cli_unknown_policy_lists_valid_names():
     # zoo.cli.main prints a ZooError and exits with status 2; the message lists the policies
-    for argv in (["residuals", "transformer-xs", "--remat", "ful"],
-                 ["bench", "remat", "transformer-xs", "--policies", "full,ful"]):
+    for argv in (
+        ["residuals", "transformer-xs", "--remat", "ful"],
+        ["bench", "remat", "transformer-xs", "--policies", "full,ful"],
+    ):
         args = _parser().parse_args(argv)
         with pytest.raises(ZooError, match=r"Did you mean 'full'.*Valid:.*minimal"):
             args.func(args)

@@ -27,21 +27,34 @@ def test_train_step_compiles_once_and_learns(tmp_path):
     summary = train(quick(**{"train.steps": 60}), tmp_path, show_progress=False)
     assert summary["compile_count"] == 1
     assert summary["eval_accuracy"] > 0.8  # 10 classes: chance is 0.1
-    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines if "loss" in l] == [10, 20, 30, 40, 50, 60]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "loss" in line] == [10, 20, 30, 40, 50, 60]
     assert json.loads((tmp_path / "recipe.json").read_text())["train"]["steps"] == 60
     assert checkpoint.latest_step(tmp_path) == 60
 
 
 def test_both_backends_reach_the_same_loss(tmp_path):
-    losses = [train(quick(**{"model.backend": b}), tmp_path / b, show_progress=False)["train_loss"]
-              for b in ("nnx", "eqx")]
+    losses = [
+        train(quick(**{"model.backend": b}), tmp_path / b, show_progress=False)["train_loss"]
+        for b in ("nnx", "eqx")
+    ]
+    # Two whole training runs, not one program: the optimizer amplifies the backends' rounding
+    # differences step after step, so tests/numerics.py's one-program rule does not apply. One
+    # step's logits and gradients are held to that rule in test_models.py; this checks that the
+    # runs end at the same loss (measured: under 1e-5 relative at every --xla_cpu_max_isa cap).
     assert abs(losses[0] - losses[1]) <= 1e-3 * abs(losses[0])
 
 
 def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(tmp_path):
-    recipe = quick(**{"optim.name": "sgd", "optim.lr": 1e30, "optim.schedule": "constant",
-                      "optim.warmup_steps": 0, "train.checkpoint_every": 1})
+    recipe = quick(
+        **{
+            "optim.name": "sgd",
+            "optim.lr": 1e30,
+            "optim.schedule": "constant",
+            "optim.warmup_steps": 0,
+            "train.checkpoint_every": 1,
+        }
+    )
     with pytest.raises(TrainingDiverged, match=r"at step (\d+)") as info:
         train(recipe, tmp_path, show_progress=False)
     bad_step = int(info.value.args[0].split("at step ")[1].split(";")[0])
@@ -51,8 +64,13 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(tmp_path):
 
 
 def _zoo(*args, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "zoo.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "zoo.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
 
 
 def test_killed_run_resumes_to_identical_params(tmp_path):
@@ -83,23 +101,58 @@ def test_existing_run_dir_needs_resume(tmp_path):
 
 def test_cli_json_summary_eval_and_params(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", "digits-mlp", "--steps", "30", "--out", str(out), "--json",
-                 "--no-progress", "--backend", "eqx", "--remat", "full"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "digits-mlp",
+                "--steps",
+                "30",
+                "--out",
+                str(out),
+                "--json",
+                "--no-progress",
+                "--backend",
+                "eqx",
+                "--remat",
+                "full",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for key in ("recipe", "backend", "remat", "steps", "train_loss", "eval_loss", "eval_accuracy",
-                "examples_per_sec", "compile_count", "out_dir"):
+    for key in (
+        "recipe",
+        "backend",
+        "remat",
+        "steps",
+        "train_loss",
+        "eval_loss",
+        "eval_accuracy",
+        "examples_per_sec",
+        "compile_count",
+        "out_dir",
+    ):
         assert key in summary
     assert summary["backend"] == "eqx" and summary["remat"] == "full" and summary["steps"] == 30
     assert main(["eval", str(out), "--json"]) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert again["eval_accuracy"] == pytest.approx(summary["eval_accuracy"])
-    assert again["eval_loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
+    # The same evaluation program on the same (checkpointed, bitwise) params: exactly equal.
+    assert (again["eval_accuracy"], again["eval_loss"]) == (summary["eval_accuracy"], summary["eval_loss"])
 
 
 def test_language_model_trains_saves_tokenizer_and_samples(tmp_path, capsys):
-    recipe = quick("python-docs-lm", **{"model.num_layers": 1, "model.d_model": 32,
-                                        "model.d_ff": 64, "model.max_len": 32,
-                                        "data.seq_len": 32, "train.steps": 20})
+    recipe = quick(
+        "python-docs-lm",
+        **{
+            "model.num_layers": 1,
+            "model.d_model": 32,
+            "model.d_ff": 64,
+            "model.max_len": 32,
+            "data.seq_len": 32,
+            "train.steps": 20,
+        },
+    )
     summary = train(recipe, tmp_path, show_progress=False)
     assert summary["eval_bits_per_char"] == pytest.approx(summary["eval_loss"] / np.log(2))
     ckpt = checkpoint.load_checkpoint(tmp_path)
@@ -109,20 +162,24 @@ def test_language_model_trains_saves_tokenizer_and_samples(tmp_path, capsys):
     assert len(sample) == 12
 
 
-@pytest.mark.parametrize("flags,match", [
-    (["--remat", "ful"], "Did you mean 'full'"),
-    (["--backend", "torch"], "Valid: eqx, nnx"),
-    (["--set", "train.stepz=3"], "Did you mean 'steps'"),
-    (["--set", "train.steps=-1"], "positive int"),
-    (["--set", "optim.name=adam"], "Valid: adamw, sgd"),
-    (["--dataset", "digts"], "digits"),
-    (["--dataset", "hf:mnist"], "offline|digits"),
-])
+@pytest.mark.parametrize(
+    "flags,match",
+    [
+        (["--remat", "ful"], "Did you mean 'full'"),
+        (["--backend", "torch"], "Valid: eqx, nnx"),
+        (["--set", "train.stepz=3"], "Did you mean 'steps'"),
+        (["--set", "train.steps=-1"], "positive int"),
+        (["--set", "optim.name=adam"], "Valid: adamw, sgd"),
+        (["--dataset", "digts"], "digits"),
+        (["--dataset", "hf:mnist"], "offline|digits"),
+    ],
+)
 def test_bad_flags_give_clear_errors(flags, match, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["train", "digits-mlp", "--steps", "1", "--out", "/nonexistent/x", *flags]) == 2
     err = capsys.readouterr().err.replace("\n", " ")
     import re
+
     assert re.search(match, err), err
 
 
@@ -146,5 +203,6 @@ def test_recipe_unknown_key_and_bad_type(tmp_path):
 
 def test_recipes_ship_inside_the_package():
     from importlib import resources
+
     files = {p.name for p in (resources.files("zoo") / "recipes").iterdir()}
     assert "digits-mlp.toml" in files

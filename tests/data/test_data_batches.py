@@ -28,7 +28,13 @@ def _toy_lm(n_train: int = 200, n_eval: int = 57) -> Dataset:
     tok = CharTokenizer.fit(text)
     ids = tok.encode(text)
     return Dataset(
-        name="toy-lm", task="lm", x_train=ids[:n_train], y_train=None, x_eval=ids[n_train:], y_eval=None, tokenizer=tok
+        name="toy-lm",
+        task="lm",
+        x_train=ids[:n_train],
+        y_train=None,
+        x_eval=ids[n_train:],
+        y_eval=None,
+        tokenizer=tok,
     )
 
 

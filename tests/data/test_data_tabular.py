@@ -28,7 +28,9 @@ def table():
 
 def _write(tmp_path, fmt: str, columns: dict) -> str:
     path = tmp_path / f"data.{fmt}"
-    rows = datasets.Dataset.from_dict({k: list(v) if isinstance(v, np.ndarray) else v for k, v in columns.items()})
+    rows = datasets.Dataset.from_dict(
+        {k: list(v) if isinstance(v, np.ndarray) else v for k, v in columns.items()}
+    )
     if fmt == "csv":
         rows.to_csv(str(path), index=False)
     else:

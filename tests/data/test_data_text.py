@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pydoc_data.topics import topics
+
 import numpy as np
 import pytest
-from pydoc_data.topics import topics
 
 from zoo.data import CharTokenizer, DatasetError, load_dataset
 

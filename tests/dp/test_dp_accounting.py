@@ -23,16 +23,31 @@ COARSE = 1e-3  # PLD discretisation for speed in tests; still a valid upper boun
 def test_calibrate_round_trip(accountant):
     target, q, steps = 2.0, 0.02, 100
     sigma = calibrate_noise_multiplier(
-        epsilon=target, delta=DELTA, sampling_prob=q, steps=steps, accountant=accountant, pld_discretization=COARSE
+        epsilon=target,
+        delta=DELTA,
+        sampling_prob=q,
+        steps=steps,
+        accountant=accountant,
+        pld_discretization=COARSE,
     )
     assert 0.3 < sigma < 5
     eps = epsilon_spent(
-        noise_multiplier=sigma, delta=DELTA, sampling_prob=q, steps=steps, accountant=accountant, pld_discretization=COARSE
+        noise_multiplier=sigma,
+        delta=DELTA,
+        sampling_prob=q,
+        steps=steps,
+        accountant=accountant,
+        pld_discretization=COARSE,
     )
     assert 0.99 * target <= eps <= target * (1 + 1e-9)
     # A slightly smaller sigma must exceed the budget (calibration is tight).
     eps_less = epsilon_spent(
-        noise_multiplier=0.97 * sigma, delta=DELTA, sampling_prob=q, steps=steps, accountant=accountant, pld_discretization=COARSE
+        noise_multiplier=0.97 * sigma,
+        delta=DELTA,
+        sampling_prob=q,
+        steps=steps,
+        accountant=accountant,
+        pld_discretization=COARSE,
     )
     assert eps_less > target
 
@@ -59,7 +74,13 @@ def test_epsilon_increases_with_steps_and_decreases_with_noise(accountant):
 
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
 def test_max_steps_within_budget(accountant):
-    kw = dict(noise_multiplier=1.0, delta=DELTA, sampling_prob=0.01, accountant=accountant, pld_discretization=COARSE)
+    kw = dict(
+        noise_multiplier=1.0,
+        delta=DELTA,
+        sampling_prob=0.01,
+        accountant=accountant,
+        pld_discretization=COARSE,
+    )
     steps = max_steps_within_budget(epsilon=2.0, upper=2000, **kw)
     assert 0 < steps < 2000
     assert epsilon_spent(steps=steps, **kw) <= 2.0 < epsilon_spent(steps=steps + 1, **kw)

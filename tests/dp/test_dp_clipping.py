@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax_privacy import clipping as jp_clipping
+from numerics import assert_close, tolerance
 
 from zoo.dp import clipped_grad_sum
 
@@ -54,6 +55,9 @@ CASES = {
     "mlp": (mlp_loss, mlp_params, mlp_batch),
     "attention": (attn_loss, attn_params, attn_batch),
 }
+# Reduction sizes for the float rule (tests/numerics.py): the examples summed, times the
+# contractions behind one per-example gradient (mlp: 5 -> 7 -> 3; attention: T=6, d=4, T x T scores).
+N = {"mlp": B * 5 * 7 * 3, "attention": B * 6 * 6 * 4}
 
 
 def setup_case(name, seed=0):
@@ -87,12 +91,6 @@ def median_norm(loss, params, batch):
     return float(np.median(np.asarray(norms)))
 
 
-def assert_tree_close(a, b, rtol=1e-5, atol=1e-6):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
-
-
 def numpy_reference(loss, params, batch, clip, mask=None):
     """Per-example jax.grad in a Python loop, clipping and summing in float64."""
     b = batch[0].shape[0]
@@ -104,7 +102,7 @@ def numpy_reference(loss, params, batch, clip, mask=None):
         norms[i] = np.sqrt(sum(np.sum(t**2) for t in jax.tree.leaves(g)))
         factor = min(1.0, clip / norms[i]) if norms[i] > 0 else 1.0
         if mask is None or mask[i] > 0:
-            total = jax.tree.map(lambda s, t: s + factor * t, total, g)
+            total = jax.tree.map(lambda s, t, f=factor: s + f * t, total, g)
     return total, norms
 
 
@@ -123,8 +121,8 @@ def test_matches_jax_privacy(name):
     theirs, aux = jax.jit(theirs_fn)(params, *batch)
     # Clipping must be active for some examples and inactive for others.
     assert np.any(np.asarray(norms) > clip) and np.any(np.asarray(norms) < clip)
-    assert_tree_close(ours, theirs)
-    np.testing.assert_allclose(np.asarray(norms), np.asarray(aux.grad_norms), rtol=1e-5)
+    assert_close(ours, theirs, n=N[name])
+    assert_close(norms, aux.grad_norms, n=N[name])
     assert norms.dtype == jnp.float32 and norms.shape == (B,)
 
 
@@ -134,19 +132,42 @@ def test_matches_float64_loop(name):
     clip = median_norm(loss, params, batch)
     ours, norms = cgs(loss, params, *batch, l2_clip_norm=clip)
     ref, ref_norms = numpy_reference(loss, params, batch, clip)
-    assert_tree_close(ours, ref)
-    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-5)
+    assert_close(ours, ref, n=N[name])
+    assert_close(norms, ref_norms, n=N[name])
     # Every clipped contribution has norm <= C, so the sum's norm is <= B*C.
     total = np.sqrt(sum(np.sum(np.asarray(t, np.float64) ** 2) for t in jax.tree.leaves(ours)))
-    assert total <= B * clip * (1 + 1e-5)
+    assert total <= B * clip + tolerance(B * clip, N[name])
+
+
+def test_the_float_rule_still_catches_clipping_bugs():
+    """Negative test for this family: each bug is caught at the tolerance used above."""
+    loss, params, batch = setup_case("mlp", seed=1)
+    clip = median_norm(loss, params, batch)
+    ref, _ = numpy_reference(loss, params, batch, clip)
+    loose, _ = cgs(loss, params, *batch, l2_clip_norm=1.01 * clip)
+    with pytest.raises(AssertionError):
+        assert_close(loose, ref, n=N["mlp"], what="clipped at 1.01 C")
+    keep = np.array([1, 1, 0, 1, 1, 1, 0, 1], np.float32)
+    ref_masked, _ = numpy_reference(loss, params, batch, clip, mask=keep)
+    with pytest.raises(AssertionError):
+        assert_close(
+            cgs(loss, params, *batch, l2_clip_norm=clip)[0], ref_masked, n=N["mlp"], what="mask dropped"
+        )
+    ours, _ = cgs(loss, params, *batch, l2_clip_norm=clip, example_mask=jnp.asarray(keep))
+    assert_close(ours, ref_masked, n=N["mlp"])  # the same comparison passes without the bug
+    with pytest.raises(AssertionError):
+        assert_close(jax.tree.map(lambda g: g / B, ours), ref_masked, n=N["mlp"], what="an extra 1/B")
 
 
 def test_no_clipping_is_batch_times_mean_gradient():
     loss, params, batch = setup_case("mlp")
     ours, _ = cgs(loss, params, *batch, l2_clip_norm=float("inf"), example_mask=jnp.ones((B,)))
-    mean_loss = lambda p: jnp.mean(jax.vmap(loss, in_axes=(None, 0, 0))(p, *batch))
+
+    def mean_loss(p):
+        return jnp.mean(jax.vmap(loss, in_axes=(None, 0, 0))(p, *batch))
+
     expected = jax.tree.map(lambda g: B * g, jax.jit(jax.grad(mean_loss))(params))
-    assert_tree_close(ours, expected, rtol=1e-5, atol=1e-5)
+    assert_close(ours, expected, n=N["mlp"])
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])
@@ -156,8 +177,8 @@ def test_microbatching_equals_unchunked(k):
     mask = jnp.array([1, 1, 0, 1, 1, 1, 0, 1], jnp.float32)
     full, full_norms = cgs(loss, params, *batch, l2_clip_norm=clip, example_mask=mask)
     chunked, chunk_norms = cgs(loss, params, *batch, l2_clip_norm=clip, example_mask=mask, microbatch_size=k)
-    assert_tree_close(chunked, full)
-    np.testing.assert_allclose(np.asarray(chunk_norms), np.asarray(full_norms), rtol=1e-6)
+    assert_close(chunked, full, n=N["attention"])
+    assert_close(chunk_norms, full_norms, n=N["attention"])
 
 
 def test_microbatch_must_divide_batch():
@@ -176,8 +197,8 @@ def test_mask_equals_running_on_subset():
     y = np.asarray(y)
     masked, norms = cgs(loss, params, x, y, l2_clip_norm=clip, example_mask=jnp.asarray(keep, jnp.float32))
     subset, sub_norms = cgs(loss, params, x[keep], y[keep], l2_clip_norm=clip)
-    assert_tree_close(masked, subset)
-    np.testing.assert_allclose(np.asarray(norms)[keep], np.asarray(sub_norms), rtol=1e-6)
+    assert_close(masked, subset, n=N["mlp"])
+    assert_close(np.asarray(norms)[keep], sub_norms, n=N["mlp"])
     np.testing.assert_array_equal(np.asarray(norms)[~keep], 0.0)  # documented: masked norms are 0
 
 
@@ -196,21 +217,27 @@ def test_frozen_gets_no_gradient_and_matches_stop_gradient():
     assert jax.tree.structure(grads) == jax.tree.structure(params)
 
     both = {"p": params, "f": frozen}
-    sg_loss = lambda t, x, y: loss(t["p"], jax.lax.stop_gradient(t["f"]), x, y)
+
+    def sg_loss(t, x, y):
+        return loss(t["p"], jax.lax.stop_gradient(t["f"]), x, y)
+
     ref, ref_norms = cgs(sg_loss, both, x, y, l2_clip_norm=clip)
     assert np.any(np.asarray(norms) > clip)
-    assert_tree_close(grads, ref["p"])
-    np.testing.assert_allclose(np.asarray(norms), np.asarray(ref_norms), rtol=1e-6)
+    assert_close(grads, ref["p"], n=N["mlp"])
+    assert_close(norms, ref_norms, n=N["mlp"])
     for leaf in jax.tree.leaves(ref["f"]):
         np.testing.assert_array_equal(np.asarray(leaf), 0.0)
     # Microbatched path with frozen agrees too.
     mb, _ = cgs(loss, params, x, y, l2_clip_norm=clip, frozen=frozen, microbatch_size=2)
-    assert_tree_close(mb, grads)
+    assert_close(mb, grads, n=N["mlp"])
 
 
 def test_zero_gradient_has_no_nan():
     params = {"w": jnp.ones((3,))}
-    loss = lambda p, x: jnp.sum(x)  # independent of params
+
+    def loss(p, x):
+        return jnp.sum(x)  # independent of params
+
     grads, norms = cgs(loss, params, jnp.ones((4, 2)), l2_clip_norm=0.5)
     np.testing.assert_array_equal(np.asarray(norms), 0.0)
     np.testing.assert_array_equal(np.asarray(grads["w"]), 0.0)
@@ -233,22 +260,26 @@ def test_jit_equals_eager():
         return clipped_grad_sum(loss, p, x, y, l2_clip_norm=c, example_mask=m, microbatch_size=2)
 
     static = jax.jit(
-        lambda p, x, y, m: clipped_grad_sum(loss, p, x, y, l2_clip_norm=clip, example_mask=m, microbatch_size=2)
+        lambda p, x, y, m: clipped_grad_sum(
+            loss, p, x, y, l2_clip_norm=clip, example_mask=m, microbatch_size=2
+        )
     )
     for out in (jitted(params, *batch, mask, jnp.float32(clip)), static(params, *batch, mask)):
-        assert_tree_close(out[0], eager[0])
-        np.testing.assert_allclose(np.asarray(out[1]), np.asarray(eager[1]), rtol=1e-5)
+        assert_close(out, eager, n=N["attention"])
 
 
 @pytest.mark.parametrize("k", [None, 2])
 def test_return_losses_are_the_per_example_losses(k):
     loss, params, (x, y) = setup_case("attention", seed=3)
     mask = jnp.array([1, 1, 0, 1, 1, 1, 0, 1], jnp.float32)
-    fn = jax.jit(lambda p: clipped_grad_sum(loss, p, x, y, l2_clip_norm=0.5, example_mask=mask,
-                                            microbatch_size=k, return_losses=True))
+    fn = jax.jit(
+        lambda p: clipped_grad_sum(
+            loss, p, x, y, l2_clip_norm=0.5, example_mask=mask, microbatch_size=k, return_losses=True
+        )
+    )
     grad_sum, norms, losses = fn(params)
     plain_sum, plain_norms = cgs(loss, params, x, y, l2_clip_norm=0.5, example_mask=mask)
     expected = np.array([float(loss(params, x[i], y[i])) for i in range(B)]) * np.asarray(mask)
-    np.testing.assert_allclose(np.asarray(losses), expected, rtol=1e-5)
-    assert_tree_close(grad_sum, plain_sum)
-    np.testing.assert_allclose(np.asarray(norms), np.asarray(plain_norms), rtol=1e-5)  # f32, chunked
+    assert_close(losses, expected, n=N["attention"])
+    assert_close(grad_sum, plain_sum, n=N["attention"])
+    assert_close(norms, plain_norms, n=N["attention"])

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from numerics import assert_close
 
 from zoo.dp import add_gaussian_noise, privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS, NOISE_STREAM, noise_key
@@ -24,7 +25,7 @@ def standardized(noisy, clean):
     return np.concatenate(
         [
             ((np.asarray(n, np.float64) - np.asarray(c, np.float64)) / (SIGMA * CLIP)).ravel()
-            for n, c in zip(jax.tree.leaves(noisy), jax.tree.leaves(clean))
+            for n, c in zip(jax.tree.leaves(noisy), jax.tree.leaves(clean), strict=True)
         ]
     )
 
@@ -32,8 +33,9 @@ def standardized(noisy, clean):
 @pytest.mark.parametrize("prng", [*NOISE_PRNGS, None])
 def test_noise_is_standard_normal_at_scale_sigma_c(prng):
     clean = clean_tree()
-    noisy = add_gaussian_noise(clean, jax.random.PRNGKey(0), noise_multiplier=SIGMA, l2_clip_norm=CLIP,
-                               prng=prng)
+    noisy = add_gaussian_noise(
+        clean, jax.random.PRNGKey(0), noise_multiplier=SIGMA, l2_clip_norm=CLIP, prng=prng
+    )
     assert jax.tree.structure(noisy) == jax.tree.structure(clean)
     z = standardized(noisy, clean)
     n = z.size
@@ -41,7 +43,7 @@ def test_noise_is_standard_normal_at_scale_sigma_c(prng):
     assert abs(z.mean()) < 5 / np.sqrt(n)
     assert abs(z.std() - 1) < 0.02
     # Each leaf separately as well (catches a wrong scale on one leaf only).
-    for leaf_n, leaf_c in zip(jax.tree.leaves(noisy), jax.tree.leaves(clean)):
+    for leaf_n, leaf_c in zip(jax.tree.leaves(noisy), jax.tree.leaves(clean), strict=True):
         zl = standardized(leaf_n, leaf_c)
         assert abs(zl.std() - 1) < 0.03
 
@@ -65,7 +67,10 @@ def test_privatize_divides_by_expected_batch_size():
     key = jax.random.PRNGKey(3)
     noisy = add_gaussian_noise(clean, key, noise_multiplier=SIGMA, l2_clip_norm=CLIP)
     mean = privatize(clean, key, noise_multiplier=SIGMA, l2_clip_norm=CLIP, expected_batch_size=64)
-    np.testing.assert_allclose(np.asarray(mean["w"]), np.asarray(noisy["w"]) / 64, rtol=1e-6)
+    assert_close(mean, {"w": np.asarray(noisy["w"]) / 64}, n=1)
+    # Negative test for this family: a missing 1/B is caught by the same comparison.
+    with pytest.raises(AssertionError):
+        assert_close(noisy, {"w": np.asarray(noisy["w"]) / 64}, n=1, what="1/B missing")
 
 
 def test_zero_noise_and_unbounded_sensitivity():
@@ -93,11 +98,13 @@ def test_noise_is_split_key_normal_per_leaf_under_jit():
     std * normal(split(key, n)[i])."""
     clean = clean_tree()
     key = jax.random.PRNGKey(7)
-    noisy = jax.jit(lambda g, k: add_gaussian_noise(g, k, noise_multiplier=SIGMA, l2_clip_norm=CLIP))(clean, key)
+    noisy = jax.jit(lambda g, k: add_gaussian_noise(g, k, noise_multiplier=SIGMA, l2_clip_norm=CLIP))(
+        clean, key
+    )
     keys = jax.random.split(noise_key(key), 2)
-    for k, n, c in zip(keys, jax.tree.leaves(noisy), jax.tree.leaves(clean)):
+    for k, n, c in zip(keys, jax.tree.leaves(noisy), jax.tree.leaves(clean), strict=True):
         expected = np.asarray(c) + SIGMA * CLIP * np.asarray(jax.random.normal(k, c.shape))
-        np.testing.assert_allclose(np.asarray(n), expected, rtol=1e-6, atol=1e-6)
+        assert_close(n, expected, n=1)
 
 
 def test_noise_prng_picks_the_sampler():
@@ -112,20 +119,21 @@ def test_noise_prng_picks_the_sampler():
     # prng=None draws with the key's own implementation (threefry2x32 here), from its noise stream.
     own = np.asarray(add_gaussian_noise(zeros, key, prng=None, **kw)["w"])
     stream = jax.random.fold_in(key, NOISE_STREAM)
-    np.testing.assert_allclose(own, np.asarray(jax.random.normal(jax.random.split(stream, 1)[0], (2000,))),
-                               rtol=1e-6)
+    assert_close(own, jax.random.normal(jax.random.split(stream, 1)[0], (2000,)), n=1)
     assert str(jax.random.key_impl(noise_key(key))) == DEFAULT_NOISE_PRNG
     philox = jax.random.key(11, impl=DEFAULT_NOISE_PRNG)  # already the right kind: only the stream
-    np.testing.assert_array_equal(jax.random.key_data(noise_key(philox)),
-                                  jax.random.key_data(jax.random.fold_in(philox, NOISE_STREAM)))
+    np.testing.assert_array_equal(
+        jax.random.key_data(noise_key(philox)), jax.random.key_data(jax.random.fold_in(philox, NOISE_STREAM))
+    )
 
 
 @pytest.mark.parametrize("prng", [*NOISE_PRNGS, None])
 def test_raw_and_typed_keys_give_the_same_noise(prng):
     typed = jax.random.key(5)
     raw = jax.random.key_data(typed)
-    np.testing.assert_array_equal(jax.random.key_data(noise_key(raw, prng)),
-                                  jax.random.key_data(noise_key(typed, prng)))
+    np.testing.assert_array_equal(
+        jax.random.key_data(noise_key(raw, prng)), jax.random.key_data(noise_key(typed, prng))
+    )
 
 
 @pytest.mark.parametrize("prng", [*NOISE_PRNGS, None])
@@ -133,8 +141,12 @@ def test_noise_key_shares_no_bits_with_other_uses_of_the_key(prng):
     """Whoever else derives from the step key (bits, fold_in, split) must not see the noise key."""
     key = jax.random.key(3)
     leaf_keys = jax.random.split(noise_key(key, prng), 8)  # what add_gaussian_noise draws with
-    noise = np.concatenate([np.asarray(jax.random.key_data(noise_key(key, prng))).ravel(),
-                            np.asarray(jax.random.key_data(leaf_keys)).ravel()])
+    noise = np.concatenate(
+        [
+            np.asarray(jax.random.key_data(noise_key(key, prng))).ravel(),
+            np.asarray(jax.random.key_data(leaf_keys)).ravel(),
+        ]
+    )
     others = [jax.random.bits(key, (8,), jnp.uint32), jax.random.key_data(jax.random.split(key, 4))]
     others += [jax.random.key_data(jax.random.fold_in(key, i)) for i in range(64)]
     seen = set(np.concatenate([np.asarray(o).ravel() for o in others]).tolist())
@@ -151,5 +163,6 @@ def test_every_noise_prng_has_a_key_of_at_least_64_bits():
 
 def test_unknown_noise_prng_names_the_valid_ones():
     with pytest.raises(ZooError, match=r"'philox2x32'.*philox4x32, threefry2x32, threefry4x32"):
-        add_gaussian_noise({"w": jnp.zeros(3)}, jax.random.key(0), noise_multiplier=1.0, l2_clip_norm=1.0,
-                           prng="philox2x32")
+        add_gaussian_noise(
+            {"w": jnp.zeros(3)}, jax.random.key(0), noise_multiplier=1.0, l2_clip_norm=1.0, prng="philox2x32"
+        )
