@@ -5,7 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench docs clean
+# Files whose floats are compared across programs (tests/numerics.py): CI runs them again under
+# narrower instruction sets, since XLA's CPU vector width changes the order of float32 sums.
+NUMERIC_TESTS := tests/test_numerics.py tests/dp/test_dp_clipping.py tests/dp/test_ghost.py \
+	tests/dp/test_dp_noise.py tests/test_models.py tests/test_remat_policies.py tests/test_freeze.py
+ISAS := SSE4_2 AVX2
+
+.PHONY: run test test-isa lint bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "zoo needs Python >= 3.12 (JAX 0.12); found " + sys.version'
@@ -19,6 +25,16 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2
+
+test-isa: $(STAMP)
+	set -e; for isa in $(ISAS); do \
+	  echo "== numerics-sensitive tests under --xla_cpu_max_isa=$$isa"; \
+	  XLA_FLAGS="$${XLA_FLAGS:-} --xla_cpu_max_isa=$$isa" $(BIN)/python -m pytest -q -n 2 $(NUMERIC_TESTS); \
+	done
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
