@@ -7,9 +7,11 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 from zoo.configs import MLPConfig, ModelConfig
 from zoo.models import canonical
+from zoo.models.ops import check_token_ids
 from zoo.models.registry import check_backend, get_config
 
 
@@ -79,11 +81,30 @@ def example_batch(
     return jax.random.randint(key, (batch_size, seq_len), 0, cfg.vocab_size, dtype=jnp.int32)
 
 
-def apply_fn(cfg: ModelConfig, backend: str):
-    """Pure ``apply(params, x, remat="none") -> logits`` on canonical params."""
+def apply_fn(cfg: ModelConfig, backend: str, *, checked: bool = False):
+    """Pure ``apply(params, x, remat="none") -> logits`` on canonical params.
+
+    The model checks shapes always, and token ids when they are concrete. Under ``jit`` ids are
+    tracers; ``checked=True`` returns a jitted apply that checks them too (``checkify``) and
+    raises for an id outside ``[0, vocab_size)`` instead of returning NaN or clamped logits.
+    """
     check_backend(backend)
 
     def apply(params: dict, x: jax.Array, remat: str = "none") -> jax.Array:
         return canonical.from_canonical(cfg, backend, params)(x, remat=remat)
 
-    return apply
+    if not checked:
+        return apply
+
+    def checked_body(params, x, remat):
+        check_token_ids(cfg, x)
+        return apply(params, x, remat)
+
+    compiled = jax.jit(checkify.checkify(checked_body), static_argnums=2)
+
+    def checked_apply(params: dict, x: jax.Array, remat: str = "none") -> jax.Array:
+        error, logits = compiled(params, x, remat)
+        error.throw()
+        return logits
+
+    return checked_apply

@@ -111,7 +111,8 @@ def fit_model_to_task(preset: str, overrides: dict, task: Task) -> ModelConfig:
             "vocab_size": task.data.vocab_size,
             "num_classes": 0,
             "d_in": 0,
-            "max_len": max(cfg.max_len, task.seq_len),
+            # the preset's own context, when longer than the data's, is kept
+            "max_len": task.seq_len if "max_len" in overrides else max(cfg.max_len, task.seq_len),
         }
     else:
         if not task.row_shape:
@@ -120,4 +121,30 @@ def fit_model_to_task(preset: str, overrides: dict, task: Task) -> ModelConfig:
             )
         rows, width = task.row_shape
         fitted = {"d_in": width, "num_classes": task.data.num_classes, "max_len": rows}
+    fitted = _respect_explicit(preset, overrides, fitted)
     return get_config(cfg, **{k: v for k, v in fitted.items() if getattr(cfg, k) != v})
+
+
+# Sizes that may be larger than the data needs: a longer context or a larger vocabulary
+# than the data uses is a valid model, a smaller one is not.
+_AT_LEAST = ("max_len", "vocab_size")
+
+
+def _respect_explicit(preset: str, overrides: dict, fitted: dict) -> dict:
+    """``fitted`` sizes, except those the recipe set explicitly: those are kept when they fit
+    the data and refused when they do not. An explicit value is never silently replaced."""
+    out = dict(fitted)
+    for key, needed in fitted.items():
+        if key not in overrides:
+            continue
+        value = overrides[key]
+        if key in _AT_LEAST and value >= needed:
+            out[key] = value
+        elif value != needed:
+            need = f"at least {needed}" if key in _AT_LEAST else str(needed)
+            raise ZooError(
+                f"model.{key}={value} was set explicitly, but the data needs {key} = {need} for "
+                f"{preset!r}; drop the override or set model.{key} to {need}"
+                + (" (or lower data.seq_len)" if key == "max_len" else "")
+            )
+    return out
