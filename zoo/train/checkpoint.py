@@ -1,13 +1,24 @@
-"""Checkpoints with orbax: atomic step directories holding the training state, the full
-canonical params, and JSON metadata (resolved recipe, model config, tokenizer).
+"""Checkpoints with orbax: step directories holding the training state, the full canonical
+params, and JSON metadata (resolved recipe, model config, tokenizer), each verified by a
+checksum manifest.
 
-Orbax writes each step to a temporary directory and renames it when complete, so a run
-killed mid-save leaves the previous checkpoint intact.
+Orbax writes each step to a temporary directory and renames it when complete. After that,
+``save`` writes ``zoo_manifest.json`` (size and sha256 of every file of the step) as the
+step's last file, atomically. A step is *intact* when its manifest exists and every file
+matches it: a run killed before the manifest landed, a truncated file or a flipped byte all
+make the step damaged. Loading takes the newest intact step, and says so, naming both, when
+it had to skip a damaged one; it never reads a damaged step. Every failure reaching a user is
+one ``ZooError`` line naming the directory and what is wrong.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +31,16 @@ from zoo.errors import ZooError
 from zoo.recipes import Recipe, parse_recipe
 
 CHECKPOINT_DIR = "checkpoints"
+DAMAGED_DIR = "damaged-checkpoints"
+MANIFEST = "zoo_manifest.json"
+_MANIFEST_FORMAT = "zoo.checkpoint_manifest"
 _CONFIG_CLASSES = {"mlp": MLPConfig, "transformer": TransformerConfig}
 
 
 def _manager(run_dir: Path, create: bool) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=2, create=create, enable_async_checkpointing=False)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=2, create=create, enable_async_checkpointing=False, cleanup_tmp_directories=create
+    )
     return ocp.CheckpointManager(Path(run_dir).absolute() / CHECKPOINT_DIR, options=options)
 
 
@@ -34,6 +50,159 @@ def model_meta(cfg: ModelConfig, backend: str) -> dict:
 
 def config_from_meta(meta: dict) -> ModelConfig:
     return _CONFIG_CLASSES[meta["kind"]](**meta["config"])
+
+
+def _step_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir).absolute() / CHECKPOINT_DIR / str(step)
+
+
+# --- Manifests ------------------------------------------------------------------------------
+
+
+def _digests(step_dir: Path) -> dict[str, list]:
+    """``{relative path: [size, sha256]}`` for every file of a step but the manifest."""
+    out = {}
+    for path in sorted(step_dir.rglob("*")):
+        if path.is_file() and path.name != MANIFEST and not path.name.startswith(MANIFEST):
+            out[path.relative_to(step_dir).as_posix()] = [path.stat().st_size, _sha256(path)]
+    return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_manifest(step_dir: Path) -> None:
+    body = json.dumps({"format": _MANIFEST_FORMAT, "version": 1, "files": _digests(step_dir)}, indent=1)
+    tmp = step_dir / f"{MANIFEST}.tmp"
+    with tmp.open("w") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, step_dir / MANIFEST)
+    fd = os.open(step_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def step_problem(run_dir: Path, step: int) -> str | None:
+    """What is wrong with a saved step, or None when it is intact."""
+    step_dir = _step_dir(run_dir, step)
+    manifest = step_dir / MANIFEST
+    if not manifest.is_file():
+        return f"it has no {MANIFEST} (its write did not finish)"
+    try:
+        doc = json.loads(manifest.read_text())
+        files = doc["files"] if doc.get("format") == _MANIFEST_FORMAT else None
+    except (OSError, ValueError, AttributeError, KeyError):
+        files = None
+    if not isinstance(files, dict):
+        return f"its {MANIFEST} is unreadable"
+    for rel, (size, sha) in files.items():
+        path = step_dir / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        if path.stat().st_size != size:
+            return f"{rel} has {path.stat().st_size} bytes, its manifest says {size}"
+        if _sha256(path) != sha:
+            return f"{rel} does not match its checksum"
+    return None
+
+
+# --- Steps ----------------------------------------------------------------------------------
+
+
+def saved_steps(run_dir: Path) -> list[int]:
+    """Every step directory under ``run_dir/checkpoints``, intact or not, oldest first."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def _is_legacy(run_dir: Path, steps: list[int]) -> bool:
+    # Runs written before manifests existed: none of their steps has one.
+    return bool(steps) and not any((_step_dir(run_dir, s) / MANIFEST).exists() for s in steps)
+
+
+def latest_step(run_dir: Path) -> int | None:
+    """The newest intact step, or None. Quiet: it neither warns nor raises."""
+    steps = saved_steps(run_dir)
+    if _is_legacy(run_dir, steps):
+        return steps[-1]
+    return next((s for s in reversed(steps) if step_problem(run_dir, s) is None), None)
+
+
+def resolve_step(run_dir: Path, step: int | None = None, *, quarantine: bool = False) -> int:
+    """The step to load: ``step`` if intact, else the newest intact step, with a warning naming
+    each damaged step skipped. ``quarantine`` moves those to ``run_dir/damaged-checkpoints/``
+    (a run about to write new checkpoints must not leave them in orbax's way).
+    """
+    where = str(run_dir)
+    steps = saved_steps(run_dir)
+    if not steps:
+        raise ZooError(
+            f"no checkpoint under {where!r}: expected {CHECKPOINT_DIR}/<step>/ written by `zoo train --out DIR`"
+        )
+    if step is not None and step not in steps:
+        raise ZooError(f"no step {step} in {where!r}; saved steps: {steps}")
+    if _is_legacy(run_dir, steps):
+        warnings.warn(
+            f"the checkpoints in {where!r} have no checksum manifests (written by an older zoo); "
+            "loading them unverified",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return steps[-1] if step is None else step
+    candidates = [step] if step is not None else list(reversed(steps))
+    damaged = []
+    for candidate in candidates:
+        problem = step_problem(run_dir, candidate)
+        if problem is None:
+            break
+        damaged.append(f"step {candidate}: {problem}")
+    else:
+        raise ZooError(f"no intact checkpoint in {where!r}: {'; '.join(damaged)}")
+    if damaged:
+        moved = _quarantine(run_dir, steps[-len(damaged) :]) if quarantine else ""
+        warnings.warn(
+            f"checkpoint {damaged[0].split(':')[0]} in {where!r} is damaged ({'; '.join(damaged)}); "
+            f"using step {candidate}, the newest intact one{moved}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return candidate
+
+
+def _quarantine(run_dir: Path, steps: list[int]) -> str:
+    target = Path(run_dir) / DAMAGED_DIR
+    target.mkdir(exist_ok=True)
+    for step in steps:
+        dest, n = target / str(step), 1
+        while dest.exists():
+            dest, n = target / f"{step}-{n}", n + 1
+        shutil.move(str(_step_dir(run_dir, step)), dest)
+    return f"; the damaged steps were moved to {str(target)!r}"
+
+
+def _restore(run_dir: Path, step: int, **items):
+    try:
+        with _manager(run_dir, create=False) as manager:
+            return manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as error:  # orbax, tensorstore and json all raise their own types
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ZooError(
+            f"checkpoint step {step} in {str(run_dir)!r} could not be read: {type(error).__name__}: {first}"
+        ) from None
+
+
+# --- Save and load --------------------------------------------------------------------------
 
 
 def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
@@ -48,20 +217,18 @@ def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
             force=True,
         )
         manager.wait_until_finished()
+    _write_manifest(_step_dir(run_dir, step))
 
 
-def latest_step(run_dir: Path) -> int | None:
-    if not (Path(run_dir) / CHECKPOINT_DIR).exists():
-        return None
-    with _manager(run_dir, create=False) as manager:
-        return manager.latest_step()
+def restore_meta(run_dir: Path, step: int) -> dict:
+    """The JSON metadata saved with ``step``: resolved recipe, model, tokenizer, step."""
+    return _restore(run_dir, step, meta=ocp.args.JsonRestore())["meta"]
 
 
 def restore_state(run_dir: Path, step: int, abstract_state):
     """The training state saved at ``step``, in the structure of ``abstract_state``."""
     target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract_state)
-    with _manager(run_dir, create=False) as manager:
-        return manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+    return _restore(run_dir, step, state=ocp.args.StandardRestore(target))["state"]
 
 
 @dataclass(frozen=True)
@@ -78,21 +245,10 @@ class Checkpoint:
 
 
 def load_checkpoint(run_dir: str | Path, step: int | None = None) -> Checkpoint:
-    """Load the latest (or given) checkpoint of a run directory written by ``zoo train``."""
+    """Load the newest intact (or the given) checkpoint of a run directory written by ``zoo train``."""
     run_dir = Path(run_dir)
-    found = latest_step(run_dir)
-    if found is None:
-        raise ZooError(
-            f"no checkpoint under {str(run_dir)!r}: expected {CHECKPOINT_DIR}/<step>/ "
-            "written by `zoo train --out DIR`"
-        )
-    step = found if step is None else step
-    with _manager(run_dir, create=False) as manager:
-        if step not in manager.all_steps():
-            raise ZooError(f"no step {step} in {str(run_dir)!r}; saved steps: {manager.all_steps()}")
-        restored = manager.restore(
-            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
-        )
+    step = resolve_step(run_dir, step)
+    restored = _restore(run_dir, step, params=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
     meta = restored["meta"]
     tokenizer = meta.get("tokenizer")
     return Checkpoint(
