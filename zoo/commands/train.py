@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zoo import recipes as recipe_lib
+from zoo.errors import ZooError
 from zoo.ui import console, emit_json, print_table
 
 # The training stack (orbax, datasets, the engine) is imported inside the commands that use
@@ -71,6 +72,8 @@ def run_train(args) -> int:
     from zoo.train.loop import build_run, train
 
     recipe = resolve_recipe(args)
+    if args.resume and not args.out:
+        raise ZooError("--resume needs --out DIR: the run directory to continue")
     out = Path(args.out or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     human = Console(stderr=True) if args.json else console
     run = build_run(recipe)
@@ -121,7 +124,7 @@ def _param_rows(params):
 def run_eval(args) -> int:
     from zoo.train import checkpoint
     from zoo.train.engine import evaluate
-    from zoo.train.loop import build_run
+    from zoo.train.loop import build_run, task_metrics
 
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
     recipe = recipe_lib.with_values(
@@ -132,11 +135,7 @@ def run_eval(args) -> int:
     metrics = evaluate(
         run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
     )
-    metrics = {"checkpoint": str(args.checkpoint_dir), "step": ckpt.step, **metrics}
-    if run.task.is_lm:
-        metrics.pop("eval_accuracy")
-    else:
-        metrics.pop("eval_bits_per_char")
+    metrics = {"checkpoint": str(args.checkpoint_dir), "step": ckpt.step, **task_metrics(run.task, metrics)}
     if args.json:
         emit_json(metrics)
     else:

@@ -181,6 +181,9 @@ def _dpsgd_event(noise_multiplier: float, sampling_prob: float, steps: int) -> D
     return dp_accounting.SelfComposedDpEvent(step, steps)
 
 
+# Both are pure functions of a few numbers and take seconds (a PLD composition; a search over
+# them): a run asks the same question at every eval, on resume and for its summary.
+@functools.lru_cache(maxsize=256)
 def epsilon_spent(
     *,
     noise_multiplier: float,
@@ -204,6 +207,7 @@ def epsilon_spent(
     return float(acc.get_epsilon(delta))
 
 
+@functools.lru_cache(maxsize=64)
 def calibrate_noise_multiplier(
     *,
     epsilon: float,

@@ -1,7 +1,8 @@
 """The training loop: the only place with clocks, files, progress bars and printing.
 
 ``build_run`` turns a recipe into a dataset, a model config, params and an engine.
-``train`` runs it, writing ``metrics.jsonl``, ``recipe.json`` and orbax checkpoints.
+``train`` runs it, writing ``metrics.jsonl``, ``recipe.json`` and orbax checkpoints, or
+continues a run from its newest intact checkpoint (``zoo.train.resume`` says when it may).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pathlib import Path
 import jax
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from zoo.configs import ModelConfig
 from zoo.dp import PoissonSampler, epsilon_spent, ghost, resolve_noise_multiplier
@@ -26,10 +26,11 @@ from zoo.models.registry import get_config
 from zoo.recipes import Recipe, to_dict
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
-from zoo.train import checkpoint
+from zoo.train import checkpoint, runlog
 from zoo.train.compiles import CompileCounter
 from zoo.train.engine import DPRuntime, Engine, evaluate
 from zoo.train.freeze import FreezePlan, resolve_freeze
+from zoo.train.resume import ResumePoint, check_resume, fingerprint
 from zoo.train.state import TrainState, make_optimizer, secret_train_key, train_key
 from zoo.train.task import Task, fit_model_to_task, load_task, task_kind
 
@@ -56,17 +57,19 @@ class Run:
     engine: Engine
     dp: DPPlan | None
 
+    plan_steps: int  # the horizon of the lr schedule and the DP calibration (resume.py)
+
     @property
     def steps(self) -> int:
         return self.dp.steps if self.dp else self.recipe.train.steps
 
 
-def _dp_plan(recipe: Recipe, task: Task) -> DPPlan | None:
+def _dp_plan(recipe: Recipe, task: Task, plan_steps: int) -> DPPlan | None:
     dp = recipe.dp
     if not dp.enabled:
         return None
     n = task.num_train
-    sigma, eps = resolve_noise_multiplier(dp, n, recipe.train.steps)
+    sigma, eps = resolve_noise_multiplier(dp, n, plan_steps)
     sampler = PoissonSampler.for_expected_batch(
         n, dp.expected_batch_size, recipe.train.seed, pad_to_multiple=dp.microbatch_size or 1
     )
@@ -104,8 +107,22 @@ def _warn_unused_microbatch(recipe: Recipe, cfg: ModelConfig) -> None:
         )
 
 
-def build_run(recipe: Recipe) -> Run:
-    """Resolve a recipe: data, model sizes, initial params (fresh or ``init_from``), engine."""
+def _warn_if_nothing_trains(freeze: FreezePlan, patterns: tuple[str, ...]) -> None:
+    if freeze.trainable_count == 0:
+        warnings.warn(
+            f"--freeze {' '.join(repr(p) for p in patterns)} freezes every parameter: the run "
+            "trains nothing and its weights stay as they are",
+            stacklevel=3,
+        )
+
+
+def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
+    """Resolve a recipe: data, model sizes, initial params (fresh or ``init_from``), engine.
+
+    ``plan_steps`` (default ``train.steps``) is the horizon of the learning-rate schedule and
+    of the DP noise calibration; a resumed run that was extended keeps its original one.
+    """
+    plan_steps = plan_steps or recipe.train.steps
     seed = recipe.train.seed
     source = None
     if recipe.freeze.init_from:
@@ -130,9 +147,10 @@ def build_run(recipe: Recipe) -> Run:
     else:
         params = canonical.init_params(cfg, seed)
     freeze = resolve_freeze(params, recipe.freeze.patterns)
+    _warn_if_nothing_trains(freeze, recipe.freeze.patterns)
     _warn_unused_microbatch(recipe, cfg)
-    dp = _dp_plan(recipe, task)
-    optimizer = make_optimizer(recipe.optim, recipe.train.steps, clip=dp is None)
+    dp = _dp_plan(recipe, task, plan_steps)
+    optimizer = make_optimizer(recipe.optim, plan_steps, clip=dp is None)
     engine = Engine(
         cfg=cfg,
         backend=recipe.model.backend,
@@ -150,7 +168,7 @@ def build_run(recipe: Recipe) -> Run:
         if dp
         else None,
     )
-    return Run(recipe, task, cfg, params, freeze, engine, dp)
+    return Run(recipe, task, cfg, params, freeze, engine, dp, plan_steps)
 
 
 def train_batch(run: Run, step: int) -> dict[str, np.ndarray]:
@@ -164,6 +182,8 @@ def _meta(run: Run) -> dict:
     tokenizer = run.task.data.tokenizer
     return {
         "recipe": to_dict(run.recipe),
+        "fingerprint": fingerprint(run.recipe),
+        "plan_steps": run.plan_steps,
         "model": checkpoint.model_meta(run.cfg, run.engine.backend),
         "tokenizer": tokenizer.to_json() if tokenizer else None,
     }
@@ -181,31 +201,23 @@ def _epsilon_at(run: Run, step: int) -> float:
     )
 
 
-class _Log:
-    """metrics.jsonl writer: one JSON object per line, flushed as it goes."""
-
-    def __init__(self, path: Path) -> None:
-        self._file = path.open("a")
-
-    def write(self, record: dict) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
+def _open_run_dir(out: Path, resume: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ZooError(f"--out {str(out)!r} is a file, not a run directory; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume and checkpoint.saved_steps(out):
+        raise ZooError(
+            f"{str(out)!r} already holds checkpoints; pass --resume to continue that run or choose another --out"
+        )
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[rate]} ex/s"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
+def _resume_point(out: Path, recipe: Recipe, console: Console) -> ResumePoint | None:
+    """Where a ``--resume`` continues, after checking it may; None for a run dir with no checkpoint."""
+    if not checkpoint.saved_steps(out):
+        console.print(f"no checkpoint in {out} yet; starting at step 0", markup=False, highlight=False)
+        return None
+    step = checkpoint.resolve_step(out, quarantine=True)
+    return check_resume(checkpoint.restore_meta(out, step), recipe, str(out))
 
 
 def train(
@@ -219,33 +231,41 @@ def train(
 ) -> dict:
     """Train ``recipe`` into ``out_dir`` and return the run summary.
 
-    ``run`` may be passed when the caller already built it from the same recipe.
+    ``run`` may be passed when the caller already built it from the same recipe. With
+    ``resume``, the run continues from the newest intact checkpoint if ``zoo.train.resume``
+    allows it, and a finished run is left exactly as it was.
     """
     console = console or Console(stderr=True)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    run = run or build_run(recipe)
+    _open_run_dir(out, resume)
+    point = _resume_point(out, recipe, console) if resume else None
+    if point and point.finished(recipe.train.steps):
+        summary = runlog.read_summary(out)
+        if summary is not None:
+            console.print(
+                f"{out} already finished at step {point.step}; nothing to do", markup=False, highlight=False
+            )
+            return summary
+    plan_steps = point.plan_steps if point else recipe.train.steps
+    if run is None or run.plan_steps != plan_steps:
+        run = build_run(recipe, plan_steps)
     engine = run.engine
     state, frozen = engine.init_state(run.params, recipe.train.seed, dp_train_key(recipe) if run.dp else None)
     start = 0
-    if resume and (saved := checkpoint.latest_step(out)) is not None:
-        state = checkpoint.restore_state(out, saved, state)
-        start = saved
-        console.print(f"resuming from step {saved} in {out}")
+    if point:
+        state = checkpoint.restore_state(out, point.step, state)
+        start = point.step
+        _say_resumed(console, out, point, run)
         if run.dp:
             _warn_if_public_noise_keys(state, recipe.train.seed)
-    elif not resume and checkpoint.latest_step(out) is not None:
-        raise ZooError(
-            f"{str(out)!r} already holds checkpoints; pass --resume to continue that "
-            "run or choose another --out"
-        )
-    (out / "recipe.json").write_text(json.dumps(to_dict(recipe), indent=2) + "\n")
-    meta, log = _meta(run), _Log(out / "metrics.jsonl")
+    if not point or point.changes:
+        runlog.write_json(out / runlog.RECIPE, to_dict(recipe))
+    meta, log = _meta(run), runlog.MetricsLog(out / runlog.METRICS, start)
     batch_rows = run.dp.sampler.padded_batch_size if run.dp else recipe.train.batch_size
-    steps, last_saved, eval_metrics = run.steps, start, {}
+    steps, last_saved, done, eval_metrics = run.steps, start, start, {}
     timed_examples, timed_seconds, loss = 0, 0.0, float("nan")
     try:
-        with CompileCounter() as compiles, _progress(console) as progress:
+        with CompileCounter() as compiles, runlog.progress_bar(console) as progress:
             bar = progress.add_task(
                 recipe.name, total=steps, completed=start, loss="-", rate="-", visible=show_progress
             )
@@ -278,9 +298,7 @@ def train(
                         }
                     )
                 if done % recipe.train.eval_every == 0 or done == steps:
-                    eval_metrics = evaluate(
-                        engine, state, frozen, run.task.eval_batches(batch_rows, recipe.train.eval_batches)
-                    )
+                    eval_metrics = _evaluate(run, state, frozen, batch_rows)
                     if run.dp:
                         eval_metrics["epsilon"] = _epsilon_at(run, done)
                     log.write({"step": done, **eval_metrics})
@@ -288,27 +306,77 @@ def train(
                     params = run.freeze.merge(state.params, frozen)
                     checkpoint.save(out, done, state, params, meta)
                     last_saved = done
+    except KeyboardInterrupt:
+        console.print(
+            f"interrupted after step {done}; the last checkpoint is step {last_saved} in {out}. "
+            f"Continue with: zoo train {recipe.name} --resume --out {out}",
+            markup=False,
+            highlight=False,
+        )
+        raise
     finally:
         log.close()
+    if start == steps:  # finished, but killed before its summary was written
+        eval_metrics = _evaluate(run, state, frozen, batch_rows)
+        loss = _last_logged_loss(out)
+    summary = _summary(run, out, loss, eval_metrics, compiles.count, timed_examples, timed_seconds, point)
+    runlog.write_json(out / runlog.SUMMARY, summary)
+    return summary
+
+
+def _evaluate(run: Run, state: TrainState, frozen: dict, batch_rows: int) -> dict:
+    metrics = evaluate(
+        run.engine, state, frozen, run.task.eval_batches(batch_rows, run.recipe.train.eval_batches)
+    )
+    return task_metrics(run.task, metrics)
+
+
+def task_metrics(task: Task, metrics: dict) -> dict:
+    """Drop the metric that does not apply: accuracy for LMs, bits per char for classifiers."""
+    drop = "eval_accuracy" if task.is_lm else "eval_bits_per_char"
+    return {k: v for k, v in metrics.items() if k != drop}
+
+
+def _last_logged_loss(out: Path) -> float:
+    lines = (out / runlog.METRICS).read_text().splitlines() if (out / runlog.METRICS).exists() else []
+    losses = [record["loss"] for record in map(json.loads, lines) if "loss" in record]
+    return losses[-1] if losses else float("nan")
+
+
+def _say_resumed(console: Console, out: Path, point: ResumePoint, run: Run) -> None:
+    changed = f" with {'; '.join(point.changes)}" if point.changes else ""
+    console.print(f"resuming from step {point.step} in {out}{changed}", markup=False, highlight=False)
+    if run.dp and run.steps > point.plan_steps:
+        warnings.warn(
+            f"extending a DP run past the {point.plan_steps} steps it was planned for: the noise "
+            f"multiplier stays {run.dp.noise_multiplier:.4g}, and epsilon is accounted again over all "
+            f"{run.steps} steps ({_epsilon_at(run, run.steps):.4g} at delta={run.recipe.dp.delta:g}, "
+            f"against {run.dp.epsilon:.4g} for the plan)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _summary(run, out, loss, eval_metrics, compile_count, timed_examples, timed_seconds, point) -> dict:
+    recipe, steps = run.recipe, run.steps
     summary = {
         "recipe": recipe.name,
-        "backend": engine.backend,
+        "backend": run.engine.backend,
         "remat": recipe.train.remat,
         "model": recipe.model.preset,
         "dataset": recipe.data.dataset,
         "steps": steps,
         "train_loss": loss,
         "examples_per_sec": timed_examples / timed_seconds if timed_seconds else None,
-        "compile_count": compiles.count,
+        "compile_count": compile_count,
         "out_dir": str(out),
+        "fingerprint": fingerprint(recipe),
         "trainable_params": run.freeze.trainable_count,
         "frozen_params": run.freeze.frozen_count,
-        **{k: eval_metrics.get(k) for k in ("eval_loss", "eval_accuracy", "eval_bits_per_char")},
+        **{k: v for k, v in eval_metrics.items() if k != "epsilon"},
     }
-    if run.task.is_lm:
-        summary.pop("eval_accuracy")
-    else:
-        summary.pop("eval_bits_per_char")
+    if point:
+        summary.update(resumed_from_step=point.step, changed_on_resume=list(point.changes))
     if run.dp:
         summary.update(
             epsilon=_epsilon_at(run, steps),
@@ -319,6 +387,6 @@ def train(
             accountant=recipe.dp.accountant,
             expected_batch_size=recipe.dp.expected_batch_size,
             padded_batch_size=run.dp.sampler.padded_batch_size,
+            planned_steps=run.plan_steps,
         )
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

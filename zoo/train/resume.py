@@ -1,0 +1,100 @@
+"""Resume is a continuation or a refusal.
+
+A run directory's checkpoints carry the resolved recipe they were trained with. ``--resume``
+compares it, field by field, with the recipe of the new command. Any difference that changes
+the math (model, data, seed, optimizer, schedule, DP, freezing) is refused with the list of
+differences: continuing would give a run that neither recipe describes, and a DP run would
+report an epsilon it did not spend. What may change:
+
+- ``train.remat``: a remat policy changes memory and speed, not the gradients;
+- ``train.log_every``, ``train.eval_every``, ``train.checkpoint_every``: bookkeeping;
+- ``description``;
+- ``train.steps``, upward only. The learning-rate schedule and the DP noise multiplier keep
+  the horizon the run was planned with (``plan_steps``), so the steps already taken stay the
+  steps of the run being extended; a DP run's epsilon is accounted again over every step.
+
+Resuming a finished run (same ``train.steps``) does nothing and leaves every file as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from zoo.errors import ZooError
+from zoo.recipes import Recipe, parse_recipe, to_dict
+
+# Fields that may differ between the saved recipe and the resumed one (besides a longer
+# train.steps). Everything else is compared.
+FREE_FIELDS = ("description", "train.remat", "train.log_every", "train.eval_every", "train.checkpoint_every")
+STEPS = "train.steps"
+
+
+def flat_recipe(recipe: Recipe) -> dict[str, object]:
+    """The resolved recipe as ``{"section.field": value}`` (lists as lists), defaults filled."""
+    flat: dict[str, object] = {}
+    for key, value in to_dict(recipe).items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{field}": _plain(v) for field, v in value.items()})
+        else:
+            flat[key] = _plain(value)
+    return flat
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def fingerprint(recipe: Recipe) -> str:
+    """sha256 of every field that fixes the math of a run (all but the free fields and steps)."""
+    math = {k: v for k, v in flat_recipe(recipe).items() if k not in FREE_FIELDS and k != STEPS}
+    return hashlib.sha256(json.dumps(math, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def differences(saved: Recipe, new: Recipe, *, ignore: tuple[str, ...] = ()) -> list[str]:
+    """``["dp.epsilon: 8.0 -> 3.0", ...]`` for every field that differs, except ``ignore``."""
+    a, b = flat_recipe(saved), flat_recipe(new)
+    rows = []
+    for key in sorted(set(a) | set(b)):
+        if key in ignore or a.get(key) == b.get(key):
+            continue
+        rows.append(f"{key}: {_show(a.get(key))} -> {_show(b.get(key))}")
+    return rows
+
+
+def _show(value) -> str:
+    return "unset" if value is None else json.dumps(value)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where and how a resumed run continues."""
+
+    step: int  # the checkpoint's step
+    plan_steps: int  # the horizon of the schedule and of the DP noise calibration
+    changes: tuple[str, ...]  # allowed differences, for the summary and the console
+
+    def finished(self, steps: int) -> bool:
+        return self.step >= steps
+
+
+def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
+    """The resume point for ``recipe`` from a checkpoint's ``meta``, or a ZooError listing why not."""
+    saved = parse_recipe(meta["recipe"], meta["recipe"].get("name", "recipe"))
+    step = int(meta["step"])
+    refused = differences(saved, recipe, ignore=(*FREE_FIELDS, STEPS))
+    if refused:
+        raise ZooError(
+            f"--resume would change the run in {where!r}, whose checkpoints were trained with other "
+            f"settings: {'; '.join(refused)}. Only train.remat, the log/eval/checkpoint cadence and a "
+            "longer train.steps may change on resume; start a new run with another --out"
+        )
+    if recipe.train.steps < saved.train.steps:
+        raise ZooError(
+            f"--resume with train.steps={recipe.train.steps} would shorten the run in {where!r}, "
+            f"planned for {saved.train.steps} steps (checkpoint at step {step}); train.steps may "
+            "only grow on resume"
+        )
+    plan_steps = int(meta.get("plan_steps", saved.train.steps))
+    return ResumePoint(step=step, plan_steps=plan_steps, changes=tuple(differences(saved, recipe)))

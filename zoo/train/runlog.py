@@ -1,0 +1,75 @@
+"""A run directory's files besides the checkpoints: ``metrics.jsonl``, ``recipe.json``,
+``summary.json``, and the progress bar. Effects only; the training math never sees them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+METRICS = "metrics.jsonl"
+RECIPE = "recipe.json"
+SUMMARY = "summary.json"
+
+
+def write_json(path: Path, obj: object) -> None:
+    """Write ``obj`` as indented JSON, atomically: a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / SUMMARY
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class MetricsLog:
+    """``metrics.jsonl`` writer: one JSON object per line, flushed as it goes.
+
+    Opened at ``start > 0`` (a resumed run), it first drops the lines of steps after
+    ``start``: those steps run again, and their lines would otherwise appear twice.
+    """
+
+    def __init__(self, path: Path, start: int = 0) -> None:
+        if start and path.exists():
+            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= start]
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
+        elif not start:
+            path.unlink(missing_ok=True)
+        self._file = path.open("a")
+
+    def write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _step_of(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return float("inf")  # a line cut short by a kill: drop it
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[rate]} ex/s"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
