@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
+
+from rich.markup import escape
 
 from zoo.errors import ZooError
 from zoo.ui import err_console
@@ -31,14 +34,26 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    # One line per warning, user text as plain text (not rich markup, not a source excerpt).
+    err_console.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv[0] if argv else None).parse_args(argv)
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning
     try:
         return int(args.func(args) or 0)
     except ZooError as error:
-        err_console.print(f"[bold red]error:[/] {error}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         return 2
+    except KeyboardInterrupt:
+        err_console.print("[bold red]interrupted[/]", highlight=False)
+        return 130
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":

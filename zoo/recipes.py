@@ -7,6 +7,7 @@ A recipe has a name, a description and sections ``model``, ``data``, ``optim``, 
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import types
 import typing
@@ -144,6 +145,34 @@ def to_dict(recipe: Recipe) -> dict:
         else:
             out[key] = {k: v for k, v in dataclasses.asdict(section).items() if v is not None}
     return out
+
+
+def to_toml(recipe: Recipe) -> str:
+    """The resolved recipe as a TOML document that ``load_recipe`` reads back to an equal recipe."""
+    lines, sections = [], []
+    for key, value in to_dict(recipe).items():
+        if isinstance(value, dict):
+            sections.append((key, value))
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, values in sections:
+        lines += ["", f"[{key}]", *(f"{k} = {_toml_value(v)}" for k, v in values.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return {"inf": "inf", "-inf": "-inf", "nan": "nan"}.get(repr(value), repr(value))
+    if isinstance(value, str):
+        # A JSON string is a TOML basic string, but for DEL, which TOML wants escaped.
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r} ({type(value).__name__})")
 
 
 def _parse_value(text: str):

@@ -8,17 +8,19 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    table = Table(title=title)
+    """A table whose title and cells are plain text: brackets in user text are not markup."""
+    table = Table(title=Text(title))
     for column in columns:
-        table.add_column(column)
+        table.add_column(Text(column))
     for row in rows:
-        table.add_row(*(str(cell) for cell in row))
+        table.add_row(*(Text(str(cell)) for cell in row))
     console.print(table)
 
 

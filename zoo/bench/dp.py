@@ -428,7 +428,9 @@ def _ints(text: str | None) -> list[int] | None:
 def _run_cli(args) -> int:
     from zoo.ui import emit_json, err_console, print_table
 
-    progress = None if args.quiet else (lambda m: err_console.print(f"[dim]{m}[/]", highlight=False))
+    progress = (
+        None if args.quiet else (lambda m: err_console.print(m, style="dim", markup=False, highlight=False))
+    )
     methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
     result = bench_dp(
         args.model,

@@ -307,7 +307,9 @@ def _mib(n) -> str:
 def _run_cli(args) -> int:
     from zoo.ui import emit_json, err_console, print_table
 
-    progress = None if args.quiet else (lambda m: err_console.print(f"[dim]{m}[/]", highlight=False))
+    progress = (
+        None if args.quiet else (lambda m: err_console.print(m, style="dim", markup=False, highlight=False))
+    )
     if args.depths:
         policies = args.policies or "full,nested"
         result = bench_depths(
@@ -399,7 +401,7 @@ def _run_cli(args) -> int:
     if args.plot:
         from zoo.ui import console
 
-        console.print(f"plot written to {result['plot']}")
+        console.print(f"plot written to {result['plot']}", markup=False, highlight=False)
     return 0
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import sys
 
 from zoo import recipes as recipe_lib
 from zoo.errors import ZooError
-from zoo.ui import console, emit_json, print_table
+from zoo.ui import emit_json, print_table
 
 
 def run_recipes(args) -> int:
@@ -16,14 +16,8 @@ def run_recipes(args) -> int:
         recipe = recipe_lib.load_recipe(args.name)
         if args.json:
             emit_json(recipe_lib.to_dict(recipe))
-        else:
-            for section, values in recipe_lib.to_dict(recipe).items():
-                if isinstance(values, dict):
-                    console.print(f"[bold]\\[{section}][/]")
-                    for key, value in values.items():
-                        console.print(f"{key} = {json.dumps(value)}", markup=False, highlight=False)
-                else:
-                    console.print(f"{section} = {json.dumps(values)}", markup=False, highlight=False)
+        else:  # plain TOML, never wrapped: `zoo recipes show NAME > f.toml` is a recipe file
+            sys.stdout.write(recipe_lib.to_toml(recipe))
         return 0
     rows = []
     for recipe in recipe_lib.list_recipes():
@@ -56,5 +50,6 @@ def add_parser(sub) -> None:
     p = sub.add_parser("recipes", help="list recipes, or `zoo recipes show NAME`")
     p.add_argument("action", nargs="?", choices=["list", "show"], default="list")
     p.add_argument("name", nargs="?")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="JSON instead of TOML (show) or a table (list)")
+    p.add_argument("--toml", action="store_true", help="show: the recipe as TOML (the default)")
     p.set_defaults(func=run_recipes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import jax
@@ -35,7 +36,8 @@ def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float, 
             return jnp.argmax(logits)
         return jax.random.categorical(key, logits / temperature)
 
-    ids = list(tokenizer.encode(prompt)) or [0]
+    check_sample_args(prompt, length, temperature)
+    ids = list(tokenizer.encode(prompt))
     key = jax.random.key(seed)
     for i in range(length):
         context = ids[-window:]
@@ -46,9 +48,20 @@ def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float, 
     return tokenizer.decode(np.asarray(ids[len(tokenizer.encode(prompt)) :], np.int32))
 
 
+def check_sample_args(prompt: str, length: int, temperature: float) -> None:
+    """One-line errors for arguments that would sample nothing or garbage."""
+    if not prompt:
+        raise ZooError("--prompt is empty; give at least one character to continue from")
+    if length < 1:
+        raise ZooError(f"--length must be a positive number of characters, got {length}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ZooError(f"--temperature must be a finite number >= 0 (0 samples greedily), got {temperature}")
+
+
 def run_sample(args) -> int:
     from zoo.train import checkpoint
 
+    check_sample_args(args.prompt, args.length, args.temperature)
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
     text = sample_text(ckpt, args.prompt, args.length, args.temperature, args.seed)
     if args.json:
