@@ -218,7 +218,7 @@ def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
                 steps=r.train.steps,
             )
         params = source if source is not None else canonical.init_params(cfg, seed)
-        run = Run(r, task, cfg, params, freeze, engine, plan)
+        run = Run(r, task, cfg, params, freeze, engine, plan, r.train.steps)
         state, frozen = engine.init_state(run.params, seed)
         for step in range(run.steps):
             state, metrics = engine.train_step(state, frozen, train_batch(run, step))

@@ -143,7 +143,13 @@ def to_dict(recipe: Recipe) -> dict:
         if key == "model":
             out[key] = {"preset": section.preset, "backend": section.backend, **dict(section.overrides)}
         else:
-            out[key] = {k: v for k, v in dataclasses.asdict(section).items() if v is not None}
+            out[key] = {
+                f.name: getattr(section, f.name)
+                for f in dataclasses.fields(section)
+                # None is "unset" where it is the default; elsewhere (grad_clip_norm = None: no
+                # clipping) it is a value, and dropping it would read back as the default.
+                if getattr(section, f.name) is not None or f.default is not None
+            }
     return out
 
 
@@ -152,6 +158,9 @@ def to_toml(recipe: Recipe) -> str:
     lines, sections = [], []
     for key, value in to_dict(recipe).items():
         if isinstance(value, dict):
+            unset = [k for k, v in value.items() if v is None]
+            if unset:  # TOML has no null; a TOML recipe never holds one
+                raise ZooError(f"[{key}] {', '.join(unset)} = None has no TOML form; use --json")
             sections.append((key, value))
         else:
             lines.append(f"{key} = {_toml_value(value)}")

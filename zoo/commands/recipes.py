@@ -13,6 +13,8 @@ def run_recipes(args) -> int:
     if args.action == "show":
         if not args.name:
             raise ZooError("usage: zoo recipes show NAME")
+        if args.json and args.toml:
+            raise ZooError("zoo recipes show takes --json or --toml, not both")
         recipe = recipe_lib.load_recipe(args.name)
         if args.json:
             emit_json(recipe_lib.to_dict(recipe))

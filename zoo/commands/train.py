@@ -70,14 +70,19 @@ def _add_recipe_flags(p) -> None:
 
 def run_train(args) -> int:
     from zoo.train.loop import build_run, train
+    from zoo.train.resume import finished_summary, preflight
 
     recipe = resolve_recipe(args)
     if args.resume and not args.out:
         raise ZooError("--resume needs --out DIR: the run directory to continue")
     out = Path(args.out or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     human = Console(stderr=True) if args.json else console
-    run = build_run(recipe)
-    print_param_table(run, human)
+    # A refused --resume or a bad --out fails here, before the data is loaded.
+    point = preflight(out, recipe, args.resume)
+    run = None
+    if finished_summary(out, point, recipe) is None:
+        run = build_run(recipe, point.plan_steps if point else None)
+        print_param_table(run, human)
     summary = train(
         recipe,
         out,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -29,10 +28,12 @@ from zoo.configs import MLPConfig, ModelConfig, TransformerConfig
 from zoo.data import CharTokenizer
 from zoo.errors import ZooError
 from zoo.recipes import Recipe, parse_recipe
+from zoo.train.runlog import atomic_write
 
 CHECKPOINT_DIR = "checkpoints"
 DAMAGED_DIR = "damaged-checkpoints"
 MANIFEST = "zoo_manifest.json"
+FORMAT_MARKER = "zoo_format.json"  # checkpoints/ of a run whose steps all carry manifests
 _MANIFEST_FORMAT = "zoo.checkpoint_manifest"
 _CONFIG_CLASSES = {"mlp": MLPConfig, "transformer": TransformerConfig}
 
@@ -78,41 +79,45 @@ def _sha256(path: Path) -> str:
 
 def _write_manifest(step_dir: Path) -> None:
     body = json.dumps({"format": _MANIFEST_FORMAT, "version": 1, "files": _digests(step_dir)}, indent=1)
-    tmp = step_dir / f"{MANIFEST}.tmp"
-    with tmp.open("w") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, step_dir / MANIFEST)
-    fd = os.open(step_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write(step_dir / MANIFEST, body)
 
 
 def step_problem(run_dir: Path, step: int) -> str | None:
     """What is wrong with a saved step, or None when it is intact."""
     step_dir = _step_dir(run_dir, step)
-    manifest = step_dir / MANIFEST
-    if not manifest.is_file():
-        return f"it has no {MANIFEST} (its write did not finish)"
     try:
-        doc = json.loads(manifest.read_text())
-        files = doc["files"] if doc.get("format") == _MANIFEST_FORMAT else None
-    except (OSError, ValueError, AttributeError, KeyError):
-        files = None
-    if not isinstance(files, dict):
+        doc = json.loads((step_dir / MANIFEST).read_text())
+    except FileNotFoundError:
+        return f"it has no {MANIFEST} (its write did not finish)"
+    except (OSError, ValueError):
+        doc = None
+    files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == _MANIFEST_FORMAT else None
+    if not isinstance(files, dict) or not all(_is_entry(rel, entry) for rel, entry in files.items()):
         return f"its {MANIFEST} is unreadable"
-    for rel, (size, sha) in files.items():
-        path = step_dir / rel
-        if not path.is_file():
-            return f"{rel} is missing"
-        if path.stat().st_size != size:
-            return f"{rel} has {path.stat().st_size} bytes, its manifest says {size}"
-        if _sha256(path) != sha:
-            return f"{rel} does not match its checksum"
+    try:
+        for rel, (size, sha) in files.items():
+            path = step_dir / rel
+            if not path.is_file():
+                return f"{rel} is missing"
+            if path.stat().st_size != size:
+                return f"{rel} has {path.stat().st_size} bytes, its manifest says {size}"
+            if _sha256(path) != sha:
+                return f"{rel} does not match its checksum"
+    except OSError as error:  # removed or unreadable while we looked
+        return f"it could not be read ({error.strerror or error})"
     return None
+
+
+def _is_entry(rel: object, entry: object) -> bool:
+    parts = Path(rel).parts if isinstance(rel, str) else ("..",)
+    return (
+        not Path(rel).is_absolute()
+        and ".." not in parts
+        and isinstance(entry, list)
+        and len(entry) == 2
+        and isinstance(entry[0], int)
+        and isinstance(entry[1], str)
+    )
 
 
 # --- Steps ----------------------------------------------------------------------------------
@@ -126,24 +131,22 @@ def saved_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def _is_legacy(run_dir: Path, steps: list[int]) -> bool:
-    # Runs written before manifests existed: none of their steps has one.
-    return bool(steps) and not any((_step_dir(run_dir, s) / MANIFEST).exists() for s in steps)
+def _is_legacy(run_dir: Path) -> bool:
+    # Runs written before manifests existed have no format marker; every save writes one first.
+    return bool(saved_steps(run_dir)) and not (Path(run_dir) / CHECKPOINT_DIR / FORMAT_MARKER).exists()
 
 
 def latest_step(run_dir: Path) -> int | None:
     """The newest intact step, or None. Quiet: it neither warns nor raises."""
     steps = saved_steps(run_dir)
-    if _is_legacy(run_dir, steps):
+    if _is_legacy(run_dir):
         return steps[-1]
     return next((s for s in reversed(steps) if step_problem(run_dir, s) is None), None)
 
 
-def resolve_step(run_dir: Path, step: int | None = None, *, quarantine: bool = False) -> int:
+def resolve_step(run_dir: Path, step: int | None = None) -> int:
     """The step to load: ``step`` if intact, else the newest intact step, with a warning naming
-    each damaged step skipped. ``quarantine`` moves those to ``run_dir/damaged-checkpoints/``
-    (a run about to write new checkpoints must not leave them in orbax's way).
-    """
+    each damaged step skipped (:func:`quarantine_after` moves them out of a run's way)."""
     where = str(run_dir)
     steps = saved_steps(run_dir)
     if not steps:
@@ -152,7 +155,7 @@ def resolve_step(run_dir: Path, step: int | None = None, *, quarantine: bool = F
         )
     if step is not None and step not in steps:
         raise ZooError(f"no step {step} in {where!r}; saved steps: {steps}")
-    if _is_legacy(run_dir, steps):
+    if _is_legacy(run_dir):
         warnings.warn(
             f"the checkpoints in {where!r} have no checksum manifests (written by an older zoo); "
             "loading them unverified",
@@ -160,9 +163,8 @@ def resolve_step(run_dir: Path, step: int | None = None, *, quarantine: bool = F
             stacklevel=2,
         )
         return steps[-1] if step is None else step
-    candidates = [step] if step is not None else list(reversed(steps))
     damaged = []
-    for candidate in candidates:
+    for candidate in [step] if step is not None else reversed(steps):
         problem = step_problem(run_dir, candidate)
         if problem is None:
             break
@@ -170,25 +172,33 @@ def resolve_step(run_dir: Path, step: int | None = None, *, quarantine: bool = F
     else:
         raise ZooError(f"no intact checkpoint in {where!r}: {'; '.join(damaged)}")
     if damaged:
-        moved = _quarantine(run_dir, steps[-len(damaged) :]) if quarantine else ""
         warnings.warn(
             f"checkpoint {damaged[0].split(':')[0]} in {where!r} is damaged ({'; '.join(damaged)}); "
-            f"using step {candidate}, the newest intact one{moved}",
+            f"using step {candidate}, the newest intact one",
             RuntimeWarning,
             stacklevel=2,
         )
     return candidate
 
 
-def _quarantine(run_dir: Path, steps: list[int]) -> str:
+def quarantine_after(run_dir: Path, step: int) -> None:
+    """Move the step directories newer than ``step`` (the newest intact one, so all of them are
+    damaged) to ``run_dir/damaged-checkpoints/``: kept, and out of the way of the next saves."""
+    newer = [s for s in saved_steps(run_dir) if s > step]
+    if not newer:
+        return
     target = Path(run_dir) / DAMAGED_DIR
     target.mkdir(exist_ok=True)
-    for step in steps:
-        dest, n = target / str(step), 1
+    for damaged in newer:
+        dest, n = target / str(damaged), 1
         while dest.exists():
-            dest, n = target / f"{step}-{n}", n + 1
-        shutil.move(str(_step_dir(run_dir, step)), dest)
-    return f"; the damaged steps were moved to {str(target)!r}"
+            dest, n = target / f"{damaged}-{n}", n + 1
+        shutil.move(str(_step_dir(run_dir, damaged)), dest)
+    warnings.warn(
+        f"moved damaged checkpoint steps {newer} of {str(run_dir)!r} to {str(target)!r}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def _restore(run_dir: Path, step: int, **items):
@@ -206,6 +216,10 @@ def _restore(run_dir: Path, step: int, **items):
 
 
 def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
+    marker = Path(run_dir) / CHECKPOINT_DIR / FORMAT_MARKER
+    if not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(marker, json.dumps({"format": _MANIFEST_FORMAT, "version": 1}) + "\n")
     with _manager(run_dir, create=True) as manager:
         manager.save(
             step,
@@ -223,6 +237,11 @@ def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
 def restore_meta(run_dir: Path, step: int) -> dict:
     """The JSON metadata saved with ``step``: resolved recipe, model, tokenizer, step."""
     return _restore(run_dir, step, meta=ocp.args.JsonRestore())["meta"]
+
+
+def restore_params(run_dir: Path, step: int) -> dict:
+    """The full canonical params (trainable and frozen) saved with ``step``."""
+    return _restore(run_dir, step, params=ocp.args.StandardRestore())["params"]
 
 
 def restore_state(run_dir: Path, step: int, abstract_state):

@@ -30,7 +30,14 @@ from zoo.train import checkpoint, runlog
 from zoo.train.compiles import CompileCounter
 from zoo.train.engine import DPRuntime, Engine, evaluate
 from zoo.train.freeze import FreezePlan, resolve_freeze
-from zoo.train.resume import ResumePoint, check_resume, fingerprint
+from zoo.train.resume import (
+    ResumePoint,
+    check_same_data,
+    data_digest,
+    fingerprint,
+    finished_summary,
+    preflight,
+)
 from zoo.train.state import TrainState, make_optimizer, secret_train_key, train_key
 from zoo.train.task import Task, fit_model_to_task, load_task, task_kind
 
@@ -184,6 +191,7 @@ def _meta(run: Run) -> dict:
         "recipe": to_dict(run.recipe),
         "fingerprint": fingerprint(run.recipe),
         "plan_steps": run.plan_steps,
+        "data_digest": data_digest((run.task.data.x_train, run.task.data.y_train)),
         "model": checkpoint.model_meta(run.cfg, run.engine.backend),
         "tokenizer": tokenizer.to_json() if tokenizer else None,
     }
@@ -199,25 +207,6 @@ def _epsilon_at(run: Run, step: int) -> float:
         steps=step,
         accountant=run.recipe.dp.accountant,
     )
-
-
-def _open_run_dir(out: Path, resume: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise ZooError(f"--out {str(out)!r} is a file, not a run directory; choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume and checkpoint.saved_steps(out):
-        raise ZooError(
-            f"{str(out)!r} already holds checkpoints; pass --resume to continue that run or choose another --out"
-        )
-
-
-def _resume_point(out: Path, recipe: Recipe, console: Console) -> ResumePoint | None:
-    """Where a ``--resume`` continues, after checking it may; None for a run dir with no checkpoint."""
-    if not checkpoint.saved_steps(out):
-        console.print(f"no checkpoint in {out} yet; starting at step 0", markup=False, highlight=False)
-        return None
-    step = checkpoint.resolve_step(out, quarantine=True)
-    return check_resume(checkpoint.restore_meta(out, step), recipe, str(out))
 
 
 def train(
@@ -237,30 +226,36 @@ def train(
     """
     console = console or Console(stderr=True)
     out = Path(out_dir)
-    _open_run_dir(out, resume)
-    point = _resume_point(out, recipe, console) if resume else None
-    if point and point.finished(recipe.train.steps):
-        summary = runlog.read_summary(out)
-        if summary is not None:
-            console.print(
-                f"{out} already finished at step {point.step}; nothing to do", markup=False, highlight=False
-            )
-            return summary
+    point = preflight(out, recipe, resume)
+    if resume and point is None:
+        console.print(f"no checkpoint in {out} yet; starting at step 0", markup=False, highlight=False)
+    if (summary := finished_summary(out, point, recipe)) is not None:
+        console.print(
+            f"{out} already finished at step {point.step}; nothing to do", markup=False, highlight=False
+        )
+        return summary
     plan_steps = point.plan_steps if point else recipe.train.steps
     if run is None or run.plan_steps != plan_steps:
         run = build_run(recipe, plan_steps)
-    engine = run.engine
+    engine, meta = run.engine, _meta(run)
     state, frozen = engine.init_state(run.params, recipe.train.seed, dp_train_key(recipe) if run.dp else None)
     start = 0
     if point:
+        check_same_data(point.meta, meta, str(out))
+        checkpoint.quarantine_after(out, point.step)
         state = checkpoint.restore_state(out, point.step, state)
+        # Frozen weights come from the run's own checkpoint, not again from --init-from, whose
+        # newest step may have moved on since.
+        frozen = jax.device_put(
+            run.freeze.split(checkpoint.restore_params(out, point.step))[1], jax.devices()[0]
+        )
         start = point.step
         _say_resumed(console, out, point, run)
         if run.dp:
             _warn_if_public_noise_keys(state, recipe.train.seed)
     if not point or point.changes:
         runlog.write_json(out / runlog.RECIPE, to_dict(recipe))
-    meta, log = _meta(run), runlog.MetricsLog(out / runlog.METRICS, start)
+    log = runlog.MetricsLog(out / runlog.METRICS, start)
     batch_rows = run.dp.sampler.padded_batch_size if run.dp else recipe.train.batch_size
     steps, last_saved, done, eval_metrics = run.steps, start, start, {}
     timed_examples, timed_seconds, loss = 0, 0.0, float("nan")
@@ -307,8 +302,9 @@ def train(
                     checkpoint.save(out, done, state, params, meta)
                     last_saved = done
     except KeyboardInterrupt:
+        saved = f"the last checkpoint is step {last_saved}" if last_saved else "no checkpoint was written yet"
         console.print(
-            f"interrupted after step {done}; the last checkpoint is step {last_saved} in {out}. "
+            f"interrupted after step {done}; {saved} in {out}. "
             f"Continue with: zoo train {recipe.name} --resume --out {out}",
             markup=False,
             highlight=False,

@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
 
 from zoo.errors import ZooError
 from zoo.recipes import Recipe, parse_recipe, to_dict
+from zoo.train import checkpoint, runlog
 
 # Fields that may differ between the saved recipe and the resumed one (besides a longer
 # train.steps). Everything else is compared.
@@ -74,6 +78,7 @@ class ResumePoint:
     step: int  # the checkpoint's step
     plan_steps: int  # the horizon of the schedule and of the DP noise calibration
     changes: tuple[str, ...]  # allowed differences, for the summary and the console
+    meta: dict = field(default_factory=dict, compare=False)  # the checkpoint's metadata
 
     def finished(self, steps: int) -> bool:
         return self.step >= steps
@@ -97,4 +102,73 @@ def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
             "only grow on resume"
         )
     plan_steps = int(meta.get("plan_steps", saved.train.steps))
-    return ResumePoint(step=step, plan_steps=plan_steps, changes=tuple(differences(saved, recipe)))
+    return ResumePoint(step=step, plan_steps=plan_steps, changes=tuple(differences(saved, recipe)), meta=meta)
+
+
+def open_run_dir(out: Path, resume: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ZooError(f"--out {str(out)!r} is a file, not a run directory; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume and checkpoint.saved_steps(out):
+        raise ZooError(
+            f"{str(out)!r} already holds checkpoints; pass --resume to continue that run or choose another --out"
+        )
+
+
+def preflight(out: Path, recipe: Recipe, resume: bool) -> ResumePoint | None:
+    """Check the run directory before anything is built: the resume point of ``--resume``, None
+    for a fresh run. Reads only; damaged steps are moved later, once the resume is accepted."""
+    open_run_dir(out, resume)
+    if not resume or not checkpoint.saved_steps(out):
+        return None
+    step = checkpoint.resolve_step(out)
+    return check_resume(checkpoint.restore_meta(out, step), recipe, str(out))
+
+
+def finished_summary(out: Path, point: ResumePoint | None, recipe: Recipe) -> dict | None:
+    """``summary.json`` of a finished run, if it describes the checkpoint it ends on (same step,
+    same fingerprint); None when the run must still train or summarize."""
+    if point is None or not point.finished(recipe.train.steps):
+        return None
+    summary = runlog.read_summary(out)
+    if (
+        summary
+        and summary.get("steps") == point.step
+        and summary.get("fingerprint") == point.meta.get("fingerprint")
+    ):
+        return summary
+    return None
+
+
+def data_digest(arrays) -> str:
+    """sha256 of the training arrays: the same recipe can read other data from the same path."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        if array is not None:
+            array = np.ascontiguousarray(array)
+            digest.update(f"{array.dtype}{array.shape}".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_same_data(saved: dict, now: dict, where: str) -> None:
+    """Refuse to continue on other data: fitted model sizes, tokenizer or training arrays."""
+    problems = []
+    if "model" in saved and _json(saved["model"]) != _json(now["model"]):
+        a, b = saved["model"]["config"], now["model"]["config"]
+        problems += [
+            f"model.{k}: {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+        ]
+    if saved.get("tokenizer") != now.get("tokenizer"):
+        problems.append("the tokenizer's vocabulary differs")
+    if saved.get("data_digest") not in (None, now.get("data_digest")):
+        problems.append(f"the training data differ (sha256 {saved['data_digest']} -> {now['data_digest']})")
+    if problems:
+        raise ZooError(
+            f"--resume would continue {where!r} on other data than its checkpoints saw: "
+            f"{'; '.join(problems)}; start a new run with another --out"
+        )
+
+
+def _json(value):
+    return json.loads(json.dumps(value))

@@ -15,11 +15,24 @@ RECIPE = "recipe.json"
 SUMMARY = "summary.json"
 
 
-def write_json(path: Path, obj: object) -> None:
-    """Write ``obj`` as indented JSON, atomically: a reader sees the old file or the new one."""
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` so that a reader, or a run killed at any point, sees the old file or the
+    new one, never a part: a synced temporary file renamed over ``path``, then the folder synced."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: Path, obj: object) -> None:
+    atomic_write(path, json.dumps(obj, indent=2) + "\n")
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -40,9 +53,7 @@ class MetricsLog:
     def __init__(self, path: Path, start: int = 0) -> None:
         if start and path.exists():
             kept = [line for line in path.read_text().splitlines() if _step_of(line) <= start]
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, path)
+            atomic_write(path, "".join(line + "\n" for line in kept))
         elif not start:
             path.unlink(missing_ok=True)
         self._file = path.open("a")
