@@ -14,8 +14,9 @@ import faultkit
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import reduction_size
 from dp_accounting.pld import PLDAccountant
-from numerics import assert_bitwise_equal
+from numerics import assert_bitwise_equal, assert_close
 
 import zoo
 from zoo import recipes
@@ -141,6 +142,7 @@ def test_killed_dp_run_resumes_to_the_same_params_and_epsilon(dp_runs, tmp_path)
     out = copy_run(killed, tmp_path / "run")
     summary = train(quick("digits-mlp-dp", **DP), out, resume=True, show_progress=False)
     assert summary["epsilon"] == planned["epsilon"] and summary["resumed_from_step"] == 10
+    assert summary["compile_count"] == 1
     assert_bitwise_equal(checkpoint.load_checkpoint(out).params, checkpoint.load_checkpoint(whole).params)
 
 
@@ -310,9 +312,9 @@ def test_checked_apply_catches_bad_ids_under_jit(small_transformer, backend):
     params = zoo.to_canonical(zoo.load_model(small_transformer, backend=backend))
     checked = zoo.apply_fn(small_transformer, backend, checked=True)
     good = zoo.example_batch(small_transformer, 2)
-    assert_bitwise_equal(
-        checked(params, good), jax.jit(zoo.apply_fn(small_transformer, backend))(params, good)
-    )
+    plain = jax.jit(zoo.apply_fn(small_transformer, backend))(params, good)
+    # Two programs (the checkified one has the check fused in): the suite's float rule.
+    assert_close(checked(params, good), plain, n=reduction_size(small_transformer, 2))
     bad = good.at[1, 3].set(small_transformer.vocab_size + 2)
     with pytest.raises(Exception, match=f"token id {small_transformer.vocab_size + 2} is outside"):
         checked(params, bad)

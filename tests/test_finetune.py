@@ -1,6 +1,7 @@
 """Fine-tuning from a checkpoint with frozen layers: frozen means frozen."""
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -108,3 +109,24 @@ def test_bench_finetune_frozen_prefix_saves_memory_and_optimizer_state():
     assert frozen["trainable_params"] < full["trainable_params"]
     # adamw state is two moments per trainable scalar, plus a few scalar counters
     assert frozen["opt_state_ratio"] == pytest.approx(frozen["trainable_ratio"], rel=1e-2)
+
+
+def test_resumed_fine_tune_takes_frozen_weights_from_its_own_checkpoint(pretrained, tmp_path):
+    """A fine-tune resumes with the frozen weights it started from, even after its source run
+    has moved on (trained further), and ends bitwise where an uninterrupted one does."""
+    source = tmp_path / "source"
+    shutil.copytree(pretrained, source)
+    recipe = finetune_recipe(source, **{"train.checkpoint_every": 10})
+    whole = train(recipe, tmp_path / "whole", show_progress=False)
+    killed = tmp_path / "killed"
+    train(recipe, killed, show_progress=False)
+    shutil.rmtree(killed / "checkpoints" / "30")
+    pretrain = recipes.with_values(recipes.load_recipe("digits-mlp-pretrain"), {**FAST, "train.steps": 60})
+    train(pretrain, source, resume=True, show_progress=False)  # the source's newest step moves on
+    assert checkpoint.load_checkpoint(source).step == 60
+    resumed = train(recipe, killed, resume=True, show_progress=False)
+    assert resumed["compile_count"] == 1 and resumed["resumed_from_step"] == 20
+    a = _leaves(checkpoint.load_checkpoint(tmp_path / "whole").params)
+    b = _leaves(checkpoint.load_checkpoint(killed).params)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert whole["eval_loss"] == resumed["eval_loss"]
