@@ -237,6 +237,7 @@ def train(
     plan_steps = point.plan_steps if point else recipe.train.steps
     if run is None or run.plan_steps != plan_steps:
         run = build_run(recipe, plan_steps)
+    out.mkdir(parents=True, exist_ok=True)
     engine, meta = run.engine, _meta(run)
     state, frozen = engine.init_state(run.params, recipe.train.seed, dp_train_key(recipe) if run.dp else None)
     start = 0

@@ -105,10 +105,11 @@ def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
     return ResumePoint(step=step, plan_steps=plan_steps, changes=tuple(differences(saved, recipe)), meta=meta)
 
 
-def open_run_dir(out: Path, resume: bool) -> None:
+def check_run_dir(out: Path, resume: bool) -> None:
+    """Refuse an ``--out`` that is a file, or that holds checkpoints when not resuming. Creates
+    nothing: a run rejected later, for a bad setting, leaves no directory behind."""
     if out.exists() and not out.is_dir():
         raise ZooError(f"--out {str(out)!r} is a file, not a run directory; choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
     if not resume and checkpoint.saved_steps(out):
         raise ZooError(
             f"{str(out)!r} already holds checkpoints; pass --resume to continue that run or choose another --out"
@@ -118,7 +119,7 @@ def open_run_dir(out: Path, resume: bool) -> None:
 def preflight(out: Path, recipe: Recipe, resume: bool) -> ResumePoint | None:
     """Check the run directory before anything is built: the resume point of ``--resume``, None
     for a fresh run. Reads only; damaged steps are moved later, once the resume is accepted."""
-    open_run_dir(out, resume)
+    check_run_dir(out, resume)
     if not resume or not checkpoint.saved_steps(out):
         return None
     step = checkpoint.resolve_step(out)
