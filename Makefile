@@ -26,7 +26,7 @@ run: $(STAMP)
 	$(BIN)/zoo train digits-transformer --remat full
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test-isa: $(STAMP)
 	@echo "== ISA caps to re-run: $(ISAS) (AVX2 only where the machine has AVX-512)"

@@ -86,6 +86,7 @@ def copy_run(src, dst):
 # --- resume: a continuation or a refusal -----------------------------------------------------
 
 
+@pytest.mark.xdist_group("dp-run")
 @pytest.mark.parametrize(
     "change,listed",
     [
@@ -104,6 +105,7 @@ def test_resume_with_changed_math_is_refused_and_lists_the_change(dp_killed, tmp
     assert snapshot(out) == before  # recipe.json, metrics and checkpoints untouched
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_resume_into_another_recipes_run_dir_is_refused(finished, tmp_path, capsys):
     out = copy_run(finished[0], tmp_path / "run")
     code, _, err = cli(capsys, "train", "digits-mlp-dp", "--steps", "20", "--out", str(out), "--resume")
@@ -112,12 +114,14 @@ def test_resume_into_another_recipes_run_dir_is_refused(finished, tmp_path, caps
     assert "dp.enabled: false -> true" in line and 'name: "digits-mlp" -> "digits-mlp-dp"' in line
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_resume_with_fewer_steps_is_refused(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     with pytest.raises(ZooError, match="train.steps=15 would shorten the run"):
         train(quick(**{"train.steps": 15}), out, resume=True, show_progress=False)
 
 
+@pytest.mark.xdist_group("dp-run")
 def test_extended_dp_run_keeps_its_noise_and_accounts_every_step(dp_killed, tmp_path):
     out, planned = copy_run(dp_killed[0], tmp_path / "run"), dp_killed[1]
     with pytest.warns(RuntimeWarning, match="extending a DP run past the 20 steps"):
@@ -137,6 +141,7 @@ def test_extended_dp_run_keeps_its_noise_and_accounts_every_step(dp_killed, tmp_
     assert summary["changed_on_resume"] == ["train.steps: 20 -> 30"]
 
 
+@pytest.mark.xdist_group("dp-run")
 def test_killed_dp_run_resumes_to_the_same_params_and_epsilon(dp_runs, tmp_path):
     killed, planned, whole = dp_runs
     out = copy_run(killed, tmp_path / "run")
@@ -146,6 +151,7 @@ def test_killed_dp_run_resumes_to_the_same_params_and_epsilon(dp_runs, tmp_path)
     assert_bitwise_equal(checkpoint.load_checkpoint(out).params, checkpoint.load_checkpoint(whole).params)
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_remat_may_change_on_resume_and_is_recorded(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     shutil.rmtree(out / "checkpoints" / "20")
@@ -154,6 +160,7 @@ def test_remat_may_change_on_resume_and_is_recorded(finished, tmp_path):
     assert json.loads((out / "recipe.json").read_text())["train"]["remat"] == "full"
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_resuming_a_finished_run_changes_no_file(finished, tmp_path, capsys):
     out = copy_run(finished[0], tmp_path / "run")
     before = snapshot(out)
@@ -166,6 +173,7 @@ def test_resuming_a_finished_run_changes_no_file(finished, tmp_path, capsys):
     assert snapshot(out) == before
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_finished_run_without_summary_gets_one_without_training(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     (out / "summary.json").unlink()
@@ -208,6 +216,7 @@ def _flip_byte(path):
         "no-manifest",
     ],
 )
+@pytest.mark.xdist_group("finished-run")
 def test_damaged_latest_step_falls_back_with_a_warning(finished, tmp_path, damage):
     out = copy_run(finished[0], tmp_path / "run")
     damage(out / "checkpoints" / "20")
@@ -216,6 +225,7 @@ def test_damaged_latest_step_falls_back_with_a_warning(finished, tmp_path, damag
     assert checkpoint.latest_step(out) == 10
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_eval_of_a_damaged_run_warns_in_one_line(finished, tmp_path, capsys):
     out = copy_run(finished[0], tmp_path / "run")
     _truncate(_largest_file(out / "checkpoints" / "20" / "params"))
@@ -224,6 +234,7 @@ def test_eval_of_a_damaged_run_warns_in_one_line(finished, tmp_path, capsys):
     assert "step 20" in one_line(err) and "step 10" in err
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_no_intact_checkpoint_is_one_line_error(finished, tmp_path, capsys):
     out = copy_run(finished[0], tmp_path / "run")
     for step in ("10", "20"):
@@ -234,6 +245,7 @@ def test_no_intact_checkpoint_is_one_line_error(finished, tmp_path, capsys):
     assert "no intact checkpoint" in line and "step 20:" in line and "step 10:" in line
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_resume_skips_and_keeps_a_damaged_step_and_matches_uninterrupted(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     _flip_byte(_largest_file(out / "checkpoints" / "20" / "params"))
@@ -246,6 +258,7 @@ def test_resume_skips_and_keeps_a_damaged_step_and_matches_uninterrupted(finishe
     )
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_refused_resume_moves_no_damaged_step(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     _flip_byte(_largest_file(out / "checkpoints" / "20" / "params"))
@@ -255,6 +268,7 @@ def test_refused_resume_moves_no_damaged_step(finished, tmp_path):
     assert snapshot(out) == before
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_steps_without_manifests_are_unverified_only_in_runs_older_than_manifests(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     for step in ("10", "20"):
@@ -266,6 +280,7 @@ def test_steps_without_manifests_are_unverified_only_in_runs_older_than_manifest
         assert checkpoint.load_checkpoint(out).step == 20
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_stale_summary_of_an_extended_run_is_recomputed(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     extended = train(quick(**{"train.steps": 30}), out, resume=True, show_progress=False)
@@ -419,6 +434,7 @@ def test_sample_cli_checks_arguments_first(capsys, tmp_path):
     check_sample_args("x", 1, 0.0)  # greedy is valid
 
 
+@pytest.mark.xdist_group("finished-run")
 def test_classifier_metrics_carry_no_bits_per_char(finished):
     out, summary = finished
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
