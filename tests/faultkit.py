@@ -35,6 +35,9 @@ _VICTIM = textwrap.dedent(
     from zoo.train import checkpoint, runlog
 
     mode, step_at, fraction = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    # Ctrl-C as at a terminal, even when this suite was started in the background (whose
+    # children inherit an ignored SIGINT).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     save, write, timing = checkpoint.save, runlog.MetricsLog.write, {}
 
     def timed_save(run_dir, step, *args, **kwargs):
