@@ -50,12 +50,12 @@ from zoo import recipes
 from zoo.data import Dataset, load_dataset
 from zoo.data.arrays import split_indices
 from zoo.dp import PoissonSampler, resolve_noise_multiplier
+from zoo.freeze import resolve_freeze
 from zoo.models import canonical
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
 from zoo.train import checkpoint
 from zoo.train.engine import DPRuntime, Engine, evaluate
-from zoo.train.freeze import resolve_freeze
 from zoo.train.loop import DPPlan, Run, train, train_batch
 from zoo.train.state import make_optimizer
 from zoo.train.task import Task, fit_model_to_task, task_kind

@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zoo  # noqa: E402
 from zoo.dp import clipped_grad_sum, ghost, privatize  # noqa: E402
+from zoo.losses import per_example_loss  # noqa: E402
 from zoo.models.canonical import init_params  # noqa: E402
-from zoo.train.losses import per_example_loss  # noqa: E402
 
 CLIP = 1.0
 NOISE = 1.0

@@ -1,17 +1,47 @@
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import zoo
-from zoo.models.canonical import canonical_shapes
-from zoo.train.losses import per_example_loss
+from zoo.losses import per_example_loss
+from zoo.models.canonical import canonical_shapes, nest_by_path
+
+# XLA's CPU backend at optimisation level 0 compiles the suite's small programs about twice as
+# fast. It changes how LLVM schedules the float math, not what is computed: results move far
+# inside the float rule (tests/numerics.py), which is what every comparison between two
+# programs uses. Claims that are about the compiled program itself (memory, HLO) compile as usual.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def fast_jit(fn, **kwargs):
+    """``jax.jit`` with :data:`FAST_COMPILE`."""
+    return jax.jit(fn, compiler_options=FAST_COMPILE, **kwargs)
+
+
+def random_params(shapes, seed=0) -> dict:
+    """A canonical tree of distinct random values for a config (or a ``{path: shape}`` dict),
+    fan-in scaled like ``init_params`` but drawn by numpy, so that nothing has to be compiled
+    (the library's jitted init costs seconds of XLA compile per config)."""
+    if not isinstance(shapes, dict):
+        shapes = canonical_shapes(shapes)
+    rng = np.random.default_rng(seed)
+    flat = {}
+    for path, shape in shapes.items():
+        value = rng.standard_normal(shape, dtype=np.float32)
+        if path.endswith(".w") and not path.startswith(("embed.", "pos.")):
+            value *= shape[-2] ** -0.5
+        elif path.endswith(".scale"):
+            value = 1 + 0.1 * value
+        else:
+            value *= 0.1
+        flat[path] = jnp.asarray(value)
+    return nest_by_path(flat)
 
 
 def labels_for(cfg, x, seed=1):
     """Random valid labels for a model input."""
-    key = jax.random.key(seed)
-    if getattr(cfg, "num_classes", 0):
-        return jax.random.randint(key, (x.shape[0],), 0, cfg.num_classes)
-    return jax.random.randint(key, x.shape[:2], 0, cfg.vocab_size)
+    return zoo.example_labels(cfg, x, seed)
 
 
 def loss_of(cfg, backend, remat="none"):
@@ -28,7 +58,7 @@ def reduction_size(cfg, batch):
     """The float rule's ``n`` (tests/numerics.py) for a model's logits, losses and gradients:
     examples x positions x the widest contraction (the largest fan-in of a canonical leaf)."""
     widths = [shape[-2] for shape in canonical_shapes(cfg).values() if len(shape) >= 2]
-    return batch * getattr(cfg, "max_len", 1) * max(widths)
+    return batch * (cfg.max_len or 1) * max(widths)
 
 
 @pytest.fixture(scope="session")

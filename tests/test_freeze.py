@@ -7,39 +7,22 @@ import re
 import jax
 import numpy as np
 import pytest
-from conftest import loss_of, reduction_size
+from conftest import fast_jit, loss_of, random_params, reduction_size
 from jax.extend import core as jcore
 from numerics import assert_bitwise_equal, assert_close
 
 import zoo
 from zoo.errors import ZooError
-from zoo.models.canonical import canonical_shapes, flat_by_path, init_params, nest_by_path
+from zoo.freeze import FreezePlan, parse_pattern, resolve_freeze
+from zoo.models.canonical import canonical_shapes, flat_by_path, init_params
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
-from zoo.train.freeze import FreezePlan, parse_pattern, resolve_freeze
 
 XS = zoo.get_config("transformer-xs")  # 2 layers
 MLP = zoo.get_config("mlp-s")  # 1 layer
 SMALL4 = zoo.get_config("transformer-xs", num_layers=4, d_model=32, d_ff=64, max_len=8, vocab_size=40)
 
 STACKED_XS = sorted(p for p in canonical_shapes(XS) if p.startswith("blocks."))
-
-
-def random_params(shapes: dict, seed=0) -> dict:
-    """A canonical-style tree of distinct random values, fan-in scaled like ``init_params``
-    but drawn by numpy, so that nothing has to be compiled."""
-    rng = np.random.default_rng(seed)
-    flat = {}
-    for path, shape in shapes.items():
-        value = rng.standard_normal(shape, dtype=np.float32)
-        if path.endswith(".w") and not path.startswith(("embed.", "pos.")):
-            value *= shape[-2] ** -0.5
-        elif path.endswith(".scale"):
-            value = 1 + 0.1 * value
-        else:
-            value *= 0.1
-        flat[path] = jax.numpy.asarray(value)
-    return nest_by_path(flat)
 
 
 def frozen_view(plan: FreezePlan) -> dict:
@@ -57,13 +40,9 @@ def flat_paths(tree) -> set:
     return set(flat_by_path(tree))
 
 
-# Less LLVM optimisation: these tiny programs compile about twice as fast, same float semantics.
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
-
-
 def run_compiled(fn, *args):
-    """jit ``fn``, compile it for ``args`` with FAST_COMPILE, and run it."""
-    return jax.jit(fn).lower(*args).compile(FAST_COMPILE)(*args)
+    """``fn`` compiled with conftest.FAST_COMPILE, run on ``args``."""
+    return fast_jit(fn)(*args)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import labels_for, loss_of, reduction_size
+from conftest import fast_jit, labels_for, loss_of, random_params, reduction_size
 from numerics import assert_bitwise_equal, assert_close
 
 import zoo
@@ -28,8 +28,9 @@ SIZES = [
 def test_both_backends_tag_the_same_names(preset):
     x = zoo.example_batch(preset, 2, seq_len=8)
     found = {}
+    params = random_params(zoo.get_config(preset))
     for backend in zoo.BACKENDS:
-        model = zoo.load_model(preset, backend)
+        model = zoo.from_canonical(preset, backend, params)
         found[backend] = checkpoint_names(lambda x, model=model: model(x), x)  # traced, not run
     assert found["nnx"] == found["eqx"]
     expected = (
@@ -41,22 +42,15 @@ def test_both_backends_tag_the_same_names(preset):
 @pytest.mark.parametrize("preset,overrides", SIZES)
 def test_converted_weights_give_same_logits_and_grads(preset, overrides):
     cfg = zoo.get_config(preset, **overrides)
-    params = canonical.init_params(cfg, seed=3)
-    # perturb biases and gains so the test does not rely on zeros and ones
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, p: (
-            p if path[-1].key == "w" else p + 0.1 * jax.random.normal(jax.random.key(p.size), p.shape)
-        ),
-        params,
-    )
+    params = random_params(cfg, seed=3)  # gains and biases away from ones and zeros
     x = zoo.example_batch(cfg, 3, seed=4)
     y = labels_for(cfg, x)
     nnx_model = zoo.from_canonical(cfg, "nnx", params)
     eqx_params = zoo.to_canonical(zoo.from_canonical(cfg, "eqx", zoo.to_canonical(nnx_model)))
-    logits = {b: jax.jit(zoo.apply_fn(cfg, b))(p, x) for b, p in (("nnx", params), ("eqx", eqx_params))}
+    logits = {b: fast_jit(zoo.apply_fn(cfg, b))(p, x) for b, p in (("nnx", params), ("eqx", eqx_params))}
     n = reduction_size(cfg, 3)
     assert_close(logits["nnx"], logits["eqx"], n=n, what="logits")
-    grads = {b: jax.jit(jax.grad(loss_of(cfg, b)))(params, x, y) for b in zoo.BACKENDS}
+    grads = {b: fast_jit(jax.grad(loss_of(cfg, b)))(params, x, y) for b in zoo.BACKENDS}
     assert_close(grads["nnx"], grads["eqx"], n=n, what="grads")
 
 
@@ -73,15 +67,15 @@ def test_the_float_rule_still_catches_a_parity_bug():
     gradients that fail the comparison the parity test makes."""
     preset, overrides = SIZES[3]
     cfg = zoo.get_config(preset, **overrides)
-    params = canonical.init_params(cfg, seed=3)
+    params = random_params(cfg, seed=3)
     x = zoo.example_batch(cfg, 3, seed=4)
     y = labels_for(cfg, x)
     n = reduction_size(cfg, 3)
-    apply = {b: jax.jit(zoo.apply_fn(cfg, b)) for b in zoo.BACKENDS}
+    apply = {b: fast_jit(zoo.apply_fn(cfg, b)) for b in zoo.BACKENDS}
     assert_close(apply["eqx"](params, x), apply["nnx"](params, x), n=n)
     with pytest.raises(AssertionError):
         assert_close(apply["eqx"](swap_first_two_layers(params), x), apply["nnx"](params, x), n=n)
-    grad = {b: jax.jit(jax.grad(loss_of(cfg, b))) for b in zoo.BACKENDS}
+    grad = {b: fast_jit(jax.grad(loss_of(cfg, b))) for b in zoo.BACKENDS}
     swapped = swap_first_two_layers(grad["eqx"](swap_first_two_layers(params), x, y))
     with pytest.raises(AssertionError):
         assert_close(swapped, grad["nnx"](params, x, y), n=n)

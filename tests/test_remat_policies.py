@@ -3,13 +3,12 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import labels_for, loss_of, reduction_size
+from conftest import fast_jit, labels_for, loss_of, random_params, reduction_size
 from numerics import assert_close
 
 import zoo
 from zoo import remat
 from zoo.errors import ZooError
-from zoo.models import canonical
 
 CUSTOM = "custom:attn_q=device,layer_input=offload,mlp_hidden=remat,mlp_out=device"
 MODELS = {
@@ -24,10 +23,10 @@ def reference():
     for kind, spec in MODELS.items():
         spec = dict(spec)
         cfg = zoo.get_config(spec.pop("preset"), **spec)
-        params = canonical.init_params(cfg, 1)
+        params = random_params(cfg, 1)
         x = zoo.example_batch(cfg, 3, seed=2)
         y = labels_for(cfg, x)
-        out[kind] = cfg, params, x, y, jax.jit(jax.value_and_grad(loss_of(cfg, "nnx")))(params, x, y)
+        out[kind] = cfg, params, x, y, fast_jit(jax.value_and_grad(loss_of(cfg, "nnx")))(params, x, y)
     return out
 
 
@@ -36,7 +35,7 @@ def reference():
 @pytest.mark.parametrize("policy", [*remat.policy_names(), CUSTOM])
 def test_policy_matches_no_remat(reference, kind, backend, policy):
     cfg, params, x, y, (loss0, grads0) = reference[kind]
-    loss, grads = jax.jit(jax.value_and_grad(loss_of(cfg, backend, policy)))(params, x, y)
+    loss, grads = fast_jit(jax.value_and_grad(loss_of(cfg, backend, policy)))(params, x, y)
     assert_close((loss, grads), (loss0, grads0), n=reduction_size(cfg, 3))
 
 
@@ -44,7 +43,7 @@ def test_the_float_rule_still_catches_a_replay_bug(reference):
     """Negative test for this family: a replay that reads another layer's weights (two layers
     swapped inside the stack) gives gradients that fail the comparison above."""
     cfg, params, x, y, (loss0, grads0) = reference["transformer"]
-    step = jax.jit(jax.value_and_grad(loss_of(cfg, "nnx", "full")))
+    step = fast_jit(jax.value_and_grad(loss_of(cfg, "nnx", "full")))
 
     def swap(t):
         return {**t, "blocks": jax.tree.map(lambda a: a[jnp.array([1, 0, 2, 3])], t["blocks"])}

@@ -5,6 +5,7 @@ import importlib
 from zoo.api import (
     apply_fn,
     example_batch,
+    example_labels,
     from_canonical,
     load_model,
     param_count,
@@ -12,6 +13,11 @@ from zoo.api import (
     to_canonical,
 )
 from zoo.models.registry import BACKENDS, PRESETS, get_config
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES, *_LAZY})
+
 
 __all__ = [
     "BACKENDS",
@@ -33,13 +39,32 @@ __all__ = [
 _LAZY = {
     "load_checkpoint": "zoo.train.checkpoint",  # pulls in orbax
     "residual_report": "zoo.residuals",
-    "example_labels": "zoo.residuals",
 }
+
+
+# Subpackages and modules that ``zoo.<name>`` reaches without an explicit import, loaded on
+# first touch: ``import zoo; zoo.dp.clipped_grad_sum(...)`` works and costs nothing until used.
+_SUBMODULES = (
+    "bench",
+    "data",
+    "dp",
+    "freeze",
+    "losses",
+    "models",
+    "names",
+    "recipes",
+    "remat",
+    "residuals",
+    "scan",
+    "train",
+)
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"zoo.{name}")
     if name == "inspect":
         # ``zoo/inspect.py`` became ``zoo/residuals.py`` (it shadowed the standard library's
         # ``inspect``); keep ``zoo.inspect`` working for a while.

@@ -5,14 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from zoo.configs import MLPConfig, ModelConfig
 from zoo.models import canonical
-from zoo.models.ops import check_token_ids
-from zoo.models.registry import check_backend, get_config
+from zoo.models.registry import ModelConfig, check_backend, get_config
 
 
 def load_model(name: str | ModelConfig, backend: str = "nnx", seed: int = 0, **overrides):
@@ -72,13 +69,12 @@ def example_batch(
 ) -> jax.Array:
     """A valid random model input for preset ``name``: features, token ids or feature rows."""
     cfg = get_config(name, **overrides)
-    key = jax.random.key(seed)
-    if isinstance(cfg, MLPConfig):
-        return jax.random.uniform(key, (batch_size, cfg.d_in))
-    seq_len = seq_len or cfg.max_len
-    if cfg.takes_features:
-        return jax.random.uniform(key, (batch_size, seq_len, cfg.d_in))
-    return jax.random.randint(key, (batch_size, seq_len), 0, cfg.vocab_size, dtype=jnp.int32)
+    return cfg.example_input(jax.random.key(seed), batch_size, seq_len)
+
+
+def example_labels(cfg: ModelConfig, x: jax.Array, seed: int = 1) -> jax.Array:
+    """Random valid labels for input ``x``: [B] for classifiers, [B, T] for language models."""
+    return cfg.example_labels(jax.random.key(seed), x)
 
 
 def apply_fn(cfg: ModelConfig, backend: str, *, checked: bool = False):
@@ -97,7 +93,7 @@ def apply_fn(cfg: ModelConfig, backend: str, *, checked: bool = False):
         return apply
 
     def checked_body(params, x, remat):
-        check_token_ids(cfg, x)
+        cfg.check_input_values(x)
         return apply(params, x, remat)
 
     compiled = jax.jit(checkify.checkify(checked_body), static_argnums=2)

@@ -42,12 +42,11 @@ import numpy as np
 from jax.extend import core as jcore
 
 from zoo import names
-from zoo.configs import MLPConfig, ModelConfig
+from zoo.losses import per_example_loss
 from zoo.models import canonical
-from zoo.models.registry import check_backend, get_config
+from zoo.models.registry import ModelConfig, check_backend, get_config
 from zoo.remat import get_policy
 from zoo.scan import layer_body, num_groups
-from zoo.train.losses import per_example_loss
 
 DEVICE = "device"
 HOST = "pinned_host"
@@ -342,21 +341,6 @@ def block_fn(model, backend: str):
     return (lambda layer, h: jax.vmap(eqx.combine(layer, static))(h)), stacked
 
 
-def block_input_shape(cfg: ModelConfig, batch: int, seq: int | None) -> tuple[int, ...]:
-    if isinstance(cfg, MLPConfig):
-        return (batch, cfg.d_hidden)
-    return (batch, seq or cfg.max_len, cfg.d_model)
-
-
-def example_labels(cfg: ModelConfig, x: jax.Array, seed: int = 1) -> jax.Array:
-    """Random valid labels for input ``x``: [B] for classifiers, [B, T] for language models."""
-    key = jax.random.key(seed)
-    classes = getattr(cfg, "num_classes", 0)
-    if classes:
-        return jax.random.randint(key, (x.shape[0],), 0, classes)
-    return jax.random.randint(key, x.shape[:2], 0, cfg.vocab_size)
-
-
 def _dotted(path) -> str:
     return jax.tree_util.keystr(path, simple=True, separator=".").removesuffix(".value")
 
@@ -398,15 +382,7 @@ def residual_report(
     cfg = get_config(model_name_or_cfg, **overrides)
     backend = check_backend(backend)
     pol = get_policy(policy)
-    is_mlp = isinstance(cfg, MLPConfig)
-    if not is_mlp:
-        seq = seq or cfg.max_len
-        if seq > cfg.max_len:
-            from zoo.errors import ZooError
-
-            raise ZooError(f"seq={seq} is longer than the model's max_len={cfg.max_len}")
-    else:
-        seq = None
+    seq = cfg.seq_or_default(seq)  # None for a model without positions
     num_layers = cfg.num_layers
     # Only shapes matter: everything below is traced with ShapeDtypeStructs, nothing runs.
     params = jax.eval_shape(lambda: canonical.init_params(cfg, seed))
@@ -419,7 +395,7 @@ def residual_report(
     stacked = jax.eval_shape(blocks_of, params)
     layer_fn = captured["layer_fn"]  # closes over static structure only, no traced values
     layer0 = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), stacked)
-    h = jax.ShapeDtypeStruct(block_input_shape(cfg, batch, seq), jnp.float32)
+    h = jax.ShapeDtypeStruct(cfg.block_input_shape(batch, seq), jnp.float32)
     block_paths = _block_param_paths(cfg, backend, layer0)
 
     def block_inputs(i: int) -> _Origin:
@@ -522,12 +498,4 @@ def _name_order(name: str) -> int:
 
 def batch_shapes(cfg: ModelConfig, batch: int, seq: int | None):
     """Abstract (input, labels) of a batch, matching :func:`zoo.example_batch`."""
-    if isinstance(cfg, MLPConfig):
-        x = jax.ShapeDtypeStruct((batch, cfg.d_in), jnp.float32)
-    elif cfg.takes_features:
-        x = jax.ShapeDtypeStruct((batch, seq, cfg.d_in), jnp.float32)
-    else:
-        x = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-    classes = getattr(cfg, "num_classes", 0)
-    y = jax.ShapeDtypeStruct((batch,) if classes else (batch, seq), jnp.int32)
-    return x, y
+    return cfg.input_spec(batch, seq), cfg.labels_spec(batch, seq)

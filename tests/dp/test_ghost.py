@@ -7,26 +7,26 @@ float rule (tests/numerics.py).
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import numpy as np
 import pytest
-from conftest import reduction_size
+from conftest import fast_jit, reduction_size
 from numerics import assert_close as assert_float_close
 
 import zoo
 from zoo.configs import MLPConfig
 from zoo.dp import clipped_grad_sum, ghost
+from zoo.freeze import resolve_freeze
+from zoo.losses import per_example_loss
+from zoo.models import registry
 from zoo.models.canonical import canonical_shapes
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
-from zoo.train.freeze import resolve_freeze
-from zoo.train.losses import per_example_loss
 
 B = 6
-# XLA's CPU backend at optimisation level 0 compiles these programs ~2.5x faster; the
-# numbers agree far inside the float rule. Every program here is compiled once.
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+# Every program here is compiled once, with conftest.FAST_COMPILE.
 
 CONFIGS = {
     "mlp": zoo.get_config("mlp-s", d_in=12, d_hidden=24, num_layers=2),
@@ -68,7 +68,7 @@ def params_of(cfg):
 
 
 def jit(fn):
-    return jax.jit(fn, compiler_options=FAST_COMPILE)
+    return fast_jit(fn)
 
 
 def batch(cfg, seed=0, b=B):
@@ -353,8 +353,17 @@ def test_supports_and_reason():
 class CustomMLP(MLPConfig):
     """A subclass could change the model: ghost clipping must not trust it."""
 
+    kind: ClassVar[str] = "custom-mlp"
 
-def test_unknown_model_falls_back_to_vmap_with_a_warning():
+
+@pytest.fixture
+def custom_mlp_kind():
+    registry.register(CustomMLP, nnx="zoo.models.nnx.mlp:MLP", eqx="zoo.models.eqx.mlp:MLP", presets={})
+    yield
+    registry.unregister(CustomMLP.kind)
+
+
+def test_unknown_model_falls_back_to_vmap_with_a_warning(custom_mlp_kind):
     base = CONFIGS["mlp"]
     cfg = CustomMLP(**dataclasses.asdict(base))
     assert not ghost.supports(cfg)

@@ -12,9 +12,9 @@ import jax
 import optax
 
 from zoo.api import apply_fn
-from zoo.configs import ModelConfig
 from zoo.errors import ZooError
-from zoo.train.losses import per_example_loss
+from zoo.losses import per_example_loss
+from zoo.models.registry import ModelConfig
 
 
 def train_step(

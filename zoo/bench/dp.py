@@ -47,19 +47,17 @@ import jax.numpy as jnp
 import optax
 
 from zoo import bench
-from zoo.api import example_batch
+from zoo.api import example_batch, example_labels
 from zoo.bench.common import median_ratio, memory_stats, positive_int, state_stepper, time_in_rounds
-from zoo.configs import MLPConfig, ModelConfig
 from zoo.dp import privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
 from zoo.errors import ZooError, choice_error
+from zoo.freeze import resolve_freeze
 from zoo.models import canonical
-from zoo.models.registry import check_backend, get_config
+from zoo.models.registry import ModelConfig, check_backend, get_config
 from zoo.remat import get_policy
-from zoo.residuals import example_labels
 from zoo.scan import StackPlan
 from zoo.train.engine import DPRuntime, Engine
-from zoo.train.freeze import resolve_freeze
 from zoo.train.state import TrainState
 
 BASELINE = "non-private"
@@ -232,12 +230,7 @@ def _config(model: str | ModelConfig, batch: int | None, seq: int | None):
     batch = batch or DEFAULT_BATCH.get(name, FALLBACK_BATCH)
     if batch < 1:
         raise ZooError(f"--batch must be a positive int, got {batch}")
-    if isinstance(cfg, MLPConfig):
-        return cfg, batch, None
-    seq = seq or cfg.max_len
-    if seq > cfg.max_len:
-        raise ZooError(f"seq={seq} is longer than the model's max_len={cfg.max_len}")
-    return cfg, batch, seq
+    return cfg, batch, cfg.seq_or_default(seq)
 
 
 def _batch(cfg, batch: int, seq: int | None, seed: int) -> dict:

@@ -15,14 +15,14 @@ import optax
 
 from zoo import recipes
 from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
-from zoo.configs import MLPConfig
+from zoo.errors import ZooError
 from zoo.train.loop import build_run, train_batch
 from zoo.train.state import TrainState
 from zoo.ui import emit_json, print_table
 
 
-def _mlp_logits(params, x, activation):
-    act = {"gelu": jax.nn.gelu, "tanh": jnp.tanh, "relu": jax.nn.relu}[activation]
+def _mlp_logits(params, x, cfg):
+    act = {"gelu": jax.nn.gelu, "tanh": jnp.tanh, "relu": jax.nn.relu}[cfg.activation]
     h = act(x @ params["in_proj"]["w"] + params["in_proj"]["b"])
 
     def layer(h, p):
@@ -69,14 +69,20 @@ def _transformer_logits(params, x, cfg):
     return h @ params["head"]["w"] + params["head"]["b"]
 
 
+# The reference forward of each model kind, written out by hand on canonical params.
+HAND_WRITTEN = {"mlp": _mlp_logits, "transformer": _transformer_logits}
+
+
 def hand_written_step(cfg, optimizer):
     """A plain-JAX train step: forward written out by hand, no zoo code in the loop."""
+    if cfg.kind not in HAND_WRITTEN:
+        raise ZooError(
+            f"no hand-written reference step for model kind {cfg.kind!r}; have: {', '.join(HAND_WRITTEN)}"
+        )
+    forward = HAND_WRITTEN[cfg.kind]
 
     def loss(params, batch):
-        if isinstance(cfg, MLPConfig):
-            logits = _mlp_logits(params, batch["x"], cfg.activation)
-        else:
-            logits = _transformer_logits(params, batch["x"], cfg)
+        logits = forward(params, batch["x"], cfg)
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
         return ce.reshape(ce.shape[0], -1).mean()
 

@@ -16,10 +16,10 @@ import numpy as np
 from zoo.api import example_batch
 from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
 from zoo.configs import OptimConfig
+from zoo.freeze import resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import get_config
 from zoo.train.engine import Engine
-from zoo.train.freeze import resolve_freeze
 from zoo.train.state import make_optimizer
 from zoo.ui import emit_json, print_table
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 import jax
 
 from zoo import bench
-from zoo.api import example_batch
+from zoo.api import example_batch, example_labels
 from zoo.bench.common import (
     compile_timed,
     median_ratio,
@@ -32,12 +32,11 @@ from zoo.bench.common import (
     time_in_rounds,
     train_step,
 )
-from zoo.configs import MLPConfig
 from zoo.errors import ZooError
 from zoo.models import canonical
 from zoo.models.registry import check_backend, get_config
 from zoo.remat import get_policy, policy_names
-from zoo.residuals import example_labels, residual_report
+from zoo.residuals import residual_report
 
 BASELINE = "none"
 # Bench shapes per preset: big enough that activations dominate, small enough that the whole
@@ -80,12 +79,7 @@ def parse_depths(depths: str | Sequence[int]) -> list[int]:
 def _shape(model: str, cfg, batch: int | None, seq: int | None) -> tuple[int, int | None]:
     defaults = DEFAULT_SHAPES.get(model, {}) if isinstance(model, str) else {}
     batch = batch or defaults.get("batch", FALLBACK_BATCH)
-    if isinstance(cfg, MLPConfig):
-        return batch, None
-    seq = seq or defaults.get("seq", cfg.max_len)
-    if seq > cfg.max_len:
-        raise ZooError(f"seq={seq} is longer than the model's max_len={cfg.max_len}")
-    return batch, seq
+    return batch, cfg.seq_or_default(seq or defaults.get("seq"))
 
 
 def _config(model, num_layers: int | None):

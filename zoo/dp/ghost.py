@@ -59,11 +59,11 @@ from jax.ad_checkpoint import checkpoint_name
 from zoo import names
 from zoo.configs import MLPConfig, ModelConfig, TransformerConfig
 from zoo.errors import ZooError, check_choice
+from zoo.losses import per_example_loss
 from zoo.models.canonical import flat_by_path, nest_by_path
 from zoo.models.ops import ACTIVATIONS, causal_attention
 from zoo.remat import RematPolicy, get_policy
 from zoo.scan import StackPlan, layer_body, num_groups
-from zoo.train.losses import per_example_loss
 
 __all__ = [
     "METHODS",
@@ -633,7 +633,7 @@ def _resolve_freeze(params, frozen, freeze_plan):
         )
     if not f_flat:
         return params, None
-    from zoo.train.freeze import resolve_freeze
+    from zoo.freeze import resolve_freeze
 
     full = nest_by_path({**t_flat, **f_flat})
     return full, resolve_freeze(full, sorted(f_flat))
@@ -668,7 +668,7 @@ def ghost_clipped_grad_sum(
     Same contract as :func:`zoo.dp.clipped_grad_sum` applied to
     ``per_example_loss(apply(merge(params, frozen), x[i:i+1]), y[i:i+1])``: ``params`` is the
     trainable tree (the whole canonical tree when nothing is frozen); ``frozen`` and
-    ``freeze_plan`` (a :class:`zoo.train.freeze.FreezePlan`) give the rest -- without a plan the
+    ``freeze_plan`` (a :class:`zoo.freeze.FreezePlan`) give the rest -- without a plan the
     two trees must be disjoint leaf by leaf.  Frozen leaves and rows neither enter the norm nor
     get a gradient.  Examples with ``example_mask`` 0 contribute exactly zero (even with NaNs)
     and report norm 0; unmasked examples with a non-finite norm are dropped from the sum but

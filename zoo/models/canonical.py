@@ -25,9 +25,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from zoo.configs import ModelConfig, TransformerConfig
 from zoo.errors import ZooError
-from zoo.models.registry import check_backend, module_class
+from zoo.models.registry import ModelConfig, check_backend, module_class
 
 Path = tuple[str, ...]
 
@@ -186,19 +185,6 @@ def from_canonical(cfg: ModelConfig, backend: str, params: dict):
     return nnx.merge(layout.graphdef, tree) if backend == "nnx" else tree
 
 
-def _init_leaf(cfg: ModelConfig, path: Path, shape, key) -> jax.Array:
-    leaf = path[-1]
-    if leaf == "scale":
-        return jnp.ones(shape, jnp.float32)
-    if leaf == "b":
-        return jnp.zeros(shape, jnp.float32)
-    is_table = path[0] == "pos" or (
-        path[0] == "embed" and isinstance(cfg, TransformerConfig) and not cfg.takes_features
-    )
-    std = 0.02 if is_table else shape[-2] ** -0.5  # tables: GPT-2 style; dense: LeCun
-    return std * jax.random.normal(key, shape, jnp.float32)
-
-
 def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> dict:
     """Fresh canonical params. Each leaf draws from ``fold_in(key, index)`` in path order."""
     key = jax.random.key(seed) if isinstance(seed, int) else seed
@@ -209,5 +195,5 @@ def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> dict:
 def _init_params(cfg: ModelConfig, key: jax.Array) -> dict:
     shapes = canonical_shapes(cfg)
     paths = sorted(_template(cfg, "nnx").paths)
-    values = [_init_leaf(cfg, p, shapes[dotted(p)], jax.random.fold_in(key, i)) for i, p in enumerate(paths)]
+    values = [cfg.init_leaf(p, shapes[dotted(p)], jax.random.fold_in(key, i)) for i, p in enumerate(paths)]
     return _nested(paths, values)

@@ -1,78 +1,65 @@
-"""Math shared by both backends: input checks, attention and activations. Pure functions on arrays."""
+"""The op set both backends write their math over, plus input checks and attention.
+
+Parametrised ops (:func:`dense`, :func:`layer_norm`, :func:`rms_norm`, :func:`embed`,
+:func:`positions`) take the backend's layer (an NNX or Equinox ``Linear``, ``LayerNorm``,
+``RMSNorm``, ``Embed``/``Embedding``) and batched inputs, and report their output to the active
+:mod:`zoo.hooks` (ghost clipping's probes and norm taps). Everything else here is a pure
+function on arrays.
+"""
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.experimental import checkify
 
-from zoo.configs import MLPConfig, ModelConfig
+from zoo.hooks import report
 
 ACTIVATIONS = {"gelu": jax.nn.gelu, "tanh": jnp.tanh, "relu": jax.nn.relu}
 
 
 # --- Input checks ---------------------------------------------------------------------------
-# Both backends call `check_inputs` first thing in `__call__`, so a bad input fails the same way
-# in NNX and Equinox (left alone, NNX's embedding lookup gives NaN and Equinox's clamps).
-# Shapes are static: they are checked at trace time too, at no cost to the traced program.
-# Token ids are values: they are checked here only when concrete (an eager call). Under `jit`
-# they are tracers and nothing is added to the program -- the training step feeds ids from
-# zoo's own tokenizer and keeps its equation count; `zoo.apply_fn(..., checked=True)` adds
-# `check_token_ids` (a checkify check) for callers that jit untrusted ids.
+# Both backends call `cfg.check_input(x)` first thing in `__call__`, so a bad input fails the
+# same way in NNX and Equinox (left alone, NNX's embedding lookup gives NaN and Equinox's
+# clamps). Shapes are static: they are checked at trace time too, at no cost to the traced
+# program. Token ids are values: they are checked here only when concrete (an eager call).
+# Under `jit` they are tracers and nothing is added to the program -- the training step feeds
+# ids from zoo's own tokenizer and keeps its equation count; `zoo.apply_fn(..., checked=True)`
+# adds `cfg.check_input_values` (a checkify check) for callers that jit untrusted ids.
 
 
-def check_inputs(cfg: ModelConfig, x: jax.Array) -> None:
-    """Raise ValueError/TypeError if ``x`` is not an input the model ``cfg`` can read.
-
-    Args:
-      cfg: the model config.
-      x: the model input: features ``[B, d_in]`` (MLP), token ids ``[B, T]`` or feature rows
-        ``[B, T, d_in]`` (transformer).
-    """
-    if isinstance(cfg, MLPConfig):
-        _check_features(x, cfg.d_in, "[B, d_in]")
-        return
-    if cfg.takes_features:
-        _check_features(x, cfg.d_in, "[B, T, d_in]")
-    else:
-        _check_token_shape(x)
-        if not isinstance(x, jax.core.Tracer):
-            _check_concrete_ids(np.asarray(x), cfg.vocab_size)
-    _check_length(x.shape[1], cfg.max_len)
-
-
-def check_token_ids(cfg: ModelConfig, x: jax.Array) -> None:
+def check_ids_under_jit(x: jax.Array, vocab_size: int) -> None:
     """A checkify check that every id of ``x`` lies in ``[0, vocab_size)``; works under jit.
 
     The caller functionalizes it with ``checkify.checkify`` (``zoo.apply_fn(checked=True)``
     does).
     """
-    if isinstance(cfg, MLPConfig) or cfg.takes_features:
-        return
-    bad = ((x < 0) | (x >= cfg.vocab_size)).ravel()
+    bad = ((x < 0) | (x >= vocab_size)).ravel()
     first_bad = x.ravel()[jnp.argmax(bad)]
     checkify.check(
         ~jnp.any(bad),
-        f"token id {{}} is outside the vocabulary: ids must lie in [0, {cfg.vocab_size}) (vocab_size)",
+        f"token id {{}} is outside the vocabulary: ids must lie in [0, {vocab_size}) (vocab_size)",
         first_bad,
     )
 
 
-def _check_features(x: jax.Array, d_in: int, layout: str) -> None:
+def check_features(x: jax.Array, d_in: int, layout: str) -> None:
     rank = layout.count(",") + 1
     if x.ndim != rank or x.shape[-1] != d_in:
         raise ValueError(f"model input must be {layout} with d_in={d_in}, got shape {tuple(x.shape)}")
 
 
-def _check_token_shape(x: jax.Array) -> None:
+def check_token_shape(x: jax.Array) -> None:
     if x.ndim != 2:
         raise ValueError(f"token ids must be [B, T], got shape {tuple(x.shape)}")
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"token ids must be integers, got dtype {x.dtype}")
 
 
-def _check_length(length: int, max_len: int) -> None:
+def check_length(length: int, max_len: int) -> None:
     if length > max_len:
         raise ValueError(
             f"sequence length {length} is longer than the model's max_len={max_len}; "
@@ -80,13 +67,107 @@ def _check_length(length: int, max_len: int) -> None:
         )
 
 
-def _check_concrete_ids(ids: np.ndarray, vocab_size: int) -> None:
+def check_concrete_ids(x: jax.Array, vocab_size: int) -> None:
+    """Ids in ``[0, vocab_size)``, checked only when ``x`` is concrete (not a tracer)."""
+    if isinstance(x, jax.core.Tracer):
+        return
+    ids = np.asarray(x)
     bad = ids[(ids < 0) | (ids >= vocab_size)]
     if bad.size:
         raise ValueError(
             f"token id {int(bad[0])} is outside the vocabulary: ids must lie in [0, {vocab_size}) "
             f"(vocab_size={vocab_size}); {bad.size} of {ids.size} ids are out of range"
         )
+
+
+# --- Parametrised ops ---------------------------------------------------------------------
+# NNX keeps arrays as they are in the canonical tree (a kernel is [in, out]); Equinox keeps a
+# Linear weight as [out, in]. Hooks find an op's site by the identity of its arrays, so only
+# untouched canonical arrays (NNX's) are recognised; ghost clipping runs the NNX model.
+
+
+def _value(param):
+    return param[...] if isinstance(param, nnx.Variable) else param
+
+
+def _linear(layer) -> dict[str, jax.Array]:
+    if isinstance(layer, nnx.Linear):
+        params = {"w": _value(layer.kernel), "b": None if layer.bias is None else _value(layer.bias)}
+    elif isinstance(layer, eqx.nn.Linear):
+        params = {"w": layer.weight.T, "b": layer.bias}
+    else:
+        raise TypeError(f"dense() needs an nnx.Linear or eqx.nn.Linear, got {type(layer).__name__}")
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def dense(layer, x: jax.Array) -> jax.Array:
+    """``x @ w + b`` over the last axis of ``x`` ([..., d_in] -> [..., d_out])."""
+    params = _linear(layer)
+    z = x @ params["w"]
+    if "b" in params:
+        z = z + params["b"]
+    return report("dense", z, params, x)
+
+
+def _norm_params(layer) -> tuple[dict[str, jax.Array], float]:
+    if isinstance(layer, (nnx.LayerNorm, nnx.RMSNorm)):
+        params = {
+            "scale": _value(layer.scale),
+            "b": _value(layer.bias) if getattr(layer, "bias", None) is not None else None,
+        }
+        eps = layer.epsilon
+    elif isinstance(layer, (eqx.nn.LayerNorm, eqx.nn.RMSNorm)):
+        params, eps = {"scale": layer.weight, "b": layer.bias}, layer.eps
+    else:
+        raise TypeError(f"a norm op needs an NNX or Equinox LayerNorm/RMSNorm, got {type(layer).__name__}")
+    return {k: v for k, v in params.items() if v is not None}, eps
+
+
+def _scale_shift(kind: str, xhat: jax.Array, params: dict) -> jax.Array:
+    y = xhat * params["scale"]
+    if "b" in params:
+        y = y + params["b"]
+    return report(kind, y, params, xhat)
+
+
+def layer_norm(layer, x: jax.Array) -> jax.Array:
+    """``(x - mean) / sqrt(var + eps) * scale + b`` over the last axis. The variance is
+    ``E[x^2] - E[x]^2``, as Flax computes it."""
+    params, eps = _norm_params(layer)
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.maximum(0.0, (x * x).mean(-1, keepdims=True) - mean * mean)
+    return _scale_shift("norm", (x - mean) * jax.lax.rsqrt(var + eps), params)
+
+
+def rms_norm(layer, x: jax.Array) -> jax.Array:
+    """``x / sqrt(mean(x^2) + eps) * scale`` over the last axis."""
+    params, eps = _norm_params(layer)
+    xhat = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + eps)
+    return _scale_shift("norm", xhat, params)
+
+
+def _table(layer) -> jax.Array:
+    if isinstance(layer, nnx.Embed):
+        return _value(layer.embedding)
+    if isinstance(layer, eqx.nn.Embedding):
+        return layer.weight
+    raise TypeError(f"a table op needs an nnx.Embed or eqx.nn.Embedding, got {type(layer).__name__}")
+
+
+def embed(layer, ids: jax.Array) -> jax.Array:
+    """Rows of the table for integer ``ids`` [...] -> [..., D]."""
+    table = _table(layer)
+    return report("gather", jnp.take(table, ids, axis=0), {"w": table}, ids)
+
+
+def positions(layer, like: jax.Array) -> jax.Array:
+    """The first T rows of a positional table, broadcast over the batch: ``like`` is the model
+    input [B, T, ...]; returns [B, T, D]. (Each example reads each row once, which is what the
+    norm rule of this op relies on.)"""
+    table = _table(layer)
+    batch, seq = like.shape[:2]
+    z = jnp.broadcast_to(table[:seq], (batch, seq, table.shape[-1]))
+    return report("rows", z, {"w": table})
 
 
 # --- Attention ------------------------------------------------------------------------------

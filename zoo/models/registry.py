@@ -1,46 +1,254 @@
-"""Model presets and backends: "mlp-s", "transformer-s", ... -> config, per-backend class."""
+"""The model-kind registry: every model family is declared here once, and found here.
+
+A kind is a config class (a frozen dataclass deriving :class:`ModelConfig`) plus its NNX and
+Equinox classes and its presets. The config class answers everything the rest of zoo asks of a
+model -- task, inputs and labels, how data sizes fit it, the init rule and the logical axes of
+each canonical leaf -- so remat, freezing, DP, the inspector, benches and tests ask the config
+and never test its type. Kinds live in ``zoo/models/kinds/<kind>.py``; each calls
+:func:`register` once.
+"""
 
 from __future__ import annotations
 
-from zoo.configs import MLPConfig, ModelConfig, TransformerConfig, replace_checked
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
 from zoo.errors import ZooError, check_choice, choice_error
 
 BACKENDS = ("nnx", "eqx")
+TASKS = ("classify", "lm")
+STACK = "blocks"  # the canonical subtree of scanned blocks (leading layer axis)
 
-PRESETS: dict[str, ModelConfig] = {
-    "mlp-s": MLPConfig(d_in=64, d_hidden=128, num_layers=1, num_classes=10),
-    "mlp-m": MLPConfig(d_in=64, d_hidden=256, num_layers=2, num_classes=10),
-    "mlp-mnist": MLPConfig(d_in=784, d_hidden=512, num_layers=1, num_classes=10),
-    "transformer-xs": TransformerConfig(
-        vocab_size=128, d_model=64, num_heads=4, d_ff=256, num_layers=2, max_len=64
-    ),
-    "transformer-s": TransformerConfig(
-        vocab_size=128, d_model=128, num_heads=4, d_ff=512, num_layers=4, max_len=128
-    ),
-    "transformer-digits": TransformerConfig(
-        d_in=8, num_classes=10, d_model=64, num_heads=4, d_ff=128, num_layers=2, max_len=8
-    ),
-}
 
-DESCRIPTIONS = {
-    "mlp-s": "64-128-128-10 classifier MLP (8x8 digits)",
-    "mlp-m": "64-256-256-256-10 classifier MLP",
-    "mlp-mnist": "784-512-512-10 classifier MLP (28x28 images)",
-    "transformer-xs": "2-layer d=64 char LM, context 64",
-    "transformer-s": "4-layer d=128 char LM, context 128",
-    "transformer-digits": "2-layer d=64 sequence classifier over the 8 rows of a digit",
-}
+@dataclass(frozen=True)
+class DataFit:
+    """What the data says about the model it needs (built by ``zoo.train.task``).
+
+    ``task`` is ``"lm"`` or ``"classify"``; ``row_shape`` is set when a classifier's images are
+    fed as rows of features (``data.layout="rows"``).
+    """
+
+    task: str
+    dataset: str
+    num_features: int = 0
+    num_classes: int = 0
+    vocab_size: int = 0
+    seq_len: int | None = None
+    row_shape: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Base of every model config. Subclasses are frozen dataclasses registered with
+    :func:`register`; they override what differs from these defaults.
+
+    Every kind has a ``num_layers`` field (the scanned stack's depth). Canonical leaves
+    (``zoo.models.canonical``) follow one naming rule: dense weights ``w``
+    [in, out], biases ``b``, norm gains ``scale``, tables ``w`` [rows, D]; the scanned stack
+    is ``blocks`` with a leading layer axis.
+    """
+
+    kind: ClassVar[str] = ""
+
+    # --- task and inputs ---------------------------------------------------------------------
+    @property
+    def task(self) -> str:
+        """``"classify"`` (labels [B]) or ``"lm"`` (labels [B, T], next-token)."""
+        return "classify"
+
+    @property
+    def max_len(self) -> int | None:  # pragma: no cover - overridden by sequence models
+        """Longest input sequence, or ``None`` for models without a position axis."""
+        return None
+
+    def seq_or_default(self, seq: int | None) -> int | None:
+        """``seq`` checked against ``max_len`` (default ``max_len``); ``None`` for models
+        without a position axis."""
+        if self.max_len is None:
+            return None
+        seq = seq or self.max_len
+        if seq > self.max_len:
+            raise ZooError(f"seq={seq} is longer than the model's max_len={self.max_len}")
+        return seq
+
+    def input_spec(self, batch: int, seq: int | None = None) -> jax.ShapeDtypeStruct:
+        """Shape and dtype of a model input of ``batch`` examples (``seq`` positions)."""
+        raise NotImplementedError
+
+    def example_input(self, key: jax.Array, batch: int, seq: int | None = None) -> jax.Array:
+        """A valid random input; floats uniform in [0, 1)."""
+        spec = self.input_spec(batch, seq)
+        return jax.random.uniform(key, spec.shape, spec.dtype)
+
+    def labels_spec(self, batch: int, seq: int | None = None) -> jax.ShapeDtypeStruct:
+        shape = (batch,) if self.task == "classify" else (batch, self.seq_or_default(seq))
+        return jax.ShapeDtypeStruct(shape, jnp.int32)
+
+    @property
+    def num_outputs(self) -> int:
+        """Classes of a classifier, vocabulary of a language model."""
+        raise NotImplementedError
+
+    def example_labels(self, key: jax.Array, x: jax.Array) -> jax.Array:
+        """Random valid labels for input ``x``."""
+        shape = (x.shape[0],) if self.task == "classify" else tuple(x.shape[:2])
+        return jax.random.randint(key, shape, 0, self.num_outputs)
+
+    def block_input_shape(self, batch: int, seq: int | None = None) -> tuple[int, ...]:
+        """Shape of the scan carry (``layer_input``) for a batch."""
+        raise NotImplementedError
+
+    def check_input(self, x: jax.Array) -> None:
+        """Raise ValueError/TypeError when ``x`` is not an input this model reads (shapes at
+        trace time, values only when concrete)."""
+
+    def check_input_values(self, x: jax.Array) -> None:
+        """``checkify`` checks of input values that must also hold under ``jit``."""
+
+    # --- data ------------------------------------------------------------------------------
+    def fit_to_data(self, data: DataFit) -> dict:
+        """Field values the data dictates (input width, classes, vocabulary...)."""
+        raise NotImplementedError
+
+    # --- parameters --------------------------------------------------------------------------
+    def init_leaf(self, path: tuple[str, ...], shape: tuple[int, ...], key: jax.Array) -> jax.Array:
+        """Initial value of one canonical leaf: gains 1, biases 0, dense weights LeCun normal,
+        tables (``is_table``) GPT-2 style N(0, 0.02)."""
+        leaf = path[-1]
+        if leaf == "scale":
+            return jnp.ones(shape, jnp.float32)
+        if leaf == "b":
+            return jnp.zeros(shape, jnp.float32)
+        std = 0.02 if self.is_table(path) else shape[-2] ** -0.5
+        return std * jax.random.normal(key, shape, jnp.float32)
+
+    def is_table(self, path: tuple[str, ...]) -> bool:
+        """True for lookup tables (embeddings), whose rows are not a fan-in."""
+        return False
+
+    def logical_axes(self, path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:
+        """Logical axis names of a canonical leaf, for sharding rules: ``layers`` on the
+        stack axis, then per-leaf names (``embed``, ``mlp``, ``heads``, ``vocab``...)."""
+        raise NotImplementedError
+
+
+def axes_from_table(table: dict[str, tuple[str, ...]], path: tuple[str, ...], ndim: int):
+    """Logical axes of a leaf from ``{dotted path without 'blocks.': axes}``; stacked leaves
+    (under ``blocks``) get ``layers`` first."""
+    stacked = path[0] == STACK
+    axes = table[".".join(path[1:] if stacked else path)]
+    axes = ("layers", *axes) if stacked else axes
+    if len(axes) != ndim:
+        raise ValueError(f"logical axes {axes} of {'.'.join(path)} do not match its rank {ndim}")
+    return axes
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One registered model family."""
+
+    name: str
+    config: type
+    nnx: str  # "module:Class", imported on first use
+    eqx: str
+    presets: dict
+    descriptions: dict
+
+    def module_class(self, backend: str):
+        module, cls = (self.nnx if check_backend(backend) == "nnx" else self.eqx).split(":")
+        return getattr(importlib.import_module(module), cls)
+
+
+_KINDS: dict[str, ModelKind] = {}
+_BY_CONFIG: dict[type, ModelKind] = {}
+PRESETS: dict[str, ModelConfig] = {}
+DESCRIPTIONS: dict[str, str] = {}
+
+
+def register(config: type, *, nnx: str, eqx: str, presets: dict[str, tuple[ModelConfig, str]]) -> ModelKind:
+    """Register a model kind: its config class, its two backend classes and its presets
+    (``name -> (config, one-line description)``)."""
+    name = config.kind
+    if not name or name in _KINDS:
+        raise ValueError(f"model kind {name!r} is empty or already registered")
+    if not (dataclasses.is_dataclass(config) and issubclass(config, ModelConfig)):
+        raise TypeError(f"{config.__name__} must be a frozen dataclass deriving ModelConfig")
+    for preset, (cfg, _) in presets.items():
+        if type(cfg) is not config or preset in PRESETS:
+            raise ValueError(f"preset {preset!r} is not a {config.__name__} or is already taken")
+    kind = ModelKind(
+        name,
+        config,
+        nnx,
+        eqx,
+        {k: c for k, (c, _) in presets.items()},
+        {k: d for k, (_, d) in presets.items()},
+    )
+    _KINDS[name] = kind
+    _BY_CONFIG[config] = kind
+    PRESETS.update(kind.presets)
+    DESCRIPTIONS.update(kind.descriptions)
+    return kind
+
+
+def unregister(name: str) -> None:
+    """Remove a kind and its presets (for tests that register a throwaway kind)."""
+    kind = _KINDS.pop(name)
+    del _BY_CONFIG[kind.config]
+    for preset in kind.presets:
+        del PRESETS[preset], DESCRIPTIONS[preset]
+
+
+def kinds() -> tuple[ModelKind, ...]:
+    return tuple(_KINDS.values())
+
+
+def get_kind(name: str) -> ModelKind:
+    if name not in _KINDS:
+        raise choice_error("model kind", name, _KINDS)
+    return _KINDS[name]
+
+
+def kind_of(cfg: object) -> ModelKind:
+    """The registered kind of a config. Exact type: an unregistered subclass may build a
+    different model, so it is not taken for its parent."""
+    kind = _BY_CONFIG.get(type(cfg))
+    if kind is None:
+        raise ZooError(f"not a registered model config: {cfg!r}; registered kinds: {', '.join(_KINDS)}")
+    return kind
+
+
+def is_config(obj: object) -> bool:
+    return type(obj) in _BY_CONFIG
+
+
+def config_from_dict(kind: str, fields: dict) -> ModelConfig:
+    """A config of kind ``kind`` from its ``dataclasses.asdict`` form (checkpoint metadata)."""
+    return get_kind(kind).config(**fields)
 
 
 def get_config(name: str | ModelConfig, **overrides) -> ModelConfig:
     """Preset config by name, with field overrides (``num_layers=8``, ``d_model=256``...)."""
-    if isinstance(name, (MLPConfig, TransformerConfig)):
+    if is_config(name):
         cfg = name
-    elif name in PRESETS:
+    elif isinstance(name, str) and name in PRESETS:
         cfg = PRESETS[name]
     else:
         raise choice_error("model preset", name, PRESETS)
     return replace_checked(cfg, **overrides) if overrides else cfg
+
+
+def replace_checked(cfg, **overrides):
+    """`dataclasses.replace` that names an unknown field and lists the valid ones."""
+    valid = [f.name for f in dataclasses.fields(cfg)]
+    for key in overrides:
+        check_choice(f"override for {type(cfg).__name__}", key, valid)
+    return dataclasses.replace(cfg, **overrides)
 
 
 def check_backend(backend: str) -> str:
@@ -49,13 +257,7 @@ def check_backend(backend: str) -> str:
 
 def module_class(cfg: ModelConfig, backend: str):
     """The NNX or Equinox class implementing ``cfg``."""
-    check_backend(backend)
-    if backend == "nnx":
-        from zoo.models import nnx as impl
-    else:
-        from zoo.models import eqx as impl
-    if isinstance(cfg, MLPConfig):
-        return impl.MLP
-    if isinstance(cfg, TransformerConfig):
-        return impl.Transformer
-    raise ZooError(f"not a model config: {cfg!r}")
+    return kind_of(cfg).module_class(backend)
+
+
+import zoo.models.kinds  # noqa: E402,F401  (registers the built-in kinds)

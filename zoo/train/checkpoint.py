@@ -24,9 +24,9 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
-from zoo.configs import MLPConfig, ModelConfig, TransformerConfig
 from zoo.data import CharTokenizer
 from zoo.errors import ZooError
+from zoo.models.registry import ModelConfig, config_from_dict
 from zoo.recipes import Recipe, parse_recipe
 from zoo.train.runlog import atomic_write
 
@@ -35,7 +35,6 @@ DAMAGED_DIR = "damaged-checkpoints"
 MANIFEST = "zoo_manifest.json"
 FORMAT_MARKER = "zoo_format.json"  # checkpoints/ of a run whose steps all carry manifests
 _MANIFEST_FORMAT = "zoo.checkpoint_manifest"
-_CONFIG_CLASSES = {"mlp": MLPConfig, "transformer": TransformerConfig}
 
 
 def _manager(run_dir: Path, create: bool) -> ocp.CheckpointManager:
@@ -50,7 +49,7 @@ def model_meta(cfg: ModelConfig, backend: str) -> dict:
 
 
 def config_from_meta(meta: dict) -> ModelConfig:
-    return _CONFIG_CLASSES[meta["kind"]](**meta["config"])
+    return config_from_dict(meta["kind"], meta["config"])
 
 
 def _step_dir(run_dir: Path, step: int) -> Path:

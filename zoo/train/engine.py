@@ -15,12 +15,12 @@ import jax.numpy as jnp
 import optax
 
 from zoo.api import apply_fn
-from zoo.configs import ModelConfig
 from zoo.dp import clipped_grad_sum, privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG
+from zoo.freeze import FreezePlan
+from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
+from zoo.models.registry import ModelConfig
 from zoo.scan import StackPlan
-from zoo.train.freeze import FreezePlan
-from zoo.train.losses import accuracy_per_example, masked_mean, per_example_loss
 from zoo.train.state import TrainState
 
 

@@ -18,18 +18,17 @@ import jax
 import numpy as np
 from rich.console import Console
 
-from zoo.configs import ModelConfig
 from zoo.dp import PoissonSampler, epsilon_spent, ghost, resolve_noise_multiplier
 from zoo.errors import ZooError
+from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
-from zoo.models.registry import get_config
+from zoo.models.registry import ModelConfig, get_config
 from zoo.recipes import Recipe, to_dict
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
 from zoo.train import checkpoint, runlog
 from zoo.train.compiles import CompileCounter
 from zoo.train.engine import DPRuntime, Engine, evaluate
-from zoo.train.freeze import FreezePlan, resolve_freeze
 from zoo.train.resume import (
     ResumePoint,
     check_same_data,

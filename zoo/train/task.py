@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zoo.configs import DataConfig, MLPConfig, ModelConfig
+from zoo.configs import DataConfig
 from zoo.data import CharTokenizer, Dataset, eval_batches, load_dataset, sample_batch
 from zoo.errors import ZooError
-from zoo.models.registry import get_config
+from zoo.models.registry import DataFit, ModelConfig, get_config
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,8 @@ class Task:
 
 
 def task_kind(model: ModelConfig) -> str:
-    """ "lm" for a transformer with an LM head, else "classify"."""
-    if isinstance(model, MLPConfig) or model.is_classifier:
-        return "classify"
-    return "lm"
+    """``"lm"`` for a model with a language-model head, else ``"classify"``."""
+    return model.task
 
 
 def load_task(
@@ -98,29 +96,20 @@ def load_task(
 def fit_model_to_task(preset: str, overrides: dict, task: Task) -> ModelConfig:
     """The recipe's model with sizes the data dictates (vocab, classes, input width)."""
     cfg = get_config(preset, **overrides)
-    fitted: dict = {}
-    if isinstance(cfg, MLPConfig):
-        if task.is_lm or task.row_shape:
-            raise ZooError(
-                f"model {preset!r} is a classifier MLP; it needs flat features, "
-                f"not {'text' if task.is_lm else 'rows'}"
-            )
-        fitted = {"d_in": task.data.num_features, "num_classes": task.data.num_classes}
-    elif task.is_lm:
-        fitted = {
-            "vocab_size": task.data.vocab_size,
-            "num_classes": 0,
-            "d_in": 0,
-            # the preset's own context, when longer than the data's, is kept
-            "max_len": task.seq_len if "max_len" in overrides else max(cfg.max_len, task.seq_len),
-        }
-    else:
-        if not task.row_shape:
-            raise ZooError(
-                f"a transformer classifier needs data.layout='rows' (got 'flat') for {task.config.dataset!r}"
-            )
-        rows, width = task.row_shape
-        fitted = {"d_in": width, "num_classes": task.data.num_classes, "max_len": rows}
+    lm = task.is_lm
+    fit = DataFit(
+        task=task.data.task,
+        dataset=task.config.dataset,
+        num_features=0 if lm else task.data.num_features,
+        num_classes=0 if lm else task.data.num_classes,
+        vocab_size=task.data.vocab_size if lm else 0,
+        seq_len=task.seq_len,
+        row_shape=task.row_shape,
+    )
+    try:
+        fitted = cfg.fit_to_data(fit)
+    except ZooError as err:
+        raise ZooError(f"model {preset!r}: {err}") from None
     fitted = _respect_explicit(preset, overrides, fitted)
     return get_config(cfg, **{k: v for k, v in fitted.items() if getattr(cfg, k) != v})
 

@@ -7,8 +7,8 @@ import jax
 from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
-from zoo.configs import MLPConfig
-from zoo.models.ops import ACTIVATIONS, check_inputs
+from zoo.models.kinds.mlp import MLPConfig
+from zoo.models.ops import ACTIVATIONS
 from zoo.scan import scan_layers
 
 
@@ -43,7 +43,7 @@ class MLP(eqx.Module):
         self.head = eqx.nn.Linear(cfg.d_hidden, cfg.num_classes, key=k_head)
 
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
-        check_inputs(self.cfg, x)
+        self.cfg.check_input(x)
         h = ACTIVATIONS[self.cfg.activation](jax.vmap(self.in_proj)(x))
         stacked, static = eqx.partition(self.blocks, eqx.is_array)
         h = scan_layers(lambda layer, h: jax.vmap(eqx.combine(layer, static))(h), stacked, h, remat)

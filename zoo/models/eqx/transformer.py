@@ -11,8 +11,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
-from zoo.configs import TransformerConfig
-from zoo.models.ops import causal_attention, check_inputs
+from zoo.models.kinds.transformer import TransformerConfig
+from zoo.models.ops import causal_attention
 from zoo.scan import scan_layers
 
 LN_EPS = 1e-5
@@ -107,7 +107,7 @@ class Transformer(eqx.Module):
         self.head = eqx.nn.Linear(cfg.d_model, cfg.out_dim, key=k_head)
 
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
-        check_inputs(self.cfg, x)
+        self.cfg.check_input(x)
         embed_tokens = jax.vmap(lambda xi: _per_token(self.embed, xi))
         h = embed_tokens(x) + _per_token(self.pos, jnp.arange(x.shape[1]))
         stacked, static = eqx.partition(self.blocks, eqx.is_array)

@@ -7,8 +7,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
-from zoo.configs import MLPConfig
-from zoo.models.ops import ACTIVATIONS, check_inputs
+from zoo.models.kinds.mlp import MLPConfig
+from zoo.models.ops import ACTIVATIONS
 from zoo.scan import scan_layers
 
 
@@ -40,7 +40,7 @@ class MLP(nnx.Module):
         self.head = nnx.Linear(cfg.d_hidden, cfg.num_classes, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
-        check_inputs(self.cfg, x)
+        self.cfg.check_input(x)
         h = ACTIVATIONS[self.cfg.activation](self.in_proj(x))
         graphdef, stacked = nnx.split(self.blocks)
         h = scan_layers(lambda layer, h: nnx.merge(graphdef, layer)(h), stacked, h, remat)

@@ -9,8 +9,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
-from zoo.configs import TransformerConfig
-from zoo.models.ops import causal_attention, check_inputs
+from zoo.models.kinds.transformer import TransformerConfig
+from zoo.models.ops import causal_attention
 from zoo.scan import scan_layers
 
 LN_EPS = 1e-5
@@ -82,7 +82,7 @@ class Transformer(nnx.Module):
         self.head = nnx.Linear(cfg.d_model, cfg.out_dim, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
-        check_inputs(self.cfg, x)
+        self.cfg.check_input(x)
         h = self.embed(x) + self.pos(jnp.arange(x.shape[1]))
         graphdef, stacked = nnx.split(self.blocks)
         h = scan_layers(lambda layer, h: nnx.merge(graphdef, layer)(h), stacked, h, remat)

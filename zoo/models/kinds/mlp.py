@@ -1,0 +1,88 @@
+"""The classifier MLP kind: config, presets and what zoo needs to know about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from zoo.configs import require_positive
+from zoo.errors import ZooError, check_choice
+from zoo.models.ops import ACTIVATIONS as ACTIVATION_FNS
+from zoo.models.ops import check_features
+from zoo.models.registry import DataFit, ModelConfig, axes_from_table, register
+
+ACTIVATIONS = tuple(ACTIVATION_FNS)
+
+# Logical axes of each leaf (without the stack's leading ``layers`` axis).
+_AXES = {
+    "in_proj.w": ("input", "mlp"),
+    "in_proj.b": ("mlp",),
+    "dense.w": ("embed", "mlp"),
+    "dense.b": ("mlp",),
+    "head.w": ("mlp", "classes"),
+    "head.b": ("classes",),
+}
+
+
+@dataclass(frozen=True)
+class MLPConfig(ModelConfig):
+    """Classifier MLP: in_proj -> `num_layers` scanned dense blocks -> head."""
+
+    kind: ClassVar[str] = "mlp"
+    d_in: int = 64
+    d_hidden: int = 128
+    num_layers: int = 1
+    num_classes: int = 10
+    activation: str = "gelu"
+
+    def __post_init__(self) -> None:
+        require_positive(self, "d_in", "d_hidden", "num_layers", "num_classes")
+        check_choice("activation", self.activation, ACTIVATIONS)
+
+    @property
+    def num_outputs(self) -> int:
+        return self.num_classes
+
+    def input_spec(self, batch: int, seq: int | None = None) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((batch, self.d_in), jnp.float32)
+
+    def block_input_shape(self, batch: int, seq: int | None = None) -> tuple[int, ...]:
+        return (batch, self.d_hidden)
+
+    def check_input(self, x: jax.Array) -> None:
+        check_features(x, self.d_in, "[B, d_in]")
+
+    def fit_to_data(self, data: DataFit) -> dict:
+        if data.task == "lm" or data.row_shape:
+            raise ZooError(
+                f"a classifier MLP needs flat features, not {'text' if data.task == 'lm' else 'rows'} "
+                f"({data.dataset!r})"
+            )
+        return {"d_in": data.num_features, "num_classes": data.num_classes}
+
+    def logical_axes(self, path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:
+        return axes_from_table(_AXES, path, ndim)
+
+
+KIND = register(
+    MLPConfig,
+    nnx="zoo.models.nnx.mlp:MLP",
+    eqx="zoo.models.eqx.mlp:MLP",
+    presets={
+        "mlp-s": (
+            MLPConfig(d_in=64, d_hidden=128, num_layers=1, num_classes=10),
+            "64-128-128-10 classifier MLP (8x8 digits)",
+        ),
+        "mlp-m": (
+            MLPConfig(d_in=64, d_hidden=256, num_layers=2, num_classes=10),
+            "64-256-256-256-10 classifier MLP",
+        ),
+        "mlp-mnist": (
+            MLPConfig(d_in=784, d_hidden=512, num_layers=1, num_classes=10),
+            "784-512-512-10 classifier MLP (28x28 images)",
+        ),
+    },
+)

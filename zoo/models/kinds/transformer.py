@@ -1,0 +1,168 @@
+"""The decoder-only transformer kind: config, presets and what zoo needs to know about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from zoo.configs import require_positive
+from zoo.errors import ZooError
+from zoo.models.ops import (
+    check_concrete_ids,
+    check_features,
+    check_ids_under_jit,
+    check_length,
+    check_token_shape,
+)
+from zoo.models.registry import DataFit, ModelConfig, axes_from_table, register
+
+# Logical axes of each leaf (without the stack's leading ``layers`` axis); ``heads`` is the
+# fused heads x head-width axis of a projection.
+_AXES = {
+    "embed.w": ("vocab", "embed"),
+    "embed.b": ("embed",),
+    "pos.w": ("positions", "embed"),
+    "ln1.scale": ("embed",),
+    "ln1.b": ("embed",),
+    "attn.q.w": ("embed", "heads"),
+    "attn.k.w": ("embed", "heads"),
+    "attn.v.w": ("embed", "heads"),
+    "attn.o.w": ("heads", "embed"),
+    "ln2.scale": ("embed",),
+    "ln2.b": ("embed",),
+    "mlp.up.w": ("embed", "mlp"),
+    "mlp.up.b": ("mlp",),
+    "mlp.down.w": ("mlp", "embed"),
+    "mlp.down.b": ("embed",),
+    "ln_f.scale": ("embed",),
+    "ln_f.b": ("embed",),
+    "head.w": ("embed", "vocab"),
+    "head.b": ("vocab",),
+}
+
+
+@dataclass(frozen=True)
+class TransformerConfig(ModelConfig):
+    """Decoder-only transformer: pre-LayerNorm, causal multi-head attention, GELU MLP,
+    learned positional embeddings.
+
+    Inputs are token ids [B, T] (``d_in == 0``) or feature vectors [B, T, d_in] (``d_in > 0``,
+    e.g. the 8 rows of an 8x8 digit). The head is a language-model head over the vocabulary
+    (``num_classes == 0``) or a mean-pooled classifier (``num_classes > 0``).
+    """
+
+    kind: ClassVar[str] = "transformer"
+    vocab_size: int = 128
+    d_model: int = 64
+    num_heads: int = 4
+    d_ff: int = 256
+    num_layers: int = 2
+    max_len: int = 64
+    d_in: int = 0
+    num_classes: int = 0
+
+    def __post_init__(self) -> None:
+        require_positive(self, "vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len")
+        if self.d_model % self.num_heads:
+            raise ZooError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                f"valid num_heads: {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}"
+            )
+        if self.d_in < 0 or self.num_classes < 0:
+            raise ZooError(f"d_in and num_classes must be >= 0, got {self.d_in}, {self.num_classes}")
+
+    @property
+    def is_classifier(self) -> bool:
+        return self.num_classes > 0
+
+    @property
+    def takes_features(self) -> bool:
+        return self.d_in > 0
+
+    @property
+    def out_dim(self) -> int:
+        return self.num_classes if self.is_classifier else self.vocab_size
+
+    # --- the registry protocol (zoo.models.registry.ModelConfig) -----------------------------
+    @property
+    def task(self) -> str:
+        return "classify" if self.is_classifier else "lm"
+
+    @property
+    def num_outputs(self) -> int:
+        return self.out_dim
+
+    def input_spec(self, batch: int, seq: int | None = None) -> jax.ShapeDtypeStruct:
+        seq = self.seq_or_default(seq)
+        if self.takes_features:
+            return jax.ShapeDtypeStruct((batch, seq, self.d_in), jnp.float32)
+        return jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+
+    def example_input(self, key: jax.Array, batch: int, seq: int | None = None) -> jax.Array:
+        if self.takes_features:
+            return super().example_input(key, batch, seq)
+        return jax.random.randint(key, self.input_spec(batch, seq).shape, 0, self.vocab_size, jnp.int32)
+
+    def block_input_shape(self, batch: int, seq: int | None = None) -> tuple[int, ...]:
+        return (batch, self.seq_or_default(seq), self.d_model)
+
+    def check_input(self, x: jax.Array) -> None:
+        if self.takes_features:
+            check_features(x, self.d_in, "[B, T, d_in]")
+        else:
+            check_token_shape(x)
+            check_concrete_ids(x, self.vocab_size)
+        check_length(x.shape[1], self.max_len)
+
+    def check_input_values(self, x: jax.Array) -> None:
+        if not self.takes_features:
+            check_ids_under_jit(x, self.vocab_size)
+
+    def fit_to_data(self, data: DataFit) -> dict:
+        if data.task == "lm":
+            # the model's own context, when longer than the data's, is kept
+            max_len = max(self.max_len, data.seq_len)
+            return {"vocab_size": data.vocab_size, "num_classes": 0, "d_in": 0, "max_len": max_len}
+        if not data.row_shape:
+            raise ZooError(
+                f"a transformer classifier needs data.layout='rows' (got 'flat') for {data.dataset!r}"
+            )
+        rows, width = data.row_shape
+        return {"d_in": width, "num_classes": data.num_classes, "max_len": rows}
+
+    def is_table(self, path: tuple[str, ...]) -> bool:
+        return path[0] == "pos" or (path[0] == "embed" and not self.takes_features)
+
+    def logical_axes(self, path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:
+        axes = axes_from_table(_AXES, path, ndim)
+        if path[0] == "embed" and self.takes_features:
+            axes = ("input", *axes[1:]) if path[-1] == "w" else axes
+        if path[0] == "head" and self.is_classifier:
+            axes = tuple("classes" if a == "vocab" else a for a in axes)
+        return axes
+
+
+KIND = register(
+    TransformerConfig,
+    nnx="zoo.models.nnx.transformer:Transformer",
+    eqx="zoo.models.eqx.transformer:Transformer",
+    presets={
+        "transformer-xs": (
+            TransformerConfig(vocab_size=128, d_model=64, num_heads=4, d_ff=256, num_layers=2, max_len=64),
+            "2-layer d=64 char LM, context 64",
+        ),
+        "transformer-s": (
+            TransformerConfig(vocab_size=128, d_model=128, num_heads=4, d_ff=512, num_layers=4, max_len=128),
+            "4-layer d=128 char LM, context 128",
+        ),
+        "transformer-digits": (
+            TransformerConfig(
+                d_in=8, num_classes=10, d_model=64, num_heads=4, d_ff=128, num_layers=2, max_len=8
+            ),
+            "2-layer d=64 sequence classifier over the 8 rows of a digit",
+        ),
+    },
+)
