@@ -182,13 +182,13 @@ def stages(cfg, b):
         return _total(per_example_loss(logits, y))
 
     def probe(params, opt_state, x, y, key):
-        gp = ghost.prepare(cfg)
+        gp = ghost.prepare(cfg, x)
         return _total(ghost.probe_pass(gp, params, x, y))
 
     def norms(params, opt_state, x, y, key):
-        gp = ghost.prepare(cfg)
+        gp = ghost.prepare(cfg, x)
         _, caps, deltas = ghost.probe_pass(gp, params, x, y)
-        sq, _ = ghost.squared_norms(gp, params, caps, deltas, b)
+        sq, _ = ghost.squared_norms(gp, caps, deltas, b)
         return _total(ghost.clip_factors(sq, keep, CLIP))
 
     def weighted(params, opt_state, x, y, key):

@@ -46,7 +46,7 @@ from zoo.losses import per_example_loss
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig, check_backend, get_config
 from zoo.remat import get_policy
-from zoo.scan import layer_body, num_groups
+from zoo.scan import layer_body, num_groups, scan_layers
 
 DEVICE = "device"
 HOST = "pinned_host"
@@ -327,20 +327,6 @@ def _merge(rows: list[dict]) -> list[dict]:
 # --- models -> pure functions ------------------------------------------------------------------
 
 
-def block_fn(model, backend: str):
-    """``(layer_fn, stacked)``: the pure per-layer function a model's scan runs, and its
-    stacked block parameters, obtained exactly as the model's ``__call__`` does."""
-    if check_backend(backend) == "nnx":
-        from flax import nnx
-
-        graphdef, stacked = nnx.split(model.blocks)
-        return (lambda layer, h: nnx.merge(graphdef, layer)(h)), stacked
-    import equinox as eqx
-
-    stacked, static = eqx.partition(model.blocks, eqx.is_array)
-    return (lambda layer, h: jax.vmap(eqx.combine(layer, static))(h)), stacked
-
-
 def _dotted(path) -> str:
     return jax.tree_util.keystr(path, simple=True, separator=".").removesuffix(".value")
 
@@ -352,13 +338,6 @@ def _block_param_paths(cfg: ModelConfig, backend: str, layer) -> list[str]:
     if len(canon) == len(leaves):
         return [".".join(p) for p in canon]
     return [_dotted(path) for path, _ in leaves]
-
-
-def _stack_scan(group_body, stacked, h):
-    def step(carry, layer):
-        return group_body(layer, carry), None
-
-    return jax.lax.scan(step, h, stacked)[0]
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -389,7 +368,7 @@ def residual_report(
     captured = {}
 
     def blocks_of(p):
-        captured["layer_fn"], stacked = block_fn(canonical.from_canonical(cfg, backend, p), backend)
+        captured["layer_fn"], stacked = canonical.from_canonical(cfg, backend, p).stack()
         return stacked
 
     stacked = jax.eval_shape(blocks_of, params)
@@ -441,7 +420,7 @@ def residual_report(
             lambda a: jax.ShapeDtypeStruct((per_group, *a.shape[1:]), a.dtype), stacked
         )
         replay = find_residuals(
-            lambda g, c: _stack_scan(body, g, c), group_params, h, input_origin=block_inputs
+            lambda g, c: scan_layers(layer_fn, g, c, "full"), group_params, h, input_origin=block_inputs
         )
         rows += [_row(f, "replay") for f in replay]
 

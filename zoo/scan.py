@@ -1,7 +1,10 @@
 """Run a stack of identical layers with `lax.scan`, under a remat policy.
 
-This is the single place where a policy meets the model: the scan body is wrapped in
-``jax.checkpoint``. Both backends call :func:`scan_layers` with a pure ``layer_fn``.
+This is the one place where layers are scanned, and where a policy meets the model: the scan
+body is wrapped in ``jax.checkpoint``. Both backends call :func:`scan_layers` with a pure
+``layer_fn``; the residual inspector and ghost clipping reach the stack through the model, so
+they run this same scan. The stack also owns the frozen prefix, nested groups, and per-layer
+hooks (:mod:`zoo.hooks`): arrays scanned along with the layers and returned per layer.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
-from zoo import names
+from zoo import hooks, names
 from zoo.remat import RematPolicy, get_policy
 
 LayerFn = Callable  # (layer_params, h) -> h
@@ -23,8 +26,9 @@ LayerFn = Callable  # (layer_params, h) -> h
 class StackPlan:
     """How a stack runs: the remat policy, and how many leading layers are frozen.
 
-    Frozen layers run first, as their own scan on ``stop_gradient`` weights. When their input
-    needs no gradient either, autodiff never linearises them: no residuals, no backward.
+    Frozen layers run first, as their own scan on ``stop_gradient`` weights and without hooks.
+    When their input needs no gradient either, autodiff never linearises them: no residuals,
+    no backward.
     """
 
     policy: RematPolicy
@@ -61,9 +65,14 @@ def num_groups(num_layers: int) -> int:
     return min(divisors, key=lambda g: (abs(g - math.sqrt(num_layers)), g))
 
 
-def _scan(body: LayerFn, stacked, h):
-    h, _ = jax.lax.scan(lambda carry, p: (body(p, carry), None), h, stacked)
-    return h
+def _num_layers(stacked) -> int:
+    leaves = jax.tree_util.tree_leaves(stacked)
+    return leaves[0].shape[0] if leaves else 0
+
+
+def _scan(body, xs, h):
+    """``(h, ys)`` of ``body(x, h) -> (h, y)`` scanned over the leading axis of ``xs``."""
+    return jax.lax.scan(lambda carry, x: body(x, carry), h, xs)
 
 
 def scan_layers(layer_fn: LayerFn, stacked_params, h, remat: StackPlan | RematPolicy | str = "none"):
@@ -72,26 +81,46 @@ def scan_layers(layer_fn: LayerFn, stacked_params, h, remat: StackPlan | RematPo
     ``remat`` names a policy (see :mod:`zoo.remat`) or gives a :class:`StackPlan`.
     With a ``nested`` policy the L layers run as G groups of L/G: the outer scan keeps only
     each group's input, and a group's inner scan is replayed during the backward pass.
+    Under active :mod:`zoo.hooks`, the layers after the frozen prefix run with per-layer hooks.
     """
     plan = as_plan(remat)
     k = plan.frozen_prefix
+    active = hooks.current()
+    stack_hooks = active.stack(stacked_params, k) if active is not None else None
     if k:
         frozen = jax.tree_util.tree_map(lambda a: jax.lax.stop_gradient(a[:k]), stacked_params)
-        h = _scan_policy(layer_fn, frozen, h, plan.policy)
+        with hooks.active(None):
+            h, _ = _scan_policy(_plain(layer_fn), frozen, h, plan.policy)
         stacked_params = jax.tree_util.tree_map(lambda a: a[k:], stacked_params)
-    return _scan_policy(layer_fn, stacked_params, h, plan.policy)
+    if stack_hooks is None:
+        with hooks.active(None):
+            return _scan_policy(_plain(layer_fn), stacked_params, h, plan.policy)[0]
+
+    def hooked(layer, carry):
+        layer_hooks = stack_hooks.layer(layer["hooks"], layer["params"])
+        with hooks.active(layer_hooks):
+            out = layer_fn(layer["params"], carry)
+        return out, layer_hooks.outputs()
+
+    h, ys = _scan_policy(hooked, {"params": stacked_params, "hooks": stack_hooks.xs}, h, plan.policy)
+    stack_hooks.finish(ys)
+    return h
 
 
-def _scan_policy(layer_fn: LayerFn, stacked_params, h, policy: RematPolicy):
+def _plain(layer_fn: LayerFn):
+    return lambda layer, carry: (layer_fn(layer, carry), None)
+
+
+def _scan_policy(layer_fn, stacked, h, policy: RematPolicy):
+    """``(h, per-layer outputs)`` of ``layer_fn(layer, h) -> (h, y)`` over the stack."""
+    num_layers = _num_layers(stacked)
+    if num_layers == 0:
+        return h, None
     body = layer_body(layer_fn, policy)
     if not policy.nested:
-        return _scan(body, stacked_params, h)
-    num_layers = jax.tree_util.tree_leaves(stacked_params)[0].shape[0]
-    if num_layers == 0:
-        return h
+        return _scan(body, stacked, h)
     groups = num_groups(num_layers)
-    grouped = jax.tree_util.tree_map(
-        lambda a: a.reshape(groups, num_layers // groups, *a.shape[1:]), stacked_params
-    )
+    grouped = jax.tree_util.tree_map(lambda a: a.reshape(groups, num_layers // groups, *a.shape[1:]), stacked)
     group_body = get_policy("full").wrap(lambda group, carry: _scan(body, group, carry))
-    return _scan(group_body, grouped, h)
+    h, ys = _scan(group_body, grouped, h)
+    return h, jax.tree_util.tree_map(lambda a: a.reshape(num_layers, *a.shape[2:]), ys)

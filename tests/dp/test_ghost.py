@@ -7,23 +7,27 @@ float rule (tests/numerics.py).
 
 import dataclasses
 import functools
+import warnings
 from typing import ClassVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import fast_jit, reduction_size
+from flax import nnx
 from numerics import assert_close as assert_float_close
 
 import zoo
-from zoo.configs import MLPConfig
 from zoo.dp import clipped_grad_sum, ghost
 from zoo.freeze import resolve_freeze
 from zoo.losses import per_example_loss
-from zoo.models import registry
+from zoo.models import ops, registry
 from zoo.models.canonical import canonical_shapes
+from zoo.models.kinds.mlp import MLPConfig
+from zoo.models.nnx import mlp as nnx_mlp
 from zoo.remat import get_policy
-from zoo.scan import StackPlan
+from zoo.scan import StackPlan, scan_layers
 
 B = 6
 # Every program here is compiled once, with conftest.FAST_COMPILE.
@@ -346,43 +350,65 @@ def test_supports_and_reason():
     for cfg in CONFIGS.values():
         assert ghost.supports(cfg) and ghost.unsupported_reason(cfg) is None
     assert not ghost.supports(object())
-    assert "MLPConfig" in ghost.unsupported_reason(object())
+    assert "registered model config" in ghost.unsupported_reason(object())
+
+
+class Shift(nnx.Module):
+    def __init__(self, width: int):
+        self.bias = nnx.Param(jnp.zeros((width,)))
+
+
+class ShiftedMLP(nnx_mlp.MLP):
+    """The zoo MLP plus a learned shift that the model adds by hand, outside the op set: no
+    site claims ``shift.b``, so ghost clipping would give it a zero gradient."""
+
+    def __init__(self, cfg, *, rngs):
+        super().__init__(cfg, rngs=rngs)
+        self.shift = Shift(cfg.d_hidden)
+
+    def __call__(self, x, *, remat="none"):
+        h = ops.ACTIVATIONS[self.cfg.activation](ops.dense(self.in_proj, x)) + self.shift.bias[...]
+        return ops.dense(self.head, scan_layers(*self.stack(), h, remat))
 
 
 @dataclasses.dataclass(frozen=True)
-class CustomMLP(MLPConfig):
-    """A subclass could change the model: ghost clipping must not trust it."""
-
-    kind: ClassVar[str] = "custom-mlp"
+class ShiftedMLPConfig(MLPConfig):
+    kind: ClassVar[str] = "shifted-mlp"
 
 
 @pytest.fixture
-def custom_mlp_kind():
-    registry.register(CustomMLP, nnx="zoo.models.nnx.mlp:MLP", eqx="zoo.models.eqx.mlp:MLP", presets={})
-    yield
-    registry.unregister(CustomMLP.kind)
+def shifted_mlp():
+    """A throwaway registered kind (NNX only: the test never builds the Equinox side)."""
+    registry.register(ShiftedMLPConfig, nnx=ShiftedMLP, eqx=ShiftedMLP, presets={})
+    yield ShiftedMLPConfig(**dataclasses.asdict(CONFIGS["mlp"]))
+    registry.unregister(ShiftedMLPConfig.kind)
 
 
-def test_unknown_model_falls_back_to_vmap_with_a_warning(custom_mlp_kind):
-    base = CONFIGS["mlp"]
-    cfg = CustomMLP(**dataclasses.asdict(base))
-    assert not ghost.supports(cfg)
-    params = params_of(base)
-    x, y = batch(base)
-    with pytest.warns(UserWarning, match="vmap path"):
+def test_a_parameter_no_op_claims_falls_back_to_vmap_with_a_warning(shifted_mlp):
+    cfg = shifted_mlp
+    params = params_of(cfg)
+    x, y = batch(cfg)
+    assert "['shift.b']" in ghost.unsupported_reason(cfg, x)
+    with pytest.warns(UserWarning, match=r"\['shift\.b'\].*vmap path"):
         ours, norms = jit(
             lambda p: ghost.ghost_clipped_grad_sum(cfg, p, x, y, l2_clip_norm=1.0, example_mask=ONES)
         )(params)
-    ref, ref_norms = vmap_fn(base, "nnx")(params, None, x, y, CLIP, ONES)
-    assert_close(base, ours, ref, norms, ref_norms)
-    with pytest.warns(UserWarning, match="vmap path"):
-        *_, losses = jit(
+    ref, ref_norms = vmap_fn(cfg, "nnx")(params, None, x, y, CLIP, ONES)
+    assert_close(cfg, ours, ref, norms, ref_norms)
+    assert np.abs(np.asarray(ours["shift"]["b"])).max() > 0  # it trains
+    # Frozen, the leaf needs no site: ghost clipping runs again.
+    plan = resolve_freeze(params, ["shift.*"])
+    assert ghost.supports(cfg, x, plan)
+    trainable, frozen = plan.split(params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours, norms = jit(
             lambda p: ghost.ghost_clipped_grad_sum(
-                cfg, p, x, y, l2_clip_norm=1.0, example_mask=ONES, return_losses=True
+                cfg, p, x, y, l2_clip_norm=1.0, example_mask=ONES, frozen=frozen, freeze_plan=plan
             )
-        )(params)
-    expected = per_example_loss(zoo.apply_fn(base, "nnx")(params, x), y)
-    assert_float_close(losses, expected, n=reduction(base))
+        )(trainable)
+    ref, ref_norms = vmap_fn(cfg, "nnx", plan)(trainable, frozen, x, y, CLIP, ONES)
+    assert_close(cfg, ours, ref, norms, ref_norms)
 
 
 def test_bad_arguments():

@@ -173,19 +173,42 @@ def positions(layer, like: jax.Array) -> jax.Array:
 # --- Attention ------------------------------------------------------------------------------
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, num_heads: int) -> jax.Array:
+def causal_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, num_heads: int, num_kv_heads: int | None = None
+) -> jax.Array:
     """softmax(q k^T / sqrt(d_head) + causal mask) v, per head.
 
-    q, k, v: [..., T, D] with D = num_heads * d_head. Returns [..., T, D].
+    q: [..., T, H * d_head]; k, v: [..., T, KV * d_head] with KV = ``num_kv_heads`` (default H)
+    dividing H: each key/value head serves H / KV query heads (grouped-query attention).
+    Returns [..., T, H * d_head].
     """
     *lead, seq, width = q.shape
+    num_kv_heads = num_kv_heads or num_heads
     d_head = width // num_heads
 
-    def heads(x):  # [..., T, D] -> [..., H, T, d_head]
-        return jnp.swapaxes(x.reshape(*lead, seq, num_heads, d_head), -3, -2)
+    def heads(x, n):  # [..., T, n * d_head] -> [..., n, T, d_head]
+        return jnp.swapaxes(x.reshape(*lead, seq, n, d_head), -3, -2)
 
-    scores = heads(q) @ jnp.swapaxes(heads(k), -1, -2) / jnp.sqrt(d_head).astype(q.dtype)
+    kh, vh = heads(k, num_kv_heads), heads(v, num_kv_heads)
+    if num_kv_heads != num_heads:
+        kh, vh = (jnp.repeat(a, num_heads // num_kv_heads, axis=-3) for a in (kh, vh))
+    scores = heads(q, num_heads) @ jnp.swapaxes(kh, -1, -2) / jnp.sqrt(d_head).astype(q.dtype)
     causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
-    context = jax.nn.softmax(scores, axis=-1) @ heads(v)
+    context = jax.nn.softmax(scores, axis=-1) @ vh
     return jnp.swapaxes(context, -3, -2).reshape(*lead, seq, width)
+
+
+def rotary(x: jax.Array, num_heads: int, theta: float) -> jax.Array:
+    """Rotary position embedding of ``x`` [..., T, num_heads * d_head]: in each head, the pair
+    (i, i + d_head/2) at position t turns by the angle ``t * theta^(-2i/d_head)``."""
+    *lead, seq, width = x.shape
+    d_head = width // num_heads
+    half = d_head // 2
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2 / d_head)
+    angle = jnp.arange(seq, dtype=jnp.float32)[:, None] * freq  # [T, half]
+    cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]  # [T, 1, half]
+    xh = x.reshape(*lead, seq, num_heads, d_head)
+    a, b = xh[..., :half], xh[..., half:]
+    turned = jnp.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+    return turned.reshape(*lead, seq, width).astype(x.dtype)

@@ -154,14 +154,17 @@ class ModelKind:
 
     name: str
     config: type
-    nnx: str  # "module:Class", imported on first use
-    eqx: str
+    nnx: str | type  # the class, or "module:Class" to import on first use
+    eqx: str | type
     presets: dict
     descriptions: dict
 
     def module_class(self, backend: str):
-        module, cls = (self.nnx if check_backend(backend) == "nnx" else self.eqx).split(":")
-        return getattr(importlib.import_module(module), cls)
+        cls = self.nnx if check_backend(backend) == "nnx" else self.eqx
+        if isinstance(cls, str):
+            module, name = cls.split(":")
+            cls = getattr(importlib.import_module(module), name)
+        return cls
 
 
 _KINDS: dict[str, ModelKind] = {}
@@ -170,7 +173,9 @@ PRESETS: dict[str, ModelConfig] = {}
 DESCRIPTIONS: dict[str, str] = {}
 
 
-def register(config: type, *, nnx: str, eqx: str, presets: dict[str, tuple[ModelConfig, str]]) -> ModelKind:
+def register(
+    config: type, *, nnx: str | type, eqx: str | type, presets: dict[str, tuple[ModelConfig, str]]
+) -> ModelKind:
     """Register a model kind: its config class, its two backend classes and its presets
     (``name -> (config, one-line description)``)."""
     name = config.kind

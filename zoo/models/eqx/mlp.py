@@ -7,13 +7,13 @@ import jax
 from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
+from zoo.models import ops
 from zoo.models.kinds.mlp import MLPConfig
-from zoo.models.ops import ACTIVATIONS
 from zoo.scan import scan_layers
 
 
 class Block(eqx.Module):
-    """One dense layer plus activation: [H] -> [H]."""
+    """One dense layer plus activation: [B, H] -> [B, H]."""
 
     dense: eqx.nn.Linear
     activation: str = eqx.field(static=True)
@@ -23,8 +23,8 @@ class Block(eqx.Module):
         self.activation = cfg.activation
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        hidden = checkpoint_name(self.dense(x), names.MLP_HIDDEN)
-        return checkpoint_name(ACTIVATIONS[self.activation](hidden), names.MLP_OUT)
+        hidden = checkpoint_name(ops.dense(self.dense, x), names.MLP_HIDDEN)
+        return checkpoint_name(ops.ACTIVATIONS[self.activation](hidden), names.MLP_OUT)
 
 
 class MLP(eqx.Module):
@@ -42,9 +42,13 @@ class MLP(eqx.Module):
         self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(k_blocks, cfg.num_layers))
         self.head = eqx.nn.Linear(cfg.d_hidden, cfg.num_classes, key=k_head)
 
+    def stack(self):
+        """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
+        stacked, static = eqx.partition(self.blocks, eqx.is_array)
+        return (lambda layer, h: eqx.combine(layer, static)(h)), stacked
+
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
         self.cfg.check_input(x)
-        h = ACTIVATIONS[self.cfg.activation](jax.vmap(self.in_proj)(x))
-        stacked, static = eqx.partition(self.blocks, eqx.is_array)
-        h = scan_layers(lambda layer, h: jax.vmap(eqx.combine(layer, static))(h), stacked, h, remat)
-        return checkpoint_name(jax.vmap(self.head)(h), names.LOGITS)
+        h = ops.ACTIVATIONS[self.cfg.activation](ops.dense(self.in_proj, x))
+        h = scan_layers(*self.stack(), h, remat)
+        return checkpoint_name(ops.dense(self.head, h), names.LOGITS)

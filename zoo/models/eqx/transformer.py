@@ -1,29 +1,22 @@
 """Decoder-only transformer in Equinox: pre-LayerNorm, causal attention, GELU MLP,
-learned positions. Works as a language model or, with a pooled head, a sequence classifier.
-
-Modules act on one example ([T, D]); the model vmaps them over the batch."""
+learned positions. Works as a language model or, with a pooled head, a sequence classifier."""
 
 from __future__ import annotations
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
+from zoo.models import ops
 from zoo.models.kinds.transformer import TransformerConfig
-from zoo.models.ops import causal_attention
 from zoo.scan import scan_layers
 
 LN_EPS = 1e-5
 
 
-def _per_token(layer, x: jax.Array) -> jax.Array:
-    return jax.vmap(layer)(x)
-
-
 class Attention(eqx.Module):
-    """Causal multi-head self-attention: [T, D] -> [T, D]."""
+    """Causal multi-head self-attention: [B, T, D] -> [B, T, D]."""
 
     q: eqx.nn.Linear
     k: eqx.nn.Linear
@@ -41,15 +34,15 @@ class Attention(eqx.Module):
         self.num_heads = cfg.num_heads
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        q = checkpoint_name(_per_token(self.q, x), names.ATTN_Q)
-        k = checkpoint_name(_per_token(self.k, x), names.ATTN_K)
-        v = checkpoint_name(_per_token(self.v, x), names.ATTN_V)
-        context = checkpoint_name(causal_attention(q, k, v, self.num_heads), names.ATTN_CONTEXT)
-        return checkpoint_name(_per_token(self.o, context), names.ATTN_OUT)
+        q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
+        k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
+        v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
+        context = checkpoint_name(ops.causal_attention(q, k, v, self.num_heads), names.ATTN_CONTEXT)
+        return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT)
 
 
 class FeedForward(eqx.Module):
-    """GELU MLP: [T, D] -> [T, D] through a d_ff hidden layer."""
+    """GELU MLP: [B, T, D] -> [B, T, D] through a d_ff hidden layer."""
 
     up: eqx.nn.Linear
     down: eqx.nn.Linear
@@ -60,8 +53,8 @@ class FeedForward(eqx.Module):
         self.down = eqx.nn.Linear(cfg.d_ff, cfg.d_model, key=k_down)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        hidden = checkpoint_name(_per_token(self.up, x), names.MLP_HIDDEN)
-        return checkpoint_name(_per_token(self.down, jax.nn.gelu(hidden)), names.MLP_OUT)
+        hidden = checkpoint_name(ops.dense(self.up, x), names.MLP_HIDDEN)
+        return checkpoint_name(ops.dense(self.down, jax.nn.gelu(hidden)), names.MLP_OUT)
 
 
 class Block(eqx.Module):
@@ -80,8 +73,8 @@ class Block(eqx.Module):
         self.mlp = FeedForward(cfg, key=k_mlp)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.attn(_per_token(self.ln1, x))
-        return x + self.mlp(_per_token(self.ln2, x))
+        x = x + self.attn(ops.layer_norm(self.ln1, x))
+        return x + self.mlp(ops.layer_norm(self.ln2, x))
 
 
 class Transformer(eqx.Module):
@@ -106,13 +99,17 @@ class Transformer(eqx.Module):
         self.ln_f = eqx.nn.LayerNorm(cfg.d_model, eps=LN_EPS)
         self.head = eqx.nn.Linear(cfg.d_model, cfg.out_dim, key=k_head)
 
+    def stack(self):
+        """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
+        stacked, static = eqx.partition(self.blocks, eqx.is_array)
+        return (lambda layer, h: eqx.combine(layer, static)(h)), stacked
+
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
         self.cfg.check_input(x)
-        embed_tokens = jax.vmap(lambda xi: _per_token(self.embed, xi))
-        h = embed_tokens(x) + _per_token(self.pos, jnp.arange(x.shape[1]))
-        stacked, static = eqx.partition(self.blocks, eqx.is_array)
-        h = scan_layers(lambda layer, h: jax.vmap(eqx.combine(layer, static))(h), stacked, h, remat)
-        h = jax.vmap(lambda hi: _per_token(self.ln_f, hi))(h)
+        embed = ops.dense if self.cfg.takes_features else ops.embed
+        h = embed(self.embed, x) + ops.positions(self.pos, x)
+        h = scan_layers(*self.stack(), h, remat)
+        h = ops.layer_norm(self.ln_f, h)
         if self.cfg.is_classifier:
-            return checkpoint_name(jax.vmap(self.head)(h.mean(axis=1)), names.LOGITS)
-        return checkpoint_name(jax.vmap(lambda hi: _per_token(self.head, hi))(h), names.LOGITS)
+            h = h.mean(axis=1)
+        return checkpoint_name(ops.dense(self.head, h), names.LOGITS)

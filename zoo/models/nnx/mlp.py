@@ -7,8 +7,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
+from zoo.models import ops
 from zoo.models.kinds.mlp import MLPConfig
-from zoo.models.ops import ACTIVATIONS
 from zoo.scan import scan_layers
 
 
@@ -20,8 +20,8 @@ class Block(nnx.Module):
         self.activation = cfg.activation
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        hidden = checkpoint_name(self.dense(x), names.MLP_HIDDEN)
-        return checkpoint_name(ACTIVATIONS[self.activation](hidden), names.MLP_OUT)
+        hidden = checkpoint_name(ops.dense(self.dense, x), names.MLP_HIDDEN)
+        return checkpoint_name(ops.ACTIVATIONS[self.activation](hidden), names.MLP_OUT)
 
 
 class MLP(nnx.Module):
@@ -39,9 +39,13 @@ class MLP(nnx.Module):
         self.blocks = stacked_blocks(rngs)
         self.head = nnx.Linear(cfg.d_hidden, cfg.num_classes, rngs=rngs)
 
+    def stack(self):
+        """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
+        graphdef, stacked = nnx.split(self.blocks)
+        return (lambda layer, h: nnx.merge(graphdef, layer)(h)), stacked
+
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
         self.cfg.check_input(x)
-        h = ACTIVATIONS[self.cfg.activation](self.in_proj(x))
-        graphdef, stacked = nnx.split(self.blocks)
-        h = scan_layers(lambda layer, h: nnx.merge(graphdef, layer)(h), stacked, h, remat)
-        return checkpoint_name(self.head(h), names.LOGITS)
+        h = ops.ACTIVATIONS[self.cfg.activation](ops.dense(self.in_proj, x))
+        h = scan_layers(*self.stack(), h, remat)
+        return checkpoint_name(ops.dense(self.head, h), names.LOGITS)

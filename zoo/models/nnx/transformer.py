@@ -4,13 +4,12 @@ learned positions. Works as a language model or, with a pooled head, a sequence 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
+from zoo.models import ops
 from zoo.models.kinds.transformer import TransformerConfig
-from zoo.models.ops import causal_attention
 from zoo.scan import scan_layers
 
 LN_EPS = 1e-5
@@ -28,11 +27,11 @@ class Attention(nnx.Module):
         self.num_heads = cfg.num_heads
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        q = checkpoint_name(self.q(x), names.ATTN_Q)
-        k = checkpoint_name(self.k(x), names.ATTN_K)
-        v = checkpoint_name(self.v(x), names.ATTN_V)
-        context = checkpoint_name(causal_attention(q, k, v, self.num_heads), names.ATTN_CONTEXT)
-        return checkpoint_name(self.o(context), names.ATTN_OUT)
+        q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
+        k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
+        v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
+        context = checkpoint_name(ops.causal_attention(q, k, v, self.num_heads), names.ATTN_CONTEXT)
+        return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT)
 
 
 class FeedForward(nnx.Module):
@@ -43,8 +42,8 @@ class FeedForward(nnx.Module):
         self.down = nnx.Linear(cfg.d_ff, cfg.d_model, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        hidden = checkpoint_name(self.up(x), names.MLP_HIDDEN)
-        return checkpoint_name(self.down(jax.nn.gelu(hidden)), names.MLP_OUT)
+        hidden = checkpoint_name(ops.dense(self.up, x), names.MLP_HIDDEN)
+        return checkpoint_name(ops.dense(self.down, jax.nn.gelu(hidden)), names.MLP_OUT)
 
 
 class Block(nnx.Module):
@@ -57,8 +56,8 @@ class Block(nnx.Module):
         self.mlp = FeedForward(cfg, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.attn(ops.layer_norm(self.ln1, x))
+        return x + self.mlp(ops.layer_norm(self.ln2, x))
 
 
 class Transformer(nnx.Module):
@@ -81,12 +80,17 @@ class Transformer(nnx.Module):
         self.ln_f = nnx.LayerNorm(cfg.d_model, epsilon=LN_EPS, rngs=rngs)
         self.head = nnx.Linear(cfg.d_model, cfg.out_dim, rngs=rngs)
 
+    def stack(self):
+        """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
+        graphdef, stacked = nnx.split(self.blocks)
+        return (lambda layer, h: nnx.merge(graphdef, layer)(h)), stacked
+
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
         self.cfg.check_input(x)
-        h = self.embed(x) + self.pos(jnp.arange(x.shape[1]))
-        graphdef, stacked = nnx.split(self.blocks)
-        h = scan_layers(lambda layer, h: nnx.merge(graphdef, layer)(h), stacked, h, remat)
-        h = self.ln_f(h)
+        embed = ops.dense if self.cfg.takes_features else ops.embed
+        h = embed(self.embed, x) + ops.positions(self.pos, x)
+        h = scan_layers(*self.stack(), h, remat)
+        h = ops.layer_norm(self.ln_f, h)
         if self.cfg.is_classifier:
             h = h.mean(axis=1)
-        return checkpoint_name(self.head(h), names.LOGITS)
+        return checkpoint_name(ops.dense(self.head, h), names.LOGITS)

@@ -1,0 +1,81 @@
+"""Ghost clipping: per-example gradient norms without per-example gradients, for any model
+written over the op set of :mod:`zoo.models.ops`.
+
+DP-SGD needs ``||g_i||`` for every example ``i`` and then ``sum_i f_i g_i`` with
+``f_i = min(1, C / ||g_i||)``.  :func:`zoo.dp.clipped_grad_sum` gets both by materialising
+``g_i`` with ``vmap(grad)``, which costs B copies of the gradient.  Every parameter of a zoo
+model sits in an op whose gradient is a cheap function of that op's input ``a`` and of the
+gradient ``delta`` of its output, so we get all the ``delta`` in one ordinary backward pass and
+work per op kind (:mod:`zoo.dp.ghost.rules`):
+
+* ``dense`` ``z = a @ w + b``: ``g_w = sum_t a_t^T delta_t``.  Without a sequence axis
+  ``||g_w||^2 = ||a||^2 ||delta||^2``; with one, either the Gram form
+  ``sum_{t,s} (a_t . a_s)(delta_t . delta_s)`` or the per-example ``a^T delta`` itself,
+  whichever is cheaper for the shape (:func:`dense_method`).  ``g_b = sum_t delta_t``.
+* ``norm`` (LayerNorm, RMSNorm) ``y = xhat * scale + b``: ``g_scale = sum_t delta_t * xhat_t``,
+  ``g_b = sum_t delta_t``.
+* ``gather`` (token table) ``e_t = W[tok_t]``: ``g_W`` scatters ``delta_t`` to row ``tok_t``;
+  repeated tokens share a row, so ``||g_W||^2 = sum_{t,s} [tok_t == tok_s] (delta_t . delta_s)``.
+* ``rows`` (positional table) ``p_t = P[t]``: distinct rows, ``||g_P||^2 = ||delta||^2``.
+
+Nothing here is written per model. The model's own forward runs under hooks
+(:mod:`zoo.dp.ghost.sites`, :mod:`zoo.hooks`): tracing it once finds the sites (each op, named
+by the canonical path of its parameters), their kinds and output shapes. Every trainable
+canonical leaf must be claimed by exactly one site; otherwise (a parameter used outside the op
+set, or read twice) the call falls back to vmap clipping with a warning naming the leaves --
+a wrong norm would silently break the privacy guarantee, a slow one only costs time.
+
+Two ways to the clipped sum (``method``):
+
+* ``"bookkeeping"``: *probes*, zero tensors added to the output of every site.  The gradient
+  of ``sum_i L_i`` with respect to a probe is exactly the per-example output gradient, so one
+  activation-only backward pass gives every ``delta``; the forward also hands back each op's
+  input.  After the norms, ``sum_i f_i g_i`` is assembled per op from the same ``a`` and
+  ``f * delta``.  Fastest, but every layer's ``a`` and ``delta`` are alive at once, whatever the
+  remat policy.
+* ``"backward"``: *taps*, identities on each op's output whose custom backward rule computes
+  the op's per-example squared norms from its input (a residual, saved or recomputed as the
+  remat policy says) and the output gradient passing through.  That backward runs with the
+  parameters constant; a second, ordinary forward and backward of ``sum_i f_i L_i`` then gives
+  the clipped sum.  Nothing per layer is kept beyond what the policy keeps.
+
+``"auto"`` (default, :func:`choose_method`) takes book-keeping without remat and the second
+backward under a remat policy.  Measurements are in ``docs/ghost.md``.
+"""
+
+from zoo.dp.ghost.api import ghost_clipped_grad_sum, ghost_forward, supports, unsupported_reason
+from zoo.dp.ghost.rules import dense_method, gather_method
+from zoo.dp.ghost.sites import Site, discover
+from zoo.dp.ghost.stages import (
+    METHODS,
+    GhostPlan,
+    book_kept_sum,
+    choose_method,
+    clip_factors,
+    prepare,
+    probe_pass,
+    squared_norms,
+    tap_pass,
+    weighted_backward,
+)
+
+__all__ = [
+    "METHODS",
+    "GhostPlan",
+    "Site",
+    "book_kept_sum",
+    "choose_method",
+    "clip_factors",
+    "dense_method",
+    "discover",
+    "gather_method",
+    "ghost_clipped_grad_sum",
+    "ghost_forward",
+    "prepare",
+    "probe_pass",
+    "squared_norms",
+    "supports",
+    "tap_pass",
+    "unsupported_reason",
+    "weighted_backward",
+]

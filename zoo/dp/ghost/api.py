@@ -1,0 +1,239 @@
+"""``ghost_clipped_grad_sum``: the contract of ``zoo.dp.clipped_grad_sum``, by ghost norms."""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from zoo.dp.ghost.sites import run
+from zoo.dp.ghost.stages import (
+    METHODS,
+    book_kept_sum,
+    choose_method,
+    clip_factors,
+    prepare,
+    probe_pass,
+    squared_norms,
+    tap_pass,
+    weighted_backward,
+)
+from zoo.errors import ZooError, check_choice
+from zoo.losses import per_example_loss
+from zoo.models.canonical import flat_by_path, nest_by_path
+from zoo.models.registry import ModelConfig, is_config
+from zoo.remat import RematPolicy
+from zoo.scan import StackPlan, as_plan
+
+
+def unsupported_reason(cfg: object, x=None, freeze_plan=None) -> str | None:
+    """Why ghost clipping cannot handle ``cfg`` (``None`` when it can): an unregistered config,
+    or trainable leaves that no op of the model claims exactly once (traced on inputs shaped
+    like ``x``; default: two examples of the model's full length)."""
+    if not is_config(cfg):
+        return f"ghost clipping needs a registered model config, not {type(cfg).__name__}"
+    x = cfg.input_spec(2) if x is None else x
+    return prepare(cfg, x, freeze_plan).problem
+
+
+def supports(cfg: object, x=None, freeze_plan=None) -> bool:
+    """True when :func:`ghost_clipped_grad_sum` computes exact norms for ``cfg``."""
+    return unsupported_reason(cfg, x, freeze_plan) is None
+
+
+def ghost_forward(cfg: ModelConfig, params: dict, x: jax.Array, probes: dict | None = None, remat="none"):
+    """``(logits, captures)`` of the forward ghost clipping runs: the model itself, under
+    hooks that add ``probes`` (``{site path: zeros shaped like its output}``, stacked sites with
+    a leading layer axis) and keep each probed op's input. The logits equal
+    ``zoo.apply_fn(cfg, backend)``'s; probes of zeros do not change them."""
+    plan = as_plan(remat)
+    if probes is None:
+        return run(cfg, params, x, plan)[0], {}
+    logits, top = run(cfg, params, x, plan, "probe", probes)
+    return logits, top.captures
+
+
+def _resolve_freeze(params, frozen, freeze_plan):
+    """``(full params, plan or None)`` from the trainable tree, the frozen tree and the plan."""
+    if frozen is None:
+        if freeze_plan is not None and freeze_plan.frozen_count:
+            raise ZooError(
+                "ghost_clipped_grad_sum: freeze_plan freezes parameters but no "
+                "frozen tree was given; pass frozen=plan.split(params)[1]"
+            )
+        return params, None
+    if freeze_plan is not None:
+        return freeze_plan.merge(params, frozen), freeze_plan
+    t_flat, f_flat = flat_by_path(params), flat_by_path(frozen)
+    overlap = sorted(set(t_flat) & set(f_flat))
+    if overlap:
+        raise ZooError(
+            "ghost_clipped_grad_sum: the trainable and frozen trees share leaves "
+            f"{overlap} (row-wise freezing of a stack); pass freeze_plan= to merge them"
+        )
+    if not f_flat:
+        return params, None
+    from zoo.freeze import resolve_freeze
+
+    full = nest_by_path({**t_flat, **f_flat})
+    return full, resolve_freeze(full, sorted(f_flat))
+
+
+def _is_static_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _rows(flags, x):
+    """``flags`` [B] shaped to broadcast against ``x`` [B, ...]."""
+    return flags.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
+def ghost_clipped_grad_sum(
+    cfg: ModelConfig,
+    params: dict,
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    l2_clip_norm: float | jax.Array,
+    example_mask: jax.Array | None = None,
+    frozen: dict | None = None,
+    freeze_plan=None,
+    remat: str | RematPolicy | StackPlan = "none",
+    method: str = "auto",
+    backend: str = "nnx",
+    dense: str | None = None,
+    microbatch_size: int | None = None,
+    return_losses: bool = False,
+):
+    """Sum of per-example clipped gradients and the pre-clip per-example norms, by ghost norms.
+
+    Same contract as :func:`zoo.dp.clipped_grad_sum` applied to
+    ``per_example_loss(apply(merge(params, frozen), x[i:i+1]), y[i:i+1])``: ``params`` is the
+    trainable tree (the whole canonical tree when nothing is frozen); ``frozen`` and
+    ``freeze_plan`` (a :class:`zoo.freeze.FreezePlan`) give the rest -- without a plan the two
+    trees must be disjoint leaf by leaf.  Frozen leaves and rows neither enter the norm nor get
+    a gradient.  Examples with ``example_mask`` 0 contribute exactly zero (even with NaNs) and
+    report norm 0; unmasked examples with a non-finite norm are dropped from the sum but their
+    norm is returned.
+
+    ``remat`` is a policy name, a :class:`~zoo.remat.RematPolicy` or a
+    :class:`~zoo.scan.StackPlan` (whose ``frozen_prefix`` layers get no gradient, as in the
+    models).  ``method``: ``"bookkeeping"``, ``"backward"`` or ``"auto"`` (the first without
+    remat, the second under a remat policy; :func:`choose_method`).  ``dense`` forces the norm
+    form of every sequence op and the token table (``"gram"`` or ``"materialise"``, for tests
+    and benchmarks); ``None`` picks per shape.
+
+    A model whose trainable leaves are not each claimed by exactly one op (see
+    :func:`unsupported_reason`) falls back, with a warning, to ``zoo.dp.clipped_grad_sum`` on
+    ``zoo.apply_fn(cfg, backend)`` (``microbatch_size`` is passed on there; ghost clipping
+    itself needs no microbatching).
+
+    Returns ``(grad_sum, norms)``: ``grad_sum`` has the structure of ``params``; ``norms`` is
+    float32 ``[B]``.  With ``return_losses`` also the per-example losses ``[B]`` of the same
+    forward pass (the values of masked examples are unspecified).
+    """
+    check_choice("ghost clipping method", method, METHODS)
+    if dense is not None:
+        check_choice("dense norm method", dense, ("gram", "materialise"))
+    if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
+        raise ValueError(
+            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
+        )
+    b = x.shape[0]
+    if y.shape[0] != b:
+        raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
+    if example_mask is None:
+        keep = jnp.ones((b,), bool)
+    else:
+        if jnp.shape(example_mask) != (b,):
+            raise ValueError(
+                f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
+            )
+        keep = jnp.asarray(example_mask) > 0
+
+    full, plan = _resolve_freeze(params, frozen, freeze_plan)
+    reason = (
+        f"ghost clipping needs a registered model config, not {type(cfg).__name__}"
+        if not is_config(cfg)
+        else None
+    )
+    gp = None if reason else prepare(cfg, x, plan, remat)
+    reason = reason or gp.problem
+    if reason:
+        return _fallback(
+            cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen, freeze_plan, remat, backend,
+            microbatch_size, return_losses,
+        )  # fmt: skip
+
+    if choose_method(gp.policy, method) == "backward":
+        losses, sq = tap_pass(gp, full, x, y, dense)
+        norms, weights, use = clip_factors(sq, keep, l2_clip_norm)
+        # Batched backprop multiplies a zero cotangent by the example's own activations, and
+        # 0 * NaN is NaN: dropped examples (masked, or with a non-finite gradient) rerun as a
+        # copy of a kept one, with weight 0. Their contribution is then exactly zero.
+        first = jnp.argmax(use)
+        x2 = jnp.where(_rows(use, x), x, x[first])
+        y2 = jnp.where(_rows(use, y), y, y[first])
+        # The cond also skips the pass when no example is kept; and XLA's CPU buffer
+        # assignment reuses the first pass's memory for a branch, not for straight-line code
+        # (transformer-xs: 59 MB instead of 103 MB).
+        grads = jax.lax.cond(
+            jnp.any(use),
+            lambda: weighted_backward(gp, params, frozen, x2, y2, weights),
+            lambda: jax.tree_util.tree_map(jnp.zeros_like, params),
+        )
+        grads = jax.tree_util.tree_map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
+        return (grads, norms, losses) if return_losses else (grads, norms)
+    losses, caps, deltas = probe_pass(gp, full, x, y)
+    sq, rules = squared_norms(gp, caps, deltas, b, dense)
+    norms, weights, use = clip_factors(sq, keep, l2_clip_norm)
+    grads = book_kept_sum(gp, full, rules, weights, use)
+    return (grads, norms, losses) if return_losses else (grads, norms)
+
+
+def _apply_merged(cfg, backend, frozen, freeze_plan):
+    """``apply(trainable, x, remat)`` of the real model on the merged tree."""
+    from zoo.api import apply_fn
+
+    apply = apply_fn(cfg, backend)
+    if frozen is None:
+        return apply
+
+    def merged(trainable, x, remat):
+        if freeze_plan is not None:
+            full = freeze_plan.merge(trainable, frozen)
+        else:
+            full = nest_by_path({**flat_by_path(trainable), **flat_by_path(frozen)})
+        return apply(full, x, remat)
+
+    return merged
+
+
+def _fallback(
+    cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen, freeze_plan, remat, backend,
+    microbatch_size, return_losses,
+):  # fmt: skip
+    from zoo.dp.clipping import clipped_grad_sum
+
+    warnings.warn(
+        f"ghost clipping unavailable ({reason}); using the vmap path (zoo.dp.clipped_grad_sum)", stacklevel=3
+    )
+    apply = _apply_merged(cfg, backend, frozen, freeze_plan)
+
+    def loss(p, fz, xi, yi):
+        del fz  # the frozen tree is closed over by ``apply``
+        return per_example_loss(apply(p, xi[None], remat), yi[None])[0]
+
+    return clipped_grad_sum(
+        loss,
+        params,
+        x,
+        y,
+        l2_clip_norm=l2_clip_norm,
+        example_mask=example_mask,
+        microbatch_size=microbatch_size,
+        frozen={},
+        return_losses=return_losses,
+    )

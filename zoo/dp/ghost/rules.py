@@ -1,0 +1,193 @@
+"""Per-op norm rules: per-example squared gradient norms of one op's parameters, and the
+clipped sum of its per-example gradients, from the op's input and output gradient.
+
+One rule per op kind (``dense``, ``norm``, ``gather``, ``rows``), not per model. A rule works
+on one (unstacked) layer; its arrays carry the example axis first. Rules are pytrees (arrays
+as children, the method and leaf names static), so stacked sites ``vmap`` them over layers.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def dense_method(seq: int, d_in: int, d_out: int) -> str:
+    """``"gram"`` or ``"materialise"`` for a dense op on a length-``seq`` sequence.
+
+    Gram costs ~``seq^2 (d_in + d_out)`` per example and ``2 seq^2`` floats; materialising
+    ``a^T delta`` costs ~``seq d_in d_out`` and ``d_in d_out`` floats, and its result also
+    serves the clipped sum (no second weight-gradient matmul).  We materialise when that is at
+    most the per-example size of the op's own activations, ``seq (d_in + d_out)`` -- which is
+    exactly when it also takes fewer flops than the Gram form.
+    """
+    return "materialise" if d_in * d_out <= seq * (d_in + d_out) else "gram"
+
+
+def gather_method(seq: int, rows: int, width: int) -> str:
+    """Token table: ``"gram"`` (token-equality-masked Gram, ~T^2 D per example) or
+    ``"materialise"`` (scatter delta into a [V, D] table per example) when V D <= T^2."""
+    return "materialise" if rows * width <= seq * seq else "gram"
+
+
+def _sq(x, axes):
+    return jnp.sum(jnp.square(x), axis=axes)
+
+
+def keep(x, use):
+    """Zero whole examples (leading axis) that must not enter the sum, NaNs included."""
+    return jnp.where(use.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+
+
+def _as_sequence(x):
+    """[B, ..., D] -> [B, T, D] (T = 1 without a position axis)."""
+    return x.reshape(x.shape[0], -1, x.shape[-1])
+
+
+class Rule:
+    """``sq()`` -> {leaf: [B]}; ``grad(weights, use)`` -> {leaf: summed gradient}, ``weights``
+    [B] the clip factors (0 where ``use`` is False)."""
+
+    static: object = ()
+    arrays: dict
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_pytree_node(cls, cls._flatten, cls._unflatten)
+
+    def _flatten(self):
+        keys = tuple(sorted(self.arrays))
+        return tuple(self.arrays[k] for k in keys), (keys, self.static)
+
+    @classmethod
+    def _unflatten(cls, aux, children):
+        rule = object.__new__(cls)
+        keys, rule.static = aux
+        rule.arrays = dict(zip(keys, children, strict=True))
+        return rule
+
+
+class Dense(Rule):
+    """``z = a @ w (+ b)``: a [B, d_in] or [B, T, d_in], delta [B, (T,) d_out]."""
+
+    def __init__(self, a, d, leaves, rows=None, force=None):
+        del rows
+        a, d = a.astype(jnp.float32), d.astype(jnp.float32)
+        if a.ndim == 2:
+            method = "flat"
+        else:
+            a, d = _as_sequence(a), _as_sequence(d)
+            method = force or dense_method(a.shape[1], a.shape[-1], d.shape[-1])
+        self.static = (method, tuple(leaves))
+        if method == "materialise" and "w" in leaves:
+            self.arrays = {"g": jnp.einsum("bti,bto->bio", a, d)}
+        elif "w" in leaves:
+            self.arrays = {"a": a, "d": d}
+        else:
+            self.arrays = {}
+        if "b" in leaves:
+            self.arrays["gb"] = d if d.ndim == 2 else d.sum(axis=1)
+
+    def sq(self):
+        method, leaves = self.static
+        arr, out = self.arrays, {}
+        if "w" in leaves:
+            if method == "flat":
+                out["w"] = _sq(arr["a"], 1) * _sq(arr["d"], 1)
+            elif method == "materialise":
+                out["w"] = _sq(arr["g"], (1, 2))
+            else:
+                aa = jnp.einsum("bti,bsi->bts", arr["a"], arr["a"])
+                dd = jnp.einsum("bto,bso->bts", arr["d"], arr["d"])
+                out["w"] = jnp.sum(aa * dd, axis=(1, 2))
+        if "b" in leaves:
+            out["b"] = _sq(arr["gb"], 1)
+        return out
+
+    def grad(self, weights, use):
+        method, leaves = self.static
+        arr, out = self.arrays, {}
+        if "w" in leaves:
+            if method == "materialise":
+                out["w"] = jnp.einsum("b,bio->io", weights, keep(arr["g"], use))
+            else:
+                d = arr["d"]
+                scaled = keep(d, use) * weights.reshape((-1,) + (1,) * (d.ndim - 1))
+                spec = "bi,bo->io" if method == "flat" else "bti,bto->io"
+                out["w"] = jnp.einsum(spec, keep(arr["a"], use), scaled)
+        if "b" in leaves:
+            out["b"] = weights @ keep(arr["gb"], use)
+        return out
+
+
+class Norm(Rule):
+    """``y = xhat * scale (+ b)`` (LayerNorm, RMSNorm): per-example grads are
+    ``sum_t delta * xhat`` and ``sum_t delta``."""
+
+    def __init__(self, xhat, d, leaves, rows=None, force=None):
+        del rows, force
+        d = _as_sequence(d.astype(jnp.float32))
+        xhat = _as_sequence(xhat.astype(jnp.float32))
+        self.static = tuple(leaves)
+        parts = {"scale": lambda: (d * xhat).sum(axis=1), "b": lambda: d.sum(axis=1)}
+        self.arrays = {leaf: parts[leaf]() for leaf in leaves}
+
+    def sq(self):
+        return {leaf: _sq(self.arrays[leaf], 1) for leaf in self.static}
+
+    def grad(self, weights, use):
+        return {leaf: weights @ keep(self.arrays[leaf], use) for leaf in self.static}
+
+
+class Gather(Rule):
+    """Token table [V, D]: example i's gradient scatters its delta rows to its token ids, so
+    repeated tokens add up in one row before the norm is taken."""
+
+    def __init__(self, tokens, d, leaves, rows, force=None):
+        del leaves
+        tokens = tokens.reshape(tokens.shape[0], -1)
+        d = _as_sequence(d.astype(jnp.float32))
+        method = force or gather_method(d.shape[1], rows, d.shape[2])
+        self.static = (method, rows)
+        self.arrays = {"tok": tokens, "d": d}
+        if method == "materialise":
+            self.arrays = {"g": jax.vmap(lambda dt, tok: jax.ops.segment_sum(dt, tok, rows))(d, tokens)}
+
+    def sq(self):
+        method, _ = self.static
+        if method == "materialise":
+            return {"w": _sq(self.arrays["g"], (1, 2))}
+        tok, d = self.arrays["tok"], self.arrays["d"]
+        same = tok[:, :, None] == tok[:, None, :]
+        dd = jnp.einsum("btd,bsd->bts", d, d)
+        return {"w": jnp.sum(jnp.where(same, dd, 0.0), axis=(1, 2))}
+
+    def grad(self, weights, use):
+        method, rows = self.static
+        if method == "materialise":
+            return {"w": jnp.einsum("b,bvd->vd", weights, keep(self.arrays["g"], use))}
+        tok, d = self.arrays["tok"], self.arrays["d"]
+        width = d.shape[-1]
+        scaled = keep(d, use) * weights[:, None, None]
+        table = jnp.zeros((rows, width), jnp.float32)
+        return {"w": table.at[tok.reshape(-1)].add(scaled.reshape(-1, width))}
+
+
+class Rows(Rule):
+    """Positional table [max_len, D] read as rows 0..T-1, each once per example: row t gets
+    delta_t, so the per-example norm is ``||delta||``."""
+
+    def __init__(self, inputs, d, leaves, rows, force=None):
+        del inputs, leaves, force
+        self.static = rows
+        self.arrays = {"d": _as_sequence(d.astype(jnp.float32))}
+
+    def sq(self):
+        return {"w": _sq(self.arrays["d"], (1, 2))}
+
+    def grad(self, weights, use):
+        summed = jnp.einsum("b,btd->td", weights, keep(self.arrays["d"], use))
+        return {"w": jnp.pad(summed, ((0, self.static - summed.shape[0]), (0, 0)))}
+
+
+RULES: dict[str, type[Rule]] = {"dense": Dense, "norm": Norm, "gather": Gather, "rows": Rows}

@@ -1,0 +1,197 @@
+"""The hooks ghost clipping runs the model under, and the sites found by tracing it.
+
+A *site* is one parametrised op of the model (``zoo.models.ops``), named by the canonical
+path of its parameters (``blocks.attn.q``). Nothing here knows a model: sites, their kinds,
+parameter leaves and output shapes come from running the model's own forward under
+``jax.eval_shape`` with recording hooks (:func:`discover`). Three modes:
+
+* ``record``: note each op's site, kind, leaves and output shape.
+* ``probe``: add a zero probe to the output of each active site, and keep the op's input. The
+  gradient of ``sum_i L_i`` with respect to a probe is the per-example output gradient.
+* ``tap``: route the output through :func:`_tap`, whose backward rule turns the op's input
+  (a residual, saved or recomputed as the remat policy says) and its output gradient into
+  per-example squared norms, returned as the gradient of a zero ``[B, leaves]`` array.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from zoo import hooks
+from zoo.dp.ghost.rules import RULES
+from zoo.models import canonical
+from zoo.models.registry import STACK
+from zoo.remat import get_policy
+from zoo.scan import StackPlan
+
+
+@dataclass(frozen=True)
+class Site:
+    """One parametrised op: canonical path, op kind, parameter leaves, and for stacked sites
+    (inside the scanned stack) one entry for all layers. ``shape`` is the op's output shape
+    for one layer; ``rows`` the table height of a ``gather`` or ``rows`` op."""
+
+    path: str
+    kind: str
+    leaves: tuple[str, ...]
+    stacked: bool
+    shape: tuple[int, ...]
+    rows: int | None = None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _tap(spec, z, inputs, tap):
+    """Identity on ``z``; see the module docstring for its backward rule."""
+    del spec, inputs, tap
+    return z
+
+
+def _tap_fwd(spec, z, inputs, tap):
+    del spec, tap
+    return z, inputs
+
+
+def _tap_bwd(spec, inputs, dz):
+    kind, leaves, rows, force = spec
+    sq = RULES[kind](inputs, dz, leaves, rows, force).sq()
+    return dz, None, jnp.stack([sq[leaf] for leaf in leaves], axis=-1)
+
+
+_tap.defvjp(_tap_fwd, _tap_bwd)
+
+
+class GhostHooks(hooks.LayerHooks):
+    """Hooks of one mode (``record``, ``probe``, ``tap``) for the top level of the model or
+    one layer of its stack.
+
+    ``paths`` maps ``id`` of each parameter array the model reads to its dotted canonical
+    path; ``arrays`` holds the probes or taps by site path; ``specs`` the taps' static rule
+    arguments; ``found`` (shared by all layers) collects what ``record`` sees.
+    """
+
+    def __init__(self, mode, paths, arrays=None, specs=None, found=None, stacked=False):
+        self.mode, self.paths, self.stacked = mode, paths, stacked
+        self.arrays, self.specs = arrays or {}, specs or {}
+        self.found = found if found is not None else {"top": None, "layers": [], "unknown": []}
+        self.sites: list[Site] = []  # what this instance recorded (one trace of its code)
+        if mode == "record":
+            if stacked:
+                self.found["layers"].append(self.sites)
+            else:
+                self.found["top"] = self.sites
+        self.captures: dict = {}
+
+    def _site(self, params) -> str | None:
+        """The site path of an op's parameters, or None when they are not canonical leaves
+        read as they are (a transformed or unknown array)."""
+        paths = {leaf: self.paths.get(id(v)) for leaf, v in params.items()}
+        site = {p.rsplit(".", 1)[0] for p in paths.values() if p}
+        if len(site) != 1 or any(p != f"{next(iter(site))}.{leaf}" for leaf, p in paths.items()):
+            return None
+        return site.pop()
+
+    def op(self, kind, z, params, inputs):
+        path = self._site(params)
+        if self.mode == "record":
+            if path is None:
+                self.found["unknown"].append(kind)
+            else:
+                table = params["w"].shape[0] if kind in ("gather", "rows") else None
+                self.sites.append(Site(path, kind, tuple(params), self.stacked, tuple(z.shape), table))
+            return z
+        if path is None or path not in self.arrays:
+            return z
+        if self.mode == "probe":
+            if kind != "rows":
+                self.captures[path] = inputs
+            return z + self.arrays[path]
+        return _tap(self.specs[path], z, inputs, self.arrays[path])
+
+    def stack(self, stacked, frozen_prefix):
+        outer = [self.paths.get(id(leaf)) for leaf in jax.tree_util.tree_leaves(stacked)]
+        xs = {k: v for k, v in self.arrays.items() if k.startswith(STACK + ".")}
+        return _Stack(self, outer, xs)
+
+    def outputs(self):
+        return self.captures or None
+
+
+class _Stack(hooks.StackHooks):
+    def __init__(self, top: GhostHooks, outer_paths, xs):
+        self.top, self.outer_paths, self.xs = top, outer_paths, xs
+
+    def layer(self, xs, layer_params):
+        leaves = jax.tree_util.tree_leaves(layer_params)
+        paths = {id(leaf): p for leaf, p in zip(leaves, self.outer_paths, strict=True) if p}
+        t = self.top
+        return GhostHooks(t.mode, paths, xs, t.specs, t.found, stacked=True)
+
+    def finish(self, ys):
+        if ys:
+            self.top.captures.update(ys)
+
+
+def leaf_ids(params) -> dict[int, str]:
+    return {id(v): k for k, v in canonical.flat_by_path(params).items()}
+
+
+def run(cfg, params, x, plan: StackPlan, mode=None, arrays=None, specs=None):
+    """``(logits, hooks)`` of the model ``cfg`` on canonical ``params`` under ghost hooks.
+
+    The model is the NNX implementation: it reads the canonical arrays as they are, which is
+    how the hooks recognise them (both backends compute the same function; the tests check it).
+    """
+    model = canonical.from_canonical(cfg, "nnx", params)
+    if mode is None:
+        return model(x, remat=plan), None
+    top = GhostHooks(mode, leaf_ids(params), arrays, specs)
+    with hooks.active(top):
+        logits = model(x, remat=plan)
+    return logits, top
+
+
+@functools.lru_cache(maxsize=128)
+def _discover(cfg, x_spec: jax.ShapeDtypeStruct, prefix: int):
+    params = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
+    found = {}
+
+    def forward(p, x):
+        _, top = run(cfg, p, x, StackPlan(get_policy("none"), prefix), "record")
+        found.update(top.found)
+        return 0
+
+    jax.eval_shape(forward, params, x_spec)
+    layers = found["layers"]
+    # The scan may trace its body more than once; every trace must see the same ops.
+    if any(sites != layers[0] for sites in layers[1:]):
+        raise AssertionError(f"the layer body recorded different sites on different traces: {layers}")
+    return (*found["top"], *(layers[0] if layers else ())), tuple(found["unknown"])
+
+
+def discover(cfg, x, prefix: int = 0) -> tuple[tuple[Site, ...], tuple[str, ...]]:
+    """``(sites, unknown op kinds)`` of the model ``cfg`` on inputs shaped like ``x``, with the
+    first ``prefix`` layers of the stack frozen (they run without hooks)."""
+    spec = jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+    return _discover(cfg, spec, prefix)
+
+
+def coverage_problem(sites, unknown, trainable: set[str]) -> str | None:
+    """Why the sites do not cover the trainable leaves exactly once each (None when they do)."""
+    claims: dict[str, int] = {}
+    for site in sites:
+        for leaf in site.leaves:
+            claims[f"{site.path}.{leaf}"] = claims.get(f"{site.path}.{leaf}", 0) + 1
+    unclaimed = sorted(trainable - set(claims))
+    twice = sorted(p for p in trainable if claims.get(p, 0) > 1)
+    problems = []
+    if unclaimed:
+        problems.append(f"no op of the model claims the trainable leaves {unclaimed}")
+    if twice:
+        problems.append(f"the leaves {twice} are read by more than one op")
+    if unknown and unclaimed:
+        problems.append(f"ops read parameters that are not canonical leaves as they are: {list(unknown)}")
+    return "; ".join(problems) or None

@@ -1,0 +1,209 @@
+"""The stages of one ghost-clipped step, on the sites found by tracing the model.
+
+Book-keeping: :func:`prepare` -> :func:`probe_pass` -> :func:`squared_norms` ->
+:func:`clip_factors` -> :func:`book_kept_sum`.
+Second backward: :func:`prepare` -> :func:`tap_pass` -> :func:`clip_factors` ->
+:func:`weighted_backward`. ``benchmarks/ghost.py`` times the stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from zoo.dp.ghost.rules import RULES
+from zoo.dp.ghost.sites import Site, coverage_problem, discover, run
+from zoo.errors import check_choice
+from zoo.losses import per_example_loss
+from zoo.models.canonical import canonical_shapes, flat_by_path, nest_by_path
+from zoo.models.registry import STACK, ModelConfig
+from zoo.remat import RematPolicy
+from zoo.scan import StackPlan, as_plan
+
+METHODS = ("auto", "bookkeeping", "backward")
+
+
+def choose_method(remat="none", method: str = "auto") -> str:
+    """``"auto"`` -> ``"bookkeeping"`` without remat (fastest; keeps every op's input and
+    output gradient, ~1.2x the non-private temp memory), ``"backward"`` under a remat policy
+    (taps and a second forward and backward: the non-private temp memory under that same
+    policy, where book-keeping would hold all layers' activations and undo the remat)."""
+    check_choice("ghost clipping method", method, METHODS)
+    if method != "auto":
+        return method
+    return "backward" if as_plan(remat).policy.checkpoint else "bookkeeping"
+
+
+def _trainable_rows(plan, dotted: str, num_layers: int, prefix: int) -> np.ndarray | bool:
+    """Stacked leaf: bool [L - prefix] of trainable rows; other leaves: one bool."""
+    if plan is None:
+        return np.ones(num_layers - prefix, bool) if dotted.startswith(STACK + ".") else True
+    status = plan.trainable_rows(dotted)
+    if status is None:
+        return dotted not in plan.frozen_leaves
+    rows = np.zeros(num_layers, bool)
+    rows[list(status)] = True
+    return rows[prefix:]
+
+
+@dataclass(frozen=True)
+class GhostPlan:
+    """Static choices for one call: the sites that need a probe or tap (those with a trainable
+    leaf or row), their trainable rows, the frozen prefix of the stack and the remat policy.
+    ``problem`` says why ghost clipping cannot run (unclaimed or doubly read leaves)."""
+
+    cfg: ModelConfig
+    active: tuple[Site, ...]
+    rows: tuple  # ((site path, ((leaf, bool rows or bool), ...)), ...)
+    prefix: int
+    policy: RematPolicy
+    freeze: object  # FreezePlan | None
+    problem: str | None = None
+
+    def rows_of(self, path: str) -> dict:
+        return dict(dict(self.rows)[path])
+
+    @property
+    def stack_plan(self) -> StackPlan:
+        return StackPlan(self.policy, self.prefix)
+
+
+def prepare(cfg: ModelConfig, x, plan=None, remat="none") -> GhostPlan:
+    """Trace the model on inputs shaped like ``x``; keep the sites with a trainable leaf (stacked:
+    row), and check that every trainable leaf is claimed by exactly one site."""
+    stack = as_plan(remat)
+    num_layers = cfg.num_layers
+    prefix = max(stack.frozen_prefix, plan.frozen_prefix if plan is not None else 0)
+    prefix = min(prefix, num_layers)
+    sites, unknown = discover(cfg, x, prefix)
+    trainable = set()
+    for path in canonical_shapes(cfg):
+        if np.any(_trainable_rows(plan, path, num_layers, prefix)):
+            trainable.add(path)
+    problem = coverage_problem(sites, unknown, trainable)
+    rows, active = [], []
+    for site in sites:
+        site_rows = []
+        for leaf in site.leaves:
+            r = _trainable_rows(plan, f"{site.path}.{leaf}", num_layers, prefix)
+            if np.any(r):
+                site_rows.append((leaf, r))
+        if site_rows:
+            leaves = tuple(k for k, _ in site_rows)
+            active.append(Site(site.path, site.kind, leaves, site.stacked, site.shape, site.rows))
+            rows.append((site.path, tuple(site_rows)))
+    return GhostPlan(cfg, tuple(active), tuple(rows), prefix, stack.policy, plan, problem)
+
+
+def _zeros_per_site(gp: GhostPlan, shape_of) -> dict:
+    layers = gp.cfg.num_layers - gp.prefix
+    return {s.path: jnp.zeros(((layers,) if s.stacked else ()) + shape_of(s), jnp.float32) for s in gp.active}
+
+
+def probe_pass(gp: GhostPlan, full, x, y):
+    """One forward and one activation-only backward of ``sum_i L_i`` with respect to the
+    probes (the parameters are constants here).  Returns ``(losses [B], captures, deltas)``."""
+    probes = _zeros_per_site(gp, lambda s: s.shape)
+
+    def losses_of(pr):
+        logits, top = run(gp.cfg, full, x, gp.stack_plan, "probe", pr)
+        return per_example_loss(logits, y), top.captures
+
+    losses, vjp, caps = jax.vjp(losses_of, probes, has_aux=True)
+    (deltas,) = vjp(jnp.ones_like(losses))
+    return losses, caps, deltas
+
+
+def tap_pass(gp: GhostPlan, full, x, y, dense=None):
+    """Forward and one activation-only backward (parameters constant) through norm taps.
+
+    Returns ``(losses [B], sq [B])``: ``sq`` is what the taps' backward rules collected, the
+    per-example squared gradient norms over the trainable leaves and rows.  Only what the
+    remat policy saves is kept for the backward.
+    """
+    b = x.shape[0]
+    specs = {s.path: (s.kind, s.leaves, s.rows, dense) for s in gp.active}
+    taps = _zeros_per_site(gp, lambda s: (b, len(s.leaves)))
+
+    def losses_of(tp):
+        logits, _ = run(gp.cfg, full, x, gp.stack_plan, "tap", tp, specs)
+        return per_example_loss(logits, y)
+
+    losses, vjp = jax.vjp(losses_of, taps)
+    (collected,) = vjp(jnp.ones_like(losses))
+    sq = jnp.zeros((b,), jnp.float32)
+    for site in gp.active:
+        got = collected[site.path]
+        for j, r in enumerate(gp.rows_of(site.path).values()):
+            sq = sq + (jnp.asarray(r, jnp.float32) @ got[..., j] if site.stacked else got[:, j])
+    return losses, sq
+
+
+def weighted_backward(gp: GhostPlan, params, frozen, x, y, weights):
+    """``sum_i weights_i grad L_i`` on the trainable ``params``: a plain forward and backward."""
+
+    def weighted_loss(trainable):
+        merged = gp.freeze.merge(trainable, frozen) if gp.freeze is not None else trainable
+        logits, _ = run(gp.cfg, merged, x, gp.stack_plan)
+        return jnp.sum(weights * per_example_loss(logits, y))
+
+    return jax.grad(weighted_loss)(params)
+
+
+def squared_norms(gp: GhostPlan, caps, deltas, batch_size: int, dense=None):
+    """``(sum over trainable leaves of ||g_i||^2 [B], rules)``; stacked sites vmap over layers."""
+    sq = jnp.zeros((batch_size,), jnp.float32)
+    rules = {}
+    for site in gp.active:
+
+        def make(inputs, delta, s=site):
+            rule = RULES[s.kind](inputs, delta, s.leaves, s.rows, dense)
+            return rule.sq(), rule
+
+        if site.stacked:
+            rule_sq, rule = jax.vmap(make)(caps.get(site.path), deltas[site.path])
+            parts = [jnp.asarray(r, jnp.float32) @ rule_sq[leaf] for leaf, r in gp.rows_of(site.path).items()]
+        else:
+            rule_sq, rule = make(caps.get(site.path), deltas[site.path])
+            parts = list(rule_sq.values())
+        for part in parts:
+            sq = sq + part
+        rules[site.path] = rule
+    return sq, rules
+
+
+def clip_factors(sq, keep, l2_clip_norm):
+    """``(norms, weights, use)`` exactly as the vmap path: factor min(1, C/||g||) (1 for a
+    zero norm), 0 for masked or non-finite examples; masked examples report norm 0."""
+    clip = jnp.asarray(l2_clip_norm, jnp.float32)
+    norms = jnp.sqrt(sq)
+    safe = jnp.where(norms > 0, norms, 1.0)
+    factor = jnp.where(norms > clip, clip / safe, 1.0)
+    use = keep & jnp.isfinite(norms)
+    return jnp.where(keep, norms, 0.0), jnp.where(use, factor, 0.0), use
+
+
+def book_kept_sum(gp: GhostPlan, full, rules, weights, use):
+    """``sum_i f_i g_i`` per op from the captured inputs and output gradients, returned in the
+    structure of the trainable tree. Frozen leaves get placeholders that the split drops; a
+    trainable leaf without a site cannot reach here (:func:`prepare` checks coverage)."""
+    out = {}
+    for site in gp.active:
+        rule = rules[site.path]
+        if site.stacked:
+            for leaf, g in jax.vmap(lambda r: r.grad(weights, use))(rule).items():
+                if gp.prefix:
+                    g = jnp.concatenate([jnp.zeros((gp.prefix, *g.shape[1:]), g.dtype), g])
+                out[f"{site.path}.{leaf}"] = g
+        else:
+            for leaf, g in rule.grad(weights, use).items():
+                out[f"{site.path}.{leaf}"] = g
+    for path, p in flat_by_path(full).items():
+        out[path] = out[path].astype(jnp.result_type(p)) if path in out else jnp.zeros_like(p)
+    grads = nest_by_path(out)
+    if gp.freeze is not None:
+        grads = gp.freeze.split(grads)[0]
+    return grads
