@@ -13,7 +13,8 @@ ATTN_K = "attn_k"  # key projection    [B, T, D]
 ATTN_V = "attn_v"  # value projection  [B, T, D]
 ATTN_CONTEXT = "attn_context"  # softmax(QK^T / sqrt(d)) V, before the output projection
 ATTN_OUT = "attn_out"  # attention output projection
-MLP_HIDDEN = "mlp_hidden"  # up-projection, before the nonlinearity
+MLP_GATE = "mlp_gate"  # gate projection of a gated MLP (SwiGLU), before its nonlinearity
+MLP_HIDDEN = "mlp_hidden"  # up-projection, before the nonlinearity (gated MLP: the linear branch)
 MLP_OUT = "mlp_out"  # down-projection (MLP model: the activated block output)
 LOGITS = "logits"  # model output
 
@@ -24,6 +25,7 @@ ALL = (
     ATTN_V,
     ATTN_CONTEXT,
     ATTN_OUT,
+    MLP_GATE,
     MLP_HIDDEN,
     MLP_OUT,
     LOGITS,
@@ -31,4 +33,4 @@ ALL = (
 
 # Names that only the transformer emits; the MLP's blocks tag the rest.
 TRANSFORMER_ONLY = (ATTN_Q, ATTN_K, ATTN_V, ATTN_CONTEXT, ATTN_OUT)
-PROJECTIONS = (ATTN_Q, ATTN_K, ATTN_V, ATTN_OUT, MLP_HIDDEN, MLP_OUT)
+PROJECTIONS = (ATTN_Q, ATTN_K, ATTN_V, ATTN_OUT, MLP_GATE, MLP_HIDDEN, MLP_OUT)

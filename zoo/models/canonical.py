@@ -37,6 +37,8 @@ _EQX_LEAF = {  # (module type, field) -> (canonical leaf, stored transposed)
     (eqx.nn.Embedding, "weight"): ("w", False),
     (eqx.nn.LayerNorm, "weight"): ("scale", False),
     (eqx.nn.LayerNorm, "bias"): ("b", False),
+    (eqx.nn.RMSNorm, "weight"): ("scale", False),
+    (eqx.nn.RMSNorm, "bias"): ("b", False),
 }
 
 
