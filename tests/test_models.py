@@ -1,4 +1,7 @@
-"""Both backends: same names, same logits and gradients from the same canonical weights."""
+"""Both backends: same names, same logits and gradients from the same canonical weights.
+
+Cases come from the registry: every registered kind (its ``small`` config) and every preset,
+so a new kind or preset is tested without touching this file."""
 
 import functools
 
@@ -11,32 +14,52 @@ from numerics import assert_bitwise_equal, assert_close
 
 import zoo
 from zoo import names
+from zoo.commands.models import preset_rows
 from zoo.errors import ZooError
 from zoo.jaxprs import checkpoint_names, count_eqns
-from zoo.models import canonical
+from zoo.models import canonical, registry
 
+KINDS = {kind.name: kind.small for kind in registry.kinds()}
+# Every kind's small config, plus variants that exercise other code paths of a kind.
 SIZES = [
-    ("mlp-s", {}),
-    ("mlp-m", {"num_layers": 3}),
-    ("transformer-xs", {"max_len": 16}),
-    ("transformer-xs", {"num_layers": 3, "d_model": 32, "num_heads": 2, "d_ff": 48, "max_len": 12}),
-    ("transformer-digits", {}),
+    *[pytest.param(cfg, {}, id=name) for name, cfg in KINDS.items()],
+    pytest.param("mlp-m", {"num_layers": 3}, id="mlp-m-3"),
+    pytest.param(
+        "transformer-xs",
+        {"num_layers": 3, "d_model": 32, "num_heads": 2, "d_ff": 48, "max_len": 12},
+        id="transformer-3-heads-2",
+    ),
+    pytest.param("transformer-digits", {}, id="transformer-digits"),  # feature rows, pooled head
 ]
+LOGICAL_AXES = {"layers", "input", "embed", "mlp", "heads", "kv_heads", "vocab", "positions", "classes"}
 
 
-@pytest.mark.parametrize("preset", ["mlp-s", "transformer-xs", "transformer-digits"])
-def test_both_backends_tag_the_same_names(preset):
-    x = zoo.example_batch(preset, 2, seq_len=8)
+@pytest.mark.parametrize("preset", list(zoo.PRESETS))
+def test_both_backends_tag_the_names_their_kind_declares(preset):
+    cfg = zoo.get_config(preset)
+    x = zoo.example_batch(cfg, 2, seq_len=8)
     found = {}
-    params = random_params(zoo.get_config(preset))
+    params = random_params(cfg)
     for backend in zoo.BACKENDS:
-        model = zoo.from_canonical(preset, backend, params)
+        model = zoo.from_canonical(cfg, backend, params)
         found[backend] = checkpoint_names(lambda x, model=model: model(x), x)  # traced, not run
-    assert found["nnx"] == found["eqx"]
-    expected = (
-        set(names.ALL) if preset.startswith("transformer") else (set(names.ALL) - set(names.TRANSFORMER_ONLY))
-    )
-    assert found["nnx"] == expected
+    assert found["nnx"] == found["eqx"] == set(cfg.activation_names)
+    assert set(cfg.activation_names) <= set(names.ALL)
+
+
+@pytest.mark.parametrize("preset", list(zoo.PRESETS))
+def test_every_leaf_has_logical_axes_of_its_rank(preset):
+    cfg = zoo.get_config(preset)
+    for path, shape in canonical.canonical_shapes(cfg).items():
+        axes = cfg.logical_axes(tuple(path.split(".")), len(shape))
+        assert len(axes) == len(shape) and set(axes) <= LOGICAL_AXES, (path, axes)
+        assert (axes[0] == "layers") == path.startswith("blocks."), (path, axes)
+
+
+def test_models_json_lists_every_preset_with_its_kind():
+    rows = {r["name"]: r for r in preset_rows()}
+    assert set(rows) == set(zoo.PRESETS)
+    assert {r["kind"] for r in rows.values()} == {kind.name for kind in registry.kinds()}
 
 
 @pytest.mark.parametrize("preset,overrides", SIZES)
@@ -65,8 +88,7 @@ def swap_first_two_layers(tree):
 def test_the_float_rule_still_catches_a_parity_bug():
     """Negative test for this family: converted weights with two layers swapped give logits and
     gradients that fail the comparison the parity test makes."""
-    preset, overrides = SIZES[3]
-    cfg = zoo.get_config(preset, **overrides)
+    cfg = zoo.get_config("transformer-xs", num_layers=3, d_model=32, num_heads=2, d_ff=48, max_len=12)
     params = random_params(cfg, seed=3)
     x = zoo.example_batch(cfg, 3, seed=4)
     y = labels_for(cfg, x)
@@ -82,18 +104,20 @@ def test_the_float_rule_still_catches_a_parity_bug():
 
 
 @pytest.mark.parametrize("backend", ["nnx", "eqx"])
-@pytest.mark.parametrize("preset", ["mlp-s", "transformer-xs"])
-def test_canonical_round_trip_is_exact(preset, backend):
-    params = canonical.init_params(zoo.get_config(preset), seed=5)
-    again = zoo.to_canonical(zoo.from_canonical(preset, backend, params))
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_canonical_round_trip_is_exact(kind, backend):
+    cfg = KINDS[kind]
+    params = random_params(cfg, seed=5)
+    again = zoo.to_canonical(zoo.from_canonical(cfg, backend, params))
     assert_bitwise_equal(again, params)
 
 
-@pytest.mark.parametrize("preset", ["mlp-s", "transformer-s"])
-def test_same_seed_same_initial_weights_in_both_backends(preset):
-    a = zoo.to_canonical(zoo.load_model(preset, "nnx", seed=7))
-    b = zoo.to_canonical(zoo.load_model(preset, "eqx", seed=7))
-    c = zoo.to_canonical(zoo.load_model(preset, "eqx", seed=8))
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_same_seed_same_initial_weights_in_both_backends(kind):
+    cfg = KINDS[kind]
+    a = zoo.to_canonical(zoo.load_model(cfg, "nnx", seed=7))
+    b = zoo.to_canonical(zoo.load_model(cfg, "eqx", seed=7))
+    c = zoo.to_canonical(zoo.load_model(cfg, "eqx", seed=8))
     assert_bitwise_equal(a, b)
     assert not np.array_equal(a["head"]["w"], c["head"]["w"])
 
@@ -111,11 +135,11 @@ def test_canonical_shapes_match_the_documented_layout():
 
 
 @pytest.mark.parametrize("backend", ["nnx", "eqx"])
-@pytest.mark.parametrize("preset", ["mlp-s", "transformer-xs"])
-def test_train_step_jaxpr_does_not_grow_with_depth(preset, backend):
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_train_step_jaxpr_does_not_grow_with_depth(kind, backend):
     counts = []
     for depth in (2, 32):
-        cfg = zoo.get_config(preset, num_layers=depth)
+        cfg = zoo.get_config(KINDS[kind], num_layers=depth)
         params = jax.eval_shape(functools.partial(canonical.init_params, cfg, 0))
         x = zoo.example_batch(cfg, 2, seq_len=8)
         step = jax.value_and_grad(loss_of(cfg, backend))

@@ -32,11 +32,10 @@ from zoo.scan import StackPlan, scan_layers
 B = 6
 # Every program here is compiled once, with conftest.FAST_COMPILE.
 
-CONFIGS = {
-    "mlp": zoo.get_config("mlp-s", d_in=12, d_hidden=24, num_layers=2),
-    "lm": zoo.get_config("transformer-xs", d_model=32, d_ff=64, max_len=16, vocab_size=40),
-    "digits": zoo.get_config("transformer-digits", d_model=32, d_ff=64),
-}
+# Every registered kind's small config (a new kind is tested here without code), plus the
+# transformer's feature-rows classifier.
+KINDS = {kind.name: kind.small for kind in registry.kinds()}
+CONFIGS = {**KINDS, "digits": zoo.get_config("transformer-digits", d_model=32, d_ff=64)}
 
 
 def reduction(cfg) -> int:
@@ -76,20 +75,9 @@ def jit(fn):
 
 
 def batch(cfg, seed=0, b=B):
-    rng = np.random.default_rng(seed + 100)
-    if isinstance(cfg, MLPConfig):
-        return (
-            rng.uniform(size=(b, cfg.d_in)).astype(np.float32),
-            rng.integers(0, cfg.num_classes, b).astype(np.int32),
-        )
-    seq = cfg.max_len
-    if cfg.takes_features:
-        x = rng.uniform(size=(b, seq, cfg.d_in)).astype(np.float32)
-    else:
-        x = rng.integers(0, cfg.vocab_size, (b, seq)).astype(np.int32)
-    if cfg.is_classifier:
-        return x, rng.integers(0, cfg.num_classes, b).astype(np.int32)
-    return x, rng.integers(0, cfg.vocab_size, (b, seq)).astype(np.int32)
+    key = jax.random.key(seed + 100)
+    x = cfg.example_input(key, b)
+    return np.array(x), np.array(cfg.example_labels(jax.random.fold_in(key, 1), x))  # writable copies
 
 
 ONES = np.ones(B, np.float32)
@@ -196,20 +184,21 @@ def test_ghost_forward_logits_equal_the_models(name):
 
 
 @pytest.mark.parametrize(
-    "name, backend", [("mlp", "nnx"), ("mlp", "eqx"), ("lm", "nnx"), ("lm", "eqx"), ("digits", "nnx")]
+    "name, backend", [*((kind, backend) for kind in KINDS for backend in zoo.BACKENDS), ("digits", "nnx")]
 )
 def test_matches_vmap_path(name, backend):
     compare(CONFIGS[name], backend=backend)
 
 
-def test_second_backward_method_matches_mlp():
-    compare(CONFIGS["mlp"], method="backward")
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_second_backward_method_matches_vmap_path(kind):
+    compare(KINDS[kind], method="backward")
 
 
 @pytest.mark.parametrize("remat, method", [("full", "auto"), ("minimal", "bookkeeping")])
 def test_remat_policies(remat, method):
     # "auto" picks the second-backward method under a remat policy (see test_choose_method).
-    compare(CONFIGS["lm"], remat=remat, method=method)
+    compare(CONFIGS["transformer"], remat=remat, method=method)
 
 
 def test_nested_remat():
@@ -226,7 +215,7 @@ def test_choose_method():
 @pytest.mark.parametrize("dense", ["gram", "materialise"])
 def test_repeated_tokens_are_merged_before_the_norm(dense):
     # Forces every sequence dense op and the token table into one norm form.
-    cfg = CONFIGS["lm"]
+    cfg = CONFIGS["transformer"]
     x, y = batch(cfg, seed=3)
     x = x % 3  # few distinct tokens everywhere; example 0: one token; example 1: two tokens
     x[0] = 7
@@ -279,7 +268,7 @@ def test_the_float_rule_still_catches_ghost_bugs():
 
 
 def test_frozen_layers():
-    cfg = CONFIGS["lm"]
+    cfg = CONFIGS["transformer"]
     ours, _ = compare(cfg, patterns=["embed", "blocks[0:1]"], method="bookkeeping")
     assert "embed" not in ours  # frozen leaves get no gradient at all
     assert ours["blocks"]["attn"]["q"]["w"].shape[0] == cfg.num_layers - 1
@@ -288,7 +277,7 @@ def test_frozen_layers():
 def test_frozen_rows_that_are_not_a_prefix_second_backward():
     # Layer 1 of the MLP, ln_f and the positions frozen: the norm skips exactly those.
     ours, _ = compare(
-        CONFIGS["lm"], patterns=["blocks[1].mlp", "ln_f", "pos"], remat="full", method="backward"
+        CONFIGS["transformer"], patterns=["blocks[1].mlp", "ln_f", "pos"], remat="full", method="backward"
     )
     assert ours["blocks"]["mlp"]["up"]["w"].shape[0] == 1 and "ln_f" not in ours
 

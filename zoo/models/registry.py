@@ -54,6 +54,7 @@ class ModelConfig:
     """
 
     kind: ClassVar[str] = ""
+    activation_names: ClassVar[tuple[str, ...]] = ()  # the zoo.names this model tags
 
     # --- task and inputs ---------------------------------------------------------------------
     @property
@@ -158,6 +159,7 @@ class ModelKind:
     eqx: str | type
     presets: dict
     descriptions: dict
+    small: ModelConfig  # a tiny member of the kind: what the tests generated from the registry use
 
     def module_class(self, backend: str):
         cls = self.nnx if check_backend(backend) == "nnx" else self.eqx
@@ -174,10 +176,16 @@ DESCRIPTIONS: dict[str, str] = {}
 
 
 def register(
-    config: type, *, nnx: str | type, eqx: str | type, presets: dict[str, tuple[ModelConfig, str]]
+    config: type,
+    *,
+    nnx: str | type,
+    eqx: str | type,
+    presets: dict[str, tuple[ModelConfig, str]],
+    small: ModelConfig | None = None,
 ) -> ModelKind:
-    """Register a model kind: its config class, its two backend classes and its presets
-    (``name -> (config, one-line description)``)."""
+    """Register a model kind: its config class, its two backend classes, its presets
+    (``name -> (config, one-line description)``) and a ``small`` config for tests (default: the
+    first preset, or the class defaults)."""
     name = config.kind
     if not name or name in _KINDS:
         raise ValueError(f"model kind {name!r} is empty or already registered")
@@ -186,6 +194,8 @@ def register(
     for preset, (cfg, _) in presets.items():
         if type(cfg) is not config or preset in PRESETS:
             raise ValueError(f"preset {preset!r} is not a {config.__name__} or is already taken")
+    if small is None:
+        small = next(iter(presets.values()))[0] if presets else config()
     kind = ModelKind(
         name,
         config,
@@ -193,6 +203,7 @@ def register(
         eqx,
         {k: c for k, (c, _) in presets.items()},
         {k: d for k, (_, d) in presets.items()},
+        small,
     )
     _KINDS[name] = kind
     _BY_CONFIG[config] = kind

@@ -8,6 +8,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from zoo import names
 from zoo.configs import require_positive
 from zoo.errors import ZooError, check_choice
 from zoo.models.ops import ACTIVATIONS as ACTIVATION_FNS
@@ -32,6 +33,12 @@ class MLPConfig(ModelConfig):
     """Classifier MLP: in_proj -> `num_layers` scanned dense blocks -> head."""
 
     kind: ClassVar[str] = "mlp"
+    activation_names: ClassVar[tuple[str, ...]] = (
+        names.LAYER_INPUT,
+        names.MLP_HIDDEN,
+        names.MLP_OUT,
+        names.LOGITS,
+    )
     d_in: int = 64
     d_hidden: int = 128
     num_layers: int = 1
@@ -85,4 +92,5 @@ KIND = register(
             "784-512-512-10 classifier MLP (28x28 images)",
         ),
     },
+    small=MLPConfig(d_in=12, d_hidden=24, num_layers=2, num_classes=10),
 )

@@ -8,6 +8,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from zoo import names
 from zoo.configs import require_positive
 from zoo.errors import ZooError
 from zoo.models.ops import (
@@ -55,6 +56,7 @@ class TransformerConfig(ModelConfig):
     """
 
     kind: ClassVar[str] = "transformer"
+    activation_names: ClassVar[tuple[str, ...]] = tuple(n for n in names.ALL if n != names.MLP_GATE)
     vocab_size: int = 128
     d_model: int = 64
     num_heads: int = 4
@@ -165,4 +167,5 @@ KIND = register(
             "2-layer d=64 sequence classifier over the 8 rows of a digit",
         ),
     },
+    small=TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=16),
 )
