@@ -1,0 +1,109 @@
+"""Llama-style decoder in Equinox: pre-RMSNorm blocks, rotary positions, grouped-query causal
+attention, SwiGLU MLP, no biases."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+from jax.ad_checkpoint import checkpoint_name
+
+from zoo import names
+from zoo.models import ops
+from zoo.models.kinds.llama import LlamaConfig
+from zoo.scan import scan_layers
+
+
+class Attention(eqx.Module):
+    """Grouped-query causal self-attention with rotary q and k: [B, T, D] -> [B, T, D]."""
+
+    q: eqx.nn.Linear
+    k: eqx.nn.Linear
+    v: eqx.nn.Linear
+    o: eqx.nn.Linear
+    cfg: LlamaConfig = eqx.field(static=True)
+
+    def __init__(self, cfg: LlamaConfig, *, key: jax.Array):
+        d, kv = cfg.d_model, cfg.num_kv_heads * cfg.d_head
+        kq, kk, kv_key, ko = jax.random.split(key, 4)
+        self.q = eqx.nn.Linear(d, d, use_bias=False, key=kq)
+        self.k = eqx.nn.Linear(d, kv, use_bias=False, key=kk)
+        self.v = eqx.nn.Linear(d, kv, use_bias=False, key=kv_key)
+        self.o = eqx.nn.Linear(d, d, use_bias=False, key=ko)
+        self.cfg = cfg
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
+        k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
+        v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
+        q, k = ops.rotary(q, cfg.num_heads, cfg.rope_theta), ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta)
+        context = ops.causal_attention(q, k, v, cfg.num_heads, cfg.num_kv_heads)
+        context = checkpoint_name(context, names.ATTN_CONTEXT)
+        return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT)
+
+
+class FeedForward(eqx.Module):
+    """SwiGLU MLP: down(silu(gate(x)) * up(x)), [B, T, D] -> [B, T, D]."""
+
+    gate: eqx.nn.Linear
+    up: eqx.nn.Linear
+    down: eqx.nn.Linear
+
+    def __init__(self, cfg: LlamaConfig, *, key: jax.Array):
+        k_gate, k_up, k_down = jax.random.split(key, 3)
+        self.gate = eqx.nn.Linear(cfg.d_model, cfg.d_ff, use_bias=False, key=k_gate)
+        self.up = eqx.nn.Linear(cfg.d_model, cfg.d_ff, use_bias=False, key=k_up)
+        self.down = eqx.nn.Linear(cfg.d_ff, cfg.d_model, use_bias=False, key=k_down)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate = checkpoint_name(ops.dense(self.gate, x), names.MLP_GATE)
+        hidden = checkpoint_name(ops.dense(self.up, x), names.MLP_HIDDEN)
+        return checkpoint_name(ops.dense(self.down, jax.nn.silu(gate) * hidden), names.MLP_OUT)
+
+
+class Block(eqx.Module):
+    """x + attn(norm(x)), then + mlp(norm(x))."""
+
+    attn_norm: eqx.nn.RMSNorm
+    attn: Attention
+    mlp_norm: eqx.nn.RMSNorm
+    mlp: FeedForward
+
+    def __init__(self, cfg: LlamaConfig, *, key: jax.Array):
+        k_attn, k_mlp = jax.random.split(key)
+        self.attn_norm = eqx.nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, use_bias=False)
+        self.attn = Attention(cfg, key=k_attn)
+        self.mlp_norm = eqx.nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, use_bias=False)
+        self.mlp = FeedForward(cfg, key=k_mlp)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(ops.rms_norm(self.attn_norm, x))
+        return x + self.mlp(ops.rms_norm(self.mlp_norm, x))
+
+
+class Llama(eqx.Module):
+    """Tokens [B, T] -> logits [B, T, vocab]."""
+
+    embed: eqx.nn.Embedding
+    blocks: Block
+    norm_f: eqx.nn.RMSNorm
+    head: eqx.nn.Linear
+    cfg: LlamaConfig = eqx.field(static=True)
+
+    def __init__(self, cfg: LlamaConfig, *, key: jax.Array):
+        k_embed, k_blocks, k_head = jax.random.split(key, 3)
+        self.cfg = cfg
+        self.embed = eqx.nn.Embedding(cfg.vocab_size, cfg.d_model, key=k_embed)
+        self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(k_blocks, cfg.num_layers))
+        self.norm_f = eqx.nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, use_bias=False)
+        self.head = eqx.nn.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, key=k_head)
+
+    def stack(self):
+        """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
+        stacked, static = eqx.partition(self.blocks, eqx.is_array)
+        return (lambda layer, h: eqx.combine(layer, static)(h)), stacked
+
+    def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+        self.cfg.check_input(x)
+        h = scan_layers(*self.stack(), ops.embed(self.embed, x), remat)
+        return checkpoint_name(ops.dense(self.head, ops.rms_norm(self.norm_f, h)), names.LOGITS)

@@ -1,0 +1,90 @@
+"""Llama-style decoder in Flax NNX: pre-RMSNorm blocks, rotary positions, grouped-query causal
+attention, SwiGLU MLP, no biases."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from zoo import names
+from zoo.models import ops
+from zoo.models.kinds.llama import LlamaConfig
+from zoo.scan import scan_layers
+
+
+class Attention(nnx.Module):
+    """Grouped-query causal self-attention with rotary q and k: [B, T, D] -> [B, T, D]."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        d, kv = cfg.d_model, cfg.num_kv_heads * cfg.d_head
+        self.q = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.k = nnx.Linear(d, kv, use_bias=False, rngs=rngs)
+        self.v = nnx.Linear(d, kv, use_bias=False, rngs=rngs)
+        self.o = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.cfg = cfg
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
+        k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
+        v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
+        q, k = ops.rotary(q, cfg.num_heads, cfg.rope_theta), ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta)
+        context = ops.causal_attention(q, k, v, cfg.num_heads, cfg.num_kv_heads)
+        context = checkpoint_name(context, names.ATTN_CONTEXT)
+        return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT)
+
+
+class FeedForward(nnx.Module):
+    """SwiGLU MLP: down(silu(gate(x)) * up(x)), [B, T, D] -> [B, T, D]."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        self.gate = nnx.Linear(cfg.d_model, cfg.d_ff, use_bias=False, rngs=rngs)
+        self.up = nnx.Linear(cfg.d_model, cfg.d_ff, use_bias=False, rngs=rngs)
+        self.down = nnx.Linear(cfg.d_ff, cfg.d_model, use_bias=False, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate = checkpoint_name(ops.dense(self.gate, x), names.MLP_GATE)
+        hidden = checkpoint_name(ops.dense(self.up, x), names.MLP_HIDDEN)
+        return checkpoint_name(ops.dense(self.down, jax.nn.silu(gate) * hidden), names.MLP_OUT)
+
+
+class Block(nnx.Module):
+    """x + attn(norm(x)), then + mlp(norm(x))."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, rngs=rngs)
+        self.mlp = FeedForward(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(ops.rms_norm(self.attn_norm, x))
+        return x + self.mlp(ops.rms_norm(self.mlp_norm, x))
+
+
+class Llama(nnx.Module):
+    """Tokens [B, T] -> logits [B, T, vocab]."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+
+        @nnx.split_rngs(splits=cfg.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def stacked_blocks(rngs: nnx.Rngs) -> Block:
+            return Block(cfg, rngs=rngs)
+
+        self.blocks = stacked_blocks(rngs)
+        self.norm_f = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, rngs=rngs)
+        self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
+
+    def stack(self):
+        """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
+        graphdef, stacked = nnx.split(self.blocks)
+        return (lambda layer, h: nnx.merge(graphdef, layer)(h)), stacked
+
+    def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+        self.cfg.check_input(x)
+        h = scan_layers(*self.stack(), ops.embed(self.embed, x), remat)
+        return checkpoint_name(ops.dense(self.head, ops.rms_norm(self.norm_f, h)), names.LOGITS)
