@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 
@@ -141,13 +142,36 @@ def run_eval(args) -> int:
         run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
     )
     metrics = {"checkpoint": str(args.checkpoint_dir), "step": ckpt.step, **task_metrics(run.task, metrics)}
+    hard = None
+    if args.hardest:
+        from zoo.train.hardest import hardest
+
+        batches = run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
+        hard = hardest(run.engine, state, frozen, batches, args.hardest)
     if args.json:
-        emit_json(metrics)
-    else:
+        emit_json({**metrics, "hardest": hard} if hard is not None else metrics)
+        return 0
+    print_table(
+        f"eval of {args.checkpoint_dir}", ["metric", "value"], [(k, _fmt(v)) for k, v in metrics.items()]
+    )
+    if hard is not None:
+        columns = list(dict.fromkeys(key for row in hard for key in row))
         print_table(
-            f"eval of {args.checkpoint_dir}", ["metric", "value"], [(k, _fmt(v)) for k, v in metrics.items()]
+            f"the {len(hard)} eval examples with the highest loss",
+            ["rank", *columns],
+            [(str(i + 1), *(_fmt(row.get(c, "")) for c in columns)) for i, row in enumerate(hard)],
         )
     return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number of examples, got {text!r}")
+    return value
 
 
 def run_params(args) -> int:
@@ -191,6 +215,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="re-evaluate a saved run")
     p.add_argument("checkpoint_dir")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--hardest", type=_positive, metavar="K", help="also list the K eval examples with the highest loss"
+    )
     p.set_defaults(func=run_eval)
 
     p = sub.add_parser("params", help="parameter table of a recipe or run directory")

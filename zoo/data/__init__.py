@@ -5,13 +5,17 @@
     batch = sample_batch(ds, "train", 32, rng, seq_len=128)        # {"x", "y", "mask"}
 
 Specs are listed in ``DATASET_KINDS``; every failure raises ``DatasetError`` (a ``ZooError``).
+Offline datasets known by name register with ``register_builtin`` (``zoo/data/spiral.py``).
 """
 
+from zoo.data import spiral as _spiral  # noqa: F401  (registers the "spiral" builtin)
 from zoo.data.batches import eval_batches, sample_batch
 from zoo.data.dataset import Dataset
 from zoo.data.errors import DatasetError
-from zoo.data.sources import DATASET_KINDS, load_dataset
+from zoo.data.sources import dataset_kinds, load_dataset, register_builtin
 from zoo.data.tokenizer import CharTokenizer
+
+DATASET_KINDS = dataset_kinds()
 
 __all__ = [
     "DATASET_KINDS",
@@ -19,6 +23,8 @@ __all__ = [
     "Dataset",
     "DatasetError",
     "eval_batches",
+    "dataset_kinds",
     "load_dataset",
+    "register_builtin",
     "sample_batch",
 ]

@@ -1,4 +1,5 @@
-"""`load_dataset` and its specs: ``digits``, ``python-docs``, ``hf:``, ``text:``, ``csv:``, ``parquet:``.
+"""`load_dataset` and its specs: the builtins (``digits``, ``python-docs``, ``spiral``; more via
+:func:`register_builtin`), ``hf:``, ``text:``, ``csv:``, ``parquet:``.
 
 Every source is first read into a `datasets.Dataset` holding the rows to train on; one path then
 turns it into numpy arrays and a deterministic train/eval split.
@@ -10,6 +11,7 @@ import difflib
 import functools
 import os
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import datasets
@@ -28,23 +30,15 @@ from zoo.data.errors import DatasetError
 from zoo.data.hub import load_hub
 from zoo.data.tokenizer import CharTokenizer
 
-DATASET_KINDS = (
-    "digits",
-    "python-docs",
-    "hf:NAME[:CONFIG]",
-    "text:PATH[,PATH...]",
-    "csv:PATH",
-    "parquet:PATH",
-)
-_BUILTINS = ("digits", "python-docs")
+SCHEME_FORMS = ("hf:NAME[:CONFIG]", "text:PATH[,PATH...]", "csv:PATH", "parquet:PATH")
 _SCHEMES = ("hf", "text", "csv", "parquet")
-_ONLY_TASK = {"digits": "classify", "python-docs": "lm", "text": "lm"}
+_ONLY_TASK = {"text": "lm"}
 DOCUMENT_SEPARATOR = "\n\n"  # between python-docs topics
 ROW_SEPARATOR = "\n"  # between rows of text files, csv/parquet and hf text columns
 
 
 @dataclass(frozen=True)
-class _Source:
+class Source:
     """What a spec reads: the rows plus the column names to use for them."""
 
     rows: datasets.Dataset
@@ -54,8 +48,32 @@ class _Source:
     separator: str = ROW_SEPARATOR
 
 
+@dataclass(frozen=True)
+class Builtin:
+    """An offline dataset known by name: the one task it serves and how to read its rows."""
+
+    task: str
+    read: Callable[[], Source]
+
+
+BUILTINS: dict[str, Builtin] = {}
+
+
+def register_builtin(name: str, task: str, read: Callable[[], Source]) -> None:
+    """Make ``name`` a dataset spec: ``read()`` returns its rows (cache it; it is called on every
+    load), ``task`` is the only task it serves."""
+    if name in BUILTINS or ":" in name or task not in TASKS:
+        raise ValueError(f"builtin dataset {name!r} is taken, has a ':' or an unknown task {task!r}")
+    BUILTINS[name] = Builtin(task, read)
+
+
+def dataset_kinds() -> tuple[str, ...]:
+    """Every spec form: the builtin names, then the schemes."""
+    return (*BUILTINS, *SCHEME_FORMS)
+
+
 def _valid_forms() -> str:
-    return ", ".join(DATASET_KINDS)
+    return ", ".join(dataset_kinds())
 
 
 def _unknown_spec(spec: str) -> DatasetError:
@@ -63,7 +81,7 @@ def _unknown_spec(spec: str) -> DatasetError:
         scheme, rest = spec.split(":", 1)
         close = [f"{s}:{rest}" for s in difflib.get_close_matches(scheme, _SCHEMES, n=2, cutoff=0.5)]
     else:
-        close = difflib.get_close_matches(spec, _BUILTINS, n=2, cutoff=0.6)
+        close = difflib.get_close_matches(spec, list(BUILTINS), n=2, cutoff=0.6)
         if not close and spec.strip() and " " not in spec:
             close = [f"hf:{spec}"]
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
@@ -104,7 +122,7 @@ def _load_local(spec: str, builder: str, paths: list[str], **options: object) ->
 
 
 @functools.cache
-def _digits() -> _Source:
+def _digits() -> Source:
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -116,20 +134,24 @@ def _digits() -> _Source:
     )
     images = (bunch.images / 16.0).astype(np.float32)
     rows = datasets.Dataset.from_dict({"image": images, "label": bunch.target}, features=features)
-    return _Source(rows, text_column="text", image_column="image", label_column="label")
+    return Source(rows, text_column="text", image_column="image", label_column="label")
 
 
 @functools.cache
-def _python_docs() -> _Source:
+def _python_docs() -> Source:
     from pydoc_data.topics import topics
 
     rows = datasets.Dataset.from_dict({"text": [topics[k] for k in sorted(topics)]})
-    return _Source(rows, "text", "image", "label", separator=DOCUMENT_SEPARATOR)
+    return Source(rows, "text", "image", "label", separator=DOCUMENT_SEPARATOR)
+
+
+register_builtin("digits", "classify", _digits)
+register_builtin("python-docs", "lm", _python_docs)
 
 
 def _kind(spec: str) -> str:
     """The builtin name or scheme of ``spec``; DatasetError if it is neither."""
-    if spec in _BUILTINS:
+    if spec in BUILTINS:
         return spec
     scheme, sep, _ = spec.partition(":")
     if not sep or scheme not in _SCHEMES:
@@ -137,12 +159,10 @@ def _kind(spec: str) -> str:
     return scheme
 
 
-def _read(spec: str, text_column: str, image_column: str, label_column: str) -> _Source:
+def _read(spec: str, text_column: str, image_column: str, label_column: str) -> Source:
     """The rows ``spec`` names, with the column names to read them by."""
-    if spec == "digits":
-        return _digits()
-    if spec == "python-docs":
-        return _python_docs()
+    if spec in BUILTINS:
+        return BUILTINS[spec].read()
     scheme, _, rest = spec.partition(":")
     columns = {"text_column": text_column, "image_column": image_column, "label_column": label_column}
     if scheme == "hf":
@@ -150,12 +170,12 @@ def _read(spec: str, text_column: str, image_column: str, label_column: str) -> 
         if not name.strip():
             raise DatasetError(f"{spec!r} names no dataset; use hf:NAME[:CONFIG], e.g. hf:mnist")
         rows = _train_rows(load_hub(spec, name.strip(), config.strip() or None), spec)
-        return _Source(rows, **columns)
+        return Source(rows, **columns)
     if scheme == "text":
         rows = _load_local(spec, "text", _local_paths(spec, rest, many=True), sample_by="document")
-        return _Source(rows, "text", image_column, label_column)
+        return Source(rows, "text", image_column, label_column)
     rows = _load_local(spec, scheme, _local_paths(spec, rest, many=False))
-    return _Source(rows, **columns)
+    return Source(rows, **columns)
 
 
 def _check_args(task: str, eval_fraction: float, classes: object, tokenizer: object) -> None:
@@ -174,7 +194,7 @@ def _check_args(task: str, eval_fraction: float, classes: object, tokenizer: obj
 
 
 def _classify(
-    spec: str, src: _Source, seed: int, eval_fraction: float, classes: tuple[int, ...] | None
+    spec: str, src: Source, seed: int, eval_fraction: float, classes: tuple[int, ...] | None
 ) -> Dataset:
     rows = src.rows
     y, num_classes = classify_labels(rows, source=spec, label_column=src.label_column)
@@ -197,7 +217,7 @@ def _classify(
     )
 
 
-def _lm(spec: str, src: _Source, eval_fraction: float, tokenizer: CharTokenizer | None) -> Dataset:
+def _lm(spec: str, src: Source, eval_fraction: float, tokenizer: CharTokenizer | None) -> Dataset:
     text = join_text(src.rows, source=spec, text_column=src.text_column, separator=src.separator)
     tok = tokenizer if tokenizer is not None else CharTokenizer.fit(text)
     ids = tok.encode(text)
@@ -219,7 +239,7 @@ def load_dataset(
     label_column: str = "label",
     tokenizer: CharTokenizer | None = None,
 ) -> Dataset:
-    """Load ``spec`` (one of ``DATASET_KINDS``) for ``task`` ("classify" or "lm").
+    """Load ``spec`` (one of :func:`dataset_kinds`) for ``task`` ("classify" or "lm").
 
     classify: rows are split with `datasets`' ``train_test_split(test_size=eval_fraction, seed=seed)``;
     ``classes`` keeps only those original labels and renumbers them 0..len(classes)-1 in order.
@@ -230,7 +250,8 @@ def load_dataset(
         raise DatasetError(f"dataset spec must be a string, got {type(spec).__name__}")
     _check_args(task, eval_fraction, classes, tokenizer)
     spec = spec.strip()
-    only = _ONLY_TASK.get(_kind(spec))
+    kind = _kind(spec)
+    only = BUILTINS[kind].task if kind in BUILTINS else _ONLY_TASK.get(kind)
     if only is not None and only != task:
         raise DatasetError(f"{spec!r} supports only task={only!r}, not {task!r}")
     src = _read(spec, text_column, image_column, label_column)
