@@ -40,7 +40,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -49,18 +48,28 @@ import optax
 from zoo import bench
 from zoo.api import example_batch, example_labels
 from zoo.bench.common import median_ratio, memory_stats, positive_int, state_stepper, time_in_rounds
-from zoo.dp import privatize
-from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
+from zoo.bench.dp_methods import (  # noqa: F401  (re-exported: the bench API)
+    BASELINE,
+    CLIP,
+    DEFAULT_METHODS,
+    GHOST,
+    LR,
+    METHODS,
+    MOMENTUM,
+    SIGMA,
+    Setup,
+    Step,
+    register_method,
+)
 from zoo.errors import ZooError, choice_error
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig, check_backend, get_config
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
-from zoo.train.engine import DPRuntime, Engine
+from zoo.train.engine import Engine
 from zoo.train.state import TrainState
 
-BASELINE = "non-private"
 # Bench batch per preset: big enough that per-example gradients dominate the DP step, small
 # enough that the whole bench runs in a minute or two on two CPU cores.
 DEFAULT_BATCH = {
@@ -72,151 +81,8 @@ DEFAULT_BATCH = {
     "transformer-s": 16,
 }
 FALLBACK_BATCH = 64
-LR, MOMENTUM, CLIP, SIGMA = 0.1, 0.9, 1.0, 1.0
 
 Progress = Callable[[str], None] | None
-Step = Callable[[TrainState, dict, dict], tuple[TrainState, dict]]
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What every method builder gets: the non-private engine and the DP constants."""
-
-    engine: Engine  # dp=None; its optimizer is the shared SGD-with-momentum
-    batch_size: int
-    microbatch_size: int
-    clip_norm: float = CLIP
-    noise_multiplier: float = SIGMA
-
-    def dp_engine(self, microbatch_size: int | None) -> Engine:
-        runtime = DPRuntime(self.noise_multiplier, self.clip_norm, float(self.batch_size), microbatch_size)
-        return dataclasses.replace(self.engine, dp=runtime)
-
-    def one_example_loss(self, trainable, frozen, x, y):
-        """Loss of one example (no leading batch axis), as the engine's DP step defines it."""
-        return self.engine.example_losses(trainable, frozen, x[None], y[None])[0][0]
-
-
-Builder = Callable[[Setup], tuple[Step, optax.GradientTransformation]]
-METHODS: dict[str, Builder] = {}
-DEFAULT_METHODS: list[str] = []  # what runs without --methods
-
-
-def register_method(name: str, builder: Builder, default: bool = True) -> Builder:
-    """Add a row to the bench (rows appear in registration order). ``default=False`` rows
-    run only when asked for with ``methods=[...]`` / ``--methods``."""
-    METHODS[name] = builder
-    if default and name not in DEFAULT_METHODS:
-        DEFAULT_METHODS.append(name)
-    return builder
-
-
-def _sgd_step(setup: Setup, grads_fn) -> Step:
-    """A train step whose gradient comes from ``grads_fn(state, frozen, batch) -> (loss, grads)``."""
-    opt = setup.engine.optimizer
-
-    def step(state, frozen, batch):
-        loss, grads = grads_fn(state, frozen, batch)
-        updates, opt_state = opt.update(grads, state.opt_state, state.params)
-        return (
-            TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state, state.rng),
-            {"loss": loss},
-        )
-
-    return step
-
-
-def _non_private(setup: Setup):
-    return setup.engine.train_step_fn, setup.engine.optimizer
-
-
-def _zoo_vmap(setup: Setup):
-    return setup.dp_engine(None).train_step_fn, setup.engine.optimizer
-
-
-def _zoo_microbatch(setup: Setup):
-    return setup.dp_engine(setup.microbatch_size).train_step_fn, setup.engine.optimizer
-
-
-def _jax_privacy(setup: Setup):
-    from jax_privacy.clipping import clipped_grad
-
-    def masked(trainable, frozen, x, y, m):
-        return setup.one_example_loss(trainable, frozen, x, y) * m
-
-    clipped = clipped_grad(
-        masked,
-        argnums=0,
-        l2_clip_norm=setup.clip_norm,
-        batch_argnums=(2, 3, 4),
-        keep_batch_dim=False,
-        return_values=True,
-    )
-
-    def grads_fn(state, frozen, batch):
-        grad_sum, aux = clipped(state.params, frozen, batch["x"], batch["y"], batch["mask"])
-        grads = privatize(
-            grad_sum,
-            state.step_key(),
-            noise_multiplier=setup.noise_multiplier,
-            l2_clip_norm=setup.clip_norm,
-            expected_batch_size=setup.batch_size,
-        )
-        return aux.values.sum() / jnp.maximum(batch["mask"].sum(), 1.0), grads
-
-    return _sgd_step(setup, grads_fn), setup.engine.optimizer
-
-
-def _optax_dpsgd(setup: Setup):
-    opt = optax.contrib.dpsgd(
-        LR, l2_norm_clip=setup.clip_norm, noise_multiplier=setup.noise_multiplier, seed=0, momentum=MOMENTUM
-    )
-
-    def step(state, frozen, batch):
-        def masked(trainable, x, y, m):
-            return setup.one_example_loss(trainable, frozen, x, y) * m
-
-        losses, grads = jax.vmap(jax.value_and_grad(masked), in_axes=(None, 0, 0, 0))(
-            state.params, batch["x"], batch["y"], batch["mask"]
-        )
-        updates, opt_state = opt.update(grads, state.opt_state, state.params)
-        return (
-            TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state, state.rng),
-            {"loss": losses.sum() / jnp.maximum(batch["mask"].sum(), 1.0)},
-        )
-
-    return step, opt
-
-
-register_method(BASELINE, _non_private)
-register_method("zoo vmap", _zoo_vmap)
-register_method("zoo microbatch", _zoo_microbatch)
-register_method("jax_privacy clipped_grad", _jax_privacy)
-register_method("optax dpsgd", _optax_dpsgd)
-
-# Ghost clipping (zoo/dp/ghost.py, selected in the engine by DPRuntime(..., clipping="ghost"))
-# plugs in like any other method; pass default=False to make a new row opt-in (`--methods`).
-GHOST = "ghost"
-
-
-def _ghost_with(noise_prng: str) -> Builder:
-    def build(setup: Setup):
-        runtime = DPRuntime(
-            setup.noise_multiplier, setup.clip_norm, float(setup.batch_size), None, "ghost", noise_prng
-        )
-        return dataclasses.replace(setup.engine, dp=runtime).train_step_fn, setup.engine.optimizer
-
-    return build
-
-
-register_method(GHOST, _ghost_with(DEFAULT_NOISE_PRNG), default=True)
-# Opt-in rows: the same step with another noise sampler, e.g. --methods "ghost,ghost threefry2x32".
-for _prng in NOISE_PRNGS:
-    if _prng != DEFAULT_NOISE_PRNG:
-        register_method(f"{GHOST} {_prng}", _ghost_with(_prng), default=False)
-
-
-# ----------------------------------------------------------------------------- measuring
 
 
 def _say(progress: Progress, message: str) -> None:
