@@ -416,3 +416,20 @@ def test_dense_method_rule():
     assert ghost.dense_method(64, 64, 64) == "materialise"
     assert ghost.dense_method(4, 512, 512) == "gram"
     assert ghost.dense_method(1024, 64, 256) == "materialise"
+
+
+def test_an_op_on_a_transformed_weight_is_a_coverage_problem():
+    """A weight read through a transform (a head tied to the embedding by a transpose) is not
+    recognised by any site; its norm would be missed, so the call must fall back."""
+    from zoo.dp.ghost.sites import coverage_problem, discover
+
+    cfg = CONFIGS["mlp"]
+    sites, unknown = discover(cfg, batch(cfg)[0])
+    trainable = set(canonical_shapes(cfg))
+    assert unknown == () and coverage_problem(sites, unknown, trainable) is None
+    assert "dense op(s) read arrays that are not canonical leaves" in coverage_problem(
+        sites, ("dense",), trainable
+    )
+    assert "['head.w']" in coverage_problem(
+        [s for s in sites if s.path != "head"], (), trainable - {"head.b"}
+    )
