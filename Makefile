@@ -5,18 +5,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# Files whose floats are compared across programs (tests/numerics.py): CI runs them again under
-# narrower instruction sets, since XLA's CPU vector width changes the order of float32 sums.
-NUMERIC_TESTS := tests/test_numerics.py tests/dp/test_dp_clipping.py tests/dp/test_ghost.py \
-	tests/dp/test_dp_noise.py tests/test_models.py tests/test_remat_policies.py tests/test_freeze.py \
-	tests/test_kinds.py
+# Tests marked `numerics` compare floats from two programs (tests/numerics.py): DP clipping,
+# ghost clipping, model parity, remat policies, freezing. CI runs them again under narrower
+# instruction sets, since XLA's CPU vector width changes the order of float32 sums.
 # Without AVX-512 the machine's own best is AVX2, and `make test` has just run under it: the
 # AVX2 pass would repeat that run bit for bit, so it is left out there.
 ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes),AVX2)
 # The re-run takes the NNX cases. An Equinox case computes what its NNX twin computes (the
 # parity tests, which are re-run, hold the two backends to the float rule), and leaving them out
 # keeps .ci/run inside its 15 minutes on a 2-core machine. `make test` runs every case.
-ISA_SELECT := -k "not eqx"
+ISA_SELECT := -m numerics -k "not eqx"
 
 .PHONY: run test test-isa lint bench docs clean
 
@@ -37,7 +35,7 @@ test-isa: $(STAMP)
 	@echo "== ISA caps to re-run: $(ISAS) (AVX2 only where the machine has AVX-512)"
 	set -e; for isa in $(ISAS); do \
 	  echo "== numerics-sensitive tests under --xla_cpu_max_isa=$$isa"; \
-	  XLA_FLAGS="$${XLA_FLAGS:-} --xla_cpu_max_isa=$$isa" $(BIN)/python -m pytest -q -n 2 $(ISA_SELECT) $(NUMERIC_TESTS); \
+	  XLA_FLAGS="$${XLA_FLAGS:-} --xla_cpu_max_isa=$$isa" $(BIN)/python -m pytest -q -n 2 --dist loadgroup $(ISA_SELECT); \
 	done
 
 lint: $(STAMP)

@@ -13,6 +13,8 @@ from zoo import bench
 from zoo.bench.remat import bench_depths, bench_remat, parse_policies
 from zoo.errors import ZooError
 
+pytestmark = pytest.mark.xdist_group("bench-remat")  # one worker runs the module fixture once
+
 # A tiny model, the same config as tests/test_inspect.py uses (one model template per session).
 TINY = zoo.get_config("mlp-s", num_layers=4)
 ROW_KEYS = {

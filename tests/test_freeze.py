@@ -299,6 +299,7 @@ PARTIAL_MLP = ["blocks[1:3].mlp.*"]
 
 # Every (pattern, policy) and (backend, policy) pair occurs once and every (pattern, backend)
 # pair at least once: all pairwise combinations, with 6 compiles instead of 12.
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "patterns,prefix,backend,policy",
     [
@@ -323,6 +324,7 @@ def test_frozen_gradients_match_full_model(reference, patterns, prefix, backend,
     assert_close(grads, expected, n=reduction_size(SMALL4, 3))
 
 
+@pytest.mark.numerics
 def test_the_float_rule_still_catches_a_frozen_prefix_bug(reference):
     """Negative test for this family: a stack that stops the gradient one layer too deep
     (frozen_prefix 3 where the patterns freeze 2) fails the comparison above."""

@@ -23,6 +23,7 @@ KINDS = {kind.name: zoo.get_config(kind.small, num_layers=4) for kind in registr
 BATCH = 3
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_freezing_by_path_matches_the_full_gradient(kind):
     cfg = KINDS[kind]

@@ -71,6 +71,7 @@ def test_models_json_lists_every_preset_with_its_kind():
     )
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("preset,overrides", SIZES)
 def test_converted_weights_give_same_logits_and_grads(preset, overrides):
     cfg = zoo.get_config(preset, **overrides)
@@ -94,6 +95,7 @@ def swap_first_two_layers(tree):
     }
 
 
+@pytest.mark.numerics
 def test_the_float_rule_still_catches_a_parity_bug():
     """Negative test for this family: converted weights with two layers swapped give logits and
     gradients that fail the comparison the parity test makes."""

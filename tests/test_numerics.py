@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from numerics import K, assert_bitwise_equal, assert_close, excess, tolerance
 
+pytestmark = pytest.mark.numerics  # every test here compares floats from two programs
+
 EPS = float(np.finfo(np.float32).eps)
 
 

@@ -80,3 +80,36 @@ def test_hardest_must_be_positive(spiral_run, capsys):
     with pytest.raises(SystemExit):
         main(["eval", str(out), "--hardest", "0"])
     assert "positive number of examples" in capsys.readouterr().err
+
+
+class _Echo:
+    """An engine stand-in whose model returns its input as the logits."""
+
+    class freeze:  # noqa: N801
+        @staticmethod
+        def merge(trainable, frozen):
+            return trainable
+
+    @staticmethod
+    def logits(params, x):
+        return x
+
+
+def test_hardest_ranks_by_loss_counts_only_unmasked_rows_and_puts_nan_first():
+    from types import SimpleNamespace
+
+    from zoo.train.hardest import hardest
+
+    good, bad = [4.0, 0.0, 0.0], [0.0, 4.0, 0.0]  # label 0 is right for `good`, wrong for `bad`
+    batches = [
+        {"x": np.array([good, bad], np.float32), "y": np.array([0, 0]), "mask": np.array([1.0, 1.0])},
+        {
+            "x": np.array([[np.nan] * 3, bad, good], np.float32),
+            "y": np.array([0, 1, 0]),
+            "mask": np.array([1.0, 1.0, 0.0]),
+        },
+    ]
+    rows = hardest(_Echo, SimpleNamespace(params={}), {}, batches, 3)
+    assert [r["index"] for r in rows] == [2, 1, 0]  # NaN first; the masked slot is not an example
+    assert np.isnan(rows[0]["loss"]) and rows[1]["predicted"] == 1 and rows[1]["label"] == 0
+    assert rows[2]["loss"] < rows[1]["loss"]

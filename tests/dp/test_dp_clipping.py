@@ -9,6 +9,8 @@ from numerics import assert_close, tolerance
 
 from zoo.dp import clipped_grad_sum
 
+pytestmark = pytest.mark.numerics  # every test here compares floats from two programs
+
 B = 8
 
 

@@ -10,6 +10,8 @@ from zoo.dp import add_gaussian_noise, privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS, NOISE_STREAM, noise_key
 from zoo.errors import ZooError
 
+pytestmark = pytest.mark.numerics  # re-run under narrower ISAs: float sampling and its statistics
+
 SIGMA, CLIP = 1.3, 0.7
 
 

@@ -49,9 +49,11 @@ def hardest(engine, state, frozen, batches, k: int) -> list[dict]:
             else:
                 row["token_accuracy"] = float(third[i])
             index += 1
-            item = (row["loss"], -row["index"], row)
+            # A NaN loss ranks as the hardest (+inf); the row keeps the real value.
+            rank = float("inf") if np.isnan(row["loss"]) else row["loss"]
+            item = (rank, -row["index"], row)
             if len(heap) < k:
                 heapq.heappush(heap, item)
             else:
                 heapq.heappushpop(heap, item)
-    return [row for _, _, row in sorted(heap, key=lambda t: (-t[0], -t[1]))]
+    return [row for _, _, row in sorted(heap, key=lambda t: (-t[0], -t[1]))]  # hardest, then lowest index

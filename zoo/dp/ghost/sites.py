@@ -84,6 +84,7 @@ class GhostHooks(hooks.LayerHooks):
             else:
                 self.found["top"] = self.sites
         self.captures: dict = {}
+        self.hits: dict[str, int] = {}  # probe/tap mode: how often each hooked site was reached
 
     def _site(self, params) -> str | None:
         """The site path of an op's parameters, or None when they are not canonical leaves
@@ -105,6 +106,7 @@ class GhostHooks(hooks.LayerHooks):
             return z
         if path is None or path not in self.arrays:
             return z
+        self.hits[path] = self.hits.get(path, 0) + 1
         if self.mode == "probe":
             if kind != "rows":
                 self.captures[path] = inputs
@@ -117,7 +119,19 @@ class GhostHooks(hooks.LayerHooks):
         return _Stack(self, outer, xs)
 
     def outputs(self):
+        self.check_hits()
         return self.captures or None
+
+    def check_hits(self) -> None:
+        """Every probe or tap handed to these hooks was reached by exactly one op. A miss would
+        leave a site out of the norm (a wrong norm, silently); so it is an error instead."""
+        expected = {k for k in self.arrays if k.startswith(STACK + ".") == self.stacked}
+        if {k: self.hits.get(k, 0) for k in expected} != dict.fromkeys(expected, 1):
+            missed = sorted(k for k in expected if self.hits.get(k, 0) != 1)
+            raise AssertionError(
+                f"ghost clipping: the sites {missed} were not each reached once in the {self.mode} pass "
+                f"(reached: {self.hits}); the model read its parameters differently than when traced"
+            )
 
 
 class _Stack(hooks.StackHooks):
@@ -145,12 +159,17 @@ def run(cfg, params, x, plan: StackPlan, mode=None, arrays=None, specs=None):
     The model is the NNX implementation: it reads the canonical arrays as they are, which is
     how the hooks recognise them (both backends compute the same function; the tests check it).
     """
+    # Sites are recognised by array identity: numpy leaves would be copied into new arrays on
+    # their way into the model, so every leaf is made a jax array first (a no-op for jax arrays
+    # and tracers).
+    params = jax.tree_util.tree_map(jnp.asarray, params)
     model = canonical.from_canonical(cfg, "nnx", params)
     if mode is None:
         return model(x, remat=plan), None
     top = GhostHooks(mode, leaf_ids(params), arrays, specs)
     with hooks.active(top):
         logits = model(x, remat=plan)
+    top.check_hits()
     return logits, top
 
 
