@@ -146,6 +146,17 @@ def rms_norm(layer, x: jax.Array) -> jax.Array:
     return _scale_shift("norm", xhat, params)
 
 
+def layer_stack(blocks):
+    """``(layer_fn, stacked params)`` of a model's stacked blocks (an NNX module built under
+    ``nnx.vmap`` or an Equinox module built under ``eqx.filter_vmap``): the pure per-layer
+    function and the arrays that :func:`zoo.scan.scan_layers` scans over."""
+    if isinstance(blocks, nnx.Module):
+        graphdef, stacked = nnx.split(blocks)
+        return (lambda layer, h: nnx.merge(graphdef, layer)(h)), stacked
+    stacked, static = eqx.partition(blocks, eqx.is_array)
+    return (lambda layer, h: eqx.combine(layer, static)(h)), stacked
+
+
 def _table(layer) -> jax.Array:
     if isinstance(layer, nnx.Embed):
         return _value(layer.embedding)

@@ -100,8 +100,7 @@ class Llama(eqx.Module):
 
     def stack(self):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
-        stacked, static = eqx.partition(self.blocks, eqx.is_array)
-        return (lambda layer, h: eqx.combine(layer, static)(h)), stacked
+        return ops.layer_stack(self.blocks)
 
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
         self.cfg.check_input(x)

@@ -82,8 +82,7 @@ class Transformer(nnx.Module):
 
     def stack(self):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
-        graphdef, stacked = nnx.split(self.blocks)
-        return (lambda layer, h: nnx.merge(graphdef, layer)(h)), stacked
+        return ops.layer_stack(self.blocks)
 
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
         self.cfg.check_input(x)
