@@ -52,6 +52,34 @@ def test_calibrate_round_trip(accountant):
     assert eps_less > target
 
 
+def test_calibration_searches_a_coarse_grid_and_meets_the_budget_on_the_fine_one():
+    # The search runs on SEARCH_PLD_DISCRETIZATION; the sigma must still spend at most the
+    # target on the default grid, and be the sigma dp_accounting finds there to 1e-3.
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    from zoo.dp.accounting import DEFAULT_PLD_DISCRETIZATION, SEARCH_PLD_DISCRETIZATION
+
+    assert SEARCH_PLD_DISCRETIZATION > DEFAULT_PLD_DISCRETIZATION
+    target, q, steps = 2.0, 0.02, 100
+    sigma = calibrate_noise_multiplier(epsilon=target, delta=DELTA, sampling_prob=q, steps=steps)
+    fine = epsilon_spent(noise_multiplier=sigma, delta=DELTA, sampling_prob=q, steps=steps)
+    assert 0.99 * target <= fine <= target
+
+    def event(s):
+        step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s))
+        return dp_accounting.SelfComposedDpEvent(step, steps)
+
+    reference = dp_accounting.calibrate_dp_mechanism(
+        lambda: PLDAccountant(value_discretization_interval=DEFAULT_PLD_DISCRETIZATION),
+        event,
+        target,
+        DELTA,
+        bracket_interval=dp_accounting.LowerEndpointAndGuess(0.0, 1.0),
+    )
+    assert reference <= sigma <= reference * (1 + 1e-3)
+
+
 def test_pld_default_discretisation_and_rdp_is_looser():
     kw = dict(noise_multiplier=1.0, delta=DELTA, sampling_prob=0.01, steps=1000)
     pld = epsilon_spent(**kw)  # dp_accounting's default PLD discretisation

@@ -40,6 +40,10 @@ ACCOUNTANTS = ("pld", "rdp")
 CLIPPING_MODES = ("vmap", "ghost")
 SAMPLERS = ("poisson",)
 DEFAULT_PLD_DISCRETIZATION = 1e-4  # dp_accounting's own default
+# The calibration searches with a coarser grid. A pessimistic PLD on any grid is an upper
+# bound on epsilon, so the sigma it finds meets the budget; on the digits-mlp-dp plans it is
+# within 3e-5 (relative) of the sigma the default grid finds, 3-10x sooner.
+SEARCH_PLD_DISCRETIZATION = 1e-3
 
 
 @dataclass(frozen=True)
@@ -181,9 +185,6 @@ def _dpsgd_event(noise_multiplier: float, sampling_prob: float, steps: int) -> D
     return dp_accounting.SelfComposedDpEvent(step, steps)
 
 
-# Both are pure functions of a few numbers and take seconds (a PLD composition; a search over
-# them): a run asks the same question at every eval, on resume and for its summary.
-@functools.lru_cache(maxsize=256)
 def epsilon_spent(
     *,
     noise_multiplier: float,
@@ -198,12 +199,21 @@ def epsilon_spent(
     steps = _check_steps(steps)
     if not (_is_num(noise_multiplier) and noise_multiplier >= 0):
         raise ZooError(f"noise_multiplier must be >= 0; got noise_multiplier={noise_multiplier!r}.")
+    return _epsilon_spent(
+        float(noise_multiplier), float(delta), float(sampling_prob), steps, accountant, pld_discretization
+    )
+
+
+# Both are pure functions of a few numbers and take seconds (a PLD composition; a search over
+# them): a run asks the same question at every eval, on resume and for its summary.
+@functools.lru_cache(maxsize=256)
+def _epsilon_spent(noise_multiplier, delta, sampling_prob, steps, accountant, pld_discretization) -> float:
     if steps == 0:
         return 0.0
     if noise_multiplier == 0:
         return math.inf
     acc = _make_accountant(accountant, pld_discretization)()
-    acc.compose(_dpsgd_event(float(noise_multiplier), float(sampling_prob), steps))
+    acc.compose(_dpsgd_event(noise_multiplier, sampling_prob, steps))
     return float(acc.get_epsilon(delta))
 
 
@@ -217,10 +227,13 @@ def calibrate_noise_multiplier(
     accountant: str = "pld",
     pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
 ) -> float:
-    """Smallest noise multiplier (to ~1e-6) whose epsilon after ``steps`` is <= ``epsilon``.
+    """A noise multiplier whose epsilon after ``steps`` is <= ``epsilon``: the smallest one
+    (to ~1e-6) on the PLD grid :data:`SEARCH_PLD_DISCRETIZATION`, whose pessimistic epsilon
+    bounds the one on the finer ``pld_discretization`` grid from above; the result is then
+    checked on the finer grid (and searched there again in the unlikely case it fails).
 
     Uses ``dp_accounting.calibrate_dp_mechanism``, which guarantees the returned
-    value does not exceed the budget.
+    value does not exceed the budget of the grid it searches on.
     """
     _check_common(delta, sampling_prob)
     steps = _check_steps(steps)
@@ -228,6 +241,22 @@ def calibrate_noise_multiplier(
         raise ZooError("steps must be >= 1 to calibrate a noise multiplier; got steps=0.")
     if not (_is_num(epsilon) and epsilon > 0 and math.isfinite(epsilon)):
         raise ZooError(f"epsilon must be a finite number > 0; got epsilon={epsilon!r}.")
+    if accountant == "pld" and pld_discretization < SEARCH_PLD_DISCRETIZATION:
+        sigma = _search_sigma(epsilon, delta, sampling_prob, steps, accountant, SEARCH_PLD_DISCRETIZATION)
+        spent = epsilon_spent(
+            noise_multiplier=sigma,
+            delta=delta,
+            sampling_prob=sampling_prob,
+            steps=steps,
+            accountant=accountant,
+            pld_discretization=pld_discretization,
+        )
+        if spent <= epsilon:
+            return sigma
+    return _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization)
+
+
+def _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization) -> float:
     make_acc = _make_accountant(accountant, pld_discretization)
     q = float(sampling_prob)
     dp_accounting = _dp_accounting()
