@@ -45,6 +45,7 @@ _LAZY = {
 # Subpackages and modules that ``zoo.<name>`` reaches without an explicit import, loaded on
 # first touch: ``import zoo; zoo.dp.clipped_grad_sum(...)`` works and costs nothing until used.
 _SUBMODULES = (
+    "audit",
     "bench",
     "data",
     "dp",

@@ -20,6 +20,7 @@ COMMAND_MODULES = {
     "zoo.commands.recipes": ("recipes",),
     "zoo.commands.remat": ("residuals", "remat-policies"),
     "zoo.commands.bench": ("bench",),
+    "zoo.commands.audit": ("audit",),
 }
 
 

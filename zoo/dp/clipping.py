@@ -23,7 +23,16 @@ import jax.numpy as jnp
 
 PyTree = Any
 
-__all__ = ["clipped_grad_sum"]
+__all__ = ["clip_factor", "clipped_grad_sum"]
+
+
+def clip_factor(norms: jax.Array, l2_clip_norm: float | jax.Array) -> jax.Array:
+    """``min(1, C / norm)`` per example, 1 for a zero norm (no 0/0): the scale that brings a
+    gradient of this L2 norm inside the clip bound ``C``. Both clipping paths and the audit's
+    gradient canaries (:mod:`zoo.audit`) clip with it."""
+    clip = jnp.asarray(l2_clip_norm, jnp.float32)
+    safe = jnp.where(norms > 0, norms, 1.0)
+    return jnp.where(norms > clip, clip / safe, 1.0)
 
 
 def _is_static_number(x: object) -> bool:
@@ -152,8 +161,7 @@ def clipped_grad_sum(
             g32 = g.astype(jnp.float32)
             sq = sq + jnp.sum(jnp.square(g32), axis=tuple(range(1, g.ndim)))
         norms = jnp.sqrt(sq)
-        safe = jnp.where(norms > 0, norms, 1.0)
-        factor = jnp.where(norms > clip, clip / safe, 1.0)
+        factor = clip_factor(norms, clip)
         use = keep & jnp.isfinite(norms)
 
         def weighted_sum(g):

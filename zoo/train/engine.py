@@ -16,6 +16,7 @@ import optax
 
 from zoo.api import apply_fn
 from zoo.dp import clipped_grad_sum, privatize
+from zoo.dp.clipping import clip_factor
 from zoo.dp.noise import DEFAULT_NOISE_PRNG
 from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
@@ -63,7 +64,8 @@ class Engine:
             return jax.value_and_grad(loss)(state.params)
         return self._dp_grads(state, frozen, batch)
 
-    def _clipped_sum(self, state: TrainState, frozen: dict, batch: dict):
+    def clipped_sum(self, state: TrainState, frozen: dict, batch: dict):
+        """``(sum of clipped per-example grads, pre-clip norms, per-example losses)``."""
         if self.dp.clipping == "ghost":
             from zoo.dp.ghost import ghost_clipped_grad_sum
 
@@ -97,21 +99,47 @@ class Engine:
             return_losses=True,
         )
 
-    def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
-        # The logged loss comes from the clipping pass itself: no extra forward over the batch.
-        grad_sum, _, losses = self._clipped_sum(state, frozen, batch)
-        grads = privatize(
+    def clip_factor(self, norms: jax.Array) -> jax.Array:
+        """The scale the clipped sum gives a gradient of each norm (the audit's canaries use it)."""
+        return clip_factor(norms, self.dp.clip_norm)
+
+    def noise_key(self, state: TrainState) -> jax.Array:
+        return state.step_key()
+
+    def privatize(self, state: TrainState, grad_sum: dict) -> dict:
+        """Noisy mean of a clipped sum: the Gaussian mechanism of the step."""
+        return privatize(
             grad_sum,
-            state.step_key(),
+            self.noise_key(state),
             noise_multiplier=self.dp.noise_multiplier,
             l2_clip_norm=self.dp.clip_norm,
             expected_batch_size=self.dp.expected_batch_size,
             prng=self.dp.noise_prng,
         )
-        return masked_mean(losses, batch["mask"]), grads
+
+    def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
+        # The logged loss comes from the clipping pass itself: no extra forward over the batch.
+        grad_sum, _, losses = self.clipped_sum(state, frozen, batch)
+        return masked_mean(losses, batch["mask"]), self.privatize(state, grad_sum)
+
+    def audited_step_fn(self, state: TrainState, frozen: dict, batch: dict, canaries):
+        """The DP step with white-box gradient canaries (``zoo audit``), off the normal path.
+
+        ``canaries`` (:class:`zoo.audit.canaries.GradientCanaries`) adds the clipped gradients
+        of the canaries sampled this step to the clipped sum, through :meth:`clip_factor`, and
+        projects what the step released onto the canary directions. Everything else is the
+        DP step of :meth:`train_step_fn`: the same clipping, noise key and mechanism.
+        """
+        grad_sum, _, losses = self.clipped_sum(state, frozen, batch)
+        grads = self.privatize(state, canaries.add(grad_sum, self.clip_factor))
+        new_state, metrics = self.apply_grads(state, masked_mean(losses, batch["mask"]), grads)
+        return new_state, metrics, canaries.project(grads, grad_sum, self.dp)
 
     def train_step_fn(self, state: TrainState, frozen: dict, batch: dict):
         loss, grads = self._grads(state, frozen, batch)
+        return self.apply_grads(state, loss, grads)
+
+    def apply_grads(self, state: TrainState, loss: jax.Array, grads: dict):
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         new_state = TrainState(
             step=state.step + 1,

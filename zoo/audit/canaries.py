@@ -1,0 +1,113 @@
+"""Canaries: which of them are in the training set, and what each one is.
+
+An audit draws ``M`` canaries and includes each one independently with probability 1/2
+(:func:`draw_inclusion`). Included canaries are training examples like any other: the
+Poisson sampler picks each of them with the same rate ``q`` as a real example.
+
+* **White-box** canaries are gradients (:class:`GradientCanaries`): canary ``j`` is a random
+  unit direction ``u_j``, and when it is sampled it adds the clipped version of
+  ``r * C * u_j`` (``r`` = :data:`RAW_NORM_MULTIPLE`) to the clipped sum, so the DP step's own
+  clip brings it to norm ``C``. After the noise it reads the step's release along each
+  direction (see :meth:`GradientCanaries.project`).
+* **Black-box** canaries are inputs (:func:`example_canaries`): out-of-distribution points
+  with random labels for a classifier, random strings for a language model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+# What a canary gradient measures before the step clips it, in units of the clip norm. Larger
+# than 1 so that a step that skips clipping lets a canary through at r times its share.
+RAW_NORM_MULTIPLE = 10.0
+# Canary directions live on at most this many floats in all (M x support): 256 MiB. A model
+# with more trainable coordinates than fit gets directions on a random subset of them; any
+# fixed vector of norm <= C is a valid canary gradient, only the overlaps between canaries
+# (about 1/sqrt(support)) grow.
+MAX_DIRECTION_FLOATS = 2**26
+AUDIT_STREAM = 0x61756469  # separates the audit's draws from the run's own uses of the seed
+
+
+def audit_rng(seed: int, purpose: int) -> np.random.Generator:
+    return np.random.default_rng([seed, AUDIT_STREAM, purpose])
+
+
+def draw_inclusion(num_canaries: int, seed: int) -> np.ndarray:
+    """Bool ``[M]``: canary ``j`` is in the training set (each with probability 1/2)."""
+    return audit_rng(seed, 0).random(num_canaries) < 0.5
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class GradientCanaries:
+    """The white-box canaries of one step, as a pytree the jitted step takes.
+
+    ``directions`` ``[M, d]`` are unit rows on the coordinates ``support`` ``[d]`` of the
+    flattened trainable tree; ``sampled`` ``[M]`` is 1 for the canaries in this step's batch.
+    """
+
+    directions: jax.Array
+    support: jax.Array
+    sampled: jax.Array
+    raw_norm: jax.Array  # r * C
+
+    def add(self, grad_sum, clip_factor):
+        """``grad_sum`` plus the clipped gradients of the sampled canaries."""
+        flat, unravel = ravel_pytree(grad_sum)
+        factor = clip_factor(self.raw_norm[None])[0]
+        push = (factor * self.raw_norm) * (self.sampled @ self.directions)
+        return unravel(flat.at[self.support].add(push.astype(flat.dtype)))
+
+    def project(self, grads, clean_sum, dp) -> jax.Array:
+        """``[M]``: the step's released noisy sum, less the clipped sum of the real examples,
+        along each canary direction, in units of the clip norm.
+
+        The real examples' part is what an adversary who knows the training data computes
+        (the white-box threat model): removing it leaves the canaries and the noise.
+        """
+        released = ravel_pytree(grads)[0] * jnp.float32(dp.expected_batch_size)
+        residual = (released - ravel_pytree(clean_sum)[0])[self.support]
+        return (self.directions @ residual) / jnp.float32(dp.clip_norm)
+
+    def at_step(self, sampled: np.ndarray) -> GradientCanaries:
+        return replace(self, sampled=jnp.asarray(sampled, jnp.float32))
+
+
+def gradient_canaries(num_canaries: int, num_params: int, clip_norm: float, seed: int) -> GradientCanaries:
+    """``M`` random unit directions over (a random subset of) ``num_params`` coordinates."""
+    rng = audit_rng(seed, 1)
+    width = min(num_params, max(1, MAX_DIRECTION_FLOATS // num_canaries))
+    support = np.arange(num_params) if width == num_params else np.sort(rng.choice(num_params, width, False))
+    directions = rng.standard_normal((num_canaries, width), dtype=np.float32)
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    return GradientCanaries(
+        directions=jnp.asarray(directions),
+        support=jnp.asarray(support, jnp.int32),
+        sampled=jnp.zeros((num_canaries,), jnp.float32),
+        raw_norm=jnp.float32(RAW_NORM_MULTIPLE * clip_norm),
+    )
+
+
+def example_canaries(task, num_canaries: int, seed: int) -> dict[str, np.ndarray]:
+    """``{"x", "y"}`` for ``M`` black-box canaries shaped like the task's training examples.
+
+    A classifier's canary is a point drawn uniformly from the box of the training features'
+    ranges, with a label drawn uniformly from the classes: far from the data and wrongly
+    labelled, so a model that memorises it changes its loss on it. A language model's canary
+    is a window of tokens drawn uniformly from the vocabulary.
+    """
+    rng = audit_rng(seed, 2)
+    data = task.data
+    if task.is_lm:
+        window = rng.integers(0, data.vocab_size, (num_canaries, task.seq_len + 1)).astype(data.x_train.dtype)
+        return {"x": window[:, :-1], "y": window[:, 1:]}
+    features = data.x_train.reshape(data.x_train.shape[0], -1)
+    low, high = features.min(axis=0), features.max(axis=0)
+    x = rng.uniform(low, high, (num_canaries, features.shape[1])).astype(data.x_train.dtype)
+    y = rng.integers(0, data.num_classes, num_canaries).astype(data.y_train.dtype)
+    return {"x": task.shape_x(x), "y": y}

@@ -1,0 +1,102 @@
+"""``audit``: plan, train, score and write an audit's files (the CLI's engine room)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from zoo.audit.run import check_request, plan_audit, train_with_canaries
+from zoo.audit.score import METHOD, blackbox_scores, lower_bounds, whitebox_scores
+from zoo.recipes import Recipe
+
+RESULT = "audit.json"
+SCORES = "scores.npz"
+PLOT = "scores.png"
+
+
+def audit(
+    recipe: Recipe,
+    out_dir: str | Path,
+    *,
+    canaries: int = 1000,
+    mode: str = "whitebox",
+    confidence: float = 0.95,
+    no_noise: bool = False,
+    progress=None,
+    tamper=None,
+    plot: bool = True,
+) -> dict:
+    """Train ``recipe`` once with ``canaries`` canaries and return the audit's summary.
+
+    ``progress(step, loss)`` is called after every step. ``tamper(engine) -> engine``
+    replaces the planned training engine; tests use it to plant known bugs in the DP step
+    (no recipe or flag reaches it).
+    """
+    check_request(recipe, canaries, mode, confidence, no_noise)
+    plan = plan_audit(recipe, canaries, mode, no_noise)
+    trace = train_with_canaries(plan, progress, tamper(plan.engine) if tamper else None)
+    if mode == "whitebox":
+        scores = whitebox_scores(trace.projections)
+    else:
+        scores = blackbox_scores(trace.loss_before, trace.loss_after)
+    bounds = lower_bounds(scores, plan.included, confidence, recipe.dp.delta)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        out / SCORES,
+        included=plan.included,
+        sampled=trace.sampled,
+        **{f"score_{name}": values for name, values in scores.items()},
+        **({"projections": trace.projections} if trace.projections is not None else {}),
+    )
+    summary = {
+        "recipe": recipe.name,
+        "mode": mode,
+        "canaries": canaries,
+        "confidence": confidence,
+        "epsilon_claimed": plan.epsilon_claimed,
+        "epsilon_lower_bound": max(bounds.values()),
+        "delta": recipe.dp.delta,
+        "steps": plan.steps,
+        "method": METHOD,
+        "bounds": bounds,
+        "included": int(plan.included.sum()),
+        "sampling_prob": plan.sampler.sampling_prob if plan.sampler else None,
+        "noise_multiplier": plan.engine.dp.noise_multiplier if plan.engine.dp else None,
+        "mean_times_sampled": float(trace.sampled[plan.included].mean()),
+        "compile_count": trace.compile_count,
+        "out_dir": str(out),
+    }
+    if plot:
+        summary["plot"] = histogram(out / PLOT, scores, plan.included, summary)
+    (out / RESULT).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def histogram(path: Path, scores: dict[str, np.ndarray], included: np.ndarray, summary: dict) -> str:
+    """Score histograms of included vs excluded canaries, one panel per score."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(scores), figsize=(5.2 * len(scores), 3.6), dpi=110, squeeze=False)
+    for ax, (name, values) in zip(axes[0], scores.items(), strict=True):
+        bins = np.histogram_bin_edges(values, bins=40)
+        ax.hist(values[~included], bins=bins, alpha=0.6, label="excluded")
+        ax.hist(values[included], bins=bins, alpha=0.6, label="included")
+        ax.set_title(f"{name}: eps >= {summary['bounds'][name]:.2f}", fontsize=10)
+        ax.set_xlabel("score")
+        ax.legend(fontsize=8)
+    claimed = summary["epsilon_claimed"]
+    claim = "no noise" if math.isinf(claimed) else f"claimed eps {claimed:.2f}"
+    fig.suptitle(
+        f"{summary['recipe']} {summary['mode']} audit, {summary['canaries']} canaries, {claim}", fontsize=10
+    )
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path)

@@ -1,0 +1,196 @@
+"""One audited training run: the recipe trained once with canaries, then scored.
+
+The privacy parameters are fixed before the canaries' coins are tossed: the sampling rate is
+``q = expected_batch_size / (N + M/2)`` (``N`` real examples, ``M`` canaries, half of which
+are expected to be included) and the noise multiplier is calibrated for that ``q``, so the
+claimed epsilon holds for adding or removing any one example, canary or not. Every included
+canary is then sampled with probability ``q`` in every step, exactly like a real example.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from zoo.audit.canaries import draw_inclusion, example_canaries, gradient_canaries
+from zoo.dp import PoissonSampler, epsilon_spent, resolve_noise_multiplier
+from zoo.dp.sampling import padded_size_for
+from zoo.errors import ZooError, choice_error
+from zoo.recipes import Recipe, with_values
+from zoo.train.compiles import CompileCounter
+from zoo.train.engine import DPRuntime, Engine
+from zoo.train.loop import Run, build_run
+from zoo.train.state import make_optimizer, train_key
+
+MODES = ("whitebox", "blackbox")
+
+
+@dataclass(frozen=True)
+class AuditPlan:
+    recipe: Recipe
+    run: Run  # data, model and initial params (built without DP; the engine is below)
+    engine: Engine
+    mode: str
+    included: np.ndarray  # bool [M]
+    sampler: PoissonSampler | None  # None: a non-private recipe's uniform minibatches
+    epsilon_claimed: float
+
+    @property
+    def num_canaries(self) -> int:
+        return int(self.included.size)
+
+    @property
+    def num_real(self) -> int:
+        return self.run.task.num_train
+
+    @property
+    def steps(self) -> int:
+        return self.recipe.train.steps
+
+
+def check_request(recipe: Recipe, num_canaries: int, mode: str, confidence: float, no_noise: bool) -> None:
+    if mode not in MODES:
+        raise choice_error("mode", mode, MODES)
+    if isinstance(num_canaries, bool) or not isinstance(num_canaries, int) or num_canaries < 2:
+        raise ZooError(f"--canaries must be an integer >= 2 (half in, half out); got {num_canaries!r}")
+    if not (isinstance(confidence, float | int) and 0 < confidence < 1):
+        raise ZooError(f"--confidence must be in (0, 1), e.g. 0.95; got {confidence!r}")
+    if not recipe.dp.enabled and mode == "whitebox":
+        raise ZooError(
+            f"recipe {recipe.name!r} is not DP (dp.enabled = false): a white-box audit plants "
+            "gradients in the DP step's clipped sum; use --mode blackbox, or a DP recipe"
+        )
+    if no_noise and not recipe.dp.enabled:
+        raise ZooError(f"--no-noise turns off the noise of a DP recipe; {recipe.name!r} is not DP")
+
+
+def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = False) -> AuditPlan:
+    """Data, model, engine and sampler of the audited run, with canaries counted in."""
+    base = build_run(with_values(recipe, {"dp.enabled": False}))
+    included = draw_inclusion(num_canaries, recipe.train.seed)
+    if not recipe.dp.enabled:
+        return AuditPlan(recipe, base, base.engine, mode, included, None, math.inf)
+    dp, steps = recipe.dp, recipe.train.steps
+    n_public = base.task.num_train + num_canaries // 2
+    q = dp.expected_batch_size / n_public
+    if no_noise:  # audit-only: clipping on, noise off, no privacy claimed
+        sigma, claimed = 0.0, math.inf
+    else:
+        sigma, _ = resolve_noise_multiplier(dp, n_public, steps)
+        claimed = epsilon_spent(
+            noise_multiplier=sigma, delta=dp.delta, sampling_prob=q, steps=steps, accountant=dp.accountant
+        )
+    pad = padded_size_for(base.task.num_train + num_canaries, q)
+    multiple = dp.microbatch_size or 1
+    sampler = PoissonSampler(
+        num_examples=base.task.num_train + int(included.sum()),
+        sampling_prob=q,
+        padded_batch_size=-(-pad // multiple) * multiple,
+        seed=recipe.train.seed,
+    )
+    runtime = DPRuntime(sigma, dp.clip_norm, q * n_public, dp.microbatch_size, dp.clipping, dp.noise_prng)
+    engine = dataclasses.replace(
+        base.engine, optimizer=make_optimizer(recipe.optim, steps, clip=False), dp=runtime
+    )
+    return AuditPlan(recipe, base, engine, mode, included, sampler, claimed)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What the audited run leaves for scoring."""
+
+    projections: np.ndarray | None  # white-box: [T, M], the release along each canary direction
+    loss_before: np.ndarray | None  # black-box: [M] canary losses at the initial params
+    loss_after: np.ndarray | None  # black-box: [M] at the final params
+    sampled: np.ndarray  # [M] steps each canary was in the batch (0 for excluded ones)
+    compile_count: int
+
+
+class Batches:
+    """The step's batch: real rows from the task, canary rows or canary gradients by index."""
+
+    def __init__(self, plan: AuditPlan):
+        self.plan = plan
+        self.ids = np.flatnonzero(plan.included)  # dataset index num_real + k is canary ids[k]
+        self.examples = example_canaries(plan.run.task, plan.num_canaries, plan.recipe.train.seed)
+
+    def indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        plan = self.plan
+        if plan.sampler is not None:
+            indices, mask, _ = plan.sampler.batch_indices(step)
+            return indices, mask
+        rng = np.random.default_rng([plan.recipe.train.seed, step])
+        size = plan.recipe.train.batch_size
+        indices = rng.choice(plan.num_real + self.ids.size, size, replace=False).astype(np.int32)
+        return indices, np.ones((size,), np.float32)
+
+    def at(self, step: int) -> tuple[dict, np.ndarray]:
+        """``(batch, sampled)``: ``sampled`` ``[M]`` is 1 for the canaries drawn this step."""
+        indices, mask = self.indices(step)
+        n = self.plan.num_real
+        slots = np.flatnonzero((indices >= n) & (mask > 0))
+        canary = self.ids[indices[slots] - n]
+        batch = self.plan.run.task.examples(np.where(indices < n, indices, 0), mask)
+        if self.plan.mode == "whitebox":
+            batch["mask"] = np.where(indices < n, mask, 0).astype(np.float32)  # canaries are gradients
+        else:
+            batch["x"][slots] = self.examples["x"][canary]
+            batch["y"][slots] = self.examples["y"][canary]
+        sampled = np.zeros((self.plan.num_canaries,), np.float32)
+        sampled[canary] = 1.0
+        return batch, sampled
+
+
+def train_with_canaries(plan: AuditPlan, progress=None, engine: Engine | None = None) -> Trace:
+    """Train the plan's recipe once with its canaries. ``engine`` replaces the plan's own
+    (tests plant known bugs in the DP step this way; no recipe or flag reaches it)."""
+    engine = engine or plan.engine
+    recipe = plan.recipe
+    key = train_key(recipe.dp.noise_seed if recipe.dp.noise_seed is not None else recipe.train.seed)
+    state, frozen = engine.init_state(plan.run.params, recipe.train.seed, key if plan.sampler else None)
+    batches = Batches(plan)
+    whitebox = plan.mode == "whitebox"
+    if whitebox:
+        count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+        canaries = gradient_canaries(plan.num_canaries, count, recipe.dp.clip_norm, recipe.train.seed)
+        step_fn = jax.jit(engine.audited_step_fn, donate_argnames="state")
+    else:
+        loss_before = canary_losses(engine, state, frozen, batches)
+        step_fn = engine.train_step
+    projections, sampled_total = [], np.zeros((plan.num_canaries,), np.int64)
+    with CompileCounter() as compiles:
+        for step in range(plan.steps):
+            batch, sampled = batches.at(step)
+            sampled_total += sampled.astype(np.int64)
+            with compiles.track():
+                if whitebox:
+                    state, metrics, seen = step_fn(state, frozen, batch, canaries.at_step(sampled))
+                    projections.append(np.asarray(seen, np.float64))
+                else:
+                    state, metrics = step_fn(state, frozen, batch)
+            if progress is not None:
+                progress(step + 1, float(metrics["loss"]))
+    if whitebox:
+        return Trace(np.stack(projections), None, None, sampled_total, compiles.count)
+    loss_after = canary_losses(engine, state, frozen, batches)
+    return Trace(None, loss_before, loss_after, sampled_total, compiles.count)
+
+
+def canary_losses(engine: Engine, state, frozen, batches: Batches) -> np.ndarray:
+    """``[M]`` per-example loss of every black-box canary under the state's params."""
+    losses = jax.jit(lambda p, fz, x, y: engine.example_losses(p, fz, x, y)[0])
+    x, y = batches.examples["x"], batches.examples["y"]
+    chunk = 256
+    out = []
+    for start in range(0, x.shape[0], chunk):
+        xs, ys = x[start : start + chunk], y[start : start + chunk]
+        rows = xs.shape[0]
+        if rows < chunk:  # one shape for every call
+            xs = np.concatenate([xs, np.repeat(xs[:1], chunk - rows, axis=0)])
+            ys = np.concatenate([ys, np.repeat(ys[:1], chunk - rows, axis=0)])
+        out.append(np.asarray(losses(state.params, frozen, xs, ys))[:rows])
+    return np.concatenate(out).astype(np.float64)
