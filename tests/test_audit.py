@@ -129,7 +129,9 @@ def test_canaries_are_sampled_like_examples_and_counted_in_the_accounting():
 def test_projections_are_the_clipped_canary_pushes_plus_noise_of_the_claimed_scale():
     # A small expected batch keeps the real examples' sum (whose float32 rounding the
     # projections carry) near the size of one canary push.
-    recipe = dp_recipe(**{"train.steps": 30, "dp.expected_batch_size": 64})
+    recipe = dp_recipe(
+        **{"train.steps": 30, "dp.expected_batch_size": 64, "dp.epsilon": None, "dp.noise_multiplier": 1.5}
+    )
     quiet = plan_audit(recipe, 200, "whitebox", no_noise=True)
     trace = train_with_canaries(quiet)
     sampled = np.stack([Batches(quiet).at(step)[1] for step in range(30)]).astype(np.float64)

@@ -61,7 +61,7 @@ def test_calibration_searches_a_coarse_grid_and_meets_the_budget_on_the_fine_one
     from zoo.dp.accounting import DEFAULT_PLD_DISCRETIZATION, SEARCH_PLD_DISCRETIZATION
 
     assert SEARCH_PLD_DISCRETIZATION > DEFAULT_PLD_DISCRETIZATION
-    target, q, steps = 2.0, 0.02, 100
+    target, q, steps = 0.5, 0.02, 100  # a large sigma: the quick PLDs
     sigma = calibrate_noise_multiplier(epsilon=target, delta=DELTA, sampling_prob=q, steps=steps)
     fine = epsilon_spent(noise_multiplier=sigma, delta=DELTA, sampling_prob=q, steps=steps)
     assert 0.99 * target <= fine <= target
@@ -70,12 +70,13 @@ def test_calibration_searches_a_coarse_grid_and_meets_the_budget_on_the_fine_one
         step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s))
         return dp_accounting.SelfComposedDpEvent(step, steps)
 
+    # The fine-grid search runs in [0.9 sigma, sigma]: it fails unless its optimum is there.
     reference = dp_accounting.calibrate_dp_mechanism(
         lambda: PLDAccountant(value_discretization_interval=DEFAULT_PLD_DISCRETIZATION),
         event,
         target,
         DELTA,
-        bracket_interval=dp_accounting.LowerEndpointAndGuess(0.0, 1.0),
+        bracket_interval=dp_accounting.ExplicitBracketInterval(0.9 * sigma, sigma),
     )
     assert reference <= sigma <= reference * (1 + 1e-3)
 
