@@ -125,28 +125,40 @@ def test_canaries_are_sampled_like_examples_and_counted_in_the_accounting():
     assert np.array_equal(plan.included, draw_inclusion(400, recipe.train.seed))
 
 
-@pytest.mark.numerics
-def test_projections_are_the_clipped_canary_pushes_plus_noise_of_the_claimed_scale():
+def projection_recipe():
     # A small expected batch keeps the real examples' sum (whose float32 rounding the
-    # projections carry) near the size of one canary push.
-    recipe = dp_recipe(
-        **{"train.steps": 30, "dp.expected_batch_size": 64, "dp.epsilon": None, "dp.noise_multiplier": 1.5}
-    )
-    quiet = plan_audit(recipe, 200, "whitebox", no_noise=True)
-    trace = train_with_canaries(quiet)
-    sampled = np.stack([Batches(quiet).at(step)[1] for step in range(30)]).astype(np.float64)
+    # projections carry) near the size of one canary push; sigma is given, not calibrated.
+    values = {"train.steps": 30, "dp.expected_batch_size": 64, "dp.epsilon": None, "dp.noise_multiplier": 1.5}
+    return dp_recipe(**values)
+
+
+def pushes(plan):
+    """``[T, M]`` float64: what the canaries alone put along each direction, step by step."""
+    sampled = np.stack([Batches(plan).at(step)[1] for step in range(plan.steps)]).astype(np.float64)
+    recipe = plan.recipe
     canaries = gradient_canaries(
-        200, quiet.run.freeze.trainable_count, recipe.dp.clip_norm, recipe.train.seed
+        plan.num_canaries, plan.run.freeze.trainable_count, recipe.dp.clip_norm, recipe.train.seed
     )
+    assert canaries.raw_norm == RAW_NORM_MULTIPLE * recipe.dp.clip_norm  # the step clips it to C
     directions = np.asarray(canaries.directions, np.float64)
-    assert canaries.raw_norm == RAW_NORM_MULTIPLE * recipe.dp.clip_norm  # clipped by the step
-    expected = sampled @ (directions @ directions.T)  # each sampled canary pushes C * u_j
-    assert_close(trace.projections, expected, n=directions.shape[1], what="noise-free projections")
+    return sampled, sampled @ (directions @ directions.T), directions.shape[1]  # C * u_j each
+
+
+@pytest.mark.numerics
+def test_noise_free_projections_are_the_clipped_canary_pushes():
+    plan = plan_audit(projection_recipe(), 200, "whitebox", no_noise=True)
+    trace = train_with_canaries(plan)
+    sampled, expected, width = pushes(plan)
+    assert_close(trace.projections, expected, n=width, what="noise-free projections")
     assert sampled.sum() > 50 and np.array_equal(trace.sampled, sampled.sum(axis=0))
-    # With noise, what is left over is N(0, sigma^2) along every unit direction.
-    noisy_plan = plan_audit(recipe, 200, "whitebox")
-    noise = train_with_canaries(noisy_plan).projections - expected
-    sigma = noisy_plan.engine.dp.noise_multiplier
+
+
+def test_what_the_canaries_do_not_explain_is_noise_of_the_claimed_scale():
+    plan = plan_audit(projection_recipe(), 200, "whitebox")
+    noise = train_with_canaries(plan).projections - pushes(plan)[1]
+    sigma = plan.engine.dp.noise_multiplier
+    assert sigma == 1.5
+    # N(0, sigma^2) along every unit direction: mean and standard deviation, 5 standard errors.
     assert abs(noise.mean()) < 5 * sigma / math.sqrt(noise.size)
     assert abs(noise.std() / sigma - 1) < 5 / math.sqrt(2 * noise.size)
 
