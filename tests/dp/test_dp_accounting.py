@@ -81,6 +81,25 @@ def test_calibration_searches_a_coarse_grid_and_meets_the_budget_on_the_fine_one
     assert reference <= sigma <= reference * (1 + 1e-3)
 
 
+def test_a_coarse_sigma_that_fails_the_fine_grid_is_searched_again_there(monkeypatch):
+    from zoo.dp import accounting
+
+    search = accounting._search_sigma
+    grids = []
+
+    def too_small_on_the_coarse_grid(epsilon, delta, q, steps, accountant, grid, lower=0.0):
+        grids.append(grid)
+        sigma = search(epsilon, delta, q, steps, accountant, grid, lower)
+        return 0.99 * sigma if grid == accounting.SEARCH_PLD_DISCRETIZATION else sigma
+
+    monkeypatch.setattr(accounting, "_search_sigma", too_small_on_the_coarse_grid)
+    kw = dict(delta=DELTA, sampling_prob=0.02, steps=100)
+    sigma = accounting.calibrate_noise_multiplier.__wrapped__(epsilon=0.5, **kw)
+    assert grids == [accounting.SEARCH_PLD_DISCRETIZATION, accounting.DEFAULT_PLD_DISCRETIZATION]
+    fine = epsilon_spent(noise_multiplier=sigma, **kw)
+    assert 0.99 * 0.5 <= fine <= 0.5
+
+
 def test_pld_default_discretisation_and_rdp_is_looser():
     kw = dict(noise_multiplier=1.0, delta=DELTA, sampling_prob=0.01, steps=1000)
     pld = epsilon_spent(**kw)  # dp_accounting's default PLD discretisation

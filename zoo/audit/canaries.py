@@ -11,6 +11,10 @@ Poisson sampler picks each of them with the same rate ``q`` as a real example.
   direction (see :meth:`GradientCanaries.project`).
 * **Black-box** canaries are inputs (:func:`example_canaries`): out-of-distribution points
   with random labels for a classifier, random strings for a language model.
+
+Canary gradients are scaled by :func:`zoo.dp.clipping.clip_factor`, the clip factor that both
+clipping paths (vmap and ghost) apply to real examples. The per-example norms those paths
+compute are held to plain ``jax.grad`` and to each other by their own tests, not by the audit.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from zoo.dp import clipping
+from zoo.errors import ZooError
+
 # What a canary gradient measures before the step clips it, in units of the clip norm. Larger
 # than 1 so that a step that skips clipping lets a canary through at r times its share.
 RAW_NORM_MULTIPLE = 10.0
@@ -30,11 +37,12 @@ RAW_NORM_MULTIPLE = 10.0
 # fixed vector of norm <= C is a valid canary gradient, only the overlaps between canaries
 # (about 1/sqrt(support)) grow.
 MAX_DIRECTION_FLOATS = 2**26
+MIN_SUPPORT = 256  # fewer coordinates would make the canaries' overlaps the signal
 AUDIT_STREAM = 0x61756469  # separates the audit's draws from the run's own uses of the seed
 
 
-def audit_rng(seed: int, purpose: int) -> np.random.Generator:
-    return np.random.default_rng([seed, AUDIT_STREAM, purpose])
+def audit_rng(seed: int, *purpose: int) -> np.random.Generator:
+    return np.random.default_rng([seed, AUDIT_STREAM, *purpose])
 
 
 def draw_inclusion(num_canaries: int, seed: int) -> np.ndarray:
@@ -52,15 +60,18 @@ class GradientCanaries:
     """
 
     directions: jax.Array
+    direction_norms: jax.Array  # [M], 1 up to rounding
     support: jax.Array
     sampled: jax.Array
     raw_norm: jax.Array  # r * C
 
-    def add(self, grad_sum, clip_factor):
-        """``grad_sum`` plus the clipped gradients of the sampled canaries."""
+    def add_clipped(self, grad_sum, dp):
+        """``grad_sum`` plus the sampled canaries' gradients ``raw_norm * u_j``, each scaled by
+        the clip factor that both clipping paths use (:func:`zoo.dp.clipping.clip_factor`)."""
         flat, unravel = ravel_pytree(grad_sum)
-        factor = clip_factor(self.raw_norm[None])[0]
-        push = (factor * self.raw_norm) * (self.sampled @ self.directions)
+        norms = self.raw_norm * self.direction_norms  # of the raw canary gradients
+        weights = self.sampled * clipping.clip_factor(norms, dp.clip_norm) * self.raw_norm
+        push = weights @ self.directions
         return unravel(flat.at[self.support].add(push.astype(flat.dtype)))
 
     def project(self, grads, clean_sum, dp) -> jax.Array:
@@ -80,13 +91,21 @@ class GradientCanaries:
 
 def gradient_canaries(num_canaries: int, num_params: int, clip_norm: float, seed: int) -> GradientCanaries:
     """``M`` random unit directions over (a random subset of) ``num_params`` coordinates."""
+    if num_params == 0:
+        raise ZooError("a white-box audit needs trainable parameters; this run freezes all of them")
     rng = audit_rng(seed, 1)
-    width = min(num_params, max(1, MAX_DIRECTION_FLOATS // num_canaries))
+    width = min(num_params, MAX_DIRECTION_FLOATS // num_canaries)
+    if width < min(num_params, MIN_SUPPORT):
+        raise ZooError(
+            f"--canaries {num_canaries} is too many for white-box directions of at least "
+            f"{MIN_SUPPORT} coordinates each; use at most {MAX_DIRECTION_FLOATS // MIN_SUPPORT:,}"
+        )
     support = np.arange(num_params) if width == num_params else np.sort(rng.choice(num_params, width, False))
     directions = rng.standard_normal((num_canaries, width), dtype=np.float32)
     directions /= np.linalg.norm(directions, axis=1, keepdims=True)
     return GradientCanaries(
         directions=jnp.asarray(directions),
+        direction_norms=jnp.asarray(np.linalg.norm(directions, axis=1), jnp.float32),
         support=jnp.asarray(support, jnp.int32),
         sampled=jnp.zeros((num_canaries,), jnp.float32),
         raw_norm=jnp.float32(RAW_NORM_MULTIPLE * clip_norm),

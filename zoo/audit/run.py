@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 
 import jax
 import numpy as np
 
-from zoo.audit.canaries import draw_inclusion, example_canaries, gradient_canaries
+from zoo.audit.canaries import audit_rng, draw_inclusion, example_canaries, gradient_canaries
 from zoo.dp import PoissonSampler, epsilon_spent, resolve_noise_multiplier
 from zoo.dp.sampling import padded_size_for
 from zoo.errors import ZooError, choice_error
@@ -72,6 +73,12 @@ def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = Fa
     """Data, model, engine and sampler of the audited run, with canaries counted in."""
     base = build_run(with_values(recipe, {"dp.enabled": False}))
     included = draw_inclusion(num_canaries, recipe.train.seed)
+    if included.all() or not included.any():
+        side = "in" if included.all() else "out"
+        raise ZooError(
+            f"all {num_canaries} canaries fell {side} of the training set with seed "
+            f"{recipe.train.seed}; the audit compares included with excluded ones: use more canaries"
+        )
     if not recipe.dp.enabled:
         return AuditPlan(recipe, base, base.engine, mode, included, None, math.inf)
     dp, steps = recipe.dp, recipe.train.steps
@@ -84,10 +91,14 @@ def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = Fa
         claimed = epsilon_spent(
             noise_multiplier=sigma, delta=dp.delta, sampling_prob=q, steps=steps, accountant=dp.accountant
         )
-    pad = padded_size_for(base.task.num_train + num_canaries, q)
+    # The real examples are drawn by their own sampler, the canaries by coins of their own
+    # (Batches.canaries_drawn): which real examples a step draws does not depend on which
+    # canaries are in. Black-box canaries are rows, so the padding has room for all of them.
+    rows = base.task.num_train + (num_canaries if mode == "blackbox" else 0)
+    pad = padded_size_for(rows, q)
     multiple = dp.microbatch_size or 1
     sampler = PoissonSampler(
-        num_examples=base.task.num_train + int(included.sum()),
+        num_examples=base.task.num_train,
         sampling_prob=q,
         padded_batch_size=-(-pad // multiple) * multiple,
         seed=recipe.train.seed,
@@ -111,37 +122,63 @@ class Trace:
 
 
 class Batches:
-    """The step's batch: real rows from the task, canary rows or canary gradients by index."""
+    """The step's batch: real rows from the task, plus canary rows (black-box) or canary
+    gradients (white-box).
+
+    A DP run draws the real examples with its Poisson sampler and every included canary with
+    a coin of its own (probability ``q``, :meth:`canaries_drawn`), so the real examples a
+    step draws do not depend on which canaries are in. A non-private run draws its minibatch
+    uniformly from the real examples and all canaries, and masks out the excluded ones.
+    """
 
     def __init__(self, plan: AuditPlan):
         self.plan = plan
-        self.ids = np.flatnonzero(plan.included)  # dataset index num_real + k is canary ids[k]
         self.examples = example_canaries(plan.run.task, plan.num_canaries, plan.recipe.train.seed)
 
-    def indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    def canaries_drawn(self, step: int) -> np.ndarray:
+        """Bool ``[M]``: the included canaries in this step's batch."""
         plan = self.plan
-        if plan.sampler is not None:
-            indices, mask, _ = plan.sampler.batch_indices(step)
-            return indices, mask
-        rng = np.random.default_rng([plan.recipe.train.seed, step])
-        size = plan.recipe.train.batch_size
-        indices = rng.choice(plan.num_real + self.ids.size, size, replace=False).astype(np.int32)
-        return indices, np.ones((size,), np.float32)
+        coins = audit_rng(plan.recipe.train.seed, 3, step).random(plan.num_canaries)
+        return (coins < plan.sampler.sampling_prob) & plan.included
 
     def at(self, step: int) -> tuple[dict, np.ndarray]:
-        """``(batch, sampled)``: ``sampled`` ``[M]`` is 1 for the canaries drawn this step."""
-        indices, mask = self.indices(step)
-        n = self.plan.num_real
-        slots = np.flatnonzero((indices >= n) & (mask > 0))
-        canary = self.ids[indices[slots] - n]
-        batch = self.plan.run.task.examples(np.where(indices < n, indices, 0), mask)
-        if self.plan.mode == "whitebox":
-            batch["mask"] = np.where(indices < n, mask, 0).astype(np.float32)  # canaries are gradients
+        """``(batch, sampled)``: ``sampled`` ``[M]`` is 1 for the included canaries drawn."""
+        plan, n = self.plan, self.plan.num_real
+        if plan.sampler is None:
+            rng = np.random.default_rng([plan.recipe.train.seed, step])
+            size = plan.recipe.train.batch_size
+            indices = rng.choice(n + plan.num_canaries, size, replace=False)
+            drawn_ids = indices[indices >= n] - n
+            drawn_ids = drawn_ids[plan.included[drawn_ids]]
+            real = indices[indices < n]
+            mask = np.ones((size,), np.float32)
+            mask[real.size + drawn_ids.size :] = 0  # excluded canaries drawn: masked out
         else:
-            batch["x"][slots] = self.examples["x"][canary]
-            batch["y"][slots] = self.examples["y"][canary]
-        sampled = np.zeros((self.plan.num_canaries,), np.float32)
-        sampled[canary] = 1.0
+            indices, mask, realised = plan.sampler.batch_indices(step)
+            real = indices[:realised]
+            drawn_ids = np.flatnonzero(self.canaries_drawn(step))
+        batch = plan.run.task.examples(
+            np.concatenate([real, np.zeros(mask.size - real.size, np.int64)]), mask
+        )
+        batch = {key: np.array(value) for key, value in batch.items()}  # own copies, then edit
+        mask = np.zeros((mask.size,), np.float32)
+        mask[: real.size] = 1.0
+        if plan.mode == "blackbox":
+            room = mask.size - real.size
+            if drawn_ids.size > room:
+                warnings.warn(
+                    f"step {step} drew {drawn_ids.size} canaries with room for {room}; dropping the rest",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                drawn_ids = drawn_ids[:room]
+            slots = real.size + np.arange(drawn_ids.size)
+            batch["x"][slots] = self.examples["x"][drawn_ids]
+            batch["y"][slots] = self.examples["y"][drawn_ids]
+            mask[slots] = 1.0
+        batch["mask"] = mask
+        sampled = np.zeros((plan.num_canaries,), np.float32)
+        sampled[drawn_ids] = 1.0
         return batch, sampled
 
 
@@ -157,7 +194,7 @@ def train_with_canaries(plan: AuditPlan, progress=None, engine: Engine | None = 
     if whitebox:
         count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
         canaries = gradient_canaries(plan.num_canaries, count, recipe.dp.clip_norm, recipe.train.seed)
-        step_fn = jax.jit(engine.audited_step_fn, donate_argnames="state")
+        step_fn = jax.jit(engine.train_step_fn, donate_argnames="state")
     else:
         loss_before = canary_losses(engine, state, frozen, batches)
         step_fn = engine.train_step

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from zoo.errors import ZooError
+
 METHOD = "epsilon_one_run"  # jax_privacy.auditing.CanaryScoreAuditor, Bonferroni over scores
 
 
@@ -43,7 +45,13 @@ def lower_bounds(
 
     included = np.asarray(included, bool)
     if included.all() or not included.any():
-        raise ValueError("an audit needs canaries both in and out of the training set")
+        raise ZooError("an audit needs canaries both in and out of the training set")
+    for name, values in scores.items():
+        bad = int(np.sum(~np.isfinite(values)))
+        if bad:  # jax_privacy ranks NaN scores arbitrarily: that could show a false leak
+            raise ZooError(
+                f"{bad} of {values.size} canary '{name}' scores are not finite (did training diverge?)"
+            )
     significance = (1.0 - confidence) / len(scores)
     return {
         name: float(

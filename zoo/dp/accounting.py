@@ -253,10 +253,12 @@ def calibrate_noise_multiplier(
         )
         if spent <= epsilon:
             return sigma
+        # Too little noise on the fine grid: the answer there lies above the coarse sigma.
+        return _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization, sigma)
     return _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization)
 
 
-def _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization) -> float:
+def _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization, lower=0.0) -> float:
     make_acc = _make_accountant(accountant, pld_discretization)
     q = float(sampling_prob)
     dp_accounting = _dp_accounting()
@@ -265,7 +267,7 @@ def _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discreti
         lambda s: _dpsgd_event(s, q, steps),
         float(epsilon),
         float(delta),
-        bracket_interval=dp_accounting.LowerEndpointAndGuess(0.0, 1.0),
+        bracket_interval=dp_accounting.LowerEndpointAndGuess(lower, 1.05 * lower if lower else 1.0),
     )
     return float(sigma)
 

@@ -16,7 +16,6 @@ import optax
 
 from zoo.api import apply_fn
 from zoo.dp import clipped_grad_sum, privatize
-from zoo.dp.clipping import clip_factor
 from zoo.dp.noise import DEFAULT_NOISE_PRNG
 from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
@@ -99,10 +98,6 @@ class Engine:
             return_losses=True,
         )
 
-    def clip_factor(self, norms: jax.Array) -> jax.Array:
-        """The scale the clipped sum gives a gradient of each norm (the audit's canaries use it)."""
-        return clip_factor(norms, self.dp.clip_norm)
-
     def noise_key(self, state: TrainState) -> jax.Array:
         return state.step_key()
 
@@ -117,27 +112,25 @@ class Engine:
             prng=self.dp.noise_prng,
         )
 
-    def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
+    def _dp_grads(self, state: TrainState, frozen: dict, batch: dict, canaries=None):
         # The logged loss comes from the clipping pass itself: no extra forward over the batch.
         grad_sum, _, losses = self.clipped_sum(state, frozen, batch)
-        return masked_mean(losses, batch["mask"]), self.privatize(state, grad_sum)
+        loss = masked_mean(losses, batch["mask"])
+        if canaries is None:
+            return loss, self.privatize(state, grad_sum)
+        grads = self.privatize(state, canaries.add_clipped(grad_sum, self.dp))
+        return loss, grads, canaries.project(grads, grad_sum, self.dp)
 
-    def audited_step_fn(self, state: TrainState, frozen: dict, batch: dict, canaries):
-        """The DP step with white-box gradient canaries (``zoo audit``), off the normal path.
-
-        ``canaries`` (:class:`zoo.audit.canaries.GradientCanaries`) adds the clipped gradients
-        of the canaries sampled this step to the clipped sum, through :meth:`clip_factor`, and
-        projects what the step released onto the canary directions. Everything else is the
-        DP step of :meth:`train_step_fn`: the same clipping, noise key and mechanism.
-        """
-        grad_sum, _, losses = self.clipped_sum(state, frozen, batch)
-        grads = self.privatize(state, canaries.add(grad_sum, self.clip_factor))
-        new_state, metrics = self.apply_grads(state, masked_mean(losses, batch["mask"]), grads)
-        return new_state, metrics, canaries.project(grads, grad_sum, self.dp)
-
-    def train_step_fn(self, state: TrainState, frozen: dict, batch: dict):
-        loss, grads = self._grads(state, frozen, batch)
-        return self.apply_grads(state, loss, grads)
+    def train_step_fn(self, state: TrainState, frozen: dict, batch: dict, canaries=None):
+        """One step. ``canaries`` (``zoo audit`` only; :class:`zoo.audit.canaries.GradientCanaries`)
+        adds the clipped gradients of the white-box canaries drawn this step to the clipped
+        sum before the noise, and the step also returns the release projected onto them."""
+        if canaries is None:
+            loss, grads = self._grads(state, frozen, batch)
+            return self.apply_grads(state, loss, grads)
+        loss, grads, seen = self._dp_grads(state, frozen, batch, canaries)
+        new_state, metrics = self.apply_grads(state, loss, grads)
+        return new_state, metrics, seen
 
     def apply_grads(self, state: TrainState, loss: jax.Array, grads: dict):
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)

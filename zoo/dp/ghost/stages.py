@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from zoo.dp.clipping import clip_factor
+from zoo.dp import clipping
 from zoo.dp.ghost.rules import RULES
 from zoo.dp.ghost.sites import Site, coverage_problem, discover, run
 from zoo.errors import check_choice
@@ -180,7 +180,7 @@ def clip_factors(sq, keep, l2_clip_norm):
     """``(norms, weights, use)`` exactly as the vmap path: factor min(1, C/||g||) (1 for a
     zero norm), 0 for masked or non-finite examples; masked examples report norm 0."""
     norms = jnp.sqrt(sq)
-    factor = clip_factor(norms, l2_clip_norm)
+    factor = clipping.clip_factor(norms, l2_clip_norm)
     use = keep & jnp.isfinite(norms)
     return jnp.where(keep, norms, 0.0), jnp.where(use, factor, 0.0), use
 
