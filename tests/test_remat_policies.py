@@ -50,6 +50,17 @@ def test_policy_matches_no_remat(reference, kind, backend, policy):
     assert_close((loss, grads), (loss0, grads0), n=reduction_size(cfg, 3))
 
 
+@pytest.mark.parametrize("depth", [8, 12])  # 4 x 2 and 4 x 3: more than one level
+def test_recursive_policy_matches_no_remat_on_deeper_stacks(depth):
+    cfg = zoo.get_config(registry.get_kind("llama").small, num_layers=depth)
+    params = random_params(cfg, 1)
+    x = zoo.example_batch(cfg, 2, seed=2, seq_len=8)
+    y = labels_for(cfg, x)
+    loss0, grads0 = fast_jit(jax.value_and_grad(loss_of(cfg, "nnx")))(params, x, y)
+    loss, grads = fast_jit(jax.value_and_grad(loss_of(cfg, "nnx", "recursive")))(params, x, y)
+    assert_close((loss, grads), (loss0, grads0), n=reduction_size(cfg, 2))
+
+
 def test_the_float_rule_still_catches_a_replay_bug(reference):
     """Negative test for this family: a replay that reads another layer's weights (two layers
     swapped inside the stack) gives gradients that fail the comparison above."""

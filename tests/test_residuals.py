@@ -18,6 +18,9 @@ Why each policy keeps what it keeps (per block, then times L for the stack):
   device (it is the checkpoint's own argument, and ``layer_input`` is not in the offload list).
 * ``nested``: L=4 runs as G=2 groups of 2. The outer scan keeps the 2 group inputs; the
   backward pass replays one group and holds its 2 layer inputs: (2 + 2) ACT.
+* ``recursive``: one scan level per prime factor of L, pairs of 2s merged into 4s. L=8 runs
+  as 4 x 2: the outer scan keeps 4 group inputs, and replaying one group holds 2 more:
+  (4 + 2) ACT = 2 log2(L) ACT; L=64 (4 x 4 x 4) holds 12, L=12 (4 x 3) holds 7.
 
 MLP (``mlp-s`` with L=4): batch 4, hidden H=128; one activation is ``B*H*4`` bytes. ``minimal`` keeps the block
 input and ``mlp_hidden`` (the activation's input); ``mlp_out`` is the next block's input.
@@ -25,12 +28,13 @@ input and ``mlp_hidden`` (the activation's input); ``mlp_out`` is the next block
 
 import functools
 import json
+import math
 
 import pytest
 
 import zoo
 from zoo.errors import ZooError
-from zoo.remat import policy_names
+from zoo.remat import get_policy, policy_names
 from zoo.residuals import residual_report
 
 B, T, D, F, L, V = 2, 8, 16, 32, 4, 40
@@ -120,6 +124,22 @@ def test_nested_keeps_group_inputs_plus_one_replayed_group():
     assert block == ACT  # the inner layers run under ``full``
 
 
+@pytest.mark.parametrize("depth, levels", [(8, [4, 2]), (64, [4, 4, 4]), (12, [4, 3]), (7, [7])])
+def test_recursive_keeps_two_block_inputs_per_level(depth, levels):
+    cfg = zoo.get_config(TRANSFORMER, num_layers=depth)
+    rep = residual_report(cfg, "recursive", batch=B)
+    assert rep["levels"] == levels and rep["groups"] is None
+    assert rows(rep, "stack") == {"layer_input": (levels[0] * ACT, "device", levels[0])}
+    replayed = sum(levels[1:])
+    expected = {"layer_input": (replayed * ACT, "device", replayed)} if replayed else {}
+    assert rows(rep, "replay") == expected
+    assert rep["total_device_bytes"] == sum(levels) * ACT + rep["outside_device_bytes"]
+    if depth in (8, 64):  # the figure: at most 2 log2(L) block inputs at a power of two
+        assert sum(levels) <= 2 * math.log2(depth)
+    nested = residual_report(cfg, "nested", batch=B)
+    assert rep["total_device_bytes"] <= nested["total_device_bytes"]
+
+
 def test_mlp_model():
     assert rows(report("mlp", "full")) == {"layer_input": (L * MACT, "device", L)}
     assert rows(report("mlp", "minimal")) == {
@@ -142,7 +162,7 @@ def test_backends_agree_on_named_residuals(kind, policy):
         assert nnx_rep[key] == eqx_rep[key]
 
 
-@pytest.mark.parametrize("policy", [p for p in policy_names() if p != "nested"])
+@pytest.mark.parametrize("policy", [p for p in policy_names() if not get_policy(p).grouped])
 def test_one_block_times_depth_matches_the_traced_stack(policy):
     """The per-block view (one layer on its own) and the whole-model trace (names recovered
     from inside the scan) are computed independently; they must agree on bytes."""

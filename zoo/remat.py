@@ -30,7 +30,9 @@ class RematPolicy:
     """A named choice of what a scanned block saves.
 
     ``checkpoint`` False means the block is not wrapped in ``jax.checkpoint`` at all.
-    ``nested`` True runs the stack as a two-level scan over groups of layers.
+    ``nested`` True runs the stack as a two-level scan over groups of layers; ``recursive``
+    True as one level per prime factor of the depth (recursive checkpointing). See
+    :func:`zoo.scan.stack_levels`.
     ``replay_policy``, when set, governs the block's recomputation in the backward pass: the
     replay keeps only what that policy allows and recomputes the rest once more, which lowers
     the peak of the block's backward pass without changing what is saved across blocks.
@@ -43,8 +45,14 @@ class RematPolicy:
     offloaded: tuple[str, ...] = ()
     save_dots: bool = False
     nested: bool = False
+    recursive: bool = False
     jax_policy: Callable | None = field(default=None, compare=False, repr=False)
     replay_policy: Callable | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def grouped(self) -> bool:
+        """The stack runs as scans of checkpointed groups (``nested`` or ``recursive``)."""
+        return self.nested or self.recursive
 
     def wrap(self, fn: Callable) -> Callable:
         """Wrap a block function in ``jax.checkpoint`` under this policy (or not at all)."""
@@ -70,13 +78,14 @@ def _names_policy(saved: tuple[str, ...], offloaded: tuple[str, ...]) -> Callabl
     )
 
 
-def _named(name: str, description: str, saved=(), offloaded=(), nested=False) -> RematPolicy:
+def _named(name: str, description: str, saved=(), offloaded=(), nested=False, recursive=False) -> RematPolicy:
     return RematPolicy(
         name=name,
         description=description,
         saved_on_device=tuple(saved),
         offloaded=tuple(offloaded),
         nested=nested,
+        recursive=recursive,
         jax_policy=_names_policy(tuple(saved), tuple(offloaded)),
     )
 
@@ -118,6 +127,12 @@ POLICIES: dict[str, RematPolicy] = {
             "offload-minimal", "offload every projection output to pinned_host", offloaded=names.PROJECTIONS
         ),
         _named("nested", "two-level scan over ~sqrt(L) groups: residuals O(sqrt L), not O(L)", nested=True),
+        _named(
+            "recursive",
+            "recursive checkpointing: one scan level per prime factor of L (2s paired into 4s):"
+            " residuals O(log L); each block recomputed once per level",
+            recursive=True,
+        ),
     )
 }
 

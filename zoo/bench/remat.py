@@ -258,6 +258,7 @@ def bench_depths(
                 row["residual_device_bytes"] = report["total_device_bytes"]
                 row["residual_host_bytes"] = report["total_host_bytes"]
                 row["groups"] = report["groups"]
+                row["levels"] = report["levels"]
             rows.append(row)
     growth = []
     lo, hi = min(depths), max(depths)

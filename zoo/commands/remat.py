@@ -26,6 +26,8 @@ def run_residuals(args) -> int:
     hidden = [r for r in rows if r not in shown]
     seq = f", seq {report['seq']}" if report["seq"] else ""
     groups = f", {report['groups']} groups" if report["groups"] else ""
+    if report["levels"] and not report["groups"]:
+        groups = f", levels {'x'.join(map(str, report['levels']))}"
     view = "one block" if args.per_block else "whole model"
     print_table(
         f"residuals of {report['model']} under '{report['policy']}' ({view}; {report['backend']}, "

@@ -17,11 +17,13 @@ Two views are reported:
 
 ``residuals``
     The whole model: ``vjp`` of the mean cross-entropy with respect to all parameters. Rows
-    come in three scopes: ``stack`` (saved once per scan step: count L, or G group inputs for
-    ``nested``), ``outside`` (embedding, final LayerNorm, head and loss, and values that the
-    scan hoists out of the loop because they do not depend on the layer, like the causal mask),
-    and, for ``nested`` only, ``replay``: the L/G layer inputs that the backward pass rebuilds
-    and holds while it works through one group.
+    come in three scopes: ``stack`` (saved once per scan step: count L, or the outermost
+    level's group inputs for ``nested`` and ``recursive``), ``outside`` (embedding, final
+    LayerNorm, head and loss, and values that the scan hoists out of the loop because they do
+    not depend on the layer, like the causal mask), and, for grouped stacks only, ``replay``:
+    the block inputs that the backward pass rebuilds and holds while it works through one
+    group of every inner level (L/G inputs for ``nested``; 2 per level for ``recursive`` at a
+    power-of-two depth).
 
 Residuals that are the parameters themselves (or a reshape/transpose of them) have
 ``kind = "param"``; batch inputs and labels have ``kind = "input"``. Both are listed but left
@@ -44,7 +46,7 @@ from zoo.models import canonical
 from zoo.models.registry import ModelConfig, check_backend, get_config
 from zoo.remat import get_policy
 from zoo.residuals.find import DEVICE, HOST, _Found, _Origin, find_residuals
-from zoo.scan import layer_body, num_groups, scan_layers
+from zoo.scan import layer_body, scan_levels, stack_levels
 
 
 def _row(found: _Found, scope: str) -> dict:
@@ -171,17 +173,21 @@ def residual_report(
     found = find_residuals(loss, params, const_args=(x, y), input_origin=loss_inputs)
     rows = [_row(f, "stack" if f.stacked else "outside") for f in found]
 
-    # 3. nested: the backward pass replays one group at a time; while it does, it holds the
-    #    residuals of that group's inner scan (its L/G layer inputs under ``full``).
-    groups = None
-    if pol.nested:
-        groups = num_groups(num_layers)
-        per_group = num_layers // groups
+    # 3. grouped stacks (nested, recursive): the backward pass replays one group at a time,
+    #    and while it does it holds the residuals of that group's inner scans: at every level
+    #    below the outermost, the block inputs of one group of that level (under ``full``).
+    levels = stack_levels(pol, num_layers)
+    for depth in range(1, len(levels or ())):
+        inner = levels[depth:]
+        rows_in_group = math.prod(inner)
         group_params = jax.tree_util.tree_map(
-            lambda a: jax.ShapeDtypeStruct((per_group, *a.shape[1:]), a.dtype), stacked
+            lambda a, n=rows_in_group: jax.ShapeDtypeStruct((n, *a.shape[1:]), a.dtype), stacked
         )
         replay = find_residuals(
-            lambda g, c: scan_layers(layer_fn, g, c, "full"), group_params, h, input_origin=block_inputs
+            lambda g, c, inner=inner: scan_levels(layer_fn, g, c, inner),
+            group_params,
+            h,
+            input_origin=block_inputs,
         )
         rows += [_row(f, "replay") for f in replay]
 
@@ -215,7 +221,8 @@ def residual_report(
         "batch": batch,
         "seq": seq,
         "num_layers": num_layers,
-        "groups": groups,
+        "groups": levels[0] if pol.nested else None,
+        "levels": list(levels) if levels else None,
         "per_block": per_block,
         "residuals": rows,
         "total_device_bytes": total(DEVICE),
