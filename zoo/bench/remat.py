@@ -34,6 +34,7 @@ from zoo.bench.common import (
 )
 from zoo.errors import ZooError
 from zoo.models import canonical
+from zoo.models.ops import ATTENTIONS
 from zoo.models.registry import check_backend, get_config
 from zoo.remat import get_policy, policy_names
 from zoo.residuals import residual_report
@@ -305,10 +306,11 @@ def _run_cli(args) -> int:
     progress = (
         None if args.quiet else (lambda m: err_console.print(m, style="dim", markup=False, highlight=False))
     )
+    model = get_config(args.model, attention=args.attention) if args.attention else args.model
     if args.depths:
         policies = args.policies or "full,nested"
         result = bench_depths(
-            args.model,
+            model,
             policies=[p for p in policies.split(",") if p.strip()],
             depths=parse_depths(args.depths),
             backend=args.backend,
@@ -352,7 +354,7 @@ def _run_cli(args) -> int:
         )
         return 0
     result = bench_remat(
-        args.model,
+        model,
         policies=args.policies,
         backend=args.backend,
         batch=args.batch,
@@ -426,6 +428,9 @@ def add_bench(bench_sub) -> None:
         "--seq", type=int, default=None, help="sequence length (default: 128 for transformer-s, else max_len)"
     )
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
+    p.add_argument(
+        "--attention", choices=ATTENTIONS, help="override the model's attention (dense or chunked)"
+    )
     p.add_argument(
         "--repeats",
         type=positive_int,

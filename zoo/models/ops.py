@@ -16,9 +16,11 @@ import numpy as np
 from flax import nnx
 from jax.experimental import checkify
 
+from zoo.errors import ZooError, choice_error
 from zoo.hooks import report
 
 ACTIVATIONS = {"gelu": jax.nn.gelu, "tanh": jnp.tanh, "relu": jax.nn.relu}
+ATTENTIONS = ("dense", "chunked")
 
 
 # --- Input checks ---------------------------------------------------------------------------
@@ -57,6 +59,15 @@ def check_token_shape(x: jax.Array) -> None:
         raise ValueError(f"token ids must be [B, T], got shape {tuple(x.shape)}")
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"token ids must be integers, got dtype {x.dtype}")
+
+
+def check_attention(cfg) -> None:
+    """A config's ``attention`` is one of :data:`ATTENTIONS` and its chunk a positive int."""
+    if cfg.attention not in ATTENTIONS:
+        raise choice_error(f"{type(cfg).__name__}.attention", cfg.attention, ATTENTIONS)
+    chunk = cfg.attention_chunk
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise ZooError(f"{type(cfg).__name__}.attention_chunk must be a positive int, got {chunk!r}")
 
 
 def check_length(length: int, max_len: int) -> None:
@@ -182,6 +193,20 @@ def positions(layer, like: jax.Array) -> jax.Array:
 
 
 # --- Attention ------------------------------------------------------------------------------
+
+
+def attention(
+    q, k, v, num_heads: int, num_kv_heads: int | None = None, *, kind: str = "dense", chunk: int = 64
+):
+    """The models' causal self-attention: ``"dense"`` (:func:`causal_attention`, the [T, T]
+    scores built at once) or ``"chunked"`` (:func:`zoo.models.attention.chunked_attention`:
+    key chunks of ``chunk``, an online softmax and a remat rule that keeps only q, k, v, the
+    output and the log-sum-exp). Same shapes and values (to float32 rounding)."""
+    if kind == "chunked":
+        from zoo.models.attention import chunked_attention
+
+        return chunked_attention(q, k, v, num_heads, num_kv_heads, chunk=chunk)
+    return causal_attention(q, k, v, num_heads, num_kv_heads)
 
 
 def causal_attention(

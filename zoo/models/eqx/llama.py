@@ -37,7 +37,9 @@ class Attention(eqx.Module):
         k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
         v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
         q, k = ops.rotary(q, cfg.num_heads, cfg.rope_theta), ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta)
-        context = ops.causal_attention(q, k, v, cfg.num_heads, cfg.num_kv_heads)
+        context = ops.attention(
+            q, k, v, cfg.num_heads, cfg.num_kv_heads, kind=cfg.attention, chunk=cfg.attention_chunk
+        )
         context = checkpoint_name(context, names.ATTN_CONTEXT)
         return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT)
 

@@ -23,6 +23,8 @@ class Attention(eqx.Module):
     v: eqx.nn.Linear
     o: eqx.nn.Linear
     num_heads: int = eqx.field(static=True)
+    kind: str = eqx.field(static=True)
+    chunk: int = eqx.field(static=True)
 
     def __init__(self, cfg: TransformerConfig, *, key: jax.Array):
         d = cfg.d_model
@@ -32,12 +34,14 @@ class Attention(eqx.Module):
         self.v = eqx.nn.Linear(d, d, use_bias=False, key=kv)
         self.o = eqx.nn.Linear(d, d, use_bias=False, key=ko)
         self.num_heads = cfg.num_heads
+        self.kind, self.chunk = cfg.attention, cfg.attention_chunk
 
     def __call__(self, x: jax.Array) -> jax.Array:
         q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
         k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
         v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
-        context = checkpoint_name(ops.causal_attention(q, k, v, self.num_heads), names.ATTN_CONTEXT)
+        context = ops.attention(q, k, v, self.num_heads, kind=self.kind, chunk=self.chunk)
+        context = checkpoint_name(context, names.ATTN_CONTEXT)
         return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT)
 
 

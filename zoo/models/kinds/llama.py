@@ -11,7 +11,13 @@ import jax.numpy as jnp
 from zoo import names
 from zoo.configs import require_positive
 from zoo.errors import ZooError
-from zoo.models.ops import check_concrete_ids, check_ids_under_jit, check_length, check_token_shape
+from zoo.models.ops import (
+    check_attention,
+    check_concrete_ids,
+    check_ids_under_jit,
+    check_length,
+    check_token_shape,
+)
 from zoo.models.registry import DataFit, ModelConfig, axes_from_table, register
 
 # Logical axes of each leaf (without the stack's leading ``layers`` axis). ``heads`` and
@@ -47,10 +53,13 @@ class LlamaConfig(ModelConfig):
     d_ff: int = 192
     num_layers: int = 2
     max_len: int = 64
+    attention: str = "dense"  # or "chunked": key chunks, online softmax (zoo.models.attention)
+    attention_chunk: int = 64
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
+        check_attention(self)
         require_positive(
             self, "vocab_size", "d_model", "num_heads", "num_kv_heads", "d_ff", "num_layers", "max_len"
         )

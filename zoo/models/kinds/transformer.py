@@ -12,6 +12,7 @@ from zoo import names
 from zoo.configs import require_positive
 from zoo.errors import ZooError
 from zoo.models.ops import (
+    check_attention,
     check_concrete_ids,
     check_features,
     check_ids_under_jit,
@@ -63,10 +64,13 @@ class TransformerConfig(ModelConfig):
     d_ff: int = 256
     num_layers: int = 2
     max_len: int = 64
+    attention: str = "dense"  # or "chunked": key chunks, online softmax (zoo.models.attention)
+    attention_chunk: int = 64
     d_in: int = 0
     num_classes: int = 0
 
     def __post_init__(self) -> None:
+        check_attention(self)
         require_positive(self, "vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len")
         if self.d_model % self.num_heads:
             raise ZooError(

@@ -25,12 +25,14 @@ class Attention(nnx.Module):
         self.v = nnx.Linear(d, d, use_bias=False, rngs=rngs)
         self.o = nnx.Linear(d, d, use_bias=False, rngs=rngs)
         self.num_heads = cfg.num_heads
+        self.kind, self.chunk = cfg.attention, cfg.attention_chunk
 
     def __call__(self, x: jax.Array) -> jax.Array:
         q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
         k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
         v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
-        context = checkpoint_name(ops.causal_attention(q, k, v, self.num_heads), names.ATTN_CONTEXT)
+        context = ops.attention(q, k, v, self.num_heads, kind=self.kind, chunk=self.chunk)
+        context = checkpoint_name(context, names.ATTN_CONTEXT)
         return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT)
 
 
