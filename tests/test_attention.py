@@ -94,8 +94,8 @@ def test_values_and_gradients_equal_dense_attention(causal, masked):
 
 def test_causal_chunked_attention_is_the_models_dense_attention():
     q, k, v, _, _ = inputs(1)
-    out = chunked_attention(q, k, v, H, KV, chunk=CHUNK)
-    assert_close(out, causal_attention(q, k, v, H, KV), n=T * D)
+    out = fast_jit(lambda q, k, v: chunked_attention(q, k, v, H, KV, chunk=CHUNK))(q, k, v)
+    assert_close(out, fast_jit(lambda q, k, v: causal_attention(q, k, v, H, KV))(q, k, v), n=T * D)
 
 
 def test_a_query_with_no_key_to_attend_to_gives_zeros_and_finite_gradients():
@@ -106,9 +106,11 @@ def test_a_query_with_no_key_to_attend_to_gives_zeros_and_finite_gradients():
     def loss(q, k, v):
         return jnp.sum(chunked_attention(q, k, v, H, KV, chunk=CHUNK, causal=False, key_mask=mask) * weights)
 
-    out = chunked_attention(q, k, v, H, KV, chunk=CHUNK, causal=False, key_mask=mask)
+    out = fast_jit(
+        lambda q, k, v: chunked_attention(q, k, v, H, KV, chunk=CHUNK, causal=False, key_mask=mask)
+    )(q, k, v)
     assert np.all(np.asarray(out[1]) == 0)
-    grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    grads = fast_jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
     assert all(np.isfinite(np.asarray(g)).all() for g in grads)
 
 

@@ -27,10 +27,11 @@ from zoo.train.engine import Engine
 from zoo.train.task import load_task
 
 M = 1000  # at most ~4.6 can be shown with 1000 canaries at 95%: room above the claimed 3
+STEPS = 60  # of digits-mlp-dp's 150: each included canary is still drawn ~22 times
 
 
 def dp_recipe(**values):
-    return recipes.with_values(recipes.load_recipe("digits-mlp-dp"), values)
+    return recipes.with_values(recipes.load_recipe("digits-mlp-dp"), {"train.steps": STEPS, **values})
 
 
 def rebuilt(cls, engine):
@@ -87,7 +88,7 @@ def test_whitebox_audit_catches_a_planted_bug(bug, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["whitebox", "blackbox"])
+@pytest.mark.parametrize("mode", ["whitebox"])  # black-box: benchmarks/audit.py, docs/dp.md
 def test_a_correct_run_stays_below_its_claim(mode, tmp_path):
     summary = audit(dp_recipe(), tmp_path, canaries=M, mode=mode)
     assert summary["epsilon_lower_bound"] <= summary["epsilon_claimed"], summary
