@@ -11,17 +11,24 @@ STAMP := $(VENV)/.installed
 # Without AVX-512 the machine's own best is AVX2, and `make test` has just run under it: the
 # AVX2 pass would repeat that run bit for bit, so it is left out there.
 ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes),AVX2)
-# The re-run takes the NNX cases. An Equinox case computes what its NNX twin computes (the
-# parity tests, which are re-run, hold the two backends to the float rule), and leaving them out
-# keeps .ci/run inside its 15 minutes on a 2-core machine. It also leaves out the negative tests
-# ("the float rule still catches ..."): a planted bug misses the rule by orders of magnitude
-# more than an instruction set moves a sum. Of the remat-policy cells it keeps the policies that
-# change how the stack runs (full, nested, recursive, the two offloads, custom) and leaves out
-# `none` (the reference itself) and those that only choose which names to save (dots,
-# save-attn, minimal, full-lean), and the chunked-attention model cells (the op's own cells and
-# the models' parity cells are re-run). `make test` runs every case.
-ISA_SKIP_POLICIES := policy_matches_no_remat and (none or dots or save-attn or full-lean or (minimal and not offload))
-ISA_SELECT := -m numerics -k "not eqx and not still_catches and not ($(ISA_SKIP_POLICIES)) and not chunked_attention_gives and not through_chunked"
+# The re-run takes one cell per mechanism, which keeps .ci/run inside its 15 minutes on a
+# 2-core machine; `make test` runs every case. Left out of the re-run:
+# - Equinox cases: they compute what their NNX twins compute, and the parity tests, which are
+#   re-run, hold the two backends to the float rule;
+# - the negative tests ("the float rule still catches ..."): a planted bug misses the rule by
+#   orders of magnitude more than an instruction set moves a sum;
+# - remat policies that only choose which names to save or where (none, dots, save-attn,
+#   minimal, full-lean, the offloads, custom): full, nested and recursive, which change how
+#   the stack runs, are re-run on every kind;
+# - ghost-clipping cells beyond ghost against vmap (both backward methods) and frozen layers;
+#   parity variants of a kind (digits, head counts, kv heads); the chunked-attention model
+#   cells (the op's own cells are re-run); freezing per kind (test_freeze's cells are re-run).
+ISA_SKIP := eqx or still_catches or chunked_attention_gives or through_chunked
+ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-lean or minimal or offload))
+ISA_SKIP += or (test_ghost and not (matches_vmap_path or frozen_layers))
+ISA_SKIP += or (test_kinds and freezing_by_path)
+ISA_SKIP += or (converted_weights and (digits or heads or kv))
+ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 
 .PHONY: run test test-isa lint bench docs clean
 
