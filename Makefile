@@ -20,12 +20,12 @@ ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo y
 # - remat policies that only choose which names to save or where (none, dots, save-attn,
 #   minimal, full-lean, the offloads, custom): full, nested and recursive, which change how
 #   the stack runs, are re-run on every kind;
-# - ghost-clipping cells beyond ghost against vmap (both backward methods) and frozen layers;
+# - ghost-clipping cells beyond ghost against vmap (first backward method) and frozen layers;
 #   parity variants of a kind (digits, head counts, kv heads); the chunked-attention model
 #   cells (the op's own cells are re-run); freezing per kind (test_freeze's cells are re-run).
 ISA_SKIP := eqx or still_catches or chunked_attention_gives or through_chunked
 ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-lean or minimal or offload))
-ISA_SKIP += or (test_ghost and not (matches_vmap_path or frozen_layers))
+ISA_SKIP += or (test_ghost and not ((matches_vmap_path and not second_backward) or frozen_layers))
 ISA_SKIP += or (test_kinds and freezing_by_path)
 ISA_SKIP += or (converted_weights and (digits or heads or kv))
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
