@@ -50,6 +50,7 @@ _SUBMODULES = (
     "data",
     "dp",
     "freeze",
+    "lora",
     "losses",
     "models",
     "names",

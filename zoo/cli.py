@@ -21,6 +21,7 @@ COMMAND_MODULES = {
     "zoo.commands.remat": ("residuals", "remat-policies"),
     "zoo.commands.bench": ("bench",),
     "zoo.commands.audit": ("audit",),
+    "zoo.commands.export": ("export",),
 }
 
 

@@ -125,3 +125,34 @@ class FreezeConfig:
 
     patterns: tuple[str, ...] = ()
     init_from: str | None = None
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters on a frozen base (``zoo.lora``); ``rank = 0`` means none.
+
+    ``targets`` are patterns over canonical dense paths, as in ``freeze.patterns``: ``attn.q``
+    (inside the stack), ``blocks[2:4].mlp.*``, ``head``. The base comes from ``freeze.init_from``.
+    """
+
+    rank: int = 0
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ()
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
+            raise ZooError(f"lora.rank must be an int >= 0 (0: no adapters), got {self.rank!r}")
+        if not self.alpha > 0:
+            raise ZooError(f"lora.alpha must be > 0, got {self.alpha!r}")
+        if self.rank and not self.targets:
+            raise ZooError("lora.targets is empty: name the dense layers to adapt, e.g. attn.q|attn.v")
+        if self.dropout != 0:
+            raise ZooError(
+                f"lora.dropout={self.dropout!r} is not supported: zoo's models draw no dropout "
+                "randomness; use 0"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0

@@ -1,7 +1,7 @@
 """Recipes: TOML files validated into frozen dataclasses. Flags override fields.
 
 A recipe has a name, a description and sections ``model``, ``data``, ``optim``, ``train``,
-``dp`` and ``freeze``. Unknown sections or keys, and values of the wrong type, are errors.
+``dp``, ``freeze`` and ``lora`` (left out of the resolved form while it is off). Unknown sections or keys, and values of the wrong type, are errors.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from zoo.configs import DataConfig, FreezeConfig, ModelSection, OptimConfig, TrainConfig
+from zoo.configs import DataConfig, FreezeConfig, LoraConfig, ModelSection, OptimConfig, TrainConfig
 from zoo.dp import DPConfig
 from zoo.errors import ZooError, choice_error
 from zoo.models.registry import check_backend, get_config
@@ -31,6 +31,7 @@ class Recipe:
     train: TrainConfig
     dp: DPConfig
     freeze: FreezeConfig
+    lora: LoraConfig
 
     @property
     def model_config(self):
@@ -44,6 +45,7 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "dp": DPConfig,
     "freeze": FreezeConfig,
+    "lora": LoraConfig,
 }
 
 
@@ -93,6 +95,8 @@ def _model_section(values: dict) -> ModelSection:
     values = dict(values)
     preset = values.pop("preset", ModelSection.preset)
     backend = check_backend(values.pop("backend", ModelSection.backend))
+    if "lora" in values:
+        raise ZooError("model.lora is set by the [lora] section (or --lora), not as a model override")
     get_config(preset, **values)  # validates preset and override names
     return ModelSection(preset=preset, backend=backend, overrides=tuple(sorted(values.items())))
 
@@ -140,6 +144,8 @@ def to_dict(recipe: Recipe) -> dict:
     out = {"name": recipe.name, "description": recipe.description}
     for key in SECTIONS:
         section = getattr(recipe, key)
+        if key == "lora" and not section.enabled:
+            continue  # off: recipes (and the fingerprints of runs) from before LoRA read the same
         if key == "model":
             out[key] = {"preset": section.preset, "backend": section.backend, **dict(section.overrides)}
         else:

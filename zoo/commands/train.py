@@ -38,6 +38,10 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
         for dest, field in FLAG_FIELDS.items()
         if getattr(args, dest, None) is not None
     }
+    if getattr(args, "lora", None):
+        from zoo.lora import parse_flag
+
+        values.update(parse_flag(args.lora))
     if values:
         recipe = recipe_lib.with_values(recipe, values)
     return recipe_lib.with_sets(recipe, args.set or [])
@@ -60,6 +64,12 @@ def _add_recipe_flags(p) -> None:
         action="append",
         metavar="PATTERN",
         help="freeze canonical params matching PATTERN (repeatable), e.g. embed, blocks[0:2]",
+    )
+    p.add_argument(
+        "--lora",
+        metavar="SPEC",
+        help="low-rank adapters on a frozen base (needs --init-from), e.g. "
+        "rank=8,alpha=16,targets=attn.q|attn.v ; targets are dense-layer patterns as in --freeze",
     )
     p.add_argument(
         "--set",

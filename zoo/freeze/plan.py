@@ -298,6 +298,12 @@ def resolve_freeze(
             else:
                 frozen_leaves.add(path)
 
+    return plan_of(shapes, frozen_leaves, rows, depth, parsed)
+
+
+def plan_of(shapes, frozen_leaves, rows: Mapping[str, set[int]], depth: int, patterns=()) -> FreezePlan:
+    """The plan freezing the non-stacked ``frozen_leaves`` and, of each stacked leaf in
+    ``rows``, those layers; the frozen prefix is worked out here."""
     frozen_rows = {p: tuple(sorted(r)) for p, r in rows.items() if r}
     stacked = [p for p in shapes if _is_stacked(p)]
     prefix = 0
@@ -310,5 +316,5 @@ def resolve_freeze(
         frozen_leaves=frozenset(frozen_leaves),
         num_layers=depth,
         frozen_prefix=prefix,
-        patterns=parsed,
+        patterns=tuple(patterns),
     )

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zoo.errors import ZooError
+from zoo.models import lora
 from zoo.models.registry import ModelConfig, check_backend, module_class
 
 Path = tuple[str, ...]
@@ -34,6 +35,8 @@ _NNX_LEAF = {"kernel": "w", "embedding": "w", "bias": "b", "scale": "scale"}
 _EQX_LEAF = {  # (module type, field) -> (canonical leaf, stored transposed)
     (eqx.nn.Linear, "weight"): ("w", True),
     (eqx.nn.Linear, "bias"): ("b", False),
+    (lora.LoraLinear, "weight"): ("w", True),
+    (lora.LoraLinear, "bias"): ("b", False),
     (eqx.nn.Embedding, "weight"): ("w", False),
     (eqx.nn.LayerNorm, "weight"): ("scale", False),
     (eqx.nn.LayerNorm, "bias"): ("b", False),
@@ -127,11 +130,12 @@ def _layout_of(model) -> _Layout:
 def _template(cfg: ModelConfig, backend: str) -> _Layout:
     cls = module_class(cfg, backend)
     # Shapes only. The throwaway init key is made inside the abstract trace, so it never
-    # leaks into a caller that is itself tracing.
+    # leaks into a caller that is itself tracing. Adapters (cfg.lora) are attached to the
+    # built module: the model classes know nothing of them.
     if backend == "nnx":
-        abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+        abstract = nnx.eval_shape(lambda: lora.attach(cls(cfg, rngs=nnx.Rngs(0)), cfg.lora))
     else:
-        abstract = eqx.filter_eval_shape(lambda: cls(cfg, key=jax.random.key(0)))
+        abstract = eqx.filter_eval_shape(lambda: lora.attach(cls(cfg, key=jax.random.key(0)), cfg.lora))
     return _layout_of(abstract)
 
 
@@ -188,14 +192,33 @@ def from_canonical(cfg: ModelConfig, backend: str, params: dict):
 
 
 def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> dict:
-    """Fresh canonical params. Each leaf draws from ``fold_in(key, index)`` in path order."""
+    """Fresh canonical params. Each leaf draws from ``fold_in(key, index)`` in path order;
+    adapter leaves (``cfg.lora``) from a stream of their own, so the base leaves are those of
+    the same config without adapters."""
     key = jax.random.key(seed) if isinstance(seed, int) else seed
-    return _init_params(cfg, key)
+    return _init_params(cfg, key, adapters_only=False)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _init_params(cfg: ModelConfig, key: jax.Array) -> dict:
+def init_adapters(cfg: ModelConfig, seed: int | jax.Array = 0) -> dict:
+    """Just the adapter leaves of :func:`init_params` (``cfg.lora`` must be set)."""
+    if cfg.lora is None:
+        raise ValueError(f"{type(cfg).__name__} has no adapters (lora=None)")
+    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    return _init_params(cfg, key, adapters_only=True)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _init_params(cfg: ModelConfig, key: jax.Array, adapters_only: bool) -> dict:
     shapes = canonical_shapes(cfg)
     paths = sorted(_template(cfg, "nnx").paths)
-    values = [cfg.init_leaf(p, shapes[dotted(p)], jax.random.fold_in(key, i)) for i, p in enumerate(paths)]
-    return _nested(paths, values)
+    base = [p for p in paths if not lora.is_adapter_path(p)]
+    adapters = [p for p in paths if lora.is_adapter_path(p)]
+    adapter_key = jax.random.fold_in(key, lora.INIT_STREAM)
+    values = [
+        lora.init_adapter(p, shapes[dotted(p)], jax.random.fold_in(adapter_key, i))
+        for i, p in enumerate(adapters)
+    ]
+    if adapters_only:
+        return _nested(adapters, values)
+    values += [cfg.init_leaf(p, shapes[dotted(p)], jax.random.fold_in(key, i)) for i, p in enumerate(base)]
+    return _nested(adapters + base, values)

@@ -18,6 +18,7 @@ from jax.experimental import checkify
 
 from zoo.errors import ZooError, choice_error
 from zoo.hooks import report
+from zoo.models.lora import LoraLinear
 
 ACTIVATIONS = {"gelu": jax.nn.gelu, "tanh": jnp.tanh, "relu": jax.nn.relu}
 ATTENTIONS = ("dense", "chunked")
@@ -104,7 +105,7 @@ def _value(param):
 def _linear(layer) -> dict[str, jax.Array]:
     if isinstance(layer, nnx.Linear):
         params = {"w": _value(layer.kernel), "b": None if layer.bias is None else _value(layer.bias)}
-    elif isinstance(layer, eqx.nn.Linear):
+    elif isinstance(layer, (eqx.nn.Linear, LoraLinear)):
         params = {"w": layer.weight.T, "b": layer.bias}
     else:
         raise TypeError(f"dense() needs an nnx.Linear or eqx.nn.Linear, got {type(layer).__name__}")
@@ -112,12 +113,18 @@ def _linear(layer) -> dict[str, jax.Array]:
 
 
 def dense(layer, x: jax.Array) -> jax.Array:
-    """``x @ w + b`` over the last axis of ``x`` ([..., d_in] -> [..., d_out])."""
+    """``x @ w + b`` over the last axis of ``x`` ([..., d_in] -> [..., d_out]).
+
+    A layer with a low-rank adapter (:mod:`zoo.models.lora`) adds ``scale * (x @ A) @ B``,
+    each half reported as a dense op of its own."""
     params = _linear(layer)
     z = x @ params["w"]
     if "b" in params:
         z = z + params["b"]
-    return report("dense", z, params, x)
+    z = report("dense", z, params, x)
+    if getattr(layer, "lora_a", None) is not None:
+        z = z + layer.lora_scale * dense(layer.lora_b, dense(layer.lora_a, x))
+    return z
 
 
 def _norm_params(layer) -> tuple[dict[str, jax.Array], float]:

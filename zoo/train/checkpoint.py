@@ -2,6 +2,10 @@
 params, and JSON metadata (resolved recipe, model config, tokenizer), each verified by a
 checksum manifest.
 
+A LoRA run's steps hold only its adapters, and its metadata a reference to the base step it
+adapts (directory, step, and the sha256 of that step's manifest): loading the run loads the
+base too, and refuses a base that is gone or has changed since.
+
 Orbax writes each step to a temporary directory and renames it when complete. After that,
 ``save`` writes ``zoo_manifest.json`` (size and sha256 of every file of the step) as the
 step's last file, atomically. A step is *intact* when its manifest exists and every file
@@ -26,6 +30,7 @@ import orbax.checkpoint as ocp
 
 from zoo.data import CharTokenizer
 from zoo.errors import ZooError
+from zoo.models.canonical import flat_by_path, nest_by_path
 from zoo.models.registry import ModelConfig, config_from_dict
 from zoo.recipes import Recipe, parse_recipe
 from zoo.train.runlog import atomic_write
@@ -35,6 +40,7 @@ DAMAGED_DIR = "damaged-checkpoints"
 MANIFEST = "zoo_manifest.json"
 FORMAT_MARKER = "zoo_format.json"  # checkpoints/ of a run whose steps all carry manifests
 _MANIFEST_FORMAT = "zoo.checkpoint_manifest"
+LORA_BASE = "lora_base"  # meta key of a LoRA run's base reference
 
 
 def _manager(run_dir: Path, create: bool) -> ocp.CheckpointManager:
@@ -215,20 +221,20 @@ def _restore(run_dir: Path, step: int, **items):
 
 
 def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
+    """Write step ``step`` of a run: ``state`` (None for an export, which cannot be resumed),
+    ``params`` and ``meta``, then its manifest."""
     marker = Path(run_dir) / CHECKPOINT_DIR / FORMAT_MARKER
     if not marker.exists():
         marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(marker, json.dumps({"format": _MANIFEST_FORMAT, "version": 1}) + "\n")
+    items = {
+        "params": ocp.args.StandardSave(params),
+        "meta": ocp.args.JsonSave({**meta, "step": step}),
+    }
+    if state is not None:
+        items["state"] = ocp.args.StandardSave(state)
     with _manager(run_dir, create=True) as manager:
-        manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                params=ocp.args.StandardSave(params),
-                meta=ocp.args.JsonSave({**meta, "step": step}),
-            ),
-            force=True,
-        )
+        manager.save(step, args=ocp.args.Composite(**items), force=True)
         manager.wait_until_finished()
     _write_manifest(_step_dir(run_dir, step))
 
@@ -239,8 +245,41 @@ def restore_meta(run_dir: Path, step: int) -> dict:
 
 
 def restore_params(run_dir: Path, step: int) -> dict:
-    """The full canonical params (trainable and frozen) saved with ``step``."""
-    return _restore(run_dir, step, params=ocp.args.StandardRestore())["params"]
+    """The full canonical params (trainable and frozen) saved with ``step``; a LoRA run's
+    adapters come with the weights of its base."""
+    restored = _restore(run_dir, step, params=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+    return _with_base(restored["params"], restored["meta"], run_dir)
+
+
+# --- A LoRA run's base ----------------------------------------------------------------------
+
+
+def _manifest_sha(run_dir: Path, step: int) -> str:
+    return _sha256(_step_dir(run_dir, step) / MANIFEST)
+
+
+def base_reference(source: Checkpoint) -> dict:
+    """What a LoRA run records of the base checkpoint it adapts."""
+    return {
+        "path": str(source.path.absolute()),
+        "step": source.step,
+        "manifest_sha256": _manifest_sha(source.path, source.step),
+    }
+
+
+def _with_base(params: dict, meta: dict, run_dir: Path) -> dict:
+    ref = meta.get(LORA_BASE)
+    if not ref:
+        return params
+    base_dir, step = Path(ref["path"]), int(ref["step"])
+    where = f"the base of the LoRA run {str(run_dir)!r}, step {step} of {str(base_dir)!r},"
+    problem = step_problem(base_dir, step) if step in saved_steps(base_dir) else "it is not there"
+    if problem is None and _manifest_sha(base_dir, step) != ref["manifest_sha256"]:
+        problem = "it was written again since the LoRA run started (its manifest changed)"
+    if problem is not None:
+        raise ZooError(f"{where} cannot be used: {problem}")
+    base = _restore(base_dir, step, params=ocp.args.StandardRestore())["params"]
+    return nest_by_path({**flat_by_path(base), **flat_by_path(params)})
 
 
 def restore_state(run_dir: Path, step: int, abstract_state):
@@ -272,7 +311,7 @@ def load_checkpoint(run_dir: str | Path, step: int | None = None) -> Checkpoint:
     return Checkpoint(
         path=run_dir,
         step=step,
-        params=restored["params"],
+        params=_with_base(restored["params"], meta, run_dir),
         recipe=parse_recipe(meta["recipe"]),
         model_config=config_from_meta(meta["model"]),
         backend=meta["model"]["backend"],

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 from rich.console import Console
 
+from zoo import lora
 from zoo.dp import PoissonSampler, epsilon_spent, ghost, resolve_noise_multiplier
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, resolve_freeze
@@ -64,6 +65,8 @@ class Run:
     dp: DPPlan | None
 
     plan_steps: int  # the horizon of the lr schedule and the DP calibration (resume.py)
+    lora: lora.LoraSetup | None = None
+    base: dict | None = None  # a LoRA run's base checkpoint (checkpoint.base_reference)
 
     @property
     def steps(self) -> int:
@@ -131,6 +134,7 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
     plan_steps = plan_steps or recipe.train.steps
     seed = recipe.train.seed
     source = None
+    _check_lora_section(recipe)
     if recipe.freeze.init_from:
         source = checkpoint.load_checkpoint(recipe.freeze.init_from)
     preset_cfg = get_config(recipe.model.preset, **dict(recipe.model.overrides))
@@ -142,18 +146,28 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
         max_len=getattr(preset_cfg, "max_len", None),
     )
     cfg = fit_model_to_task(recipe.model.preset, dict(recipe.model.overrides), task)
-    if source is not None:
-        try:
+    adapters = lora.resolve(cfg, recipe.lora) if recipe.lora.enabled else None
+    if adapters is not None:
+        cfg = lora.adapted_config(cfg, adapters)
+    try:
+        if adapters is not None:
+            params = lora.initial_params(cfg, source.model_config, source.params, seed)
+        elif source is not None:
             canonical.check_params(cfg, source.params)
-        except ZooError as error:
-            raise ZooError(
-                f"--init-from {recipe.freeze.init_from!r} does not fit this recipe's model: {error}"
-            ) from None
-        params = source.params
+            params = source.params
+        else:
+            params = canonical.init_params(cfg, seed)
+    except ZooError as error:
+        if source is None:
+            raise
+        raise ZooError(
+            f"--init-from {recipe.freeze.init_from!r} does not fit this recipe's model: {error}"
+        ) from None
+    if adapters is not None:
+        freeze = lora.freeze_plan(cfg, adapters)
     else:
-        params = canonical.init_params(cfg, seed)
-    freeze = resolve_freeze(params, recipe.freeze.patterns)
-    _warn_if_nothing_trains(freeze, recipe.freeze.patterns)
+        freeze = resolve_freeze(params, recipe.freeze.patterns)
+        _warn_if_nothing_trains(freeze, recipe.freeze.patterns)
     _warn_unused_microbatch(recipe, cfg)
     dp = _dp_plan(recipe, task, plan_steps)
     optimizer = make_optimizer(recipe.optim, plan_steps, clip=dp is None)
@@ -174,7 +188,27 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
         if dp
         else None,
     )
-    return Run(recipe, task, cfg, params, freeze, engine, dp, plan_steps)
+    base = (
+        checkpoint.base_reference(source)
+        if adapters is not None and source.model_config.lora is None
+        else None
+    )
+    return Run(recipe, task, cfg, params, freeze, engine, dp, plan_steps, adapters, base)
+
+
+def _check_lora_section(recipe: Recipe) -> None:
+    if not recipe.lora.enabled:
+        return
+    if not recipe.freeze.init_from:
+        raise ZooError(
+            "--lora adapts a trained model: give its run directory with --init-from DIR "
+            "(or freeze.init_from in the recipe)"
+        )
+    if recipe.freeze.patterns:
+        raise ZooError(
+            f"--lora already freezes the whole base; freeze.patterns {list(recipe.freeze.patterns)} "
+            "would have nothing left to freeze: drop --freeze"
+        )
 
 
 def train_batch(run: Run, step: int) -> dict[str, np.ndarray]:
@@ -193,6 +227,7 @@ def _meta(run: Run) -> dict:
         "data_digest": data_digest((run.task.data.x_train, run.task.data.y_train)),
         "model": checkpoint.model_meta(run.cfg, run.engine.backend),
         "tokenizer": tokenizer.to_json() if tokenizer else None,
+        **({checkpoint.LORA_BASE: run.base} if run.base else {}),
     }
 
 
@@ -299,7 +334,7 @@ def train(
                     log.write({"step": done, **eval_metrics})
                 if done % recipe.train.checkpoint_every == 0 or done == steps:
                     params = run.freeze.merge(state.params, frozen)
-                    checkpoint.save(out, done, state, params, meta)
+                    checkpoint.save(out, done, state, lora.adapters_of(params) if run.base else params, meta)
                     last_saved = done
     except KeyboardInterrupt:
         saved = f"the last checkpoint is step {last_saved}" if last_saved else "no checkpoint was written yet"
@@ -369,6 +404,7 @@ def _summary(run, out, loss, eval_metrics, compile_count, timed_examples, timed_
         "fingerprint": fingerprint(recipe),
         "trainable_params": run.freeze.trainable_count,
         "frozen_params": run.freeze.frozen_count,
+        **({"lora": run.lora.summary(run.freeze)} if run.lora else {}),
         **{k: v for k, v in eval_metrics.items() if k != "epsilon"},
     }
     if point:

@@ -1,0 +1,30 @@
+"""``zoo export``: a LoRA run as a plain zoo checkpoint, adapters merged into the weights."""
+
+from __future__ import annotations
+
+from zoo.ui import emit_json, print_table
+
+
+def run_export(args) -> int:
+    from zoo.lora import export
+
+    result = export(args.run_dir, args.out, merge=args.merge, step=args.step)
+    if args.json:
+        emit_json(result)
+    else:
+        print_table(f"export of {args.run_dir}", ["field", "value"], [(k, str(v)) for k, v in result.items()])
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "export", help="write a LoRA run as a plain checkpoint (--merge: adapters into the weights)"
+    )
+    p.add_argument("run_dir", metavar="RUN", help="a LoRA run directory")
+    p.add_argument("--out", required=True, metavar="DIR", help="a new directory for the checkpoint")
+    p.add_argument(
+        "--merge", action="store_true", help="fold each adapter into its weight: W + (alpha/rank) B A"
+    )
+    p.add_argument("--step", type=int, help="the step to export (default: the newest intact one)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_export)
