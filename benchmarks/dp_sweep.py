@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zoo import recipes
+from zoo import lora, recipes
 from zoo.data import Dataset, load_dataset
 from zoo.data.arrays import split_indices
 from zoo.dp import PoissonSampler, resolve_noise_multiplier
@@ -167,8 +167,11 @@ def _sigma(dp, n: int, steps: int) -> float:
 def _engine(recipe, task: Task, sigma: float | None, sampler: PoissonSampler | None):
     """The engine ``build_run`` would make for ``recipe`` on ``task``."""
     cfg = fit_model_to_task(recipe.model.preset, dict(recipe.model.overrides), task)
-    params0 = canonical.init_params(cfg, 0)
-    freeze = resolve_freeze(params0, recipe.freeze.patterns)
+    if recipe.lora.enabled:  # adapters on the frozen base, as build_run makes them
+        cfg = lora.adapted_config(cfg, setup := lora.resolve(cfg, recipe.lora))
+        freeze = lora.freeze_plan(cfg, setup)
+    else:
+        freeze = resolve_freeze(canonical.canonical_shapes(cfg), recipe.freeze.patterns)
     dp = None
     if sigma is not None:
         dp = DPRuntime(
@@ -205,7 +208,7 @@ def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
             n, recipe.dp.expected_batch_size, 0, pad_to_multiple=recipe.dp.microbatch_size or 1
         )
     cfg, freeze, engine = _engine(recipe, any_task, sigma, sampler0)
-    source = checkpoint.load_checkpoint(recipe.freeze.init_from).params if recipe.freeze.init_from else None
+    source = checkpoint.load_checkpoint(recipe.freeze.init_from) if recipe.freeze.init_from else None
     accs = []
     for seed, task in tasks.items():
         r = recipes.with_values(recipe, {"train.seed": seed})
@@ -217,7 +220,10 @@ def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
                 epsilon=float("nan"),
                 steps=r.train.steps,
             )
-        params = source if source is not None else canonical.init_params(cfg, seed)
+        if recipe.lora.enabled:
+            params = lora.initial_params(cfg, source.model_config, source.params, seed)
+        else:
+            params = source.params if source is not None else canonical.init_params(cfg, seed)
         run = Run(r, task, cfg, params, freeze, engine, plan, r.train.steps)
         state, frozen = engine.init_state(run.params, seed)
         for step in range(run.steps):

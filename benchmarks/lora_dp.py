@@ -9,11 +9,15 @@ pinned to it):
   except for the frozen patterns (one variant per ``--frozen``, default two);
 * ``lora``: the adapters without DP (fixed batches of ``dp.expected_batch_size``).
 
-Every variant keeps the recipe's optimizer, steps, epsilon and sampling rate: nothing is tuned
-per variant, and nothing is chosen on the eval split. Reports eval accuracy (mean, standard
-deviation and each seed) and trainable parameters::
+Every variant keeps the recipe's steps, epsilon and sampling rate, and its optimizer but for
+``--frozen-lr``: the frozen-layer runs' learning rate, to be chosen on a validation split with
+``benchmarks/dp_sweep.py sweep`` (nothing here reads the eval split to choose). Reports eval
+accuracy and loss (mean, standard deviation and each seed) and trainable parameters::
 
-    python benchmarks/lora_dp.py --base runs/digits-transformer-pretrain --seeds 0,1,2 --json
+    python benchmarks/dp_sweep.py sweep --recipe digits-transformer-dp-lora --epsilons 3 \
+        --seeds 0,1,2 --val-size 180 --grid optim.lr=0.003,0.01,0.03,0.1 \
+        --set lora.rank=0 --set lora.targets=[] --set 'freeze.patterns=["embed","pos","blocks[:-1]"]'
+    python benchmarks/lora_dp.py --base runs/digits-transformer-pretrain --seeds 0,1,2 --frozen-lr 0.03
 """
 
 from __future__ import annotations
@@ -29,13 +33,12 @@ from zoo.train.loop import train
 FROZEN = ("embed,pos,blocks[:-1]", "embed,pos")
 
 
-def variants(recipe, frozen):
+def variants(recipe, frozen, frozen_lr):
     yield "dp-lora", {}
+    lr = {"optim.lr": frozen_lr} if frozen_lr else {}
     for patterns in frozen:
-        yield (
-            f"dp-frozen:{patterns}",
-            {"lora.rank": 0, "lora.targets": [], "freeze.patterns": patterns.split(",")},
-        )
+        off = {"lora.rank": 0, "lora.targets": [], "freeze.patterns": patterns.split(",")}
+        yield f"dp-frozen:{patterns}", {**off, **lr}
     yield "lora", {"dp.enabled": False, "train.batch_size": int(recipe.dp.expected_batch_size)}
 
 
@@ -47,6 +50,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--frozen", action="append", help=f"frozen patterns, comma-separated (default {FROZEN})"
     )
+    parser.add_argument(
+        "--frozen-lr", type=float, help="optim.lr of the frozen-layer runs (default: the recipe's)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     recipe = recipes.load_recipe(args.recipe)
@@ -54,13 +60,14 @@ def main(argv=None) -> int:
         recipe = recipes.with_values(recipe, {"freeze.init_from": args.base})
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
-    for name, values in variants(recipe, args.frozen or FROZEN):
-        accuracies, summary = [], {}
+    for name, values in variants(recipe, args.frozen or FROZEN, args.frozen_lr):
+        accuracies, losses, summary = [], [], {}
         for seed in seeds:
             run = recipes.with_values(recipe, {**values, "train.seed": seed, "dp.noise_seed": seed})
             with tempfile.TemporaryDirectory() as out:
                 summary = train(run, out, show_progress=False)
             accuracies.append(summary["eval_accuracy"])
+            losses.append(summary["eval_loss"])
             print(f"{name} seed {seed}: eval accuracy {accuracies[-1]:.4f}", flush=True)
         rows.append(
             {
@@ -68,6 +75,8 @@ def main(argv=None) -> int:
                 "accuracy_mean": statistics.mean(accuracies),
                 "accuracy_std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
                 "accuracies": accuracies,
+                "eval_loss_mean": statistics.mean(losses),
+                "lr": run.optim.lr,
                 "epsilon": summary.get("epsilon"),
                 "trainable_params": summary["trainable_params"],
             }
@@ -79,7 +88,7 @@ def main(argv=None) -> int:
             eps = "inf" if row["epsilon"] is None else f"{row['epsilon']:.2f}"
             print(
                 f"{row['run']:<32} eps {eps:>5}  accuracy {row['accuracy_mean']:.4f} +- {row['accuracy_std']:.4f}"
-                f"  trainable {row['trainable_params']:,}"
+                f"  eval loss {row['eval_loss_mean']:.4f}  lr {row['lr']:g}  trainable {row['trainable_params']:,}"
             )
     return 0
 

@@ -103,12 +103,18 @@ def test_params_command_marks_frozen(pretrained, capsys):
 def test_bench_finetune_frozen_prefix_saves_memory_and_optimizer_state():
     from zoo.bench.finetune import bench_finetune
 
-    result = bench_finetune("transformer-xs", batch=4, seq=16, repeats=1)
-    full, frozen = result["rows"]
+    result = bench_finetune("transformer-xs", batch=4, seq=16, repeats=1, lora="rank=4,targets=attn.*")
+    full, frozen, lora, dp_lora = result["rows"]
+    assert [r["run"] for r in result["rows"]] == ["full", "frozen", "lora", "dp-lora"]
     assert frozen["temp_bytes"] < full["temp_bytes"]
     assert frozen["trainable_params"] < full["trainable_params"]
     # adamw state is two moments per trainable scalar, plus a few scalar counters
-    assert frozen["opt_state_ratio"] == pytest.approx(frozen["trainable_ratio"], rel=1e-2)
+    for row in (frozen, lora, dp_lora):
+        assert row["opt_state_ratio"] == pytest.approx(row["trainable_ratio"], rel=1e-2)
+    assert lora["temp_bytes"] <= full["temp_bytes"]  # no weight gradients for the frozen base
+    # 4 projections x 2 layers x rank 4 x (d_in + d_out)
+    assert lora["trainable_params"] == dp_lora["trainable_params"] == 4 * 2 * 4 * (64 + 64)
+    assert "vs_lora" in dp_lora
 
 
 def test_resumed_fine_tune_takes_frozen_weights_from_its_own_checkpoint(pretrained, tmp_path):

@@ -6,7 +6,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from conftest import fast_jit, random_params, reduction_size
+from conftest import fast_jit, labels_for, loss_of, random_params, reduction_size
 from numerics import assert_bitwise_equal, assert_close
 
 import zoo
@@ -238,13 +238,20 @@ def test_merged_export_gives_the_adapted_logits(lora_run, tmp_path):
     assert_close(logits[1], logits[0], n=reduction_size(merged.model_config, 16), what="merged logits")
     with pytest.raises(ZooError, match="already holds checkpoints"):
         lora.export(out, tmp_path / "merged", merge=True)
+    # without --merge: base and adapters in one checkpoint that no longer refers to the base
+    lora.export(out, tmp_path / "copy", merge=False)
+    copy = checkpoint.load_checkpoint(tmp_path / "copy")
+    assert copy.model_config == adapted_ckpt.model_config
+    assert_bitwise_equal(flat(copy.params), flat(adapted_ckpt.params))
+    assert checkpoint.LORA_BASE not in checkpoint.restore_meta(tmp_path / "copy", copy.step)
 
 
 def test_resume_takes_the_base_from_the_reference_and_refuses_a_moved_base(base_run, lora_run, tmp_path):
     out, _ = lora_run
     copy = tmp_path / "lora"
     shutil.copytree(out, copy)
-    summary = train(lora_recipe(base_run, **{"train.steps": 24}), copy, resume=True, show_progress=False)
+    with pytest.warns(RuntimeWarning, match="extending a DP run past the 20 steps"):
+        summary = train(lora_recipe(base_run, **{"train.steps": 24}), copy, resume=True, show_progress=False)
     assert summary["resumed_from_step"] == 20 and summary["compile_count"] == 1
     moved = base_run.with_name(base_run.name + "-moved")
     base_run.rename(moved)
@@ -260,3 +267,19 @@ def test_lora_needs_a_base_and_no_freeze_patterns(base_run):
         build_run(lora_recipe(base_run, **{"freeze.init_from": None}))
     with pytest.raises(ZooError, match="drop --freeze"):
         build_run(lora_recipe(base_run, **{"freeze.patterns": ["embed"]}))
+
+
+@pytest.mark.numerics
+def test_remat_policies_keep_the_adapter_gradients():
+    # The adapters' inner products (x A) carry no name: every policy recomputes or saves them
+    # like any other unnamed value. A policy that recomputes all and one that offloads, 4 deep.
+    cfg, _ = adapted(zoo.get_config(KINDS["transformer"], num_layers=4), ["attn.*", "mlp.up"])
+    params = trained_like(cfg, seed=1)
+    x = zoo.example_batch(cfg, 3, seed=2, seq_len=8)
+    y = labels_for(cfg, x)
+    policies = ("none", "full", "offload-minimal")
+    out = fast_jit(
+        lambda p: {pol: jax.value_and_grad(loss_of(cfg, "nnx", pol))(p, x, y) for pol in policies}
+    )(params)
+    for policy in policies[1:]:
+        assert_close(out[policy], out["none"], n=reduction_size(cfg, 3), what=policy)

@@ -286,6 +286,29 @@ def test_frozen_rows_that_are_not_a_prefix_second_backward():
     assert ours["blocks"]["mlp"]["up"]["w"].shape[0] == 1 and "ln_f" not in ours
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_lora_adapters_on_a_frozen_base(kind):
+    # DP-LoRA: each adapter half is a dense op, so its ghost norm is the dense rule's; the base
+    # is frozen (only adapters, and in one layer only, are differentiated on the transformer).
+    from zoo import lora
+    from zoo.configs import LoraConfig
+
+    base = KINDS[kind]
+    targets = ("blocks[1].attn.*", "head") if kind == "transformer" else ("*",)
+    setup = lora.resolve(base, LoraConfig(rank=3, targets=targets))
+    cfg = lora.adapted_config(base, setup)
+    plan = lora.freeze_plan(cfg, setup)
+    params, frozen = plan.split(params_of(cfg))
+    x, y = batch(cfg)
+    run = ghost_fn(cfg, plan)
+    _, unclipped = run(params, frozen, x, y, np.float32(np.inf), ONES)
+    clip = np.float32(np.median(np.asarray(unclipped)))
+    ours, norms = run(params, frozen, x, y, clip, ONES)
+    ref, ref_norms = vmap_fn(cfg, "nnx", plan)(params, frozen, x, y, clip, ONES)
+    assert_close(cfg, ours, ref, norms, ref_norms)
+    assert all("lora_" in path for path in zoo.models.canonical.flat_by_path(ours))
+
+
 def test_stack_plan_frozen_prefix_gets_no_gradient():
     # StackPlan(frozen_prefix=1) stop-gradients layer 0, like freezing blocks[0:1].
     cfg = CONFIGS["mlp"]

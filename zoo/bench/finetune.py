@@ -1,9 +1,12 @@
-"""``zoo bench finetune``: full fine-tuning against fine-tuning with a frozen prefix.
+"""``zoo bench finetune``: full fine-tuning against fine-tuning with a frozen prefix, and with
+``--lora SPEC`` against low-rank adapters on the frozen model, private or not.
 
 Side by side in one process, on the same params and batch: compiled train-step temp memory,
-optimizer-state bytes, and median step time, with the frozen run as a ratio to the full one.
-The two runs take turns in timed rounds (:func:`zoo.bench.common.time_in_rounds`); the step
-ratio is the median of the per-round ratios.
+optimizer-state bytes, and median step time, each as a ratio to full fine-tuning. The runs
+take turns in timed rounds (:func:`zoo.bench.common.time_in_rounds`); a step ratio is the
+median of the per-round ratios. With ``--lora``, two rows join: ``lora`` (adapters, no DP) and
+``dp-lora`` (DP-SGD on the adapters with ghost clipping), whose ``vs_lora`` is its step time
+over the ``lora`` step's.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from zoo.configs import OptimConfig
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import get_config
-from zoo.train.engine import Engine
+from zoo.train.engine import DPRuntime, Engine
 from zoo.train.state import make_optimizer
 from zoo.ui import emit_json, print_table
 
@@ -30,18 +33,39 @@ def _nbytes(tree) -> int:
     return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
 
 
-def _setup(cfg, backend, params, patterns, policy, batch):
-    plan = resolve_freeze(params, patterns)
+def _setup(cfg, backend, params, plan, policy, batch, dp=None):
     engine = Engine(
         cfg=cfg,
         backend=backend,
         remat=plan.stack_plan(policy),
         freeze=plan,
-        optimizer=make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000),
+        optimizer=make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000, clip=dp is None),
+        dp=dp,
     )
     state, frozen = engine.init_state(params, 0)
     compiled = engine.train_step.lower(state, frozen, batch).compile()
-    return engine, plan, state, frozen, compiled
+    return dict(
+        engine=engine,
+        plan=plan,
+        state=state,
+        frozen=frozen,
+        temp=compiled.memory_analysis().temp_size_in_bytes,
+        opt_bytes=_nbytes(state.opt_state),
+    )
+
+
+def _lora_runs(cfg, backend, params, spec: str, policy, data, batch):
+    from zoo import lora
+
+    setup = lora.resolve(cfg, lora.section_from_flag(spec))
+    adapted = lora.adapted_config(cfg, setup)
+    params = lora.initial_params(adapted, cfg, params, 0)
+    plan = lora.freeze_plan(adapted, setup)
+    dp = DPRuntime(noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=float(batch), clipping="ghost")
+    return {
+        "lora": _setup(adapted, backend, params, plan, policy, data),
+        "dp-lora": _setup(adapted, backend, params, plan, policy, data, dp),
+    }
 
 
 def bench_finetune(
@@ -51,6 +75,7 @@ def bench_finetune(
     batch: int = 16,
     seq: int | None = None,
     freeze: tuple[str, ...] | None = None,
+    lora: str | None = None,
     policy: str = "none",
     steps: int = 5,
     repeats: int = 5,
@@ -65,17 +90,12 @@ def bench_finetune(
         0, cfg.vocab_size if is_lm else cfg.num_classes, x.shape[:2] if is_lm else x.shape[:1]
     )
     data = jax.device_put({"x": x, "y": labels.astype(np.int32), "mask": np.ones(batch, np.float32)})
-    runs = {}
-    for name, pats in (("full", ()), ("frozen", patterns)):
-        engine, plan, state, frozen, compiled = _setup(cfg, backend, params, pats, policy, data)
-        runs[name] = dict(
-            engine=engine,
-            plan=plan,
-            state=state,
-            frozen=frozen,
-            temp=compiled.memory_analysis().temp_size_in_bytes,
-            opt_bytes=_nbytes(state.opt_state),
-        )
+    runs = {
+        name: _setup(cfg, backend, params, resolve_freeze(params, pats), policy, data)
+        for name, pats in (("full", ()), ("frozen", patterns))
+    }
+    if lora:
+        runs.update(_lora_runs(cfg, backend, params, lora, policy, data, batch))
 
     times = time_in_rounds(
         {
@@ -102,6 +122,8 @@ def bench_finetune(
         row["temp_ratio"] = row["temp_bytes"] / full["temp_bytes"]
         row["opt_state_ratio"] = row["opt_state_bytes"] / full["opt_state_bytes"]
         row["trainable_ratio"] = row["trainable_params"] / full["trainable_params"]
+        if row["run"] == "dp-lora":
+            row["vs_lora"] = median_ratio(times["dp-lora"], times["lora"])
     return {
         "model": model,
         "backend": backend,
@@ -109,6 +131,7 @@ def bench_finetune(
         "seq": int(x.shape[1]) if x.ndim > 1 else None,
         "policy": policy,
         "freeze": list(patterns),
+        "lora": lora,
         "rows": rows,
     }
 
@@ -121,6 +144,7 @@ def run(args) -> int:
         batch=args.batch,
         seq=args.seq,
         freeze=freeze,
+        lora=args.lora,
         policy=args.remat,
         repeats=args.repeats,
     )
@@ -128,7 +152,9 @@ def run(args) -> int:
         emit_json(result)
         return 0
     print_table(
-        f"fine-tune vs full: {args.model}, freeze {', '.join(result['freeze'])}, remat={args.remat}",
+        f"fine-tune vs full: {args.model}, freeze {', '.join(result['freeze'])}"
+        + (f", lora {args.lora}" if args.lora else "")
+        + f", remat={args.remat}",
         [
             "run",
             "trainable",
@@ -138,6 +164,7 @@ def run(args) -> int:
             "trainable ratio",
             "step ms",
             "step ratio",
+            "vs lora",
         ],
         [
             (
@@ -149,6 +176,7 @@ def run(args) -> int:
                 f"{r['trainable_ratio']:.4f}",
                 f"{r['step_ms']:.1f}",
                 f"{r['step_ratio']:.3f}",
+                f"{r['vs_lora']:.3f}" if "vs_lora" in r else "",
             )
             for r in result["rows"]
         ],
@@ -163,6 +191,11 @@ def add_bench(sub) -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int)
     p.add_argument("--freeze", action="append", metavar="PATTERN", help="default: embed, pos, blocks[0:L/2]")
+    p.add_argument(
+        "--lora",
+        metavar="SPEC",
+        help="also LoRA rows, e.g. rank=8,alpha=16,targets=attn.* (as zoo train --lora)",
+    )
     p.add_argument("--remat", default="none")
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--json", action="store_true")

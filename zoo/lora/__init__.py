@@ -51,6 +51,14 @@ def parse_flag(text: str) -> dict:
     return values
 
 
+def section_from_flag(text: str) -> LoraConfig:
+    """The ``[lora]`` section a ``--lora`` flag describes (unset keys at their defaults)."""
+    values = {key.split(".", 1)[1]: value for key, value in parse_flag(text).items()}
+    if "targets" in values:
+        values["targets"] = tuple(values["targets"])
+    return LoraConfig(**values)
+
+
 def dense_paths(cfg: ModelConfig) -> tuple[str, ...]:
     """The dotted paths of a config's dense layers (the parents of its non-table ``w`` leaves)."""
     return tuple(

@@ -146,28 +146,7 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
         max_len=getattr(preset_cfg, "max_len", None),
     )
     cfg = fit_model_to_task(recipe.model.preset, dict(recipe.model.overrides), task)
-    adapters = lora.resolve(cfg, recipe.lora) if recipe.lora.enabled else None
-    if adapters is not None:
-        cfg = lora.adapted_config(cfg, adapters)
-    try:
-        if adapters is not None:
-            params = lora.initial_params(cfg, source.model_config, source.params, seed)
-        elif source is not None:
-            canonical.check_params(cfg, source.params)
-            params = source.params
-        else:
-            params = canonical.init_params(cfg, seed)
-    except ZooError as error:
-        if source is None:
-            raise
-        raise ZooError(
-            f"--init-from {recipe.freeze.init_from!r} does not fit this recipe's model: {error}"
-        ) from None
-    if adapters is not None:
-        freeze = lora.freeze_plan(cfg, adapters)
-    else:
-        freeze = resolve_freeze(params, recipe.freeze.patterns)
-        _warn_if_nothing_trains(freeze, recipe.freeze.patterns)
+    cfg, params, freeze, adapters = _model_start(recipe, cfg, source)
     _warn_unused_microbatch(recipe, cfg)
     dp = _dp_plan(recipe, task, plan_steps)
     optimizer = make_optimizer(recipe.optim, plan_steps, clip=dp is None)
@@ -194,6 +173,35 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
         else None
     )
     return Run(recipe, task, cfg, params, freeze, engine, dp, plan_steps, adapters, base)
+
+
+def _model_start(recipe: Recipe, cfg: ModelConfig, source):
+    """``(config, initial params, freeze plan, LoRA setup or None)``: fresh params, a
+    checkpoint's (``init_from``), or a checkpoint's with fresh adapters (``[lora]``)."""
+    seed = recipe.train.seed
+    adapters = lora.resolve(cfg, recipe.lora) if recipe.lora.enabled else None
+    if adapters is not None:
+        cfg = lora.adapted_config(cfg, adapters)
+    try:
+        if adapters is not None:
+            params = lora.initial_params(cfg, source.model_config, source.params, seed)
+        elif source is not None:
+            canonical.check_params(cfg, source.params)
+            params = source.params
+        else:
+            params = canonical.init_params(cfg, seed)
+    except ZooError as error:
+        if source is None:
+            raise
+        raise ZooError(
+            f"--init-from {recipe.freeze.init_from!r} does not fit this recipe's model: {error}"
+        ) from None
+    if adapters is not None:
+        freeze = lora.freeze_plan(cfg, adapters)
+    else:
+        freeze = resolve_freeze(params, recipe.freeze.patterns)
+        _warn_if_nothing_trains(freeze, recipe.freeze.patterns)
+    return cfg, params, freeze, adapters
 
 
 def _check_lora_section(recipe: Recipe) -> None:
