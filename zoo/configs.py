@@ -108,14 +108,21 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 200
     seed: int = 0
-    remat: str = "none"
+    remat: str = "none"  # a policy name, or "auto" with memory_budget
+    memory_budget: str | int | None = None  # "256MiB": what --remat auto must fit (temp + arguments)
 
     def __post_init__(self) -> None:
         require_positive(
             self, "steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every"
         )
-        from zoo.remat import get_policy
+        from zoo.remat import AUTO, get_policy, parse_bytes
 
+        if self.memory_budget is not None:
+            parse_bytes(self.memory_budget)
+        if self.remat == AUTO:
+            if self.memory_budget is None:
+                raise ZooError("--remat auto needs a budget to choose under: add --memory-budget 256MiB")
+            return
         get_policy(self.remat)  # unknown names fail here, with the valid list
 
 

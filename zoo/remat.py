@@ -174,3 +174,53 @@ def get_policy(name: str | RematPolicy) -> RematPolicy:
 
 def policy_names() -> list[str]:
     return list(POLICIES)
+
+
+# --- `auto`: the fastest policy that fits a memory budget -----------------------------------
+
+AUTO = "auto"  # a choice made per run (zoo.train.auto_remat), not a policy
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_bytes(text: str | int) -> int:
+    """``"256MiB"``, ``"1.5GiB"``, ``"300MB"``, ``"4096"`` or an int -> bytes (> 0)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        import re
+
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+        value, unit = (float(m.group(1)), m.group(2).lower()) if m else (0.0, "?")
+        if unit not in _UNITS:
+            raise ZooError(
+                f"memory budget {text!r} is not a size: write e.g. 256MiB, 1.5GiB, 300MB or a byte "
+                f"count (units: {', '.join(u for u in _UNITS if u)})"
+            )
+    size = int(value * _UNITS[unit])
+    if size <= 0:
+        raise ZooError(f"memory budget {text!r} must be more than 0 bytes")
+    return size
+
+
+def footprint(row: dict) -> int:
+    """What a compiled step needs on the device: temp plus arguments (params, state, batch)."""
+    return int(row["temp_bytes"]) + int(row["argument_bytes"])
+
+
+def choose_under_budget(rows: list[dict], budget: int) -> tuple[str | None, list[dict]]:
+    """``(fastest fitting policy or None, rows with "fits")`` from measured rows, each with
+    ``policy``, ``temp_bytes``, ``argument_bytes`` and ``step_ms``."""
+    marked = [{**row, "fits": footprint(row) <= budget} for row in rows]
+    fitting = [row for row in marked if row["fits"]]
+    chosen = min(fitting, key=lambda row: row["step_ms"])["policy"] if fitting else None
+    return chosen, marked
+
+
+def nothing_fits(rows: list[dict], budget: int) -> ZooError:
+    smallest = min(rows, key=footprint)
+    return ZooError(
+        f"--remat auto: no policy fits the memory budget of {budget:,} bytes ({budget / 2**20:.1f} MiB); "
+        f"the smallest footprint is {smallest['policy']!r} at {footprint(smallest):,} bytes "
+        f"({footprint(smallest) / 2**20:.1f} MiB: temp {int(smallest['temp_bytes']):,} + arguments "
+        f"{int(smallest['argument_bytes']):,}). Raise --memory-budget, or shrink the batch or model"
+    )

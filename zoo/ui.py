@@ -14,14 +14,15 @@ console = Console(stderr=False)
 err_console = Console(stderr=True)
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """A table whose title and cells are plain text: brackets in user text are not markup."""
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], out=None) -> None:
+    """A table whose title and cells are plain text: brackets in user text are not markup.
+    Printed on ``out`` (default: the stdout console)."""
     table = Table(title=Text(title))
     for column in columns:
         table.add_column(Text(column))
     for row in rows:
         table.add_row(*(Text(str(cell)) for cell in row))
-    console.print(table)
+    (out or console).print(table)
 
 
 def emit_json(obj: object) -> None:

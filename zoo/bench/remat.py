@@ -36,7 +36,7 @@ from zoo.errors import ZooError
 from zoo.models import canonical
 from zoo.models.ops import ATTENTIONS
 from zoo.models.registry import check_backend, get_config
-from zoo.remat import get_policy, policy_names
+from zoo.remat import choose_under_budget, get_policy, parse_bytes, policy_names
 from zoo.residuals import residual_report
 
 BASELINE = "none"
@@ -121,8 +121,13 @@ def bench_remat(
     plot: str | None = None,
     seed: int = 0,
     progress: Progress = None,
+    budget: int | str | None = None,
 ) -> dict:
-    """Compile, measure and time one train step per policy. See the module docstring."""
+    """Compile, measure and time one train step per policy. See the module docstring.
+
+    With ``budget`` (bytes, or ``"256MiB"``), each row says whether its step ``fits`` (compiled
+    temp plus arguments within it) and ``chosen`` is the fastest that does: the choice
+    ``zoo train --remat auto --memory-budget`` makes, shown without training."""
     backend = check_backend(backend)
     cfg = _config(model, num_layers)
     names = parse_policies(policies)
@@ -141,6 +146,7 @@ def bench_remat(
             "row": {
                 "policy": name,
                 "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
+                "argument_bytes": memory_stats(compiled)["argument_size_in_bytes"],
                 "compile_s": round(compile_s, 3),
                 "lower_s": round(lower_s, 3),
                 "residual_device_bytes": report["total_device_bytes"],
@@ -179,6 +185,9 @@ def bench_remat(
         "device": jax.devices()[0].platform,
         "rows": [_ordered(r) for r in rows],
     }
+    if budget is not None:
+        result["budget"] = parse_bytes(budget)
+        result["chosen"], result["rows"] = choose_under_budget(result["rows"], result["budget"])
     if plot:
         result["plot"] = plot_remat(result, plot)
     return result
@@ -249,6 +258,7 @@ def bench_depths(
                 "policy": name,
                 "num_layers": depth,
                 "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
+                "argument_bytes": memory_stats(compiled)["argument_size_in_bytes"],
                 "compile_s": round(compile_s, 3),
                 "lower_s": round(lower_s, 3),
                 # the gradient is a temp buffer of this size, and it grows with depth too
@@ -363,14 +373,20 @@ def _run_cli(args) -> int:
         repeats=args.repeats,
         plot=args.plot,
         progress=progress,
+        budget=args.budget,
     )
     if args.json:
         emit_json(result)
         return 0
+    chosen = (
+        f"; budget {result['budget'] / 2**20:.1f} MiB: {result['chosen'] or 'nothing fits'}"
+        if args.budget
+        else ""
+    )
     print_table(
         f"zoo bench remat {args.model} ({result['backend']}, L={result['num_layers']}, "
         f"batch {result['batch']}, seq {result['seq']}, {result['device']}, "
-        f"median of {result['repeats']} rounds)",
+        f"median of {result['repeats']} rounds{chosen})",
         [
             "policy",
             "temp MiB",
@@ -383,7 +399,7 @@ def _run_cli(args) -> int:
         ],
         [
             (
-                r["policy"],
+                r["policy"] + (" <" if r["policy"] == result.get("chosen") else ""),
                 _mib(r["temp_bytes"]),
                 f"{r['temp_ratio']:.3f}",
                 f"{r['step_ms']:.1f}",
@@ -442,6 +458,12 @@ def add_bench(bench_sub) -> None:
     )
     p.add_argument(
         "--plot", default=None, metavar="FILE.png", help="write a temp-memory vs step-time scatter plot"
+    )
+    p.add_argument(
+        "--budget",
+        metavar="BYTES",
+        help="mark the policies whose step fits (temp + arguments), e.g. 256MiB, and the fastest "
+        "of them: what zoo train --remat auto --memory-budget would choose",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

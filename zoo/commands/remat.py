@@ -83,6 +83,13 @@ def run_policies(args) -> int:
             "description": "per-name placement; names not listed are recomputed",
         }
     )
+    rows.append(
+        {
+            "name": "auto",
+            "description": "zoo train only, with --memory-budget B: compile every policy for the run's "
+            "shapes and train with the fastest whose step fits B (choice cached)",
+        }
+    )
     if args.json:
         emit_json(rows)
         return 0

@@ -21,6 +21,7 @@ from zoo.ui import console, emit_json, print_table
 FLAG_FIELDS = {  # flag dest -> recipe field
     "backend": "model.backend",
     "remat": "train.remat",
+    "memory_budget": "train.memory_budget",
     "dataset": "data.dataset",
     "steps": "train.steps",
     "batch_size": "train.batch_size",
@@ -50,7 +51,12 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
 def _add_recipe_flags(p) -> None:
     p.add_argument("recipe", help="recipe name (see `zoo recipes`) or path to a .toml file")
     p.add_argument("--backend", choices=None, help="nnx or eqx")
-    p.add_argument("--remat", help="remat policy (see `zoo remat-policies`)")
+    p.add_argument("--remat", help="remat policy (see `zoo remat-policies`), or auto with --memory-budget")
+    p.add_argument(
+        "--memory-budget",
+        metavar="BYTES",
+        help="with --remat auto: train with the fastest policy whose step fits, e.g. 256MiB",
+    )
     p.add_argument(
         "--dataset", help="digits, python-docs, hf:NAME[:CONFIG], text:PATH, csv:PATH, parquet:PATH"
     )

@@ -25,9 +25,9 @@ from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig, get_config
 from zoo.recipes import Recipe, to_dict
-from zoo.remat import get_policy
+from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
-from zoo.train import checkpoint, runlog
+from zoo.train import auto_remat, checkpoint, runlog
 from zoo.train.compiles import CompileCounter
 from zoo.train.engine import DPRuntime, Engine, evaluate
 from zoo.train.resume import (
@@ -153,7 +153,8 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
     engine = Engine(
         cfg=cfg,
         backend=recipe.model.backend,
-        remat=StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix),
+        # `auto` is chosen when training starts (zoo.train.auto_remat); until then, none
+        remat=StackPlan(get_policy(_provisional(recipe.train.remat)), freeze.frozen_prefix),
         freeze=freeze,
         optimizer=optimizer,
         dp=DPRuntime(
@@ -173,6 +174,10 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
         else None
     )
     return Run(recipe, task, cfg, params, freeze, engine, dp, plan_steps, adapters, base)
+
+
+def _provisional(remat: str) -> str:
+    return "none" if remat == AUTO else remat
 
 
 def _model_start(recipe: Recipe, cfg: ModelConfig, source):
@@ -279,6 +284,8 @@ def train(
     plan_steps = point.plan_steps if point else recipe.train.steps
     if run is None or run.plan_steps != plan_steps:
         run = build_run(recipe, plan_steps)
+    if recipe.train.remat == AUTO:
+        run = auto_remat.resolve(run, train_batch(run, 0), console)[0]
     out.mkdir(parents=True, exist_ok=True)
     engine, meta = run.engine, _meta(run)
     state, frozen = engine.init_state(run.params, recipe.train.seed, dp_train_key(recipe) if run.dp else None)
@@ -401,7 +408,9 @@ def _summary(run, out, loss, eval_metrics, compile_count, timed_examples, timed_
     summary = {
         "recipe": recipe.name,
         "backend": run.engine.backend,
-        "remat": recipe.train.remat,
+        "remat": f"{AUTO}:{run.engine.remat.policy.name}"
+        if recipe.train.remat == AUTO
+        else recipe.train.remat,
         "model": recipe.model.preset,
         "dataset": recipe.data.dataset,
         "steps": steps,

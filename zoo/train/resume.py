@@ -32,7 +32,14 @@ from zoo.train import checkpoint, runlog
 
 # Fields that may differ between the saved recipe and the resumed one (besides a longer
 # train.steps). Everything else is compared.
-FREE_FIELDS = ("description", "train.remat", "train.log_every", "train.eval_every", "train.checkpoint_every")
+FREE_FIELDS = (
+    "description",
+    "train.remat",
+    "train.memory_budget",
+    "train.log_every",
+    "train.eval_every",
+    "train.checkpoint_every",
+)
 STEPS = "train.steps"
 
 
