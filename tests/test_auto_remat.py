@@ -41,7 +41,13 @@ def test_the_fastest_fitting_policy_is_chosen():
 def quick(**values):
     return recipes.with_values(
         recipes.load_recipe("digits-mlp"),
-        {"train.steps": 3, "train.eval_every": 3, "train.checkpoint_every": 3, "train.eval_batches": 1, **values},
+        {
+            "train.steps": 3,
+            "train.eval_every": 3,
+            "train.checkpoint_every": 3,
+            "train.eval_batches": 1,
+            **values,
+        },
     )
 
 
@@ -75,7 +81,13 @@ def test_auto_trains_with_the_choice_and_a_second_run_reads_the_cache(tmp_path, 
 
 
 def test_auto_refuses_a_budget_nothing_fits(tmp_path, few_policies):
-    with pytest.raises(ZooError, match=r"no policy fits the memory budget of 1,024 bytes.*smallest footprint is"):
-        train(quick(**{"train.remat": "auto", "train.memory_budget": "1KiB"}), tmp_path / "a", show_progress=False)
+    with pytest.raises(
+        ZooError, match=r"no policy fits the memory budget of 1,024 bytes.*smallest footprint is"
+    ):
+        train(
+            quick(**{"train.remat": "auto", "train.memory_budget": "1KiB"}),
+            tmp_path / "a",
+            show_progress=False,
+        )
     with pytest.raises(ZooError, match="--remat auto needs a budget"):
         quick(**{"train.remat": "auto"})
