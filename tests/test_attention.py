@@ -2,6 +2,8 @@
 values and gradients, causal or not, with padding masks, at T not divisible by the chunk; and
 what its remat rule keeps."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -128,6 +130,38 @@ def test_the_backward_keeps_no_scores_only_qkv_output_and_log_sum_exp():
     assert B * H * T in sizes
     dense = find_residuals(lambda q, k, v: jnp.sum(causal_attention(q, k, v, H, KV) * weights), q, k, v)
     assert any(int(np.prod(f.shape)) * f.count >= B * H * T * T for f in dense)
+
+
+@pytest.mark.numerics
+def test_the_custom_gradient_rule_gives_dense_values_gradients_and_the_same_residuals():
+    # The same remat rule written with jax.custom_gradient(remat=True); differentiated as it is
+    # and under jax.checkpoint (where its rem runs in the backward pass).
+    q, k, v, weights, mask = inputs(4)
+
+    def loss(rule=None):
+        def attend(q, k, v):
+            if rule is None:
+                return dense_reference(q, k, v, H, KV, True, mask)
+            return chunked_attention(q, k, v, H, KV, chunk=CHUNK, key_mask=mask, rule=rule)
+
+        return lambda q, k, v: jnp.sum(attend(q, k, v) * weights)
+
+    grad = functools.partial(jax.value_and_grad, argnums=(0, 1, 2))
+    out = fast_jit(
+        lambda q, k, v: {
+            "dense": grad(loss())(q, k, v),
+            "plain": grad(loss("custom_gradient"))(q, k, v),
+            "checkpointed": grad(jax.checkpoint(loss("custom_gradient")))(q, k, v),
+        }
+    )(q, k, v)
+    for name in ("plain", "checkpointed"):
+        assert_close(out[name], out["dense"], n=B * T * H * D, what=name)
+    sizes = sorted(int(np.prod(f.shape)) * f.count for f in find_residuals(loss("custom_gradient"), q, k, v))
+    assert max(sizes) <= B * H * 40 * D and B * H * T in sizes  # as defremat's: no [T, T]
+    with pytest.raises(
+        ValueError, match="unknown attention remat rule 'flash'; valid: defremat, custom_gradient"
+    ):
+        chunked_attention(q, k, v, H, KV, rule="flash")
 
 
 def test_compiled_temp_memory_is_a_fraction_of_dense_at_long_sequences():

@@ -7,6 +7,11 @@ gradient is a ``jax.custom_vjp`` with a remat rule (``defremat``, JAX's
 ``jax_custom_vjp3``): the forward keeps only the output and the per-row log-sum-exp, and the
 backward pass recomputes the probabilities chunk by chunk from q, k, v, the output and the
 log-sum-exp. Under any remat policy the attention itself never saves more than that.
+
+The same rule can be written with ``jax.custom_gradient(remat=True)`` (``rule=
+"custom_gradient"``): the function returns its output and a rematerialisation function that
+closes over the saved output and log-sum-exp. Both are tested against dense attention; the
+models use ``defremat``.
 """
 
 from __future__ import annotations
@@ -139,6 +144,30 @@ def _attend(causal: bool, chunk: int):
     return attend
 
 
+@functools.cache
+def _attend_custom_gradient(causal: bool, chunk: int):
+    """The same rule through ``jax.custom_gradient(remat=True)``: what ``rem`` closes over (the
+    output and the log-sum-exp) is saved from the forward pass; its arguments are the replay's."""
+    jax.config.update("jax_custom_vjp3", True)  # custom_gradient(remat=True) needs it (not jax_remat3 here)
+
+    @functools.partial(jax.custom_gradient, remat=True)
+    def attend(q, k, v, valid):
+        out, lse = _forward(q, k, v, valid, causal, chunk)
+
+        def rem(q, k, v, valid):
+            def vjp(g):
+                return (*_backward(q, k, v, valid, out, lse, g, causal, chunk), None)
+
+            return out, vjp
+
+        return out, rem
+
+    return attend
+
+
+RULES = {"defremat": _attend, "custom_gradient": _attend_custom_gradient}
+
+
 def chunked_attention(
     q: jax.Array,
     k: jax.Array,
@@ -149,14 +178,18 @@ def chunked_attention(
     chunk: int = 64,
     causal: bool = True,
     key_mask: jax.Array | None = None,
+    rule: str = "defremat",
 ) -> jax.Array:
     """``softmax(q k^T / sqrt(d_head) + mask) v`` per head, over key chunks of ``chunk``.
 
     q: [..., T, H * d_head]; k, v: [..., T, KV * d_head] (KV = ``num_kv_heads``, dividing H).
     ``key_mask`` [..., T] (True = a real key) masks padding; ``causal`` adds the causal mask.
     T need not divide by ``chunk``: the keys are padded and the padding masked. A query row
-    with no key it may attend to gives zeros. Returns [..., T, H * d_head].
+    with no key it may attend to gives zeros. ``rule``: how the remat rule is written, one of
+    :data:`RULES` (the same residuals either way). Returns [..., T, H * d_head].
     """
+    if rule not in RULES:
+        raise ValueError(f"unknown attention remat rule {rule!r}; valid: {', '.join(RULES)}")
     num_kv_heads = num_kv_heads or num_heads
     seq = k.shape[-2]
     qh, kh, vh = _heads(q, num_heads), _heads(k, num_kv_heads), _heads(v, num_kv_heads)
@@ -174,5 +207,5 @@ def chunked_attention(
         kh, vh = jnp.pad(kh, widths), jnp.pad(vh, widths)
         valid = jnp.pad(valid, widths[:-1])
     valid_chunks = jnp.moveaxis(valid.reshape(*valid.shape[:-1], -1, chunk), -2, 0)
-    out = _attend(bool(causal), int(chunk))(qh, _chunks(kh, chunk), _chunks(vh, chunk), valid_chunks)
+    out = RULES[rule](bool(causal), int(chunk))(qh, _chunks(kh, chunk), _chunks(vh, chunk), valid_chunks)
     return _merge_heads(out)
