@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from zoo.configs import LoraConfig
+from zoo.configs import FreezeConfig, LoraConfig
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, parse_pattern, plan_of
 from zoo.models import canonical
@@ -57,6 +57,22 @@ def section_from_flag(text: str) -> LoraConfig:
     if "targets" in values:
         values["targets"] = tuple(values["targets"])
     return LoraConfig(**values)
+
+
+def check_section(section: LoraConfig, freeze: FreezeConfig) -> None:
+    """A ``[lora]`` section needs a base (``freeze.init_from``) and no freeze patterns."""
+    if not section.enabled:
+        return
+    if not freeze.init_from:
+        raise ZooError(
+            "--lora adapts a trained model: give its run directory with --init-from DIR "
+            "(or freeze.init_from in the recipe)"
+        )
+    if freeze.patterns:
+        raise ZooError(
+            f"--lora already freezes the whole base; freeze.patterns {list(freeze.patterns)} "
+            "would have nothing left to freeze: drop --freeze"
+        )
 
 
 def dense_paths(cfg: ModelConfig) -> tuple[str, ...]:
@@ -168,39 +184,4 @@ def adapters_of(params: dict) -> dict:
     )
 
 
-def export(run_dir, out_dir, *, merge: bool, step: int | None = None) -> dict:
-    """Write a LoRA run as a plain, self-contained zoo checkpoint in ``out_dir``.
-
-    ``merge``: each target's ``w`` becomes ``w + (alpha / rank) B A`` and the adapters go, so
-    the result is the base model's config with new weights; otherwise base and adapters are
-    copied as they are (a checkpoint that no longer needs the base). The checkpoint holds params
-    and metadata but no training state: ``zoo.load_checkpoint``, ``zoo eval``, ``zoo sample``
-    and ``--init-from`` read it; it cannot be resumed.
-    """
-    from pathlib import Path
-
-    from zoo.models.lora import merged_weights
-    from zoo.recipes import to_dict, with_values
-    from zoo.train import checkpoint
-
-    ckpt = checkpoint.load_checkpoint(run_dir, step)
-    spec = ckpt.model_config.lora
-    if spec is None:
-        raise ZooError(f"{str(run_dir)!r} has no adapters (not a LoRA run): there is nothing to export")
-    out = Path(out_dir)
-    if checkpoint.saved_steps(out):
-        raise ZooError(f"{str(out)!r} already holds checkpoints; export into a new directory")
-    params, cfg, recipe = ckpt.params, ckpt.model_config, ckpt.recipe
-    if merge:
-        params, cfg = merged_weights(params, spec), dataclasses.replace(cfg, lora=None)
-        recipe = with_values(recipe, {"lora.rank": 0, "lora.targets": []})
-    recipe = with_values(recipe, {"freeze.init_from": str(out), "freeze.patterns": []})
-    meta = {
-        "recipe": to_dict(recipe),
-        "model": checkpoint.model_meta(cfg, ckpt.backend),
-        "tokenizer": ckpt.tokenizer.to_json() if ckpt.tokenizer else None,
-        "exported_from": {"path": str(Path(run_dir).absolute()), "step": ckpt.step, "merged": merge},
-    }
-    checkpoint.save(out, ckpt.step, None, params, meta)
-    count = sum(int(x.size) for x in canonical.flat_by_path(params).values())
-    return {"out_dir": str(out), "from": str(run_dir), "step": ckpt.step, "merged": merge, "params": count}
+from zoo.lora.export import export as export  # noqa: E402  (a LoRA run as a plain checkpoint)

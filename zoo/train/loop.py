@@ -134,7 +134,7 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
     plan_steps = plan_steps or recipe.train.steps
     seed = recipe.train.seed
     source = None
-    _check_lora_section(recipe)
+    lora.check_section(recipe.lora, recipe.freeze)
     if recipe.freeze.init_from:
         source = checkpoint.load_checkpoint(recipe.freeze.init_from)
     preset_cfg = get_config(recipe.model.preset, **dict(recipe.model.overrides))
@@ -207,21 +207,6 @@ def _model_start(recipe: Recipe, cfg: ModelConfig, source):
         freeze = resolve_freeze(params, recipe.freeze.patterns)
         _warn_if_nothing_trains(freeze, recipe.freeze.patterns)
     return cfg, params, freeze, adapters
-
-
-def _check_lora_section(recipe: Recipe) -> None:
-    if not recipe.lora.enabled:
-        return
-    if not recipe.freeze.init_from:
-        raise ZooError(
-            "--lora adapts a trained model: give its run directory with --init-from DIR "
-            "(or freeze.init_from in the recipe)"
-        )
-    if recipe.freeze.patterns:
-        raise ZooError(
-            f"--lora already freezes the whole base; freeze.patterns {list(recipe.freeze.patterns)} "
-            "would have nothing left to freeze: drop --freeze"
-        )
 
 
 def train_batch(run: Run, step: int) -> dict[str, np.ndarray]:
