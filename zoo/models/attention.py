@@ -117,11 +117,20 @@ def _backward(q, k, v, valid, out, lse, g, causal: bool, chunk: int):
     return dq.astype(q.dtype), dk, dv
 
 
+def enable() -> None:
+    """Turn on ``jax_custom_vjp3``, which both remat rules need. JAX keys its compile caches on
+    its config, so this must happen before a program using the op is first traced: flipped
+    during the first trace, the next call of the same ``jit`` would compile again. Model
+    configs call it when they choose ``attention = "chunked"`` (``ops.check_attention``)."""
+    if not jax.config.jax_custom_vjp3:
+        jax.config.update("jax_custom_vjp3", True)
+
+
 @functools.cache
 def _attend(causal: bool, chunk: int):
     """The chunked attention core for one (causal, chunk): a ``custom_vjp`` whose remat rule
     keeps the output and the log-sum-exp, and whose backward recomputes the rest."""
-    jax.config.update("jax_custom_vjp3", True)  # defremat needs it
+    enable()  # for direct calls; in a model the config has already done it
 
     @jax.custom_vjp
     def attend(q, k, v, valid):
@@ -148,7 +157,7 @@ def _attend(causal: bool, chunk: int):
 def _attend_custom_gradient(causal: bool, chunk: int):
     """The same rule through ``jax.custom_gradient(remat=True)``: what ``rem`` closes over (the
     output and the log-sum-exp) is saved from the forward pass; its arguments are the replay's."""
-    jax.config.update("jax_custom_vjp3", True)  # custom_gradient(remat=True) needs it (not jax_remat3 here)
+    enable()  # custom_gradient(remat=True) needs jax_custom_vjp3 (not jax_remat3 here)
 
     @functools.partial(jax.custom_gradient, remat=True)
     def attend(q, k, v, valid):

@@ -66,6 +66,10 @@ def check_attention(cfg) -> None:
     """A config's ``attention`` is one of :data:`ATTENTIONS` and its chunk a positive int."""
     if cfg.attention not in ATTENTIONS:
         raise choice_error(f"{type(cfg).__name__}.attention", cfg.attention, ATTENTIONS)
+    if cfg.attention == "chunked":  # before any trace: see zoo.models.attention.enable
+        from zoo.models.attention import enable
+
+        enable()
     chunk = cfg.attention_chunk
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ZooError(f"{type(cfg).__name__}.attention_chunk must be a positive int, got {chunk!r}")
