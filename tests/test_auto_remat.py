@@ -8,7 +8,7 @@ from zoo import recipes
 from zoo.errors import ZooError
 from zoo.remat import choose_under_budget, footprint, nothing_fits, parse_bytes
 from zoo.train import auto_remat
-from zoo.train.loop import train
+from zoo.train.loop import build_run, train, train_batch
 
 
 def test_parse_bytes():
@@ -76,8 +76,9 @@ def test_auto_trains_with_the_choice_and_a_second_run_reads_the_cache(tmp_path, 
         raise AssertionError("searched again despite the cache")
 
     monkeypatch.setattr(auto_remat, "measure", no_search)
-    again = train(recipe, tmp_path / "b", show_progress=False)
-    assert again["remat"] == summary["remat"]
+    run = build_run(recipe)
+    chosen, rows, cached = auto_remat.choose(run, train_batch(run, 0))
+    assert cached and chosen == entry["chosen"] and rows == entry["rows"]
 
 
 def test_auto_refuses_a_budget_nothing_fits(tmp_path, few_policies):

@@ -103,7 +103,9 @@ def test_params_command_marks_frozen(pretrained, capsys):
 def test_bench_finetune_frozen_prefix_saves_memory_and_optimizer_state():
     from zoo.bench.finetune import bench_finetune
 
-    result = bench_finetune("transformer-xs", batch=4, seq=16, repeats=1, lora="rank=4,targets=attn.*")
+    result = bench_finetune(
+        "transformer-xs", batch=4, seq=16, steps=2, repeats=1, lora="rank=4,targets=attn.*"
+    )
     full, frozen, lora, dp_lora = result["rows"]
     assert [r["run"] for r in result["rows"]] == ["full", "frozen", "lora", "dp-lora"]
     assert frozen["temp_bytes"] < full["temp_bytes"]
