@@ -92,3 +92,8 @@ def test_auto_refuses_a_budget_nothing_fits(tmp_path, few_policies):
         )
     with pytest.raises(ZooError, match="--remat auto needs a budget"):
         quick(**{"train.remat": "auto"})
+
+
+def test_an_unknown_remat_name_lists_auto_too():
+    with pytest.raises(ZooError, match=r"unknown remat policy 'autox'.*; or auto \(with --memory-budget\)"):
+        quick(**{"train.remat": "autox"})

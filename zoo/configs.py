@@ -123,7 +123,10 @@ class TrainConfig:
             if self.memory_budget is None:
                 raise ZooError("--remat auto needs a budget to choose under: add --memory-budget 256MiB")
             return
-        get_policy(self.remat)  # unknown names fail here, with the valid list
+        try:
+            get_policy(self.remat)  # unknown names fail here, with the valid list
+        except ZooError as error:
+            raise ZooError(f"{str(error).rstrip('.')}; or {AUTO} (with --memory-budget)") from None
 
 
 @dataclass(frozen=True)
