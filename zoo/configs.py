@@ -166,3 +166,24 @@ class LoraConfig:
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """The device mesh (``zoo.parallel``): ``data`` (or ``"auto"``: every device left over),
+    ``fsdp`` and ``tensor`` sizes, multiplying to the device count. The default is one device."""
+
+    data: int | str = 1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self) -> None:
+        if self.data != "auto" and (
+            not isinstance(self.data, int) or isinstance(self.data, bool) or self.data < 1
+        ):
+            raise ZooError(f"mesh.data must be a positive int or 'auto', got {self.data!r}")
+        require_positive(self, "fsdp", "tensor")
+
+    @property
+    def is_default(self) -> bool:
+        return self == MeshConfig()

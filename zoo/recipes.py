@@ -1,7 +1,8 @@
 """Recipes: TOML files validated into frozen dataclasses. Flags override fields.
 
 A recipe has a name, a description and sections ``model``, ``data``, ``optim``, ``train``,
-``dp``, ``freeze`` and ``lora`` (left out of the resolved form while it is off). Unknown sections or keys, and values of the wrong type, are errors.
+``dp``, ``freeze``, ``lora`` and ``mesh`` (the last two left out of the resolved form while
+they are off). Unknown sections or keys, and values of the wrong type, are errors.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from zoo.configs import DataConfig, FreezeConfig, LoraConfig, ModelSection, OptimConfig, TrainConfig
+from zoo.configs import (
+    DataConfig,
+    FreezeConfig,
+    LoraConfig,
+    MeshConfig,
+    ModelSection,
+    OptimConfig,
+    TrainConfig,
+)
 from zoo.dp import DPConfig
 from zoo.errors import ZooError, choice_error
 from zoo.models.registry import check_backend, get_config
@@ -32,6 +41,7 @@ class Recipe:
     dp: DPConfig
     freeze: FreezeConfig
     lora: LoraConfig
+    mesh: MeshConfig = MeshConfig()
 
     @property
     def model_config(self):
@@ -46,6 +56,7 @@ SECTIONS: dict[str, type] = {
     "dp": DPConfig,
     "freeze": FreezeConfig,
     "lora": LoraConfig,
+    "mesh": MeshConfig,
 }
 
 
@@ -144,7 +155,7 @@ def to_dict(recipe: Recipe) -> dict:
     out = {"name": recipe.name, "description": recipe.description}
     for key in SECTIONS:
         section = getattr(recipe, key)
-        if key == "lora" and not section.enabled:
+        if (key == "lora" and not section.enabled) or (key == "mesh" and section.is_default):
             continue  # off: recipes (and the fingerprints of runs) from before LoRA read the same
         if key == "model":
             out[key] = {"preset": section.preset, "backend": section.backend, **dict(section.overrides)}

@@ -43,6 +43,10 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
         from zoo.lora import parse_flag
 
         values.update(parse_flag(args.lora))
+    if getattr(args, "mesh", None):
+        from zoo.parallel.mesh import flag_values
+
+        values.update(flag_values(args.mesh))
     if values:
         recipe = recipe_lib.with_values(recipe, values)
     return recipe_lib.with_sets(recipe, args.set or [])
@@ -78,6 +82,12 @@ def _add_recipe_flags(p) -> None:
         "rank=8,alpha=16,targets=attn.q|attn.v ; targets are dense-layer patterns as in --freeze",
     )
     p.add_argument(
+        "--mesh",
+        metavar="SPEC",
+        help="device mesh, e.g. data=2,fsdp=4,tensor=1 (sizes multiply to the device count), "
+        "or auto: every device on data",
+    )
+    p.add_argument(
         "--set",
         action="append",
         metavar="SECTION.FIELD=VALUE",
@@ -86,20 +96,26 @@ def _add_recipe_flags(p) -> None:
 
 
 def run_train(args) -> int:
+    from zoo.parallel import distributed
+
+    # Before anything touches a device: join the other processes, if there are any.
+    distributed.initialize(distributed.cluster_from(args.coordinator, args.num_processes, args.process_id))
     from zoo.train.loop import build_run, train
     from zoo.train.resume import finished_summary, preflight
 
     recipe = resolve_recipe(args)
+    main = distributed.is_main_process()
     if args.resume and not args.out:
         raise ZooError("--resume needs --out DIR: the run directory to continue")
     out = Path(args.out or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    human = Console(stderr=True) if args.json else console
+    human = Console(stderr=True) if args.json or not main else console
     # A refused --resume or a bad --out fails here, before the data is loaded.
     point = preflight(out, recipe, args.resume)
     run = None
     if finished_summary(out, point, recipe) is None:
         run = build_run(recipe, point.plan_steps if point else None)
-        print_param_table(run, human)
+        if main:
+            print_param_table(run, human)
     summary = train(
         recipe,
         out,
@@ -108,6 +124,8 @@ def run_train(args) -> int:
         show_progress=not args.no_progress,
         run=run,
     )
+    if not main:
+        return 0
     if args.json:
         emit_json(summary)
     else:
@@ -226,6 +244,13 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON (last line)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="train on many processes: the address of process 0 (or JAX_COORDINATOR_ADDRESS)",
+    )
+    p.add_argument("--num-processes", type=int, help="with --coordinator (or JAX_NUM_PROCESSES)")
+    p.add_argument("--process-id", type=int, help="this process, 0..N-1 (or JAX_PROCESS_ID)")
     p.set_defaults(func=run_train)
 
     p = sub.add_parser("eval", help="re-evaluate a saved run")

@@ -223,8 +223,9 @@ def _restore(run_dir: Path, step: int, **items):
 def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
     """Write step ``step`` of a run: ``state`` (None for an export, which cannot be resumed),
     ``params`` and ``meta``, then its manifest."""
+    main = jax.process_index() == 0  # orbax writes from every process; zoo's files from one
     marker = Path(run_dir) / CHECKPOINT_DIR / FORMAT_MARKER
-    if not marker.exists():
+    if main and not marker.exists():
         marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(marker, json.dumps({"format": _MANIFEST_FORMAT, "version": 1}) + "\n")
     items = {
@@ -236,7 +237,8 @@ def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
     with _manager(run_dir, create=True) as manager:
         manager.save(step, args=ocp.args.Composite(**items), force=True)
         manager.wait_until_finished()
-    _write_manifest(_step_dir(run_dir, step))
+    if main:
+        _write_manifest(_step_dir(run_dir, step))
 
 
 def restore_meta(run_dir: Path, step: int) -> dict:

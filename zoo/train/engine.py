@@ -20,6 +20,7 @@ from zoo.dp.noise import DEFAULT_NOISE_PRNG
 from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
 from zoo.models.registry import ModelConfig
+from zoo.parallel import Layout
 from zoo.scan import StackPlan
 from zoo.train.state import TrainState
 
@@ -44,6 +45,7 @@ class Engine:
     freeze: FreezePlan
     optimizer: optax.GradientTransformation
     dp: DPRuntime | None = None
+    layout: Layout | None = None  # None: one device, as zoo.parallel.layout_for(cfg) places it
 
     # -- pure pieces ---------------------------------------------------------------------
     def logits(self, params: dict, x: jax.Array) -> jax.Array:
@@ -140,6 +142,8 @@ class Engine:
             opt_state=opt_state,
             rng=state.rng,
         )
+        if self.layout is not None:  # the step's outputs leave as its inputs came: one compile
+            new_state = self.layout.constrain_state(new_state, self.optimizer)
         return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def eval_step_fn(self, trainable: dict, frozen: dict, batch: dict) -> dict:
@@ -167,16 +171,27 @@ class Engine:
         # trainable leaf would alias the caller's params and be deleted by the first step.
         trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
         state = TrainState.create(trainable, self.optimizer, seed, key)
-        # Commit everything to one device: restored (committed) and fresh (uncommitted) arrays
-        # mixed in one state would make the second step compile again.
-        return jax.device_put((state, frozen), jax.devices()[0])
+        # Commit everything (to one device, or sharded over the mesh): restored (committed) and
+        # fresh (uncommitted) arrays mixed in one state would make the second step compile again.
+        if self.layout is None:
+            return jax.device_put((state, frozen), jax.devices()[0])
+        return self.layout.place_state(state, frozen, self.optimizer)
+
+    def place_batch(self, batch: dict):
+        """A host batch as the step's input: split over the mesh's batch axes."""
+        return batch if self.layout is None else self.layout.place_batch(batch)
+
+    def place_frozen(self, frozen: dict) -> dict:
+        if self.layout is None:
+            return jax.device_put(frozen, jax.devices()[0])
+        return self.layout.place_params(frozen)
 
 
 def evaluate(engine: Engine, state: TrainState, frozen: dict, batches) -> dict:
     """Mean loss and accuracy over fixed-shape eval batches (padding masked out)."""
     totals = {"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0}
     for batch in batches:
-        out = engine.eval_step(state.params, frozen, batch)
+        out = engine.eval_step(state.params, frozen, engine.place_batch(batch))
         for key in totals:
             totals[key] += float(out[key])
     count = max(totals["count"], 1.0)

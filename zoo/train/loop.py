@@ -7,6 +7,7 @@ continues a run from its newest intact checkpoint (``zoo.train.resume`` says whe
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
@@ -20,10 +21,13 @@ from rich.console import Console
 
 from zoo import lora
 from zoo.dp import PoissonSampler, epsilon_spent, ghost, resolve_noise_multiplier
+from zoo.dp.noise import NOISE_PRNGS
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig, get_config
+from zoo.parallel import Layout, layout_for, spec_from_section
+from zoo.parallel.distributed import is_main_process
 from zoo.recipes import Recipe, to_dict
 from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
@@ -73,16 +77,35 @@ class Run:
         return self.dp.steps if self.dp else self.recipe.train.steps
 
 
-def _dp_plan(recipe: Recipe, task: Task, plan_steps: int) -> DPPlan | None:
+def _dp_plan(recipe: Recipe, task: Task, plan_steps: int, layout: Layout) -> DPPlan | None:
     dp = recipe.dp
     if not dp.enabled:
         return None
+    _check_noise_prng_on_mesh(dp.noise_prng, layout)
     n = task.num_train
     sigma, eps = resolve_noise_multiplier(dp, n, plan_steps)
+    # The padded batch splits over the mesh's batch axes (and into clipping microbatches).
+    # Padding only adds masked rows: the sample, the clipped sum and the accounting stay.
+    multiple = math.lcm(dp.microbatch_size or 1, layout.spec.batch_ways)
     sampler = PoissonSampler.for_expected_batch(
-        n, dp.expected_batch_size, recipe.train.seed, pad_to_multiple=dp.microbatch_size or 1
+        n, dp.expected_batch_size, recipe.train.seed, pad_to_multiple=multiple
     )
     return DPPlan(sampler=sampler, noise_multiplier=sigma, epsilon=eps, steps=recipe.train.steps)
+
+
+# JAX 0.12's Shardy partitioner cannot lower philox's ``mulhi`` (MHLO to StableHLO fails) in a
+# program over more than one device, whether the noise is sharded, replicated or in shard_map.
+_UNPARTITIONABLE_PRNGS = ("philox4x32",)
+
+
+def _check_noise_prng_on_mesh(prng: str, layout: Layout) -> None:
+    if layout.devices > 1 and prng in _UNPARTITIONABLE_PRNGS:
+        choices = [p for p in NOISE_PRNGS if p not in _UNPARTITIONABLE_PRNGS]
+        raise ZooError(
+            f"dp.noise_prng={prng!r} does not compile on a {layout.devices}-device mesh (JAX 0.12's "
+            f"Shardy partitioner cannot lower its mulhi); choose one of {', '.join(choices)}, e.g. "
+            f"--set dp.noise_prng={choices[0]}, and use the same on one device to compare runs"
+        )
 
 
 def dp_train_key(recipe: Recipe) -> jax.Array:
@@ -148,7 +171,10 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
     cfg = fit_model_to_task(recipe.model.preset, dict(recipe.model.overrides), task)
     cfg, params, freeze, adapters = _model_start(recipe, cfg, source)
     _warn_unused_microbatch(recipe, cfg)
-    dp = _dp_plan(recipe, task, plan_steps)
+    layout = layout_for(cfg, spec_from_section(recipe.mesh))
+    dp = _dp_plan(recipe, task, plan_steps, layout)
+    if dp is None:
+        layout.check_batch_rows(recipe.train.batch_size, "train.batch_size")
     optimizer = make_optimizer(recipe.optim, plan_steps, clip=dp is None)
     engine = Engine(
         cfg=cfg,
@@ -167,6 +193,7 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
         )
         if dp
         else None,
+        layout=layout,
     )
     base = (
         checkpoint.base_reference(source)
@@ -257,6 +284,9 @@ def train(
     allows it, and a finished run is left exactly as it was.
     """
     console = console or Console(stderr=True)
+    main = is_main_process()
+    if not main:  # on many processes, process 0 alone prints and writes run files
+        console, show_progress = Console(file=io.StringIO()), False
     out = Path(out_dir)
     point = preflight(out, recipe, resume)
     if resume and point is None:
@@ -281,16 +311,14 @@ def train(
         state = checkpoint.restore_state(out, point.step, state)
         # Frozen weights come from the run's own checkpoint, not again from --init-from, whose
         # newest step may have moved on since.
-        frozen = jax.device_put(
-            run.freeze.split(checkpoint.restore_params(out, point.step))[1], jax.devices()[0]
-        )
+        frozen = engine.place_frozen(run.freeze.split(checkpoint.restore_params(out, point.step))[1])
         start = point.step
         _say_resumed(console, out, point, run)
         if run.dp:
             _warn_if_public_noise_keys(state, recipe.train.seed)
-    if not point or point.changes:
+    if main and (not point or point.changes):
         runlog.write_json(out / runlog.RECIPE, to_dict(recipe))
-    log = runlog.MetricsLog(out / runlog.METRICS, start)
+    log = runlog.MetricsLog(out / runlog.METRICS, start) if main else runlog.NullLog()
     batch_rows = run.dp.sampler.padded_batch_size if run.dp else recipe.train.batch_size
     steps, last_saved, done, eval_metrics = run.steps, start, start, {}
     timed_examples, timed_seconds, loss = 0, 0.0, float("nan")
@@ -303,7 +331,7 @@ def train(
                 batch = train_batch(run, step)
                 tic = time.perf_counter()
                 with compiles.track():
-                    state, metrics = engine.train_step(state, frozen, batch)
+                    state, metrics = engine.train_step(state, frozen, engine.place_batch(batch))
                 loss = float(metrics["loss"])
                 if step > start:  # the first step includes compilation
                     timed_seconds += time.perf_counter() - tic
@@ -351,7 +379,8 @@ def train(
         eval_metrics = _evaluate(run, state, frozen, batch_rows)
         loss = _last_logged_loss(out)
     summary = _summary(run, out, loss, eval_metrics, compiles.count, timed_examples, timed_seconds, point)
-    runlog.write_json(out / runlog.SUMMARY, summary)
+    if main:
+        runlog.write_json(out / runlog.SUMMARY, summary)
     return summary
 
 
@@ -406,6 +435,8 @@ def _summary(run, out, loss, eval_metrics, compile_count, timed_examples, timed_
         "fingerprint": fingerprint(recipe),
         "trainable_params": run.freeze.trainable_count,
         "frozen_params": run.freeze.frozen_count,
+        "mesh": run.engine.layout.spec.sizes,
+        "devices": run.engine.layout.devices,
         **({"lora": run.lora.summary(run.freeze)} if run.lora else {}),
         **{k: v for k, v in eval_metrics.items() if k != "epsilon"},
     }

@@ -39,6 +39,10 @@ FREE_FIELDS = (
     "train.log_every",
     "train.eval_every",
     "train.checkpoint_every",
+    # Where the run executes, not what it computes: a checkpoint restores onto any mesh.
+    "mesh.data",
+    "mesh.fsdp",
+    "mesh.tensor",
 )
 STEPS = "train.steps"
 
@@ -100,7 +104,7 @@ def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
     if refused:
         raise ZooError(
             f"--resume would change the run in {where!r}, whose checkpoints were trained with other "
-            f"settings: {'; '.join(refused)}. Only train.remat, the log/eval/checkpoint cadence and a "
+            f"settings: {'; '.join(refused)}. Only train.remat, the mesh, the log/eval/checkpoint cadence and a "
             "longer train.steps may change on resume; start a new run with another --out"
         )
     if recipe.train.steps < saved.train.steps:

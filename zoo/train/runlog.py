@@ -66,6 +66,16 @@ class MetricsLog:
         self._file.close()
 
 
+class NullLog:
+    """The metrics log of a process that does not write (all but process 0)."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _step_of(line: str) -> float:
     try:
         return float(json.loads(line).get("step", 0))

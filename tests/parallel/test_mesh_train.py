@@ -1,0 +1,103 @@
+"""Training on 8 devices equals training on one: every registered kind on data, fsdp and
+data x fsdp x tensor meshes, both backends, remat and offload, frozen layers and DP-SGD."""
+
+import functools
+
+import jax
+import pytest
+from conftest import reduction_size
+from meshrun import BATCH, train_steps
+from numerics import assert_bitwise_equal, assert_close
+
+import zoo
+from zoo.models import registry
+from zoo.train.engine import DPRuntime
+
+KINDS = {kind.name: kind.small for kind in registry.kinds()}
+MESH3 = "data=2,fsdp=2,tensor=2"
+# Each kind on the mesh that needs its rules most; the transformer on every mesh kind.
+CASES = [
+    ("transformer", "data=8"),
+    ("transformer", "fsdp=8"),
+    ("transformer", MESH3),
+    ("llama", MESH3),
+    ("mlp", "fsdp=8"),
+]
+
+
+@functools.cache
+def one_device(kind: str, freeze: tuple = (), dp=None):
+    """The reference: the same steps on one device (NNX, no remat)."""
+    return train_steps(KINDS[kind], "data=1", freeze=freeze, dp=dp)
+
+
+def assert_same_run(run, ref, cfg, what):
+    n = reduction_size(cfg, BATCH)
+    assert_close(run["losses"], ref["losses"], n=n, what=f"{what} losses")
+    assert_close(run["params"], ref["params"], n=n, what=f"{what} params")
+    assert run["compiles"] == 1, f"{what}: the step compiled {run['compiles']} times"
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize(("kind", "mesh"), CASES)
+def test_a_mesh_trains_like_one_device(kind, mesh):
+    run = train_steps(KINDS[kind], mesh)
+    assert_same_run(run, one_device(kind), KINDS[kind], f"{kind} on {mesh}")
+    layout = run["engine"].layout
+    placed = jax.tree_util.tree_map(lambda a: a.sharding, run["state"].params)
+    assert placed == layout.params(run["state"].params)  # the step hands back the layout it got
+
+
+@pytest.mark.numerics
+def test_eqx_with_offload_on_a_mesh():
+    run = train_steps(KINDS["transformer"], MESH3, backend="eqx", remat="offload-minimal")
+    assert_same_run(run, one_device("transformer"), KINDS["transformer"], "eqx offload-minimal")
+
+
+@pytest.mark.numerics
+def test_frozen_layers_shard_get_no_state_and_stay_bitwise():
+    freeze = ("embed", "blocks[0:1]")
+    run = train_steps(KINDS["llama"], "fsdp=8", freeze=freeze, remat="full")
+    ref = one_device("llama", freeze=freeze)
+    assert_same_run(run, ref, KINDS["llama"], "frozen llama on fsdp=8, remat full")
+    engine = run["engine"]
+    assert "embed" not in run["state"].params  # no gradient, no optimizer state
+    assert run["frozen"]["embed"]["w"].sharding == engine.layout.params(run["frozen"])["embed"]["w"]
+    assert not run["frozen"]["embed"]["w"].sharding.is_fully_replicated
+    initial = train_steps(KINDS["llama"], "data=1", steps=0, freeze=freeze)["params"]
+    assert_bitwise_equal(run["params"]["embed"], initial["embed"])
+    assert_bitwise_equal(
+        jax.tree_util.tree_map(lambda a: a[:1], run["params"]["blocks"]),
+        jax.tree_util.tree_map(lambda a: a[:1], initial["blocks"]),
+    )
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize(
+    ("kind", "mesh", "clipping"), [("mlp", "data=8", "vmap"), ("transformer", MESH3, "ghost")]
+)
+def test_dp_sgd_on_a_mesh_gives_the_one_device_params(kind, mesh, clipping):
+    # Noise from the same key stream as on one device: a mesh run without it, or with noise of
+    # its own, would miss the one-device params by the noise's size (~lr), not by rounding.
+    dp = DPRuntime(1.0, 1.0, float(BATCH), clipping=clipping, noise_prng="threefry2x32")
+    run = train_steps(KINDS[kind], mesh, dp=dp)
+    assert_same_run(run, one_device(kind, dp=dp), KINDS[kind], f"DP {clipping} on {mesh}")
+
+
+@pytest.mark.parametrize("name", ["transformer-s", "llama-s"])
+def test_fsdp_holds_an_eighth_of_params_and_optimizer_state(name):
+    from meshrun import engine_for
+
+    cfg = zoo.get_config(name)
+    totals = {}
+    for mesh in ["data=1", "fsdp=8"]:
+        engine, params = engine_for(cfg, mesh)
+        state, _ = engine.init_state(params, seed=0)
+        first = jax.devices()[0]  # on both meshes
+        totals[mesh] = sum(
+            shard.data.nbytes
+            for leaf in jax.tree.leaves((state.params, state.opt_state))
+            for shard in leaf.addressable_shards
+            if shard.device == first
+        )
+    assert totals["fsdp=8"] <= totals["data=1"] / 8 * 1.05, totals
