@@ -196,6 +196,7 @@ def lora_run(base_run, tmp_path_factory):
     return out, train(lora_recipe(base_run), out, show_progress=False)
 
 
+@pytest.mark.xdist_group("lora-run")  # one worker builds the module's runs once
 def test_dp_lora_run_moves_only_adapters_and_saves_only_them(base_run, lora_run):
     out, summary = lora_run
     base = flat(checkpoint.load_checkpoint(base_run).params)
@@ -222,6 +223,7 @@ def test_no_optimizer_state_and_no_gradient_for_the_base(base_run):
     assert moments == 2 * run.freeze.trainable_count  # adamw: two moments per adapter scalar
 
 
+@pytest.mark.xdist_group("lora-run")  # one worker builds the module's runs once
 def test_merged_export_gives_the_adapted_logits(lora_run, tmp_path):
     out, _ = lora_run
     assert main(["export", str(out), "--merge", "--out", str(tmp_path / "merged")]) == 0
@@ -246,6 +248,7 @@ def test_merged_export_gives_the_adapted_logits(lora_run, tmp_path):
     assert checkpoint.LORA_BASE not in checkpoint.restore_meta(tmp_path / "copy", copy.step)
 
 
+@pytest.mark.xdist_group("lora-run")  # one worker builds the module's runs once
 def test_resume_takes_the_base_from_the_reference_and_refuses_a_moved_base(base_run, lora_run, tmp_path):
     out, _ = lora_run
     copy = tmp_path / "lora"

@@ -101,6 +101,7 @@ def test_cli_json_summary_eval_and_params(tmp_path, capsys):
     ):
         assert key in summary
     assert summary["backend"] == "eqx" and summary["remat"] == "full" and summary["steps"] == 30
+    assert (summary["mesh"], summary["devices"]) == ({"data": 1, "fsdp": 1, "tensor": 1}, 1)
     assert main(["eval", str(out), "--json"]) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # The same evaluation program on the same (checkpointed, bitwise) params: exactly equal.

@@ -15,14 +15,9 @@ from zoo.train.engine import DPRuntime
 
 KINDS = {kind.name: kind.small for kind in registry.kinds()}
 MESH3 = "data=2,fsdp=2,tensor=2"
-# Each kind on the mesh that needs its rules most; the transformer on every mesh kind.
-CASES = [
-    ("transformer", "data=8"),
-    ("transformer", "fsdp=8"),
-    ("transformer", MESH3),
-    ("llama", MESH3),
-    ("mlp", "fsdp=8"),
-]
+# Each kind on the mesh that needs its rules most; the transformer on fsdp and on all three
+# axes. Pure data parallelism: the DP test (mlp, data=8) and two processes (test_mesh_cli.py).
+CASES = [("transformer", "fsdp=8"), ("transformer", MESH3), ("mlp", "fsdp=8")]
 
 
 @functools.cache
@@ -49,9 +44,11 @@ def test_a_mesh_trains_like_one_device(kind, mesh):
 
 
 @pytest.mark.numerics
-def test_eqx_with_offload_on_a_mesh():
-    run = train_steps(KINDS["transformer"], MESH3, backend="eqx", remat="offload-minimal")
-    assert_same_run(run, one_device("transformer"), KINDS["transformer"], "eqx offload-minimal")
+def test_eqx_llama_with_offload_on_a_mesh():
+    run = train_steps(KINDS["llama"], MESH3, backend="eqx", remat="offload-minimal")
+    assert_same_run(
+        run, one_device("llama"), KINDS["llama"], "eqx llama, offload-minimal, on data x fsdp x tensor"
+    )
 
 
 @pytest.mark.numerics

@@ -16,6 +16,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "zoo.bench.engine",
     "zoo.bench.finetune",
     "zoo.bench.dp",
+    "zoo.bench.scale",
 )
 
 # Benchmark name -> its Python entry point (filled in by the modules as they are loaded).

@@ -56,7 +56,9 @@ class MeshSpec:
         return self.devices == 1
 
     def __str__(self) -> str:
-        return ",".join(f"{axis}={size}" for axis, size in self.sizes.items())
+        """``fsdp=8``, ``data=2,fsdp=2,tensor=2``: the axes over one device (``data=1`` alone)."""
+        text = ",".join(f"{axis}={size}" for axis, size in self.sizes.items() if size != 1)
+        return text or f"{DATA}=1"
 
     def resolve(self, device_count: int) -> MeshSpec:
         """The spec with ``auto`` filled in, checked against ``device_count``."""

@@ -206,6 +206,22 @@ def quarantine_after(run_dir: Path, step: int) -> None:
     )
 
 
+def _params_restore(run_dir: Path, step: int):
+    """Restore params onto this process's first device, whatever mesh wrote them: without a
+    target, orbax would rebuild the writer's sharding and refuse another topology."""
+    from etils import epath
+
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    try:
+        tree = ocp.StandardCheckpointHandler().metadata(epath.Path(_step_dir(run_dir, step) / "params"))
+    except Exception:  # unreadable: let the restore itself report it, in one ZooError line
+        return ocp.args.StandardRestore()
+    target = jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device), getattr(tree, "tree", tree)
+    )
+    return ocp.args.StandardRestore(target)
+
+
 def _restore(run_dir: Path, step: int, **items):
     try:
         with _manager(run_dir, create=False) as manager:
@@ -249,7 +265,7 @@ def restore_meta(run_dir: Path, step: int) -> dict:
 def restore_params(run_dir: Path, step: int) -> dict:
     """The full canonical params (trainable and frozen) saved with ``step``; a LoRA run's
     adapters come with the weights of its base."""
-    restored = _restore(run_dir, step, params=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+    restored = _restore(run_dir, step, params=_params_restore(run_dir, step), meta=ocp.args.JsonRestore())
     return _with_base(restored["params"], restored["meta"], run_dir)
 
 
@@ -280,7 +296,7 @@ def _with_base(params: dict, meta: dict, run_dir: Path) -> dict:
         problem = "it was written again since the LoRA run started (its manifest changed)"
     if problem is not None:
         raise ZooError(f"{where} cannot be used: {problem}")
-    base = _restore(base_dir, step, params=ocp.args.StandardRestore())["params"]
+    base = _restore(base_dir, step, params=_params_restore(base_dir, step))["params"]
     return nest_by_path({**flat_by_path(base), **flat_by_path(params)})
 
 
@@ -307,7 +323,7 @@ def load_checkpoint(run_dir: str | Path, step: int | None = None) -> Checkpoint:
     """Load the newest intact (or the given) checkpoint of a run directory written by ``zoo train``."""
     run_dir = Path(run_dir)
     step = resolve_step(run_dir, step)
-    restored = _restore(run_dir, step, params=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+    restored = _restore(run_dir, step, params=_params_restore(run_dir, step), meta=ocp.args.JsonRestore())
     meta = restored["meta"]
     tokenizer = meta.get("tokenizer")
     return Checkpoint(

@@ -158,6 +158,8 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
     seed = recipe.train.seed
     source = None
     lora.check_section(recipe.lora, recipe.freeze)
+    mesh = spec_from_section(recipe.mesh)
+    mesh.resolve(1 if mesh.is_single else jax.device_count())  # a bad mesh fails before the data loads
     if recipe.freeze.init_from:
         source = checkpoint.load_checkpoint(recipe.freeze.init_from)
     preset_cfg = get_config(recipe.model.preset, **dict(recipe.model.overrides))
@@ -171,7 +173,7 @@ def build_run(recipe: Recipe, plan_steps: int | None = None) -> Run:
     cfg = fit_model_to_task(recipe.model.preset, dict(recipe.model.overrides), task)
     cfg, params, freeze, adapters = _model_start(recipe, cfg, source)
     _warn_unused_microbatch(recipe, cfg)
-    layout = layout_for(cfg, spec_from_section(recipe.mesh))
+    layout = layout_for(cfg, mesh)
     dp = _dp_plan(recipe, task, plan_steps, layout)
     if dp is None:
         layout.check_batch_rows(recipe.train.batch_size, "train.batch_size")
