@@ -91,8 +91,8 @@ def main(argv=None) -> int:
                 for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params), strict=True)
             )
             print(
-                f"{name:<15}{mesh:<24}{dloss:>12.2e}{excess(losses, ref_losses, n):>8.3f}"
-                f"{dparam:>14.2e}{excess(params, ref_params, n):>8.3f}{compiles:>10}"
+                f"{name:<15}{mesh:<24}{dloss:>12.2e}{excess(losses, ref_losses, n):>8.0e}"
+                f"{dparam:>14.2e}{excess(params, ref_params, n):>8.0e}{compiles:>10}"
             )
     return 0
 

@@ -55,7 +55,7 @@ def test_tensor_splits_heads_and_mlp_megatron_style():
 def test_collectives_are_counted_from_hlo_text():
     hlo = """
   %all-gather.1 = f32[4,64]{1,0} all-gather(f32[1,64]{1,0} %p), dimensions={0}
-  %ar = (f32[8]{0}, f32[2,2]{1,0}) all-reduce-start(f32[8]{0} %a, f32[2,2]{1,0} %b), to_apply=%sum
+  %ar = (f32[8]{0}, /*index=1*/f32[2,2]{1,0}) all-reduce-start(f32[8]{0} %a, f32[2,2]{1,0} %b), to_apply=%sum
   %ard = (f32[8]{0}, f32[2,2]{1,0}) all-reduce-done(%ar)
   %add = f32[8]{0} add(f32[8]{0} %x, f32[8]{0} %y)
 """

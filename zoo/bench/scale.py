@@ -39,8 +39,9 @@ _SHORT = {
     "collective-permute": "CP",
 }
 _DTYPE_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
-# `%name = TYPE op(` where TYPE is one shape or a tuple of them; async pairs count at -start.
-_OP = re.compile(r"=\s*(\(?[a-z0-9]+\[[^=]*?)\s+(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+# `%name = TYPE op(` where TYPE is one shape or a tuple of them (with /*index=N*/ comments);
+# async pairs count at -start.
+_OP = re.compile(r"=\s*(.+?)\s+(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 _SHAPE = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
 
 
