@@ -3,7 +3,7 @@ axes, and the layout of a run's arrays (``jax.sharding``; no collectives of our 
 
 from zoo.parallel.layout import Layout, layout_for, process_rows
 from zoo.parallel.mesh import AXES, BATCH_AXES, SINGLE, MeshSpec, make_mesh, parse_mesh, spec_from_section
-from zoo.parallel.rules import TENSOR_RULES, leaf_spec, param_specs, shard_bytes, tree_shard_bytes
+from zoo.parallel.rules import TENSOR_RULES, leaf_spec, param_specs
 
 __all__ = [
     "AXES",
@@ -18,7 +18,5 @@ __all__ = [
     "param_specs",
     "parse_mesh",
     "process_rows",
-    "shard_bytes",
     "spec_from_section",
-    "tree_shard_bytes",
 ]

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from zoo.errors import ZooError
 from zoo.models.registry import ModelConfig
 from zoo.parallel.mesh import BATCH_AXES, SINGLE, MeshSpec, make_mesh
-from zoo.parallel.rules import param_specs, tree_shard_bytes
+from zoo.parallel.rules import param_specs
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,10 +104,6 @@ class Layout:
         if self.is_single:
             return state
         return jax.lax.with_sharding_constraint(state, self.state(state, optimizer))
-
-    # -- accounting ----------------------------------------------------------------------
-    def bytes_per_device(self, tree, shardings) -> int:
-        return tree_shard_bytes(tree, shardings, self.spec)
 
 
 def process_rows(sharding: NamedSharding, shape: tuple[int, ...]) -> slice:

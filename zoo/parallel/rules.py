@@ -9,9 +9,6 @@ sharded, so the scan slices one layer's shards and XLA gathers them inside the l
 
 from __future__ import annotations
 
-import math
-
-import jax
 from jax.sharding import PartitionSpec
 
 from zoo.errors import ZooError
@@ -85,24 +82,3 @@ def param_specs(cfg: ModelConfig, mesh: MeshSpec) -> dict:
         axes = cfg.logical_axes(path, len(shape))
         flat[dotted] = leaf_spec(axes, shape, mesh, dotted, cfg, table=cfg.is_table(path))
     return nest_by_path(flat)
-
-
-def shard_bytes(shape: tuple[int, ...], itemsize: int, spec: PartitionSpec, mesh: MeshSpec) -> int:
-    """Bytes of one device's shard of an array."""
-    sizes = mesh.sizes
-    count = 1
-    for i, dim in enumerate(shape):
-        entry = spec[i] if i < len(spec) else None
-        names = entry if isinstance(entry, tuple) else (entry,) if entry else ()
-        count *= -(-dim // math.prod(sizes[n] for n in names))
-    return count * itemsize
-
-
-def tree_shard_bytes(tree, specs_or_shardings, mesh: MeshSpec) -> int:
-    """Per-device bytes of a tree of arrays (or shape structs) under matching specs."""
-
-    def one(x, s):
-        spec = s.spec if hasattr(s, "spec") else s
-        return shard_bytes(tuple(x.shape), x.dtype.itemsize, spec, mesh)
-
-    return sum(jax.tree_util.tree_leaves(jax.tree_util.tree_map(one, tree, specs_or_shardings)))
