@@ -29,7 +29,7 @@ ROW_KEYS = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept by its xdist group's worker to the end
 def result(tmp_path_factory):
     plot = tmp_path_factory.mktemp("plots") / "remat.png"
     return bench_remat(TINY, policies=["full"], batch=4, repeats=2, plot=str(plot))

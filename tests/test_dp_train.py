@@ -42,7 +42,7 @@ def quick_dp(**values):
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built at most once per xdist worker
 def dp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp-run")
     recipe = quick_dp()

@@ -56,14 +56,14 @@ def one_line(text):
     return lines[0]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept by its xdist group's worker to the end
 def finished(tmp_path_factory):
     """A finished 20-step digits-mlp run (checkpoints at 10 and 20) and its summary."""
     out = tmp_path_factory.mktemp("finished")
     return out, train(quick(), out, show_progress=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept by its xdist group's worker to the end
 def dp_runs(tmp_path_factory):
     """A DP run (eps 8), whole, and a copy as if killed after step 10 (no step-20 checkpoint)."""
     whole = tmp_path_factory.mktemp("dp") / "whole"
@@ -459,7 +459,7 @@ def test_ctrl_c_prints_no_traceback_and_resume_logs_each_step_once(tmp_path):
 # --- a kill at a random point of a checkpoint write ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built at most once per xdist worker
 def reference_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference") / "run"
     faultkit.run_reference(out)

@@ -16,7 +16,7 @@ from zoo.train.loop import build_run, train
 FAST = {"train.steps": 30, "train.eval_every": 30, "train.checkpoint_every": 30}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built at most once per xdist worker
 def pretrained(tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain")
     recipe = recipes.with_values(recipes.load_recipe("digits-mlp-pretrain"), FAST)

@@ -173,7 +173,10 @@ def test_bad_targets_and_specs_are_one_clear_line():
 FAST = {"train.steps": 20, "train.eval_every": 20, "train.checkpoint_every": 20, "train.eval_batches": 2}
 
 
-@pytest.fixture(scope="module")
+# Session scope: the worker that runs the "lora-run" group keeps them to the end. A module
+# fixture is torn down whenever that worker runs another module's test in between, and was
+# rebuilt (about 25 s a run).
+@pytest.fixture(scope="session")
 def base_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("base")
     train(
@@ -190,7 +193,7 @@ def lora_recipe(base, **values):
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lora_run(base_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("lora")
     return out, train(lora_recipe(base_run), out, show_progress=False)
@@ -214,6 +217,7 @@ def test_dp_lora_run_moves_only_adapters_and_saves_only_them(base_run, lora_run)
     assert summary["compile_count"] == 1 and summary["epsilon"] <= 3.0
 
 
+@pytest.mark.xdist_group("lora-run")
 def test_no_optimizer_state_and_no_gradient_for_the_base(base_run):
     run = build_run(lora_recipe(base_run))
     state, frozen = run.engine.init_state(run.params, 0)

@@ -20,7 +20,7 @@ CUSTOM = "custom:attn_q=device,layer_input=offload,mlp_hidden=remat,mlp_out=devi
 MODELS = {kind.name: zoo.get_config(kind.small, num_layers=4) for kind in registry.kinds()}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built at most once per xdist worker
 def reference():
     out = {}
     for kind, cfg in MODELS.items():

@@ -45,7 +45,7 @@ def test_spiral_is_a_registered_builtin():
         register_builtin("spiral", "classify", lambda: None)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built at most once per xdist worker
 def spiral_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("spiral")
     summary = train(recipes.load_recipe("spiral-mlp"), out, show_progress=False)

@@ -71,12 +71,13 @@ def test_frozen_layers_shard_get_no_state_and_stay_bitwise():
 
 @pytest.mark.numerics
 @pytest.mark.parametrize(
-    ("kind", "mesh", "clipping"), [("mlp", "data=8", "vmap"), ("transformer", MESH3, "ghost")]
+    ("kind", "mesh", "clipping", "prng"),
+    [("mlp", "data=8", "vmap", "philox4x32"), ("transformer", MESH3, "ghost", "threefry2x32")],
 )
-def test_dp_sgd_on_a_mesh_gives_the_one_device_params(kind, mesh, clipping):
+def test_dp_sgd_on_a_mesh_gives_the_one_device_params(kind, mesh, clipping, prng):
     # Noise from the same key stream as on one device: a mesh run without it, or with noise of
     # its own, would miss the one-device params by the noise's size (~lr), not by rounding.
-    dp = DPRuntime(1.0, 1.0, float(BATCH), clipping=clipping, noise_prng="threefry2x32")
+    dp = DPRuntime(1.0, 1.0, float(BATCH), clipping=clipping, noise_prng=prng)
     run = train_steps(KINDS[kind], mesh, dp=dp)
     assert_same_run(run, one_device(kind, dp=dp), KINDS[kind], f"DP {clipping} on {mesh}")
 
@@ -98,3 +99,18 @@ def test_fsdp_holds_an_eighth_of_params_and_optimizer_state(name):
             if shard.device == first
         )
     assert totals["fsdp=8"] <= totals["data=1"] / 8 * 1.05, totals
+
+
+@pytest.mark.parametrize("name", ["transformer-s", "llama-s"])
+def test_tensor_parallel_halves_a_blocks_temp(name):
+    """Attention scores and MLP hidden split over tensor=2: the block's compiled temp per
+    device is at most 0.6 of one device's (B=16, T=128, forward and backward of one layer)."""
+    from zoo.bench.scale import block_temp
+    from zoo.parallel import layout_for, parse_mesh
+
+    cfg = zoo.get_config(name)
+    temps = {
+        mesh: block_temp(cfg, "nnx", layout_for(cfg, parse_mesh(mesh), jax.devices()[:devices]), 16, 128)
+        for mesh, devices in [("data=1", 1), ("tensor=2", 2)]
+    }
+    assert temps["tensor=2"] <= 0.6 * temps["data=1"], temps

@@ -6,6 +6,12 @@ arrays' shards on the first device), the compiled step's temp bytes per device (
 XLA put into the compiled HLO (counts and result bytes per kind; a collective inside the
 layer scan's loop body counts once, though it runs once per layer). The meshes take turns in
 timed rounds on the same global batch.
+
+``block_temp_bytes_per_device`` is the temp of one block alone: the forward and backward of a
+single layer (params sharded by the same rules, the block input split over the batch axes
+like the batch), compiled for the same mesh. Tensor parallelism splits what lives inside a
+block (attention scores, MLP hidden), so this is where its saving shows; the whole step's temp
+also holds the embedding, the logits and the loss, which ``tensor`` leaves whole.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from zoo.configs import OptimConfig
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical
-from zoo.models.registry import get_config
+from zoo.models.registry import get_config, replace_checked
 from zoo.parallel import layout_for, parse_mesh
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
@@ -69,6 +75,29 @@ def _bytes_on(tree, device) -> int:
     )
 
 
+def block_temp(cfg, backend: str, layout, batch: int, seq: int | None) -> int:
+    """Compiled temp bytes per device of one block's forward and backward on ``layout``."""
+    one = replace_checked(cfg, num_layers=1)
+    one_layout = layout_for(one, layout.spec, list(layout.mesh.devices.flat))
+    params = jax.eval_shape(lambda: canonical.init_params(one, 0))
+    h = jax.ShapeDtypeStruct(one.block_input_shape(batch, seq), jax.numpy.float32)
+
+    def fwd_bwd(params, h, cotangent):
+        layer_fn, stacked = canonical.from_canonical(one, backend, params).stack()
+        layer = jax.tree_util.tree_map(lambda a: a[0], stacked)
+        _, vjp = jax.vjp(layer_fn, layer, h)
+        return vjp(cotangent)
+
+    rows = one_layout.batch_sharding()
+    shardings = (one_layout.params(), rows, rows)
+    compiled = jax.jit(fwd_bwd, in_shardings=shardings).lower(params, h, h).compile()
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def _seq(batch) -> int | None:
+    return int(batch["x"].shape[1]) if batch["x"].ndim > 1 else None
+
+
 def _setup(cfg, backend, mesh_text, remat, params, batch):
     spec = parse_mesh(mesh_text)
     # A bench mesh may use fewer devices than there are (tensor=2 next to data=8): the first ones.
@@ -97,6 +126,9 @@ def _setup(cfg, backend, mesh_text, remat, params, batch):
             "param_bytes_per_device": _bytes_on((state.params, frozen), first),
             "opt_state_bytes_per_device": _bytes_on(state.opt_state, first),
             "temp_bytes_per_device": int(compiled.memory_analysis().temp_size_in_bytes),
+            "block_temp_bytes_per_device": block_temp(
+                cfg, backend, layout, int(batch["x"].shape[0]), _seq(batch)
+            ),
             "collectives": collectives(compiled.as_text()),
         },
     }
@@ -131,7 +163,7 @@ def bench_scale(
         "backend": backend,
         "remat": remat,
         "batch": batch,
-        "seq": int(x.shape[1]) if x.ndim > 1 else None,
+        "seq": _seq(data),
         "device": jax.devices()[0].platform,
         "repeats": repeats,
         "steps_per_repeat": steps,
@@ -158,7 +190,18 @@ def run(args) -> int:
     print_table(
         f"scale: {args.model} ({args.backend}, remat={args.remat}, batch {args.batch}); "
         f"bytes per device, ratios to {base['mesh']}",
-        ["mesh", "dev", "params+opt", "ratio", "temp", "ratio", "step ms", "collectives"],
+        [
+            "mesh",
+            "dev",
+            "params+opt",
+            "ratio",
+            "temp",
+            "ratio",
+            "block temp",
+            "ratio",
+            "step ms",
+            "collectives",
+        ],
         [
             (
                 r["mesh"],
@@ -167,6 +210,8 @@ def run(args) -> int:
                 f"{(r['param_bytes_per_device'] + r['opt_state_bytes_per_device']) / (base['param_bytes_per_device'] + base['opt_state_bytes_per_device']):.3f}",
                 f"{r['temp_bytes_per_device'] / 2**20:.2f} MiB",
                 f"{r['temp_bytes_per_device'] / base['temp_bytes_per_device']:.3f}",
+                f"{r['block_temp_bytes_per_device'] / 2**20:.2f} MiB",
+                f"{r['block_temp_bytes_per_device'] / base['block_temp_bytes_per_device']:.3f}",
                 f"{r['step_ms']:.2f}",
                 " ".join(f"{_SHORT[k]}:{v['count']}" for k, v in r["collectives"].items() if v["count"])
                 or "-",

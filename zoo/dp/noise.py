@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from zoo.dp.philox import PARTITIONABLE_PHILOX
 from zoo.errors import choice_error
 
 PyTree = Any
@@ -70,6 +71,14 @@ def noise_key(key: jax.Array, prng: str | None = DEFAULT_NOISE_PRNG) -> jax.Arra
     return jax.random.wrap_key_data(jax.random.bits(stream, data.shape, data.dtype), impl=prng)
 
 
+def _sampling_key(key: jax.Array) -> jax.Array:
+    """``key`` itself, or for philox4x32 the same key data under :mod:`zoo.dp.philox`'s twin:
+    the same numbers, and a program that also compiles on a device mesh."""
+    if str(jax.random.key_impl(key)) == "philox4x32":
+        return jax.random.wrap_key_data(jax.random.key_data(key), impl=PARTITIONABLE_PHILOX)
+    return key
+
+
 def add_gaussian_noise(
     grad_sum: PyTree,
     key: jax.Array,
@@ -84,7 +93,8 @@ def add_gaussian_noise(
     so leaves receive independent noise.  Noise is drawn in at least float32 and
     the result is cast back to each leaf's dtype.  The same key always yields
     the same noise; the caller must use a fresh key every step.  ``prng`` names the
-    sampler (:data:`NOISE_PRNGS`; see :func:`noise_key`).
+    sampler (:data:`NOISE_PRNGS`; see :func:`noise_key`). philox4x32 numbers are drawn by a
+    twin of JAX's implementation that gives the same bits and also partitions on a mesh.
 
     Under ``jit`` the noise of a leaf is drawn only after the whole sum is computed and the
     previous leaf's noise is added, so the sampler's scratch buffers (several times the
@@ -95,7 +105,7 @@ def add_gaussian_noise(
     leaves, treedef = jax.tree.flatten(grad_sum)
     if not leaves:
         return grad_sum
-    keys = jax.random.split(noise_key(key, prng), len(leaves))
+    keys = jax.random.split(_sampling_key(noise_key(key, prng)), len(leaves))
     leaves, keys = jax.lax.optimization_barrier((leaves, keys))
     noisy = []
     for leaf, leaf_key in zip(leaves, keys, strict=True):

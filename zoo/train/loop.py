@@ -21,7 +21,6 @@ from rich.console import Console
 
 from zoo import lora
 from zoo.dp import PoissonSampler, epsilon_spent, ghost, resolve_noise_multiplier
-from zoo.dp.noise import NOISE_PRNGS
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
@@ -81,7 +80,6 @@ def _dp_plan(recipe: Recipe, task: Task, plan_steps: int, layout: Layout) -> DPP
     dp = recipe.dp
     if not dp.enabled:
         return None
-    _check_noise_prng_on_mesh(dp.noise_prng, layout)
     n = task.num_train
     sigma, eps = resolve_noise_multiplier(dp, n, plan_steps)
     # The padded batch splits over the mesh's batch axes (and into clipping microbatches).
@@ -91,21 +89,6 @@ def _dp_plan(recipe: Recipe, task: Task, plan_steps: int, layout: Layout) -> DPP
         n, dp.expected_batch_size, recipe.train.seed, pad_to_multiple=multiple
     )
     return DPPlan(sampler=sampler, noise_multiplier=sigma, epsilon=eps, steps=recipe.train.steps)
-
-
-# JAX 0.12's Shardy partitioner cannot lower philox's ``mulhi`` (MHLO to StableHLO fails) in a
-# program over more than one device, whether the noise is sharded, replicated or in shard_map.
-_UNPARTITIONABLE_PRNGS = ("philox4x32",)
-
-
-def _check_noise_prng_on_mesh(prng: str, layout: Layout) -> None:
-    if layout.devices > 1 and prng in _UNPARTITIONABLE_PRNGS:
-        choices = [p for p in NOISE_PRNGS if p not in _UNPARTITIONABLE_PRNGS]
-        raise ZooError(
-            f"dp.noise_prng={prng!r} does not compile on a {layout.devices}-device mesh (JAX 0.12's "
-            f"Shardy partitioner cannot lower its mulhi); choose one of {', '.join(choices)}, e.g. "
-            f"--set dp.noise_prng={choices[0]}, and use the same on one device to compare runs"
-        )
 
 
 def dp_train_key(recipe: Recipe) -> jax.Array:
