@@ -4,9 +4,9 @@ Times :func:`zoo.dp.add_gaussian_noise` (jitted, per-leaf draws in the engine's 
 trainable parameters of a few presets, for every sampler in ``zoo.dp.noise.NOISE_PRNGS``. The
 samplers run in interleaved rounds; each figure is the median over rounds, and the ratio is the
 median of per-round ratios to ``threefry2x32`` (JAX's default key). A ``copy`` row, the same
-tree through ``x + 0``, shows the fixed cost of one call. The ``jax philox4x32`` row draws the
-same per-leaf normals with JAX's own philox4x32 lowering (``lax.mulhi``, which does not
-partition on a mesh); zoo's philox4x32 row goes through the twin in ``zoo/dp/philox.py``.
+tree through ``x + 0``, shows the fixed cost of one call. The ``philox4x32 partitioned`` row
+draws the same numbers through the twin in ``zoo/dp/philox.py``, which a program on a device
+mesh uses (JAX's own lowering, ``lax.mulhi``, does not partition).
 
     .venv/bin/python benchmarks/noise.py [--rounds 30] [--calls 20]
 """
@@ -19,20 +19,14 @@ import time
 
 import jax
 
-from zoo.dp.noise import NOISE_PRNGS, add_gaussian_noise, noise_key
+from zoo.dp.noise import NOISE_PRNGS, add_gaussian_noise
 from zoo.models import canonical
 from zoo.models.registry import get_config
 
 PRESETS = ("mlp-s", "mlp-m", "transformer-xs")
 REFERENCE = "threefry2x32"
-COLUMNS = (*NOISE_PRNGS, "jax philox4x32", "copy")
-
-
-def jax_philox(tree, key):
-    leaves, treedef = jax.tree.flatten(tree)
-    keys = jax.random.split(noise_key(key, "philox4x32"), len(leaves))  # JAX's philox4x32 impl
-    noisy = [x + jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)]
-    return jax.tree.unflatten(treedef, noisy)
+PARTITIONED = "philox4x32 partitioned"
+COLUMNS = (*NOISE_PRNGS, PARTITIONED, "copy")
 
 
 def samplers():
@@ -44,7 +38,11 @@ def samplers():
         )
         for name in NOISE_PRNGS
     }
-    fns["jax philox4x32"] = jax.jit(jax_philox)
+    fns[PARTITIONED] = jax.jit(
+        lambda tree, key: add_gaussian_noise(
+            tree, key, noise_multiplier=1.0, l2_clip_norm=1.0, prng="philox4x32", partitioned=True
+        )
+    )
     fns["copy"] = jax.jit(lambda tree, key: jax.tree.map(lambda x: x + 0.0, tree))
     return fns
 

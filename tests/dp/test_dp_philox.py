@@ -48,10 +48,15 @@ def test_the_same_key_data_give_the_same_numbers(shape):
     assert_close(jax.random.normal(ours, shape), jax.random.normal(theirs, shape), n=1)
 
 
-def test_philox_noise_is_jax_philox_noise():
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_philox_noise_is_jax_philox_noise(partitioned):
     tree = {"a": jnp.zeros((300, 20)), "b": jnp.zeros((7,))}
     key = jax.random.key(3)
-    noisy = add_gaussian_noise(tree, key, noise_multiplier=1.0, l2_clip_norm=1.0, prng=JAX_PHILOX)
+    noisy = jax.jit(
+        lambda t, k: add_gaussian_noise(
+            t, k, noise_multiplier=1.0, l2_clip_norm=1.0, prng=JAX_PHILOX, partitioned=partitioned
+        )
+    )(tree, key)
     stream = noise_key(key, JAX_PHILOX)
     assert str(jax.random.key_impl(stream)) == JAX_PHILOX
     keys = jax.random.split(stream, 2)  # JAX's own philox: one key per leaf, in leaf order

@@ -71,10 +71,11 @@ def noise_key(key: jax.Array, prng: str | None = DEFAULT_NOISE_PRNG) -> jax.Arra
     return jax.random.wrap_key_data(jax.random.bits(stream, data.shape, data.dtype), impl=prng)
 
 
-def _sampling_key(key: jax.Array) -> jax.Array:
-    """``key`` itself, or for philox4x32 the same key data under :mod:`zoo.dp.philox`'s twin:
-    the same numbers, and a program that also compiles on a device mesh."""
-    if str(jax.random.key_impl(key)) == "philox4x32":
+def _sampling_key(key: jax.Array, partitioned: bool) -> jax.Array:
+    """``key`` itself, or in a partitioned program a philox4x32 key's data under
+    :mod:`zoo.dp.philox`'s twin: the same numbers, in a program Shardy can lower. On one
+    device JAX's own lowering (``lax.mulhi``) is faster (benchmarks/noise.py)."""
+    if partitioned and str(jax.random.key_impl(key)) == "philox4x32":
         return jax.random.wrap_key_data(jax.random.key_data(key), impl=PARTITIONABLE_PHILOX)
     return key
 
@@ -86,6 +87,7 @@ def add_gaussian_noise(
     noise_multiplier: float | jax.Array,
     l2_clip_norm: float | jax.Array,
     prng: str | None = DEFAULT_NOISE_PRNG,
+    partitioned: bool = False,
 ) -> PyTree:
     """Return ``grad_sum + N(0, (noise_multiplier * l2_clip_norm)^2)`` per coordinate.
 
@@ -93,8 +95,9 @@ def add_gaussian_noise(
     so leaves receive independent noise.  Noise is drawn in at least float32 and
     the result is cast back to each leaf's dtype.  The same key always yields
     the same noise; the caller must use a fresh key every step.  ``prng`` names the
-    sampler (:data:`NOISE_PRNGS`; see :func:`noise_key`). philox4x32 numbers are drawn by a
-    twin of JAX's implementation that gives the same bits and also partitions on a mesh.
+    sampler (:data:`NOISE_PRNGS`; see :func:`noise_key`). ``partitioned=True`` (a program
+    over more than one device) draws philox4x32 numbers with a twin of JAX's implementation
+    that gives the same bits and also compiles on a mesh.
 
     Under ``jit`` the noise of a leaf is drawn only after the whole sum is computed and the
     previous leaf's noise is added, so the sampler's scratch buffers (several times the
@@ -105,7 +108,7 @@ def add_gaussian_noise(
     leaves, treedef = jax.tree.flatten(grad_sum)
     if not leaves:
         return grad_sum
-    keys = jax.random.split(_sampling_key(noise_key(key, prng)), len(leaves))
+    keys = jax.random.split(_sampling_key(noise_key(key, prng), partitioned), len(leaves))
     leaves, keys = jax.lax.optimization_barrier((leaves, keys))
     noisy = []
     for leaf, leaf_key in zip(leaves, keys, strict=True):
@@ -126,6 +129,7 @@ def privatize(
     l2_clip_norm: float | jax.Array,
     expected_batch_size: int | float,
     prng: str | None = DEFAULT_NOISE_PRNG,
+    partitioned: bool = False,
 ) -> PyTree:
     """Noisy clipped-gradient mean: ``add_gaussian_noise(...) / expected_batch_size``.
 
@@ -136,7 +140,12 @@ def privatize(
     if _static(expected_batch_size) and not expected_batch_size > 0:
         raise ValueError(f"expected_batch_size must be > 0; got {expected_batch_size!r}.")
     noisy = add_gaussian_noise(
-        grad_sum, key, noise_multiplier=noise_multiplier, l2_clip_norm=l2_clip_norm, prng=prng
+        grad_sum,
+        key,
+        noise_multiplier=noise_multiplier,
+        l2_clip_norm=l2_clip_norm,
+        prng=prng,
+        partitioned=partitioned,
     )
     return jax.tree.map(
         lambda x: (x / jnp.asarray(expected_batch_size, jnp.promote_types(x.dtype, jnp.float32))).astype(

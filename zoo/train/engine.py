@@ -112,6 +112,7 @@ class Engine:
             l2_clip_norm=self.dp.clip_norm,
             expected_batch_size=self.dp.expected_batch_size,
             prng=self.dp.noise_prng,
+            partitioned=self.layout is not None and self.layout.devices > 1,
         )
 
     def _dp_grads(self, state: TrainState, frozen: dict, batch: dict, canaries=None):
