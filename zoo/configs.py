@@ -6,6 +6,27 @@ from dataclasses import dataclass
 
 from zoo.errors import ZooError, check_choice
 
+ATTENTIONS = ("dense", "chunked")  # a model's attention (zoo.models.ops.attention)
+
+
+def add_model_flags(parser) -> None:
+    """``--attention`` and ``--mlp-chunk``: the model config fields that the inspection and
+    bench commands (``zoo residuals``, ``zoo bench remat``) override by flag."""
+    parser.add_argument("--attention", choices=ATTENTIONS, help="override the model's attention")
+    parser.add_argument(
+        "--mlp-chunk",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="override the model's mlp_chunk: its MLP over chunks of this many tokens (0: whole)",
+    )
+
+
+def model_flag_overrides(args) -> dict:
+    """The config overrides that :func:`add_model_flags`'s flags ask for."""
+    overrides = {"attention": args.attention, "mlp_chunk": args.mlp_chunk}
+    return {k: v for k, v in overrides.items() if v is not None}
+
 
 def require_positive(cfg: object, *fields: str) -> None:
     """Config validation: each field is a positive int (one ZooError line naming it)."""

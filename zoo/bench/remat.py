@@ -32,9 +32,9 @@ from zoo.bench.common import (
     time_in_rounds,
     train_step,
 )
+from zoo.configs import add_model_flags, model_flag_overrides
 from zoo.errors import ZooError
 from zoo.models import canonical
-from zoo.models.ops import ATTENTIONS
 from zoo.models.registry import check_backend, get_config
 from zoo.remat import choose_under_budget, get_policy, parse_bytes, policy_names
 from zoo.residuals import residual_report
@@ -83,8 +83,8 @@ def _shape(model: str, cfg, batch: int | None, seq: int | None) -> tuple[int, in
     return batch, cfg.seq_or_default(seq or defaults.get("seq"))
 
 
-def _config(model, num_layers: int | None):
-    return get_config(model, **({"num_layers": num_layers} if num_layers else {}))
+def _config(model, num_layers: int | None, overrides: dict | None = None):
+    return get_config(model, **(overrides or {}), **({"num_layers": num_layers} if num_layers else {}))
 
 
 def _say(progress: Progress, message: str) -> None:
@@ -122,14 +122,18 @@ def bench_remat(
     seed: int = 0,
     progress: Progress = None,
     budget: int | str | None = None,
+    overrides: dict | None = None,
 ) -> dict:
     """Compile, measure and time one train step per policy. See the module docstring.
+
+    ``overrides`` are model config fields (``{"attention": "chunked", "mlp_chunk": 16}``); the
+    preset's default bench shape still applies.
 
     With ``budget`` (bytes, or ``"256MiB"``), each row says whether its step ``fits`` (compiled
     temp plus arguments within it) and ``chosen`` is the fastest that does: the choice
     ``zoo train --remat auto --memory-budget`` makes, shown without training."""
     backend = check_backend(backend)
-    cfg = _config(model, num_layers)
+    cfg = _config(model, num_layers, overrides)
     names = parse_policies(policies)
     batch, seq, x, y = _warmed_inputs(model, cfg, backend, batch, seq, seed, progress, "remat bench")
     runs = {}
@@ -232,6 +236,7 @@ def bench_depths(
     seed: int = 0,
     residuals: bool = True,
     progress: Progress = None,
+    overrides: dict | None = None,
 ) -> dict:
     """Compile (without running) the train step at each depth for each policy.
 
@@ -243,13 +248,13 @@ def bench_depths(
     backend = check_backend(backend)
     names = [get_policy(p).name for p in (policies.split(",") if isinstance(policies, str) else policies)]
     depths = parse_depths(depths)
-    cfg0 = _config(model, None)
+    cfg0 = _config(model, None, overrides)
     batch, seq, x, y = _warmed_inputs(model, cfg0, backend, batch, seq, seed, progress, "remat depth sweep")
     rows = []
     for name in names:
         for depth in depths:
             _say(progress, f"remat depth sweep: {name} at L={depth}")
-            cfg = _config(model, depth)
+            cfg = _config(model, depth, overrides)
             step, optimizer = train_step(cfg, backend, name)
             params = jax.eval_shape(functools.partial(canonical.init_params, cfg, seed))
             opt_state = jax.eval_shape(optimizer.init, params)
@@ -316,7 +321,7 @@ def _run_cli(args) -> int:
     progress = (
         None if args.quiet else (lambda m: err_console.print(m, style="dim", markup=False, highlight=False))
     )
-    model = get_config(args.model, attention=args.attention) if args.attention else args.model
+    model, overrides = args.model, model_flag_overrides(args)
     if args.depths:
         policies = args.policies or "full,nested"
         result = bench_depths(
@@ -327,6 +332,7 @@ def _run_cli(args) -> int:
             batch=args.batch,
             seq=args.seq,
             progress=progress,
+            overrides=overrides,
         )
         if args.json:
             emit_json(result)
@@ -374,6 +380,7 @@ def _run_cli(args) -> int:
         plot=args.plot,
         progress=progress,
         budget=args.budget,
+        overrides=overrides,
     )
     if args.json:
         emit_json(result)
@@ -444,9 +451,7 @@ def add_bench(bench_sub) -> None:
         "--seq", type=int, default=None, help="sequence length (default: 128 for transformer-s, else max_len)"
     )
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
-    p.add_argument(
-        "--attention", choices=ATTENTIONS, help="override the model's attention (dense or chunked)"
-    )
+    add_model_flags(p)
     p.add_argument(
         "--repeats",
         type=positive_int,

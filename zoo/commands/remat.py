@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from zoo.configs import add_model_flags, model_flag_overrides
 from zoo.remat import POLICIES, get_policy
 from zoo.ui import console, emit_json, human_bytes, print_table
-
-ATTENTIONS = ("dense", "chunked")  # zoo.models.ops.ATTENTIONS, without importing the models
 
 
 def _shape(shape) -> str:
@@ -16,9 +15,7 @@ def run_residuals(args) -> int:
     from zoo.residuals import residual_report
 
     get_policy(args.remat)  # unknown names fail here, listing the valid ones
-    overrides = {"num_layers": args.layers} if args.layers else {}
-    if args.attention:
-        overrides["attention"] = args.attention
+    overrides = model_flag_overrides(args) | ({"num_layers": args.layers} if args.layers else {})
     report = residual_report(
         args.model, args.remat, backend=args.backend, batch=args.batch, seq=args.seq, **overrides
     )
@@ -117,9 +114,7 @@ def add_parser(sub) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: max_len)")
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
-    p.add_argument(
-        "--attention", choices=ATTENTIONS, help="override the model's attention (dense or chunked)"
-    )
+    add_model_flags(p)
     p.add_argument("--per-block", action="store_true", help="show one scanned block only")
     p.add_argument("--all", action="store_true", help="also list parameter residuals")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -16,12 +16,13 @@ import numpy as np
 from flax import nnx
 from jax.experimental import checkify
 
+from zoo import hooks
+from zoo.configs import ATTENTIONS
 from zoo.errors import ZooError, choice_error
 from zoo.hooks import report
 from zoo.models.lora import LoraLinear
 
 ACTIVATIONS = {"gelu": jax.nn.gelu, "tanh": jnp.tanh, "relu": jax.nn.relu}
-ATTENTIONS = ("dense", "chunked")
 
 
 # --- Input checks ---------------------------------------------------------------------------
@@ -63,7 +64,8 @@ def check_token_shape(x: jax.Array) -> None:
 
 
 def check_attention(cfg) -> None:
-    """A config's ``attention`` is one of :data:`ATTENTIONS` and its chunk a positive int."""
+    """A config's ``attention`` is one of :data:`ATTENTIONS`, its chunk a positive int, and its
+    ``mlp_chunk`` an int >= 0."""
     if cfg.attention not in ATTENTIONS:
         raise choice_error(f"{type(cfg).__name__}.attention", cfg.attention, ATTENTIONS)
     if cfg.attention == "chunked":  # before any trace: see zoo.models.attention.enable
@@ -73,6 +75,12 @@ def check_attention(cfg) -> None:
     chunk = cfg.attention_chunk
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ZooError(f"{type(cfg).__name__}.attention_chunk must be a positive int, got {chunk!r}")
+    chunk = cfg.mlp_chunk
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
+        raise ZooError(
+            f"{type(cfg).__name__}.mlp_chunk must be a whole number of tokens (0: the whole sequence "
+            f"at once), got {chunk!r}"
+        )
 
 
 def check_length(length: int, max_len: int) -> None:
@@ -201,6 +209,35 @@ def positions(layer, like: jax.Array) -> jax.Array:
     batch, seq = like.shape[:2]
     z = jnp.broadcast_to(table[:seq], (batch, seq, table.shape[-1]))
     return report("rows", z, {"w": table})
+
+
+# --- Token chunks -------------------------------------------------------------------------
+
+
+def token_chunks(fn, x: jax.Array, chunk: int) -> jax.Array:
+    """``fn(x)`` for a function that acts on each token alone (a norm and an MLP), computed
+    ``chunk`` tokens at a time, with a remat rule of its own: each chunk is checkpointed, so
+    what the chunks keep for the backward pass is their input, and the backward pass
+    recomputes one chunk's hidden activations at a time. No ``[B, T, d_ff]`` array exists.
+
+    x: [B, T, D] (T need not divide by ``chunk``: the last chunk is padded and the padding
+    dropped). ``chunk`` 0, or at least T, computes ``fn(x)`` at once. So does any call made
+    under active :mod:`zoo.hooks` (ghost clipping's passes): the hooks see each op once, on
+    the whole sequence. The values are the same either way (to float32 rounding).
+    """
+    batch, seq = x.shape[:2]
+    if not chunk or chunk >= seq or hooks.current() is not None:
+        return fn(x)
+    count = -(-seq // chunk)
+    padded = jnp.pad(x, [(0, 0), (0, count * chunk - seq)] + [(0, 0)] * (x.ndim - 2))
+    xs = jnp.moveaxis(padded.reshape(batch, count, chunk, *x.shape[2:]), 1, 0)
+    # prevent_cse=False: the chunks are a scan, whose replay XLA cannot merge with the forward.
+    # (A lambda, not ``fn``: an Equinox bound method hashes its module, tracers and all.)
+    each = jax.checkpoint(
+        lambda chunk_x: fn(chunk_x), policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False
+    )
+    ys = jax.lax.map(each, xs)
+    return jnp.moveaxis(ys, 0, 1).reshape(batch, count * chunk, *ys.shape[3:])[:, :seq]
 
 
 # --- Attention ------------------------------------------------------------------------------

@@ -192,7 +192,11 @@ def _depends_on_inputs(jaxpr, live_inputs=None) -> set:
             dep.update(eqn.outvars)
             continue
         inner = _depends_on_inputs(sub, [v for v, on in zip(sub.invars, live, strict=True) if on])
-        dep.update(o for o, i in zip(eqn.outvars, sub.outvars, strict=True) if i in inner)
+        dep.update(
+            o
+            for o, i in zip(eqn.outvars, sub.outvars, strict=True)
+            if not isinstance(i, jcore.Literal) and i in inner
+        )
     return dep
 
 

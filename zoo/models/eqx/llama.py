@@ -70,6 +70,7 @@ class Block(eqx.Module):
     attn: Attention
     mlp_norm: eqx.nn.RMSNorm
     mlp: FeedForward
+    mlp_chunk: int = eqx.field(static=True)
 
     def __init__(self, cfg: LlamaConfig, *, key: jax.Array):
         k_attn, k_mlp = jax.random.split(key)
@@ -77,10 +78,15 @@ class Block(eqx.Module):
         self.attn = Attention(cfg, key=k_attn)
         self.mlp_norm = eqx.nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, use_bias=False)
         self.mlp = FeedForward(cfg, key=k_mlp)
+        self.mlp_chunk = cfg.mlp_chunk
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x + self.attn(ops.rms_norm(self.attn_norm, x))
-        return x + self.mlp(ops.rms_norm(self.mlp_norm, x))
+        return x + ops.token_chunks(self.mlp_branch, x, self.mlp_chunk)
+
+    def mlp_branch(self, x: jax.Array) -> jax.Array:
+        """mlp(norm(x)): token by token, so it may run on chunks of tokens (cfg.mlp_chunk)."""
+        return self.mlp(ops.rms_norm(self.mlp_norm, x))
 
 
 class Llama(eqx.Module):

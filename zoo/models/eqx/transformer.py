@@ -68,6 +68,7 @@ class Block(eqx.Module):
     attn: Attention
     ln2: eqx.nn.LayerNorm
     mlp: FeedForward
+    mlp_chunk: int = eqx.field(static=True)
 
     def __init__(self, cfg: TransformerConfig, *, key: jax.Array):
         k_attn, k_mlp = jax.random.split(key)
@@ -75,10 +76,15 @@ class Block(eqx.Module):
         self.attn = Attention(cfg, key=k_attn)
         self.ln2 = eqx.nn.LayerNorm(cfg.d_model, eps=LN_EPS)
         self.mlp = FeedForward(cfg, key=k_mlp)
+        self.mlp_chunk = cfg.mlp_chunk
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x + self.attn(ops.layer_norm(self.ln1, x))
-        return x + self.mlp(ops.layer_norm(self.ln2, x))
+        return x + ops.token_chunks(self.mlp_branch, x, self.mlp_chunk)
+
+    def mlp_branch(self, x: jax.Array) -> jax.Array:
+        """mlp(ln2(x)): token by token, so it may run on chunks of tokens (cfg.mlp_chunk)."""
+        return self.mlp(ops.layer_norm(self.ln2, x))
 
 
 class Transformer(eqx.Module):

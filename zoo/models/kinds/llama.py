@@ -55,6 +55,7 @@ class LlamaConfig(ModelConfig):
     max_len: int = 64
     attention: str = "dense"  # or "chunked": key chunks, online softmax (zoo.models.attention)
     attention_chunk: int = 64
+    mlp_chunk: int = 0  # tokens per MLP chunk, recomputed in backward (ops.token_chunks); 0: all at once
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
 

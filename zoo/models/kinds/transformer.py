@@ -66,6 +66,7 @@ class TransformerConfig(ModelConfig):
     max_len: int = 64
     attention: str = "dense"  # or "chunked": key chunks, online softmax (zoo.models.attention)
     attention_chunk: int = 64
+    mlp_chunk: int = 0  # tokens per MLP chunk, recomputed in backward (ops.token_chunks); 0: all at once
     d_in: int = 0
     num_classes: int = 0
 

@@ -59,10 +59,15 @@ class Block(nnx.Module):
         self.attn = Attention(cfg, rngs=rngs)
         self.mlp_norm = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, rngs=rngs)
         self.mlp = FeedForward(cfg, rngs=rngs)
+        self.mlp_chunk = cfg.mlp_chunk
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x + self.attn(ops.rms_norm(self.attn_norm, x))
-        return x + self.mlp(ops.rms_norm(self.mlp_norm, x))
+        return x + ops.token_chunks(self.mlp_branch, x, self.mlp_chunk)
+
+    def mlp_branch(self, x: jax.Array) -> jax.Array:
+        """mlp(norm(x)): token by token, so it may run on chunks of tokens (cfg.mlp_chunk)."""
+        return self.mlp(ops.rms_norm(self.mlp_norm, x))
 
 
 class Llama(nnx.Module):

@@ -56,10 +56,15 @@ class Block(nnx.Module):
         self.attn = Attention(cfg, rngs=rngs)
         self.ln2 = nnx.LayerNorm(cfg.d_model, epsilon=LN_EPS, rngs=rngs)
         self.mlp = FeedForward(cfg, rngs=rngs)
+        self.mlp_chunk = cfg.mlp_chunk
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x + self.attn(ops.layer_norm(self.ln1, x))
-        return x + self.mlp(ops.layer_norm(self.ln2, x))
+        return x + ops.token_chunks(self.mlp_branch, x, self.mlp_chunk)
+
+    def mlp_branch(self, x: jax.Array) -> jax.Array:
+        """mlp(ln2(x)): token by token, so it may run on chunks of tokens (cfg.mlp_chunk)."""
+        return self.mlp(ops.layer_norm(self.ln2, x))
 
 
 class Transformer(nnx.Module):
