@@ -204,7 +204,10 @@ def test_a_model_with_chunked_attention_gives_the_dense_models_loss_and_gradient
 
 @pytest.mark.numerics
 def test_ghost_clipping_through_chunked_attention_equals_vmap_clipping():
+    # and through a chunked MLP (mlp_chunk, zoo.models.ops.token_chunks), which runs whole
+    # under the ghost hooks
     chunked, _ = chunked_and_dense("llama")
+    chunked = zoo.get_config(chunked, mlp_chunk=3)
     params = random_params(chunked, 3)
     x = zoo.example_batch(chunked, 4, seed=4, seq_len=8)
     y = labels_for(chunked, x)

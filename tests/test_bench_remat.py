@@ -6,12 +6,15 @@ No timing assertions: step and compile times are reported, never checked.
 import argparse
 import json
 
+import jax
 import pytest
 
 import zoo
 from zoo import bench
+from zoo.bench.common import memory_stats, train_step
 from zoo.bench.remat import bench_depths, bench_remat, parse_policies
 from zoo.errors import ZooError
+from zoo.models import canonical
 from zoo.remat import get_policy
 from zoo.scan import stack_levels
 
@@ -88,10 +91,15 @@ def test_recursive_needs_no_more_temp_than_nested_at_depth_64():
     Autodiff's nested checkpoints took 26.1 MiB here against nested's 22.0. At L=16 both run
     as (4, 4), the same program, so the temp growth from 16 to 64 is no larger either."""
     assert stack_levels(get_policy("nested"), 16) == stack_levels(get_policy("recursive"), 16) == (4, 4)
-    cfg = zoo.get_config("transformer-xs")
-    rows = bench_depths(cfg, policies=("nested", "recursive"), depths=(64,), batch=8, seq=64)["rows"]
-    temp = {r["policy"]: r["temp_bytes"] for r in rows if r["policy"] != "none"}
-    assert temp["recursive"] <= temp["nested"]
+    cfg = zoo.get_config("transformer-xs", num_layers=64)
+    x = zoo.example_batch(cfg, 8, seed=0, seq_len=64)
+    params = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
+    temp = {}
+    for policy in ("nested", "recursive"):
+        step, optimizer = train_step(cfg, "nnx", policy)
+        compiled = step.lower(params, jax.eval_shape(optimizer.init, params), x, x).compile()
+        temp[policy] = memory_stats(compiled)["temp_size_in_bytes"]
+    assert temp["recursive"] <= temp["nested"], temp
 
 
 def test_full_lean_lowers_the_compiled_peak_of_full():

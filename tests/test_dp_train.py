@@ -49,6 +49,7 @@ def dp_run(tmp_path_factory):
     return recipe, train(recipe, out, show_progress=False), out
 
 
+@pytest.mark.xdist_group("dp-train-run")  # dp_run is built once, on one worker
 def test_dp_step_compiles_once_and_summary_reports_privacy(dp_run):
     recipe, summary, _ = dp_run
     assert summary["compile_count"] == 1  # Poisson batches are padded to one fixed shape
@@ -63,6 +64,7 @@ def test_dp_step_compiles_once_and_summary_reports_privacy(dp_run):
     assert summary["sampling_prob"] == pytest.approx(recipe.dp.expected_batch_size / data.num_train)
 
 
+@pytest.mark.xdist_group("dp-train-run")  # dp_run is built once, on one worker
 def test_epsilon_recomputed_independently_and_within_target(dp_run):
     _, summary, _ = dp_run
     step = dp_accounting.PoissonSampledDpEvent(
@@ -76,6 +78,7 @@ def test_epsilon_recomputed_independently_and_within_target(dp_run):
     assert summary["epsilon"] >= 0.95 * TARGET  # calibrated to the budget, not over-noised
 
 
+@pytest.mark.xdist_group("dp-train-run")  # dp_run is built once, on one worker
 def test_epsilon_logged_at_evals_is_nondecreasing(dp_run):
     _, summary, out = dp_run
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -269,6 +269,7 @@ def test_resume_takes_the_base_from_the_reference_and_refuses_a_moved_base(base_
         moved.rename(base_run)
 
 
+@pytest.mark.xdist_group("lora-run")  # base_run is built once, on that group's worker
 def test_lora_needs_a_base_and_no_freeze_patterns(base_run):
     with pytest.raises(ZooError, match="needs|--init-from DIR"):
         build_run(lora_recipe(base_run, **{"freeze.init_from": None}))

@@ -52,12 +52,14 @@ def spiral_run(tmp_path_factory):
     return out, summary
 
 
+@pytest.mark.xdist_group("spiral-run")  # spiral_run is built once, on one worker
 def test_spiral_mlp_recipe_reaches_95_percent_compiling_its_step_once(spiral_run):
     _, summary = spiral_run
     assert summary["compile_count"] == 1
     assert summary["eval_accuracy"] >= 0.95
 
 
+@pytest.mark.xdist_group("spiral-run")  # spiral_run is built once, on one worker
 def test_hardest_lists_the_highest_eval_losses_near_the_origin(spiral_run, capsys):
     out, _ = spiral_run
     assert main(["eval", str(out), "--hardest", "5", "--json"]) == 0
@@ -75,6 +77,7 @@ def test_hardest_lists_the_highest_eval_losses_near_the_origin(spiral_run, capsy
     assert max(np.linalg.norm(row["x"]) for row in hard) < 0.05
 
 
+@pytest.mark.xdist_group("spiral-run")  # spiral_run is built once, on one worker
 def test_hardest_must_be_positive(spiral_run, capsys):
     out, _ = spiral_run
     with pytest.raises(SystemExit):
