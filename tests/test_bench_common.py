@@ -43,3 +43,35 @@ def test_engine_bench_times_both_steps_in_rounds():
     row = bench_engine("digits-mlp", "nnx", steps=1, repeats=2)
     assert (row["repeats"], row["steps_per_repeat"]) == (2, 1)
     assert row["zoo_step_ms"] > 0 and row["hand_step_ms"] > 0 and row["ratio"] > 0
+
+
+def test_a_scatter_plot_labels_coincident_points_once(tmp_path):
+    """Policies with the same temp memory and step time share a marker spot: one label names
+    them all, and every label's text stays clear of every other label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from zoo.bench.common import _merge_coincident, _place_labels, scatter_plot
+
+    points = [
+        ("none", 190.0, 150.0),
+        ("full", 48.7, 102.0),
+        ("recursive", 48.7, 102.1),
+        ("dots", 65.4, 104.0),
+    ]
+    fig, ax = plt.subplots()
+    for _, x, y in points:
+        ax.scatter([x], [y])
+    ax.set_xlim(0, 240)
+    ax.set_ylim(0, 170)
+    merged, colors = _merge_coincident(ax, points, ["C0", "C1", "C2", "C3"])
+    assert [p[0] for p in merged] == ["none", "full, recursive", "dots"]
+    assert colors == ["C0", "dimgray", "C3"]
+    _place_labels(fig, ax, merged, colors)
+    renderer = fig.canvas.get_renderer()
+    boxes = [matplotlib.text.Text.get_window_extent(t, renderer) for t in ax.texts]
+    assert len(boxes) == 3 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    plt.close(fig)
+    assert scatter_plot(str(tmp_path / "p.png"), points, xlabel="x", ylabel="y", title="t").endswith("p.png")

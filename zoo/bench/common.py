@@ -143,6 +143,7 @@ def scatter_plot(
     ax.set_xlim(left=0, right=max((p[1] for p in points), default=1) * 1.25)
     ax.set_ylim(bottom=0, top=max((p[2] for p in points), default=1) * 1.15)
     fig.tight_layout()
+    points, colors = _merge_coincident(ax, points, colors)
     _place_labels(fig, ax, points, colors)
     fig.savefig(path)
     plt.close(fig)
@@ -161,8 +162,25 @@ _DIRECTIONS = [
     (0, 2.2, "center"),
     (0, -2, "center"),
 ]
-_OFFSETS = [(dx * r, dy * r, align) for r in (6, 16, 28, 40) for dx, dy, align in _DIRECTIONS]
+_OFFSETS = [(dx * r, dy * r, align) for r in (6, 16, 28, 40, 55, 70) for dx, dy, align in _DIRECTIONS]
 _MARKER_HALF_WIDTH_PX = 5
+
+
+def _merge_coincident(ax, points, colors):
+    """Points whose markers overlap on the figure (policies with the same temp memory and
+    nearly the same time) get one label, their names joined, in grey where colours differ."""
+    centres = ax.transData.transform([(x, y) for _, x, y in points])
+    groups: list[list[int]] = []
+    for i, (cx, cy) in enumerate(centres):
+        for group in groups:
+            gx, gy = centres[group[0]]
+            if abs(cx - gx) <= 2 * _MARKER_HALF_WIDTH_PX and abs(cy - gy) <= 2 * _MARKER_HALF_WIDTH_PX:
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    merged = [(", ".join(points[i][0] for i in g), points[g[0]][1], points[g[0]][2]) for g in groups]
+    return merged, [colors[g[0]] if len(g) == 1 else "dimgray" for g in groups]
 
 
 def _marker_boxes(ax, points):
@@ -178,6 +196,8 @@ def _place_labels(fig, ax, points, colors) -> None:
     overlaps no earlier label and no other marker and stays inside the axes (policies often
     share a temp-memory figure, so markers crowd); labels moved off the default spot get a
     thin leader line."""
+    from matplotlib.text import Text
+
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
     markers = _marker_boxes(ax, points)
@@ -196,7 +216,8 @@ def _place_labels(fig, ax, points, colors) -> None:
                 color=color,
                 arrowprops=leader,
             )
-            box = note.get_window_extent(renderer)
+            note.update_positions(renderer)
+            box = Text.get_window_extent(note, renderer)  # the text alone, not its leader line
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
             if i == len(_OFFSETS) or (inside and not any(box.overlaps(o) for o in obstacles)):
                 break  # the last try is the default spot again: every other one collided
