@@ -64,8 +64,7 @@ def check_token_shape(x: jax.Array) -> None:
 
 
 def check_attention(cfg) -> None:
-    """A config's ``attention`` is one of :data:`ATTENTIONS`, its chunk a positive int, and its
-    ``mlp_chunk`` an int >= 0."""
+    """A config's ``attention`` is one of :data:`ATTENTIONS` and its chunk a positive int."""
     if cfg.attention not in ATTENTIONS:
         raise choice_error(f"{type(cfg).__name__}.attention", cfg.attention, ATTENTIONS)
     if cfg.attention == "chunked":  # before any trace: see zoo.models.attention.enable
@@ -75,6 +74,10 @@ def check_attention(cfg) -> None:
     chunk = cfg.attention_chunk
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ZooError(f"{type(cfg).__name__}.attention_chunk must be a positive int, got {chunk!r}")
+
+
+def check_mlp_chunk(cfg) -> None:
+    """A config's ``mlp_chunk`` (tokens per MLP chunk, :func:`token_chunks`) is an int >= 0."""
     chunk = cfg.mlp_chunk
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
         raise ZooError(

@@ -16,6 +16,7 @@ from zoo.models.ops import (
     check_concrete_ids,
     check_ids_under_jit,
     check_length,
+    check_mlp_chunk,
     check_token_shape,
 )
 from zoo.models.registry import DataFit, ModelConfig, axes_from_table, register
@@ -61,6 +62,7 @@ class LlamaConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         check_attention(self)
+        check_mlp_chunk(self)
         require_positive(
             self, "vocab_size", "d_model", "num_heads", "num_kv_heads", "d_ff", "num_layers", "max_len"
         )

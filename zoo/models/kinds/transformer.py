@@ -17,6 +17,7 @@ from zoo.models.ops import (
     check_features,
     check_ids_under_jit,
     check_length,
+    check_mlp_chunk,
     check_token_shape,
 )
 from zoo.models.registry import DataFit, ModelConfig, axes_from_table, register
@@ -72,6 +73,7 @@ class TransformerConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         check_attention(self)
+        check_mlp_chunk(self)
         require_positive(self, "vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len")
         if self.d_model % self.num_heads:
             raise ZooError(
