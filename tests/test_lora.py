@@ -14,9 +14,9 @@ from zoo import lora, recipes
 from zoo.cli import main
 from zoo.configs import LoraConfig
 from zoo.errors import ZooError
+from zoo.lora.merge import merged_weights
 from zoo.losses import per_example_loss
 from zoo.models import canonical, registry
-from zoo.models.lora import merged_weights
 from zoo.train import checkpoint
 from zoo.train.loop import build_run, train
 

@@ -18,7 +18,7 @@ def export(run_dir, out_dir, *, merge: bool, step: int | None = None) -> dict:
     and metadata but no training state: ``zoo.load_checkpoint``, ``zoo eval``, ``zoo sample``
     and ``--init-from`` read it; it cannot be resumed.
     """
-    from zoo.models.lora import merged_weights
+    from zoo.lora.merge import merged_weights
     from zoo.recipes import to_dict, with_values
     from zoo.train import checkpoint
 
