@@ -35,6 +35,9 @@ if "--small" in sys.argv[1:] and "xla_backend_optimization_level" not in os.envi
     # Tiny runs are all compile time; LLVM's optimisation passes double it on CPU.
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
 
+# One row per line: rich wraps its table at 80 columns when the output is not a terminal.
+os.environ.setdefault("COLUMNS", "160")
+
 import jax  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

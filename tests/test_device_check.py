@@ -1,8 +1,11 @@
 """benchmarks/device_check.py at --small on CPU, so the script a lent GPU runs cannot rot.
 
-The run is all compile time (about 30 programs); the script sets XLA's CPU optimisation level
-to 0 for --small, and times 3 rounds instead of 10. Figures are not asserted beyond sanity:
-speed and memory claims live in the script's output, not in tests.
+The run is all compile time (about 30 programs, ~80 s of CPU; 167 s wall at load average 10 on
+the 2-core machine); the script sets XLA's CPU optimisation level to 0 for --small, and times 3
+rounds instead of 10. Figures are not asserted beyond sanity: speed and memory claims live in
+the script's output, not in tests. Not marked ``numerics``: the float rule's comparisons here
+are remat against none, which tests/test_remat_policies.py already re-runs under each ISA cap,
+and re-running this whole script per cap would cost minutes of CI.
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ def _rows(result, section):
 
 
 @pytest.mark.slow
-@pytest.mark.numerics
 def test_small_run_has_every_section_and_every_gradient_passes(tmp_path):
     done, result = _run(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -85,7 +87,6 @@ def test_small_run_has_every_section_and_every_gradient_passes(tmp_path):
     assert math.isfinite(result["wall_s"])
 
 
-@pytest.mark.numerics
 def test_a_wrong_gradient_is_the_first_line_and_fails_the_run(tmp_path):
     done, result = _run(
         tmp_path, "--sections", "gradients", "--variants", "full,nested", "--plant-bug", "full"
