@@ -37,6 +37,9 @@ if "--small" in sys.argv[1:] and "xla_backend_optimization_level" not in os.envi
 
 # One row per line: rich wraps its table at 80 columns when the output is not a terminal.
 os.environ.setdefault("COLUMNS", "160")
+# The memory rows' child processes need the GPU memory that JAX would otherwise take up front
+# (75%) in this process.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 
