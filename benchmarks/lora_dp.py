@@ -28,7 +28,7 @@ import statistics
 import tempfile
 
 from zoo import recipes
-from zoo.train.loop import train
+from zoo.train.loop import train_recipe
 
 FROZEN = ("embed,pos,blocks[:-1]", "embed,pos")
 
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         for seed in seeds:
             run = recipes.with_values(recipe, {**values, "train.seed": seed, "dp.noise_seed": seed})
             with tempfile.TemporaryDirectory() as out:
-                summary = train(run, out, show_progress=False)
+                summary = train_recipe(run, out, show_progress=False)
             accuracies.append(summary["eval_accuracy"])
             losses.append(summary["eval_loss"])
             print(f"{name} seed {seed}: eval accuracy {accuracies[-1]:.4f}", flush=True)

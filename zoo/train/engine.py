@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from zoo.api import apply_fn
-from zoo.dp import clipped_grad_sum, privatize
+from zoo.dp import PoissonSampler, clipped_grad_sum, privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG
 from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
@@ -27,7 +27,9 @@ from zoo.train.state import TrainState
 
 @dataclass(frozen=True)
 class DPRuntime:
-    """Resolved DP-SGD settings for the step (the noise multiplier is already calibrated)."""
+    """A run's DP-SGD plan, resolved once from the recipe's ``[dp]``: what the step uses (the
+    calibrated noise multiplier, clip norm, clipping method) and, for a training run, what the
+    loop and the summary use (the sampler, the planned epsilon, delta and accountant)."""
 
     noise_multiplier: float
     clip_norm: float
@@ -35,6 +37,10 @@ class DPRuntime:
     microbatch_size: int | None = None
     clipping: str = "vmap"  # "ghost": per-example norms without per-example gradients
     noise_prng: str = DEFAULT_NOISE_PRNG
+    sampler: PoissonSampler | None = None  # draws the run's batches (None: the caller batches)
+    epsilon: float | None = None  # what the planned steps spend
+    delta: float | None = None
+    accountant: str = "pld"
 
 
 @dataclass(frozen=True)
