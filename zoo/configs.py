@@ -60,6 +60,7 @@ def __getattr__(name: str):
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "constant")
 LAYOUTS = ("flat", "rows")
+DEFAULT_NOISE_PRNG = "philox4x32"  # the JAX PRNG that draws DP noise (zoo.dp.noise.NOISE_PRNGS)
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,32 @@ class LoraConfig:
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+
+@dataclass(frozen=True)
+class DPConfig:
+    """DP-SGD settings (``[dp]``; checked by :func:`zoo.dp.validate`).  Set exactly one of
+    ``epsilon`` and ``noise_multiplier``.
+
+    ``epsilon`` is a target budget from which the noise multiplier is
+    calibrated; with ``noise_multiplier`` given directly, epsilon is reported.
+    ``expected_batch_size / num_examples`` is the Poisson sampling rate q.
+    """
+
+    enabled: bool = False
+    epsilon: float | None = None
+    delta: float = 1e-5
+    noise_multiplier: float | None = None
+    clip_norm: float = 1.0
+    expected_batch_size: int = 256
+    microbatch_size: int | None = None
+    accountant: str = "pld"
+    clipping: str = "ghost"  # a row of zoo.dp.clipping.CLIPPING; "vmap" is the general path
+    sampler: str = "poisson"  # a row of zoo.dp.sampling.SAMPLERS
+    noise_prng: str = DEFAULT_NOISE_PRNG  # JAX PRNG implementation that draws the noise
+    # None: the noise keys come from 64 bits of OS entropy, kept only in the checkpoint's
+    # state. An int makes the run repeatable, and the noise only as secret as that int.
+    noise_seed: int | None = None
 
 
 @dataclass(frozen=True)

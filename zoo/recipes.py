@@ -18,6 +18,7 @@ from pathlib import Path
 
 from zoo.configs import (
     DataConfig,
+    DPConfig,
     FreezeConfig,
     LoraConfig,
     MeshConfig,
@@ -25,7 +26,7 @@ from zoo.configs import (
     OptimConfig,
     TrainConfig,
 )
-from zoo.dp import DPConfig
+from zoo.dp import check_choices
 from zoo.errors import ZooError, choice_error
 from zoo.models.registry import check_backend, get_config
 
@@ -123,6 +124,7 @@ def parse_recipe(doc: dict, default_name: str = "recipe") -> Recipe:
     for key, cls in SECTIONS.items():
         if key != "model":
             sections[key] = _section(cls, doc.get(key, {}), key)
+    check_choices(sections["dp"])  # clipping and sampler name rows of zoo.dp's tables
     return Recipe(name=name, description=description, **sections)
 
 

@@ -10,20 +10,103 @@ Per-example gradients are materialised with ``jax.vmap(jax.grad(...))``.  With
 ``microbatch_size=k`` the batch is cut into ``B // k`` chunks that are processed
 one after another by ``jax.lax.scan``; only the running sum is carried, so the
 temporary memory is about ``k`` gradient copies instead of ``B``.
+
+Clipping methods form a table, as remat policies do (:mod:`zoo.remat`): each registers by
+name (:func:`register_clipping`) behind one call signature, :data:`ClipFn`. The engine,
+the recipe validation, ``zoo bench dp`` and the docs read the table; ``dp.clipping`` in a
+recipe names a row. ``vmap`` (this module) and ``ghost`` (:mod:`zoo.dp.ghost`) are built in.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from zoo.errors import choice_error
+
 PyTree = Any
 
-__all__ = ["clip_factor", "clipped_grad_sum"]
+__all__ = [
+    "ClipModel",
+    "ClippingMethod",
+    "clip_factor",
+    "clipped_grad_sum",
+    "clipping_method",
+    "clipping_names",
+    "register_clipping",
+    "unregister_clipping",
+]
+
+
+@dataclass(frozen=True)
+class ClipModel:
+    """What a clipping method may use of the model it clips: the config and backend, the
+    stack plan (remat policy and frozen prefix), the freeze plan, and the loss of one example
+    ``example_loss(trainable, frozen, x, y) -> scalar`` (``x``, ``y`` without a batch axis)."""
+
+    cfg: Any
+    backend: str
+    stack: Any  # zoo.scan.StackPlan
+    freeze: Any  # zoo.freeze.FreezePlan
+    example_loss: Callable[..., jax.Array]
+
+
+# clip(model, trainable, frozen, batch, *, clip_norm, microbatch_size)
+#   -> (sum of clipped per-example grads, pre-clip norms [B], per-example losses [B])
+# ``batch`` holds ``x``, ``y`` and the 0/1 ``mask`` of padding rows.
+ClipFn = Callable[..., tuple[PyTree, jax.Array, jax.Array]]
+
+
+@dataclass(frozen=True)
+class ClippingMethod:
+    """A row of the clipping table.
+
+    ``uses_microbatch(cfg)`` says whether ``microbatch_size`` bounds the method's memory for
+    this model (per-example gradients cut into chunks); when it does not, a recipe that sets
+    it is warned. ``bench_label`` names the method's rows in ``zoo bench dp``; with
+    ``bench_microbatch_label`` it also gets a row clipping in microbatches.
+    """
+
+    name: str
+    description: str
+    clip: ClipFn
+    uses_microbatch: Callable[[Any], bool] = lambda cfg: True
+    bench_label: str | None = None
+    bench_microbatch_label: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.bench_label or f"zoo {self.name}"
+
+
+CLIPPING: dict[str, ClippingMethod] = {}
+
+
+def register_clipping(method: ClippingMethod) -> ClippingMethod:
+    """Add a clipping method to the table (a name already taken is an error)."""
+    if method.name in CLIPPING:
+        raise ValueError(f"clipping method {method.name!r} is already registered")
+    CLIPPING[method.name] = method
+    return method
+
+
+def unregister_clipping(name: str) -> None:
+    CLIPPING.pop(name)
+
+
+def clipping_method(name: str) -> ClippingMethod:
+    if name not in CLIPPING:
+        raise choice_error("clipping", name, CLIPPING)
+    return CLIPPING[name]
+
+
+def clipping_names() -> list[str]:
+    return list(CLIPPING)
 
 
 def clip_factor(norms: jax.Array, l2_clip_norm: float | jax.Array) -> jax.Array:
@@ -196,3 +279,31 @@ def clipped_grad_sum(
 
     summed = jax.tree.map(lambda s, p: s.astype(jnp.result_type(p)), summed, params)
     return (summed, norms, losses) if return_losses else (summed, norms)
+
+
+def _vmap_clip(model: ClipModel, trainable, frozen, batch, *, clip_norm, microbatch_size):
+    def one_example(trainable, frozen, x, y):
+        return model.example_loss(trainable, frozen, x, y)
+
+    return clipped_grad_sum(
+        one_example,
+        trainable,
+        batch["x"],
+        batch["y"],
+        l2_clip_norm=clip_norm,
+        microbatch_size=microbatch_size,
+        example_mask=batch["mask"],
+        frozen=frozen,
+        return_losses=True,
+    )
+
+
+register_clipping(
+    ClippingMethod(
+        "vmap",
+        "per-example gradients by vmap(grad), in microbatches of dp.microbatch_size if set",
+        _vmap_clip,
+        bench_label="zoo vmap",
+        bench_microbatch_label="zoo microbatch",
+    )
+)

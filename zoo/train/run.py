@@ -16,7 +16,7 @@ import numpy as np
 from rich.console import Console
 
 from zoo import lora
-from zoo.dp import PoissonSampler, epsilon_spent, ghost, resolve_noise_multiplier
+from zoo.dp import clipping_method, epsilon_spent, make_sampler, resolve_noise_multiplier
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
@@ -67,8 +67,8 @@ def _dp_runtime(recipe: Recipe, task: Task, plan_steps: int, layout: Layout) -> 
     # The padded batch splits over the mesh's batch axes (and into clipping microbatches).
     # Padding only adds masked rows: the sample, the clipped sum and the accounting stay.
     multiple = math.lcm(dp.microbatch_size or 1, layout.spec.batch_ways)
-    sampler = PoissonSampler.for_expected_batch(
-        task.num_train, dp.expected_batch_size, recipe.train.seed, pad_to_multiple=multiple
+    sampler = make_sampler(
+        dp.sampler, task.num_train, dp.expected_batch_size, recipe.train.seed, pad_to_multiple=multiple
     )
     return DPRuntime(
         sigma,
@@ -105,7 +105,9 @@ def dp_train_key(recipe: Recipe) -> jax.Array:
 
 def _warn_unused_microbatch(recipe: Recipe, cfg: ModelConfig) -> None:
     dp = recipe.dp
-    if dp.enabled and dp.clipping == "ghost" and dp.microbatch_size and ghost.supports(cfg):
+    if not (dp.enabled and dp.microbatch_size):
+        return
+    if not clipping_method(dp.clipping).uses_microbatch(cfg):
         warnings.warn(
             f"dp.microbatch_size={dp.microbatch_size} has no effect on memory with "
             f"dp.clipping={dp.clipping!r} (there are no per-example gradients to chunk); it only "

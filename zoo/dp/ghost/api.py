@@ -8,6 +8,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from zoo.dp.clipping import ClippingMethod, clipped_grad_sum, register_clipping
 from zoo.dp.ghost.sites import run
 from zoo.dp.ghost.stages import (
     METHODS,
@@ -215,8 +216,6 @@ def _fallback(
     cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen, freeze_plan, remat, backend,
     microbatch_size, return_losses,
 ):  # fmt: skip
-    from zoo.dp.clipping import clipped_grad_sum
-
     warnings.warn(
         f"ghost clipping unavailable ({reason}); using the vmap path (zoo.dp.clipped_grad_sum)", stacklevel=3
     )
@@ -237,3 +236,32 @@ def _fallback(
         frozen={},
         return_losses=return_losses,
     )
+
+
+def _ghost_clip(model, trainable, frozen, batch, *, clip_norm, microbatch_size):
+    return ghost_clipped_grad_sum(
+        model.cfg,
+        trainable,
+        batch["x"],
+        batch["y"],
+        l2_clip_norm=clip_norm,
+        example_mask=batch["mask"],
+        frozen=frozen,
+        freeze_plan=model.freeze,
+        remat=model.stack,
+        backend=model.backend,
+        microbatch_size=microbatch_size,
+        return_losses=True,
+    )
+
+
+register_clipping(
+    ClippingMethod(
+        "ghost",
+        "per-example norms from each op's input and output gradient, no per-example gradients",
+        _ghost_clip,
+        # microbatching applies only where ghost falls back to the vmap path
+        uses_microbatch=lambda cfg: not supports(cfg),
+        bench_label="ghost",
+    )
+)
