@@ -145,6 +145,67 @@ def _acc_dtype(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def _check_args(l2_clip_norm, microbatch_size, example_mask, b: int):
+    """``(microbatch size or None, keep flags [B])`` after checking the arguments."""
+    if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
+        raise ValueError(
+            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
+        )
+    if microbatch_size is not None:
+        if (
+            not isinstance(microbatch_size, numbers.Integral)
+            or isinstance(microbatch_size, bool)
+            or microbatch_size < 1
+        ):
+            raise ValueError(f"microbatch_size must be a positive int or None; got {microbatch_size!r}.")
+        microbatch_size = int(microbatch_size)
+        if b % microbatch_size != 0:
+            raise ValueError(
+                f"batch size {b} is not divisible by microbatch_size "
+                f"{microbatch_size}; pad the batch to a multiple of "
+                f"{microbatch_size} (and mask the padding) or pick another size."
+            )
+    if example_mask is None:
+        return microbatch_size, jnp.ones((b,), dtype=bool)
+    if jnp.shape(example_mask) != (b,):
+        raise ValueError(
+            f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
+        )
+    return microbatch_size, jnp.asarray(example_mask) > 0
+
+
+def _chunk_sum(per_example_loss, params, frozen, n_batch: int, l2_clip_norm):
+    """``chunk_sum(chunk, keep) -> (clipped sum, (norms, losses))`` for one chunk of examples."""
+    clip = jnp.asarray(l2_clip_norm, dtype=jnp.float32)
+    if frozen is not None:
+        grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, fz, *ex))
+    else:
+        grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, *ex))
+    per_example_grads = jax.vmap(grad_one, in_axes=(None, None) + (0,) * n_batch)
+
+    def chunk_sum(chunk, keep):
+        losses, grads = per_example_grads(params, frozen, *chunk)
+        k = keep.shape[0]
+        sq = jnp.zeros((k,), jnp.float32)
+        for g in jax.tree.leaves(grads):
+            sq = sq + jnp.sum(jnp.square(g.astype(jnp.float32)), axis=tuple(range(1, g.ndim)))
+        norms = jnp.sqrt(sq)
+        factor = clip_factor(norms, clip)
+        use = keep & jnp.isfinite(norms)
+
+        def weighted_sum(g):
+            acc = _acc_dtype(g.dtype)
+            shape = (k,) + (1,) * (g.ndim - 1)
+            contrib = g.astype(acc) * factor.astype(acc).reshape(shape)
+            contrib = jnp.where(use.reshape(shape), contrib, jnp.zeros((), acc))
+            return jnp.sum(contrib, axis=0)
+
+        losses = jnp.where(keep, losses.astype(jnp.float32), 0.0)
+        return jax.tree.map(weighted_sum, grads), (jnp.where(keep, norms, 0.0), losses)
+
+    return chunk_sum
+
+
 def clipped_grad_sum(
     per_example_loss: Callable[..., jax.Array],
     params: PyTree,
@@ -194,69 +255,9 @@ def clipped_grad_sum(
     contribution is zero, which keeps the sensitivity bound) but their norm is
     still reported as inf/NaN so the caller can notice.
     """
-    if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
-        raise ValueError(
-            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
-        )
     b = _batch_size(batch)
-
-    if microbatch_size is not None:
-        if (
-            not isinstance(microbatch_size, numbers.Integral)
-            or isinstance(microbatch_size, bool)
-            or microbatch_size < 1
-        ):
-            raise ValueError(f"microbatch_size must be a positive int or None; got {microbatch_size!r}.")
-        microbatch_size = int(microbatch_size)
-        if b % microbatch_size != 0:
-            raise ValueError(
-                f"batch size {b} is not divisible by microbatch_size "
-                f"{microbatch_size}; pad the batch to a multiple of "
-                f"{microbatch_size} (and mask the padding) or pick another size."
-            )
-
-    if example_mask is None:
-        keep_all = jnp.ones((b,), dtype=bool)
-    else:
-        if jnp.shape(example_mask) != (b,):
-            raise ValueError(
-                f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
-            )
-        keep_all = jnp.asarray(example_mask) > 0
-
-    clip = jnp.asarray(l2_clip_norm, dtype=jnp.float32)
-    has_frozen = frozen is not None
-
-    if has_frozen:
-        grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, fz, *ex))
-    else:
-        grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, *ex))
-    n_batch = len(batch)
-    per_example_grads = jax.vmap(grad_one, in_axes=(None, None) + (0,) * n_batch)
-
-    def chunk_sum(chunk, keep):
-        """Clipped sum and norms for one chunk of examples (leading axis k)."""
-        losses, grads = per_example_grads(params, frozen, *chunk)
-        leaves = jax.tree.leaves(grads)
-        k = keep.shape[0]
-        sq = jnp.zeros((k,), jnp.float32)
-        for g in leaves:
-            g32 = g.astype(jnp.float32)
-            sq = sq + jnp.sum(jnp.square(g32), axis=tuple(range(1, g.ndim)))
-        norms = jnp.sqrt(sq)
-        factor = clip_factor(norms, clip)
-        use = keep & jnp.isfinite(norms)
-
-        def weighted_sum(g):
-            acc = _acc_dtype(g.dtype)
-            shape = (k,) + (1,) * (g.ndim - 1)
-            contrib = g.astype(acc) * factor.astype(acc).reshape(shape)
-            contrib = jnp.where(use.reshape(shape), contrib, jnp.zeros((), acc))
-            return jnp.sum(contrib, axis=0)
-
-        losses = jnp.where(keep, losses.astype(jnp.float32), 0.0)
-        return jax.tree.map(weighted_sum, grads), (jnp.where(keep, norms, 0.0), losses)
-
+    microbatch_size, keep_all = _check_args(l2_clip_norm, microbatch_size, example_mask, b)
+    chunk_sum = _chunk_sum(per_example_loss, params, frozen, len(batch), l2_clip_norm)
     if microbatch_size is None or microbatch_size == b:
         summed, (norms, losses) = chunk_sum(batch, keep_all)
     else:
