@@ -19,7 +19,7 @@ Two subcommands, both run from the repository root with the project venv:
             --plot docs/img/dp-accuracy.png
 
 Both take ``--set SECTION.FIELD=VALUE`` (repeatable) to override the recipe first, e.g.
-``--set freeze.init_from=/path/to/checkpoint`` for the fine-tuning recipe.
+``--set model.init_from=/path/to/checkpoint`` for the fine-tuning recipe.
 
 The sweep keeps the sampling rate q, the steps and everything else of the recipe: a grid
 value of ``dp.expected_batch_size`` is given in recipe units (for the full training split)
@@ -188,7 +188,7 @@ def _engine(recipe, task: Task, sigma: float | None, sampler: PoissonSampler | N
         Engine(
             cfg=cfg,
             backend=recipe.model.backend,
-            remat=StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix),
+            stack=StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix),
             freeze=freeze,
             optimizer=optimizer,
             dp=dp,
@@ -217,7 +217,7 @@ def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
             n, recipe.dp.expected_batch_size, 0, pad_to_multiple=recipe.dp.microbatch_size or 1
         )
     cfg, freeze, engine = _engine(recipe, any_task, sigma, sampler0)
-    source = checkpoint.load_checkpoint(recipe.freeze.init_from) if recipe.freeze.init_from else None
+    source = checkpoint.load_checkpoint(recipe.model.init_from) if recipe.model.init_from else None
     accs = []
     for seed, task in tasks.items():
         r = recipes.with_values(recipe, {"train.seed": seed})

@@ -28,7 +28,7 @@ def pretrained(tmp_path_factory):
 def finetune_recipe(source, patterns=("in_proj", "blocks[:-1]"), **values):
     return recipes.with_values(
         recipes.load_recipe("digits-mlp-finetune"),
-        {**FAST, "freeze.init_from": str(source), "freeze.patterns": list(patterns), **values},
+        {**FAST, "model.init_from": str(source), "freeze.patterns": list(patterns), **values},
     )
 
 
@@ -139,3 +139,19 @@ def test_resumed_fine_tune_takes_frozen_weights_from_its_own_checkpoint(pretrain
     b = _leaves(checkpoint.load_checkpoint(killed).params)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert whole["eval_loss"] == resumed["eval_loss"]
+
+
+def test_old_recipes_set_the_start_point_under_freeze(tmp_path):
+    """``[freeze] init_from`` (recipes and run directories from before ``model.init_from``)
+    still reads, as the model's start point."""
+    old = tmp_path / "old.toml"
+    old.write_text('[model]\npreset = "mlp-s"\n\n[freeze]\ninit_from = "runs/x"\npatterns = ["in_proj"]\n')
+    recipe = recipes.load_recipe(str(old))
+    assert recipe.model.init_from == "runs/x" and recipe.freeze.patterns == ("in_proj",)
+    doc = recipes.to_dict(recipe)
+    assert doc["model"]["init_from"] == "runs/x" and "init_from" not in doc["freeze"]
+    assert recipes.parse_recipe(doc, "old") == recipe
+    assert recipes.with_values(recipe, {"freeze.init_from": None}).model.init_from is None
+    assert recipes.with_values(recipe, {"model.init_from": "runs/y"}).model.init_from == "runs/y"
+    with pytest.raises(ZooError, match="model.init_from must be str"):
+        recipes.with_values(recipe, {"model.init_from": 3})

@@ -36,25 +36,6 @@ def require_positive(cfg: object, *fields: str) -> None:
             raise ZooError(f"{type(cfg).__name__}.{field} must be a positive int, got {value!r}")
 
 
-# Model configs are registered by their kind (``zoo.models.kinds``); these names stay
-# importable from here for code written before the registry.
-_MOVED = {
-    "MLPConfig": "zoo.models.kinds.mlp",
-    "ACTIVATIONS": "zoo.models.kinds.mlp",
-    "TransformerConfig": "zoo.models.kinds.transformer",
-    "ModelConfig": "zoo.models.registry",
-    "replace_checked": "zoo.models.registry",
-}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module 'zoo.configs' has no attribute {name!r}")
-
-
 # --- Recipe sections ------------------------------------------------------------------------
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -65,11 +46,15 @@ DEFAULT_NOISE_PRNG = "philox4x32"  # the JAX PRNG that draws DP noise (zoo.dp.no
 
 @dataclass(frozen=True)
 class ModelSection:
-    """Which preset, which backend, and config field overrides (e.g. ``num_layers``)."""
+    """Which preset, which backend, config field overrides (e.g. ``num_layers``), and where
+    the weights start: ``init_from``, a zoo run directory (fresh weights when unset). A
+    fine-tune, a LoRA run (its base), ``zoo eval`` and ``zoo export`` all start from it.
+    Recipes written before it lived here set it as ``[freeze] init_from``; that still reads."""
 
     preset: str = "mlp-s"
     backend: str = "nnx"
     overrides: tuple[tuple[str, object], ...] = ()
+    init_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,10 +138,10 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class FreezeConfig:
-    """Start from a checkpoint and freeze canonical paths matching ``patterns``."""
+    """Freeze the canonical paths matching ``patterns`` (of the weights ``model.init_from``
+    starts from, or of fresh ones)."""
 
     patterns: tuple[str, ...] = ()
-    init_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +149,7 @@ class LoraConfig:
     """Low-rank adapters on a frozen base (``zoo.lora``); ``rank = 0`` means none.
 
     ``targets`` are patterns over canonical dense paths, as in ``freeze.patterns``: ``attn.q``
-    (inside the stack), ``blocks[2:4].mlp.*``, ``head``. The base comes from ``freeze.init_from``.
+    (inside the stack), ``blocks[2:4].mlp.*``, ``head``. The base comes from ``model.init_from``.
     """
 
     rank: int = 0

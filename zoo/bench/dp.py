@@ -120,7 +120,7 @@ def _setup(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str]
     engine = Engine(
         cfg=cfg,
         backend=backend,
-        remat=StackPlan(get_policy("none"), plan.frozen_prefix),
+        stack=StackPlan(get_policy("none"), plan.frozen_prefix),
         freeze=plan,
         optimizer=optax.sgd(LR, momentum=MOMENTUM),
     )

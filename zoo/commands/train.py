@@ -27,7 +27,7 @@ FLAG_FIELDS = {  # flag dest -> recipe field
     "batch_size": "train.batch_size",
     "lr": "optim.lr",
     "seed": "train.seed",
-    "init_from": "freeze.init_from",
+    "init_from": "model.init_from",
     "freeze": "freeze.patterns",
 }
 
@@ -161,7 +161,7 @@ def run_eval(args) -> int:
 
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
     recipe = recipe_lib.with_values(
-        ckpt.recipe, {"freeze.init_from": str(args.checkpoint_dir), "freeze.patterns": []}
+        ckpt.recipe, {"model.init_from": str(args.checkpoint_dir), "freeze.patterns": []}
     )
     run = build_run(recipe, choose_remat=False)
     state, frozen = run.engine.init_state(run.params, recipe.train.seed)
@@ -208,7 +208,7 @@ def run_params(args) -> int:
     target = Path(args.target)
     if (target / checkpoint.CHECKPOINT_DIR).exists():
         ckpt = checkpoint.load_checkpoint(target)
-        recipe = recipe_lib.with_values(ckpt.recipe, {"freeze.init_from": str(target)})
+        recipe = recipe_lib.with_values(ckpt.recipe, {"model.init_from": str(target)})
     else:
         recipe = recipe_lib.load_recipe(args.target)
     if args.freeze:

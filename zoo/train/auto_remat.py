@@ -73,7 +73,7 @@ def _write(key: str, entry: dict) -> None:
 
 def with_policy(engine, policy: str):
     """``engine`` with its stack on ``policy`` (same frozen prefix)."""
-    return dataclasses.replace(engine, remat=StackPlan(get_policy(policy), engine.remat.frozen_prefix))
+    return dataclasses.replace(engine, stack=StackPlan(get_policy(policy), engine.stack.frozen_prefix))
 
 
 def measure(run, batch: dict, budget: int, policies=None) -> list[dict]:

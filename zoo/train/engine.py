@@ -47,7 +47,7 @@ class DPRuntime:
 class Engine:
     cfg: ModelConfig
     backend: str
-    remat: StackPlan
+    stack: StackPlan  # the scan of the layer stack: its remat policy and frozen prefix
     freeze: FreezePlan
     optimizer: optax.GradientTransformation
     dp: DPRuntime | None = None
@@ -55,7 +55,7 @@ class Engine:
 
     # -- pure pieces ---------------------------------------------------------------------
     def logits(self, params: dict, x: jax.Array) -> jax.Array:
-        return apply_fn(self.cfg, self.backend)(params, x, self.remat)
+        return apply_fn(self.cfg, self.backend)(params, x, self.stack)
 
     def example_losses(self, trainable: dict, frozen: dict, x: jax.Array, y: jax.Array):
         logits = self.logits(self.freeze.merge(trainable, frozen), x)
@@ -90,7 +90,7 @@ class Engine:
         def one_example(trainable, frozen, x, y):
             return self.example_losses(trainable, frozen, x[None], y[None])[0][0]
 
-        return ClipModel(self.cfg, self.backend, self.remat, self.freeze, one_example)
+        return ClipModel(self.cfg, self.backend, self.stack, self.freeze, one_example)
 
     def noise_key(self, state: TrainState) -> jax.Array:
         return state.step_key()

@@ -143,10 +143,10 @@ def build_run(
     leaves the stack unrematerialized.
     """
     plan_steps = plan_steps or recipe.train.steps
-    lora.check_section(recipe.lora, recipe.freeze)
+    lora.check_section(recipe.lora, recipe.freeze, recipe.model.init_from)
     mesh = spec_from_section(recipe.mesh)
     mesh.resolve(1 if mesh.is_single else jax.device_count())  # a bad mesh fails before the data loads
-    start = recipe.freeze.init_from
+    start = recipe.model.init_from
     source = checkpoint.load_checkpoint(start) if start else None
     preset_cfg = recipe.model_config
     task = load_task(
@@ -167,7 +167,7 @@ def build_run(
     engine = Engine(
         cfg=cfg,
         backend=recipe.model.backend,
-        remat=StackPlan(get_policy(policy), freeze.frozen_prefix),
+        stack=StackPlan(get_policy(policy), freeze.frozen_prefix),
         freeze=freeze,
         optimizer=make_optimizer(recipe.optim, plan_steps, clip=dp is None),
         dp=dp,
@@ -205,7 +205,7 @@ def _model_start(recipe: Recipe, cfg: ModelConfig, source):
         if source is None:
             raise
         raise ZooError(
-            f"--init-from {recipe.freeze.init_from!r} does not fit this recipe's model: {error}"
+            f"--init-from {recipe.model.init_from!r} does not fit this recipe's model: {error}"
         ) from None
     if adapters is not None:
         freeze = lora.freeze_plan(cfg, adapters)
