@@ -166,6 +166,11 @@ def train(
 ) -> dict:
     """Train ``run`` into ``out_dir`` (from ``point``, a checkpoint :func:`open_run_dir`
     accepted, if given) and return the run summary."""
+    if point is not None and point.plan_steps != run.plan_steps:
+        raise ValueError(
+            f"the run was built for {run.plan_steps} planned steps, its checkpoint for "
+            f"{point.plan_steps}: build it with build_run(recipe, point.plan_steps)"
+        )
     console, show_progress = _quiet_unless_main(console, show_progress)
     main = is_main_process()
     out = Path(out_dir)
