@@ -17,7 +17,7 @@ from zoo.errors import ZooError
 from zoo.losses import per_example_loss
 from zoo.models import canonical, registry
 from zoo.models.lora import merged_weights
-from zoo.train import checkpoint
+from zoo.train import checkpoint, lora_export
 from zoo.train.loop import build_run, train
 
 KINDS = {kind.name: kind.small for kind in registry.kinds()}
@@ -243,9 +243,9 @@ def test_merged_export_gives_the_adapted_logits(lora_run, tmp_path):
     )()
     assert_close(logits[1], logits[0], n=reduction_size(merged.model_config, 16), what="merged logits")
     with pytest.raises(ZooError, match="already holds checkpoints"):
-        lora.export(out, tmp_path / "merged", merge=True)
+        lora_export.export(out, tmp_path / "merged", merge=True)
     # without --merge: base and adapters in one checkpoint that no longer refers to the base
-    lora.export(out, tmp_path / "copy", merge=False)
+    lora_export.export(out, tmp_path / "copy", merge=False)
     copy = checkpoint.load_checkpoint(tmp_path / "copy")
     assert copy.model_config == adapted_ckpt.model_config
     assert_bitwise_equal(flat(copy.params), flat(adapted_ckpt.params))
