@@ -70,7 +70,7 @@ def test_adapters_give_the_same_logits_and_grads_in_both_backends(kind):
     n = reduction_size(cfg, B)
     assert_close(logits_eqx, logits_nnx, n=n, what="logits")
     assert_close(grads_eqx, grads_nnx, n=n, what="adapter grads")
-    assert set(flat(grads_nnx)) == {p for t in setup.spec.targets for p in lora.adapter_paths(t)}
+    assert set(flat(grads_nnx)) == {p for t in setup.spec.targets for p in zoo.models.lora.adapter_paths(t)}
 
 
 @pytest.mark.numerics
