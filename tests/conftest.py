@@ -5,7 +5,8 @@ import pytest
 
 import zoo
 from zoo.losses import per_example_loss
-from zoo.models.canonical import canonical_shapes, nest_by_path
+from zoo.models.canonical import canonical_shapes
+from zoo.models.paths import nest_by_path
 
 # XLA's CPU backend at optimisation level 0 compiles the suite's small programs about twice as
 # fast. It changes how LLVM schedules the float math, not what is computed: results move far

@@ -14,7 +14,8 @@ import zoo
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, parse_pattern, resolve_freeze
 from zoo.jaxprs import iter_eqns
-from zoo.models.canonical import canonical_shapes, flat_by_path, init_params
+from zoo.models.canonical import canonical_shapes, init_params
+from zoo.models.paths import flat_by_path
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
 

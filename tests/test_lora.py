@@ -14,9 +14,10 @@ from zoo import lora, recipes
 from zoo.cli import main
 from zoo.configs import LoraConfig
 from zoo.errors import ZooError
+from zoo.lora.merge import merged_weights
 from zoo.losses import per_example_loss
 from zoo.models import canonical, registry
-from zoo.models.lora import merged_weights
+from zoo.models.paths import flat_by_path
 from zoo.train import checkpoint, lora_export
 from zoo.train.loop import build_run, train
 
@@ -41,7 +42,7 @@ def trained_like(cfg, seed=0):
 
 
 def flat(tree):
-    return {k: np.asarray(v) for k, v in canonical.flat_by_path(tree).items()}
+    return {k: np.asarray(v) for k, v in flat_by_path(tree).items()}
 
 
 # --------------------------------------------------------------------------- the adapted model

@@ -6,7 +6,7 @@ from jax.sharding import PartitionSpec as P
 import zoo
 from zoo.bench.scale import collectives
 from zoo.errors import ZooError
-from zoo.models.canonical import flat_by_path
+from zoo.models.paths import flat_by_path
 from zoo.parallel import MeshSpec, leaf_spec, param_specs, parse_mesh
 from zoo.parallel.distributed import cluster_from
 

@@ -36,12 +36,12 @@ def require_positive(cfg: object, *fields: str) -> None:
             raise ZooError(f"{type(cfg).__name__}.{field} must be a positive int, got {value!r}")
 
 
-# Model configs are registered by their kind (``zoo.models.kinds``); these names stay
+# Model configs are registered by their kind (``zoo.models.<kind>``); these names stay
 # importable from here for code written before the registry.
 _MOVED = {
-    "MLPConfig": "zoo.models.kinds.mlp",
-    "ACTIVATIONS": "zoo.models.kinds.mlp",
-    "TransformerConfig": "zoo.models.kinds.transformer",
+    "MLPConfig": "zoo.models.mlp.config",
+    "ACTIVATIONS": "zoo.models.mlp.config",
+    "TransformerConfig": "zoo.models.transformer.config",
     "ModelConfig": "zoo.models.registry",
     "replace_checked": "zoo.models.registry",
 }

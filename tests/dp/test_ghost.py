@@ -24,8 +24,8 @@ from zoo.freeze import resolve_freeze
 from zoo.losses import per_example_loss
 from zoo.models import ops, registry
 from zoo.models.canonical import canonical_shapes
-from zoo.models.kinds.mlp import MLPConfig
-from zoo.models.nnx import mlp as nnx_mlp
+from zoo.models.mlp import nnx as nnx_mlp
+from zoo.models.mlp.config import MLPConfig
 from zoo.remat import get_policy
 from zoo.scan import StackPlan, scan_layers
 

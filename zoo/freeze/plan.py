@@ -13,7 +13,7 @@ import numpy as np
 
 from zoo.errors import ZooError
 from zoo.freeze.patterns import Pattern, parse_pattern
-from zoo.models.canonical import flat_by_path, nest_by_path
+from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import STACK  # top-level key of the scanned stack in the canonical tree
 
 

@@ -121,7 +121,7 @@ def enable() -> None:
     """Turn on ``jax_custom_vjp3``, which both remat rules need. JAX keys its compile caches on
     its config, so this must happen before a program using the op is first traced: flipped
     during the first trace, the next call of the same ``jit`` would compile again. Model
-    configs call it when they choose ``attention = "chunked"`` (``ops.check_attention``)."""
+    configs call it when they choose ``attention = "chunked"`` (``sequence.check_attention``)."""
     if not jax.config.jax_custom_vjp3:
         jax.config.update("jax_custom_vjp3", True)
 

@@ -27,9 +27,19 @@ from flax import nnx
 
 from zoo.errors import ZooError
 from zoo.models import lora
+from zoo.models.paths import Path, dotted, flat_by_path, get_path, nest_by_path, nested
 from zoo.models.registry import ModelConfig, check_backend, module_class
 
-Path = tuple[str, ...]
+__all__ = [  # the path helpers are zoo.models.paths'; still reachable here for old callers
+    "canonical_shapes",
+    "check_params",
+    "flat_by_path",
+    "from_canonical",
+    "init_adapters",
+    "init_params",
+    "nest_by_path",
+    "to_canonical",
+]
 
 _NNX_LEAF = {"kernel": "w", "embedding": "w", "bias": "b", "scale": "scale"}
 _EQX_LEAF = {  # (module type, field) -> (canonical leaf, stored transposed)
@@ -54,39 +64,6 @@ class _Layout:
     transposed: tuple[bool, ...]
     treedef: object
     graphdef: object = None  # NNX only
-
-
-def dotted(path: Path) -> str:
-    return ".".join(path)
-
-
-def get_path(tree: dict, path: Path):
-    for key in path:
-        tree = tree[key]
-    return tree
-
-
-def _nested(paths, values) -> dict:
-    out: dict = {}
-    for path, value in zip(paths, values, strict=True):
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return out
-
-
-def flat_by_path(tree) -> dict:
-    """``{"blocks.attn.q.w": leaf, ...}``: a nested dict's leaves keyed by dotted path."""
-    return {
-        jax.tree_util.keystr(p, simple=True, separator="."): x
-        for p, x in jax.tree_util.tree_leaves_with_path(tree)
-    }
-
-
-def nest_by_path(flat) -> dict:
-    """Inverse of :func:`flat_by_path`: a nested dict from a ``{dotted path: leaf}`` mapping."""
-    return _nested([path.split(".") for path in flat], list(flat.values()))
 
 
 def _swap(x):
@@ -153,7 +130,7 @@ def to_canonical(model) -> dict:
     else:
         leaves = jax.tree_util.tree_leaves(model)
     values = [_swap(x) if t else x for x, t in zip(leaves, layout.transposed, strict=True)]
-    return _nested(layout.paths, values)
+    return nested(layout.paths, values)
 
 
 def canonical_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -165,10 +142,7 @@ def canonical_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def check_params(cfg: ModelConfig, params: dict) -> None:
     """Raise a clear error when ``params`` does not fit ``cfg`` (missing, extra, bad shapes)."""
     expected = canonical_shapes(cfg)
-    got = {
-        jax.tree_util.keystr(p, simple=True, separator="."): tuple(x.shape)
-        for p, x in jax.tree_util.tree_leaves_with_path(params)
-    }
+    got = {path: tuple(x.shape) for path, x in flat_by_path(params).items()}
     missing = sorted(set(expected) - set(got))
     extra = sorted(set(got) - set(expected))
     wrong = sorted(
@@ -225,6 +199,6 @@ def _init_params(cfg: ModelConfig, key: jax.Array, adapters_only: bool) -> dict:
         for i, p in enumerate(adapters)
     ]
     if adapters_only:
-        return _nested(adapters, values)
+        return nested(adapters, values)
     values += [cfg.init_leaf(p, shapes[dotted(p)], jax.random.fold_in(key, i)) for i, p in enumerate(base)]
-    return _nested(adapters + base, values)
+    return nested(adapters + base, values)

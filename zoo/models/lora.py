@@ -150,16 +150,3 @@ def init_adapter(path: tuple[str, ...], shape: tuple[int, ...], key: jax.Array) 
     if B in path:
         return jnp.zeros(shape, jnp.float32)
     return shape[-2] ** -0.5 * jax.random.normal(key, shape, jnp.float32)
-
-
-def merged_weights(params: dict, spec: LoraSpec) -> dict:
-    """Canonical params without adapters: each target's ``w`` becomes ``w + scale * A @ B``
-    (per layer in a stack). The tree of a config without ``lora``."""
-    from zoo.models.canonical import flat_by_path, nest_by_path
-
-    flat = flat_by_path(params)
-    out = {p: x for p, x in flat.items() if not is_adapter_path(p)}
-    for target in spec.targets:
-        a, b = (flat[p] for p in adapter_paths(target))
-        out[f"{target}.w"] = flat[f"{target}.w"] + spec.scale * jnp.matmul(a, b)
-    return nest_by_path(out)

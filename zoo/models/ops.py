@@ -17,8 +17,6 @@ from flax import nnx
 from jax.experimental import checkify
 
 from zoo import hooks
-from zoo.configs import ATTENTIONS
-from zoo.errors import ZooError, choice_error
 from zoo.hooks import report
 from zoo.models.lora import LoraLinear
 
@@ -61,29 +59,6 @@ def check_token_shape(x: jax.Array) -> None:
         raise ValueError(f"token ids must be [B, T], got shape {tuple(x.shape)}")
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(f"token ids must be integers, got dtype {x.dtype}")
-
-
-def check_attention(cfg) -> None:
-    """A config's ``attention`` is one of :data:`ATTENTIONS` and its chunk a positive int."""
-    if cfg.attention not in ATTENTIONS:
-        raise choice_error(f"{type(cfg).__name__}.attention", cfg.attention, ATTENTIONS)
-    if cfg.attention == "chunked":  # before any trace: see zoo.models.attention.enable
-        from zoo.models.attention import enable
-
-        enable()
-    chunk = cfg.attention_chunk
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-        raise ZooError(f"{type(cfg).__name__}.attention_chunk must be a positive int, got {chunk!r}")
-
-
-def check_mlp_chunk(cfg) -> None:
-    """A config's ``mlp_chunk`` (tokens per MLP chunk, :func:`token_chunks`) is an int >= 0."""
-    chunk = cfg.mlp_chunk
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
-        raise ZooError(
-            f"{type(cfg).__name__}.mlp_chunk must be a whole number of tokens (0: the whole sequence "
-            f"at once), got {chunk!r}"
-        )
 
 
 def check_length(length: int, max_len: int) -> None:

@@ -4,8 +4,9 @@ A kind is a config class (a frozen dataclass deriving :class:`ModelConfig`) plus
 Equinox classes and its presets. The config class answers everything the rest of zoo asks of a
 model -- task, inputs and labels, how data sizes fit it, the init rule and the logical axes of
 each canonical leaf -- so remat, freezing, DP, the inspector, benches and tests ask the config
-and never test its type. Kinds live in ``zoo/models/kinds/<kind>.py``; each calls
-:func:`register` once.
+and never test its type. Each kind lives in its own folder, ``zoo/models/<kind>/``, whose
+``config.py`` calls :func:`register` once; ``zoo.models.discover`` imports every such folder,
+so this module imports no kind.
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ class ModelKind:
     presets: dict
     descriptions: dict
     small: ModelConfig  # a tiny member of the kind: what the tests generated from the registry use
+    order: int = 100  # where listings (`zoo models`, error messages) put the kind; then by name
 
     def module_class(self, backend: str):
         cls = self.nnx if check_backend(backend) == "nnx" else self.eqx
@@ -194,10 +196,11 @@ def register(
     eqx: str | type,
     presets: dict[str, tuple[ModelConfig, str]],
     small: ModelConfig | None = None,
+    order: int = 100,
 ) -> ModelKind:
     """Register a model kind: its config class, its two backend classes, its presets
-    (``name -> (config, one-line description)``) and a ``small`` config for tests (default: the
-    first preset, or the class defaults)."""
+    (``name -> (config, one-line description)``), a ``small`` config for tests (default: the
+    first preset, or the class defaults) and its place in listings (``order``, then name)."""
     name = config.kind
     if not name or name in _KINDS:
         raise ValueError(f"model kind {name!r} is empty or already registered")
@@ -216,12 +219,25 @@ def register(
         {k: c for k, (c, _) in presets.items()},
         {k: d for k, (_, d) in presets.items()},
         small,
+        order,
     )
     _KINDS[name] = kind
     _BY_CONFIG[config] = kind
-    PRESETS.update(kind.presets)
-    DESCRIPTIONS.update(kind.descriptions)
+    _sort()
     return kind
+
+
+def _sort() -> None:
+    """Kinds, presets and descriptions in listing order, whatever order the kinds were imported
+    in (in place: other modules hold these dicts)."""
+    ordered = sorted(_KINDS.values(), key=lambda k: (k.order, k.name))
+    _KINDS.clear()
+    _KINDS.update((k.name, k) for k in ordered)
+    PRESETS.clear()
+    DESCRIPTIONS.clear()
+    for k in ordered:
+        PRESETS.update(k.presets)
+        DESCRIPTIONS.update(k.descriptions)
 
 
 def unregister(name: str) -> None:
@@ -289,6 +305,3 @@ def check_backend(backend: str) -> str:
 def module_class(cfg: ModelConfig, backend: str):
     """The NNX or Equinox class implementing ``cfg``."""
     return kind_of(cfg).module_class(backend)
-
-
-import zoo.models.kinds  # noqa: E402,F401  (registers the built-in kinds)

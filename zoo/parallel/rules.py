@@ -12,7 +12,8 @@ from __future__ import annotations
 from jax.sharding import PartitionSpec
 
 from zoo.errors import ZooError
-from zoo.models.canonical import canonical_shapes, nest_by_path
+from zoo.models.canonical import canonical_shapes
+from zoo.models.paths import nest_by_path
 from zoo.models.registry import ModelConfig
 from zoo.parallel.mesh import FSDP, TENSOR, MeshSpec
 

@@ -30,7 +30,7 @@ import orbax.checkpoint as ocp
 
 from zoo.data import CharTokenizer
 from zoo.errors import ZooError
-from zoo.models.canonical import flat_by_path, nest_by_path
+from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import ModelConfig, config_from_dict
 from zoo.recipes import Recipe, parse_recipe
 from zoo.train.runlog import atomic_write

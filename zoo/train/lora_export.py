@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 
 from zoo.errors import ZooError
+from zoo.lora.merge import merged_weights
 from zoo.models import canonical
-from zoo.models.lora import merged_weights
 from zoo.recipes import to_dict, with_values
 from zoo.train import checkpoint
 

@@ -22,7 +22,7 @@ from zoo.dp.ghost.stages import (
 )
 from zoo.errors import ZooError, check_choice
 from zoo.losses import per_example_loss
-from zoo.models.canonical import flat_by_path, nest_by_path
+from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import ModelConfig, is_config
 from zoo.remat import RematPolicy
 from zoo.scan import StackPlan, as_plan

@@ -19,7 +19,8 @@ from zoo.dp.ghost.rules import RULES
 from zoo.dp.ghost.sites import Site, coverage_problem, discover, run
 from zoo.errors import check_choice
 from zoo.losses import per_example_loss
-from zoo.models.canonical import canonical_shapes, flat_by_path, nest_by_path
+from zoo.models.canonical import canonical_shapes
+from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import STACK, ModelConfig
 from zoo.remat import RematPolicy
 from zoo.scan import StackPlan, as_plan

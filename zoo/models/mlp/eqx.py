@@ -8,7 +8,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
 from zoo.models import ops
-from zoo.models.kinds.mlp import MLPConfig
+from zoo.models.mlp.config import MLPConfig
 from zoo.scan import scan_layers
 
 

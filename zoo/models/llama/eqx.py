@@ -9,7 +9,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
 from zoo.models import ops
-from zoo.models.kinds.llama import LlamaConfig
+from zoo.models.llama.config import LlamaConfig
 from zoo.scan import scan_layers
 
 

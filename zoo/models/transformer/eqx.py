@@ -9,7 +9,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
 from zoo.models import ops
-from zoo.models.kinds.transformer import TransformerConfig
+from zoo.models.transformer.config import TransformerConfig
 from zoo.scan import scan_layers
 
 LN_EPS = 1e-5

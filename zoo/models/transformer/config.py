@@ -11,16 +11,9 @@ import jax.numpy as jnp
 from zoo import names
 from zoo.configs import require_positive
 from zoo.errors import ZooError
-from zoo.models.ops import (
-    check_attention,
-    check_concrete_ids,
-    check_features,
-    check_ids_under_jit,
-    check_length,
-    check_mlp_chunk,
-    check_token_shape,
-)
-from zoo.models.registry import DataFit, ModelConfig, axes_from_table, register
+from zoo.models.ops import check_features, check_length
+from zoo.models.registry import DataFit, axes_from_table, register
+from zoo.models.sequence import SequenceConfig
 
 # Logical axes of each leaf (without the stack's leading ``layers`` axis); ``heads`` is the
 # fused heads x head-width axis of a projection.
@@ -48,9 +41,10 @@ _AXES = {
 
 
 @dataclass(frozen=True)
-class TransformerConfig(ModelConfig):
+class TransformerConfig(SequenceConfig):
     """Decoder-only transformer: pre-LayerNorm, causal multi-head attention, GELU MLP,
-    learned positional embeddings.
+    learned positional embeddings. The decoder fields, token inputs and chunking options are
+    :class:`zoo.models.sequence.SequenceConfig`'s.
 
     Inputs are token ids [B, T] (``d_in == 0``) or feature vectors [B, T, d_in] (``d_in > 0``,
     e.g. the 8 rows of an 8x8 digit). The head is a language-model head over the vocabulary
@@ -59,27 +53,13 @@ class TransformerConfig(ModelConfig):
 
     kind: ClassVar[str] = "transformer"
     activation_names: ClassVar[tuple[str, ...]] = tuple(n for n in names.ALL if n != names.MLP_GATE)
-    vocab_size: int = 128
-    d_model: int = 64
-    num_heads: int = 4
     d_ff: int = 256
-    num_layers: int = 2
-    max_len: int = 64
-    attention: str = "dense"  # or "chunked": key chunks, online softmax (zoo.models.attention)
-    attention_chunk: int = 64
-    mlp_chunk: int = 0  # tokens per MLP chunk, recomputed in backward (ops.token_chunks); 0: all at once
     d_in: int = 0
     num_classes: int = 0
 
     def __post_init__(self) -> None:
-        check_attention(self)
-        check_mlp_chunk(self)
-        require_positive(self, "vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len")
-        if self.d_model % self.num_heads:
-            raise ZooError(
-                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
-                f"valid num_heads: {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}"
-            )
+        super().__post_init__()
+        require_positive(self, "d_ff")
         if self.d_in < 0 or self.num_classes < 0:
             raise ZooError(f"d_in and num_classes must be >= 0, got {self.d_in}, {self.num_classes}")
 
@@ -104,31 +84,27 @@ class TransformerConfig(ModelConfig):
     def num_outputs(self) -> int:
         return self.out_dim
 
+    # Feature inputs [B, T, d_in] here; token ids are SequenceConfig's.
     def input_spec(self, batch: int, seq: int | None = None) -> jax.ShapeDtypeStruct:
-        seq = self.seq_or_default(seq)
-        if self.takes_features:
-            return jax.ShapeDtypeStruct((batch, seq, self.d_in), jnp.float32)
-        return jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+        if not self.takes_features:
+            return super().input_spec(batch, seq)
+        return jax.ShapeDtypeStruct((batch, self.seq_or_default(seq), self.d_in), jnp.float32)
 
     def example_input(self, key: jax.Array, batch: int, seq: int | None = None) -> jax.Array:
-        if self.takes_features:
+        if not self.takes_features:
             return super().example_input(key, batch, seq)
-        return jax.random.randint(key, self.input_spec(batch, seq).shape, 0, self.vocab_size, jnp.int32)
-
-    def block_input_shape(self, batch: int, seq: int | None = None) -> tuple[int, ...]:
-        return (batch, self.seq_or_default(seq), self.d_model)
+        spec = self.input_spec(batch, seq)
+        return jax.random.uniform(key, spec.shape, spec.dtype)
 
     def check_input(self, x: jax.Array) -> None:
-        if self.takes_features:
-            check_features(x, self.d_in, "[B, T, d_in]")
-        else:
-            check_token_shape(x)
-            check_concrete_ids(x, self.vocab_size)
+        if not self.takes_features:
+            return super().check_input(x)
+        check_features(x, self.d_in, "[B, T, d_in]")
         check_length(x.shape[1], self.max_len)
 
     def check_input_values(self, x: jax.Array) -> None:
         if not self.takes_features:
-            check_ids_under_jit(x, self.vocab_size)
+            super().check_input_values(x)
 
     def fit_to_data(self, data: DataFit) -> dict:
         if data.task == "lm":
@@ -156,8 +132,8 @@ class TransformerConfig(ModelConfig):
 
 KIND = register(
     TransformerConfig,
-    nnx="zoo.models.nnx.transformer:Transformer",
-    eqx="zoo.models.eqx.transformer:Transformer",
+    nnx="zoo.models.transformer.nnx:Transformer",
+    eqx="zoo.models.transformer.eqx:Transformer",
     presets={
         "transformer-xs": (
             TransformerConfig(vocab_size=128, d_model=64, num_heads=4, d_ff=256, num_layers=2, max_len=64),
@@ -175,4 +151,5 @@ KIND = register(
         ),
     },
     small=TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=16),
+    order=20,
 )

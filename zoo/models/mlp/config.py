@@ -76,8 +76,8 @@ class MLPConfig(ModelConfig):
 
 KIND = register(
     MLPConfig,
-    nnx="zoo.models.nnx.mlp:MLP",
-    eqx="zoo.models.eqx.mlp:MLP",
+    nnx="zoo.models.mlp.nnx:MLP",
+    eqx="zoo.models.mlp.eqx:MLP",
     presets={
         "mlp-s": (
             MLPConfig(d_in=64, d_hidden=128, num_layers=1, num_classes=10),
@@ -93,4 +93,5 @@ KIND = register(
         ),
     },
     small=MLPConfig(d_in=12, d_hidden=24, num_layers=2, num_classes=10),
+    order=10,
 )

@@ -1,0 +1,101 @@
+"""What the token-sequence kinds (the transformer, Llama) share: the fields of a decoder stack,
+token inputs, the attention and MLP chunking options, and their checks, written once.
+
+A kind derives its config from :class:`SequenceConfig` and adds its own fields (MLP width,
+position scheme, norms...) and checks (``super().__post_init__()`` first). Field names and
+defaults here are those of the kinds' checkpoints: a saved config dict loads unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from zoo.configs import ATTENTIONS, require_positive
+from zoo.errors import ZooError, choice_error
+from zoo.models.ops import check_concrete_ids, check_ids_under_jit, check_length, check_token_shape
+from zoo.models.registry import ModelConfig
+
+
+def check_attention(cfg) -> None:
+    """A config's ``attention`` is one of :data:`ATTENTIONS` and its chunk a positive int."""
+    if cfg.attention not in ATTENTIONS:
+        raise choice_error(f"{type(cfg).__name__}.attention", cfg.attention, ATTENTIONS)
+    if cfg.attention == "chunked":  # before any trace: see zoo.models.attention.enable
+        from zoo.models.attention import enable
+
+        enable()
+    chunk = cfg.attention_chunk
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise ZooError(f"{type(cfg).__name__}.attention_chunk must be a positive int, got {chunk!r}")
+
+
+def check_mlp_chunk(cfg) -> None:
+    """A config's ``mlp_chunk`` (tokens per MLP chunk, ``ops.token_chunks``) is an int >= 0."""
+    chunk = cfg.mlp_chunk
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
+        raise ZooError(
+            f"{type(cfg).__name__}.mlp_chunk must be a whole number of tokens (0: the whole sequence "
+            f"at once), got {chunk!r}"
+        )
+
+
+@dataclass(frozen=True)
+class SequenceConfig(ModelConfig):
+    """Base of the decoder kinds: token ids [B, T] (``T <= max_len``) over ``vocab_size``, a
+    ``d_model``-wide residual stream through ``num_layers`` scanned blocks of ``num_heads``-head
+    causal attention and a token-wise MLP. A language model by default (labels [B, T])."""
+
+    vocab_size: int = 128
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+    max_len: int = 64
+    attention: str = "dense"  # or "chunked": key chunks, online softmax (zoo.models.attention)
+    attention_chunk: int = 64
+    mlp_chunk: int = 0  # tokens per MLP chunk, recomputed in backward (ops.token_chunks); 0: all at once
+
+    def __post_init__(self) -> None:
+        check_attention(self)
+        check_mlp_chunk(self)
+        require_positive(self, "vocab_size", "d_model", "num_heads", "num_layers", "max_len")
+        if self.d_model % self.num_heads:
+            raise ZooError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                f"valid num_heads: {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}"
+            )
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.num_heads
+
+    # --- the registry protocol (zoo.models.registry.ModelConfig) -----------------------------
+    @property
+    def task(self) -> str:
+        return "lm"
+
+    @property
+    def num_outputs(self) -> int:
+        return self.vocab_size
+
+    def input_spec(self, batch: int, seq: int | None = None) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((batch, self.seq_or_default(seq)), jnp.int32)
+
+    def example_input(self, key: jax.Array, batch: int, seq: int | None = None) -> jax.Array:
+        return jax.random.randint(key, self.input_spec(batch, seq).shape, 0, self.vocab_size, jnp.int32)
+
+    def block_input_shape(self, batch: int, seq: int | None = None) -> tuple[int, ...]:
+        return (batch, self.seq_or_default(seq), self.d_model)
+
+    def check_input(self, x: jax.Array) -> None:
+        check_token_shape(x)
+        check_concrete_ids(x, self.vocab_size)
+        check_length(x.shape[1], self.max_len)
+
+    def check_input_values(self, x: jax.Array) -> None:
+        check_ids_under_jit(x, self.vocab_size)
+
+    def is_table(self, path: tuple[str, ...]) -> bool:
+        return path[0] == "embed"
