@@ -52,7 +52,8 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
     return recipe_lib.with_sets(recipe, args.set or [])
 
 
-def _add_recipe_flags(p) -> None:
+def add_recipe_flags(p) -> None:
+    """The recipe argument and the flags that override its fields (``zoo train``, ``zoo audit``)."""
     p.add_argument("recipe", help="recipe name (see `zoo recipes`) or path to a .toml file")
     p.add_argument("--backend", choices=None, help="nnx or eqx")
     p.add_argument("--remat", help="remat policy (see `zoo remat-policies`), or auto with --memory-budget")
@@ -232,7 +233,7 @@ def run_params(args) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a recipe")
-    _add_recipe_flags(p)
+    add_recipe_flags(p)
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/RECIPE-TIMESTAMP)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON (last line)")
