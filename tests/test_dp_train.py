@@ -15,6 +15,7 @@ import pytest
 from conftest import reduction_size
 from dp_accounting.pld import PLDAccountant
 from numerics import assert_close
+from scipy import stats
 
 from zoo import recipes
 from zoo.cli import main
@@ -56,7 +57,7 @@ def test_dp_step_compiles_once_and_summary_reports_privacy(dp_run):
     for key in ("epsilon", "delta", "noise_multiplier", "sampling_prob", "clip_norm", "steps", "accountant"):
         assert key in summary, key
     assert summary["steps"] == 4 and summary["accountant"] == "pld"
-    assert summary["delta"] == recipe.dp.delta and summary["clip_norm"] == recipe.dp.clip_norm
+    assert summary["delta_accountant"] == recipe.dp.delta and summary["clip_norm"] == recipe.dp.clip_norm
     # q is the expected batch over the number of TRAINING examples (eval rows are not sampled)
     data = load_dataset(
         "digits", task="classify", seed=recipe.train.seed, eval_fraction=recipe.data.eval_fraction
@@ -72,8 +73,14 @@ def test_epsilon_recomputed_independently_and_within_target(dp_run):
     )
     accountant = PLDAccountant()
     accountant.compose(dp_accounting.SelfComposedDpEvent(step, summary["steps"]))
-    epsilon = accountant.get_epsilon(summary["delta"])
+    epsilon = accountant.get_epsilon(summary["delta_accountant"])
     assert epsilon == pytest.approx(summary["epsilon"], rel=1e-6)
+    # The reported delta adds what truncating the draws to the padded batch costs (docs/dp.md).
+    n = round(summary["expected_batch_size"] / summary["sampling_prob"])
+    p_trunc = stats.binom.sf(summary["padded_batch_size"], n + 1, summary["sampling_prob"])
+    extra = (1 + np.exp(summary["epsilon"])) * summary["steps"] * p_trunc
+    assert summary["delta"] == pytest.approx(summary["delta_accountant"] + extra, rel=1e-9)
+    assert extra <= 1e-3 * summary["delta_accountant"]
     assert summary["epsilon"] <= TARGET
     assert summary["epsilon"] >= 0.95 * TARGET  # calibrated to the budget, not over-noised
 
