@@ -20,7 +20,9 @@ import numpy as np
 from rich.console import Console
 
 from zoo import lora
+from zoo.data.public import check_public_domain
 from zoo.dp import PoissonSampler, epsilon_spent, ghost, resolve_noise_multiplier
+from zoo.dp.accounting import guaranteed_privacy, truncation_budget
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
@@ -86,7 +88,12 @@ def _dp_plan(recipe: Recipe, task: Task, plan_steps: int, layout: Layout) -> DPP
     # Padding only adds masked rows: the sample, the clipped sum and the accounting stay.
     multiple = math.lcm(dp.microbatch_size or 1, layout.spec.batch_ways)
     sampler = PoissonSampler.for_expected_batch(
-        n, dp.expected_batch_size, recipe.train.seed, pad_to_multiple=multiple
+        n,
+        dp.expected_batch_size,
+        recipe.train.seed,
+        truncation_budget(delta=dp.delta, epsilon=eps, steps=plan_steps),
+        pad_to_multiple=multiple,
+        neighbours=True,
     )
     return DPPlan(sampler=sampler, noise_multiplier=sigma, epsilon=eps, steps=recipe.train.steps)
 
@@ -284,6 +291,10 @@ def train(
     plan_steps = point.plan_steps if point else recipe.train.steps
     if run is None or run.plan_steps != plan_steps:
         run = build_run(recipe, plan_steps)
+    if run.dp:  # nothing the model's shape depends on may come from the private data
+        check_public_domain(
+            recipe.data, run.task.data.task, tokenizer_from_checkpoint=bool(recipe.freeze.init_from)
+        )
     if recipe.train.remat == AUTO:
         run = auto_remat.resolve(run, train_batch(run, 0), console)[0]
     out.mkdir(parents=True, exist_ok=True)
@@ -429,8 +440,13 @@ def _summary(run, out, loss, eval_metrics, compile_count, timed_examples, timed_
         summary.update(resumed_from_step=point.step, changed_on_resume=list(point.changes))
     if run.dp:
         summary.update(
-            epsilon=_epsilon_at(run, steps),
-            delta=recipe.dp.delta,
+            **guaranteed_privacy(
+                run.dp.sampler,
+                noise_multiplier=run.dp.noise_multiplier,
+                delta=recipe.dp.delta,
+                steps=steps,
+                accountant=recipe.dp.accountant,
+            ),
             noise_multiplier=run.dp.noise_multiplier,
             sampling_prob=run.dp.sampler.sampling_prob,
             clip_norm=recipe.dp.clip_norm,
