@@ -96,6 +96,15 @@ def test_epsilon_logged_at_evals_is_nondecreasing(dp_run):
     assert spent[-1] == pytest.approx(summary["epsilon"])
 
 
+@pytest.mark.xdist_group("dp-train-run")  # dp_run is built once, on one worker
+def test_eval_reports_the_privacy_the_checkpoint_guarantees(dp_run, capsys):
+    _, summary, out = dp_run
+    assert main(["eval", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("epsilon", "delta", "delta_accountant", "delta_truncation"):
+        assert report[key] == pytest.approx(summary[key], rel=1e-9, abs=1e-300), key
+
+
 def test_microbatched_vmap_clipping_with_a_given_noise_multiplier(tmp_path):
     recipe = quick_dp(
         **{

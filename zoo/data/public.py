@@ -36,13 +36,13 @@ def declared_tokenizer(vocabulary: str | None, given: CharTokenizer | None) -> C
     return CharTokenizer.utf8_bytes()
 
 
-def check_public_domain(data: DataConfig, task: str, *, tokenizer_from_checkpoint: bool) -> None:
+def check_public_domain(data: DataConfig, task: str, *, checkpoint: str | None = None) -> None:
     """Refuse (``ZooError``) a DP run whose vocabulary or class set would come from its data.
 
-    ``task`` is ``"lm"`` or ``"classify"``; ``tokenizer_from_checkpoint`` says the run takes its
-    tokenizer from the (public) checkpoint it starts from.
+    ``task`` is ``"lm"`` or ``"classify"``; ``checkpoint`` is the (public) checkpoint the run
+    starts from (``freeze.init_from``), whose tokenizer it takes.
     """
-    if task == "lm" and data.vocabulary is None and not tokenizer_from_checkpoint:
+    if task == "lm" and data.vocabulary is None and not checkpoint:
         raise ZooError(
             f"DP run on {data.dataset!r}: the vocabulary would be every character of the private "
             "training text, so one record with a new character changes the model; set "

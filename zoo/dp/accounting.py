@@ -342,12 +342,10 @@ TRUNCATION_SHARE = 1e-3
 def truncation_budget(*, delta: float, epsilon: float, steps: int, share: float = TRUNCATION_SHARE) -> float:
     """Per-step truncation probability ``p`` whose cost ``(1 + e^epsilon) * steps * p`` on delta
     (:func:`truncation_delta`) is ``share * delta``."""
-    steps = max(_check_steps(steps), 1)
     if not (_is_num(epsilon) and epsilon >= 0):
         raise ZooError(f"epsilon must be a number >= 0; got epsilon={epsilon!r}.")
-    if not math.isfinite(epsilon) or epsilon > 700:
-        return 0.0
-    return share * delta / (steps * (1.0 + math.exp(epsilon)))
+    steps = max(_check_steps(steps), 1)
+    return 0.0 if not epsilon < 700 else share * delta / (steps * (1.0 + math.exp(epsilon)))
 
 
 def truncation_delta(
@@ -355,27 +353,20 @@ def truncation_delta(
 ) -> float:
     """What truncating Poisson draws to ``padded_batch_size`` adds to delta over ``steps`` steps.
 
-    A draw that exceeds the padding keeps a random subset of it. The truncated mechanism M' and
-    the accounted one M differ only on that event, whose probability per step is
-    ``p = P(Binomial(N + 1, q) > P)`` at most on either neighbour (the larger one has N + 1
-    examples). Over ``steps`` steps M'(D) and M(D) are within ``steps * p`` in total variation,
-    so ``P[M'(D) in S] <= e^eps P[M'(D') in S] + delta + (1 + e^eps) * steps * p``: M' is
-    ``(eps, delta + truncation_delta)``-DP. Returns at most 1.
+    The truncated mechanism M' and the accounted one M differ only when a draw exceeds the
+    padding: per step with probability at most ``p = P(Binomial(N + 1, q) > P)`` on either
+    neighbour (the larger has N + 1 examples), so M'(D), M(D) are within ``steps * p`` in total
+    variation and M' is ``(eps, delta + (1 + e^eps) * steps * p)``-DP. Returns at most 1.
     """
-    steps = _check_steps(steps)
-    n = int(num_examples)
+    steps, n = _check_steps(steps), int(num_examples)
     if steps == 0 or padded_batch_size >= n + 1:
         return 0.0
-    if not (_is_num(epsilon) and epsilon >= 0):
-        raise ZooError(f"epsilon must be a number >= 0; got epsilon={epsilon!r}.")
     from scipy import stats  # on first use: scipy.stats takes most of a second to import
 
     p = float(stats.binom.sf(int(padded_batch_size), n + 1, float(sampling_prob)))
     if p == 0.0:
         return 0.0
-    if not math.isfinite(epsilon) or epsilon > 700:
-        return 1.0
-    return min(1.0, (1.0 + math.exp(epsilon)) * steps * p)
+    return 1.0 if not epsilon < 700 else min(1.0, (1.0 + math.exp(epsilon)) * steps * p)
 
 
 def guaranteed_privacy(

@@ -87,13 +87,10 @@ def _dp_plan(recipe: Recipe, task: Task, plan_steps: int, layout: Layout) -> DPP
     # The padded batch splits over the mesh's batch axes (and into clipping microbatches).
     # Padding only adds masked rows: the sample, the clipped sum and the accounting stay.
     multiple = math.lcm(dp.microbatch_size or 1, layout.spec.batch_ways)
+    # Sized so that truncating a draw adds at most delta / 1000 (docs/dp.md, "Fixed shapes").
+    truncation = truncation_budget(delta=dp.delta, epsilon=eps, steps=plan_steps)
     sampler = PoissonSampler.for_expected_batch(
-        n,
-        dp.expected_batch_size,
-        recipe.train.seed,
-        truncation_budget(delta=dp.delta, epsilon=eps, steps=plan_steps),
-        pad_to_multiple=multiple,
-        neighbours=True,
+        n, dp.expected_batch_size, recipe.train.seed, truncation, pad_to_multiple=multiple, neighbours=True
     )
     return DPPlan(sampler=sampler, noise_multiplier=sigma, epsilon=eps, steps=recipe.train.steps)
 
@@ -248,6 +245,11 @@ def _meta(run: Run) -> dict:
     }
 
 
+def _accounted(run: Run) -> dict:
+    dp = run.recipe.dp
+    return {"noise_multiplier": run.dp.noise_multiplier, "delta": dp.delta, "accountant": dp.accountant}
+
+
 def _epsilon_at(run: Run, step: int) -> float:
     if step == 0:
         return 0.0
@@ -292,9 +294,7 @@ def train(
     if run is None or run.plan_steps != plan_steps:
         run = build_run(recipe, plan_steps)
     if run.dp:  # nothing the model's shape depends on may come from the private data
-        check_public_domain(
-            recipe.data, run.task.data.task, tokenizer_from_checkpoint=bool(recipe.freeze.init_from)
-        )
+        check_public_domain(recipe.data, run.task.data.task, checkpoint=recipe.freeze.init_from)
     if recipe.train.remat == AUTO:
         run = auto_remat.resolve(run, train_batch(run, 0), console)[0]
     out.mkdir(parents=True, exist_ok=True)
@@ -440,13 +440,7 @@ def _summary(run, out, loss, eval_metrics, compile_count, timed_examples, timed_
         summary.update(resumed_from_step=point.step, changed_on_resume=list(point.changes))
     if run.dp:
         summary.update(
-            **guaranteed_privacy(
-                run.dp.sampler,
-                noise_multiplier=run.dp.noise_multiplier,
-                delta=recipe.dp.delta,
-                steps=steps,
-                accountant=recipe.dp.accountant,
-            ),
+            **guaranteed_privacy(run.dp.sampler, **_accounted(run), steps=steps),
             noise_multiplier=run.dp.noise_multiplier,
             sampling_prob=run.dp.sampler.sampling_prob,
             clip_norm=recipe.dp.clip_norm,
