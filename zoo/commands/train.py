@@ -170,6 +170,8 @@ def run_eval(args) -> int:
         run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
     )
     metrics = {"checkpoint": str(args.checkpoint_dir), "step": ckpt.step, **task_metrics(run.task, metrics)}
+    if run.dp:
+        metrics.update(_dp_guarantee(run, ckpt))
     hard = None
     if args.hardest:
         from zoo.train.hardest import hardest
@@ -190,6 +192,29 @@ def run_eval(args) -> int:
             [(str(i + 1), *(_fmt(row.get(c, "")) for c in columns)) for i, row in enumerate(hard)],
         )
     return 0
+
+
+def _dp_guarantee(run, ckpt) -> dict:
+    """The ``(epsilon, delta)`` a DP checkpoint's parameters carry, truncation included: padded
+    as its run's summary says (runs from before truncation was accounted padded less), or as
+    the recipe pads now."""
+    import dataclasses
+
+    from zoo.dp.accounting import guaranteed_privacy
+    from zoo.train import runlog
+
+    sampler = run.dp.sampler
+    padded = (runlog.read_summary(ckpt.path) or {}).get("padded_batch_size")
+    if isinstance(padded, int) and padded > 0:
+        sampler = dataclasses.replace(sampler, padded_batch_size=padded)
+    dp = run.recipe.dp
+    return guaranteed_privacy(
+        sampler,
+        noise_multiplier=run.dp.noise_multiplier,
+        delta=dp.delta,
+        steps=ckpt.step,
+        accountant=dp.accountant,
+    )
 
 
 def _positive(text: str) -> int:
