@@ -308,7 +308,7 @@ def check_accountant_gets_the_samplers_q_and_t(run):
 @pytest.fixture(scope="module")
 def digits_run():
     from zoo import recipes
-    from zoo.train.loop import build_run
+    from zoo.train.run import build_run
 
     recipe = recipes.with_values(
         recipes.load_recipe("digits-mlp-dp"),
@@ -328,7 +328,12 @@ def test_accountant_check_still_catches_a_sampler_with_another_rate(digits_run):
     )
     with pytest.raises(AssertionError):  # planted: the batches drawn at 1.2 q, accounted at q
         check_accountant_gets_the_samplers_q_and_t(
-            dataclasses.replace(digits_run, dp=dataclasses.replace(digits_run.dp, sampler=sampler))
+            dataclasses.replace(
+                digits_run,
+                engine=dataclasses.replace(
+                    digits_run.engine, dp=dataclasses.replace(digits_run.dp, sampler=sampler)
+                ),
+            )
         )
 
 
@@ -444,7 +449,7 @@ def check_noise_key_is_secret(make_key):
 
 
 def test_noise_key_is_not_derivable_from_the_initial_weights():
-    from zoo.train.loop import dp_train_key
+    from zoo.train.run import dp_train_key
 
     check_noise_key_is_secret(dp_train_key)
 
@@ -599,7 +604,7 @@ def neighbour_configs(tmp_path, data: DataConfig, preset: str, rows: list[str], 
         path = tmp_path / f"{kind}{i}.{scheme}"
         path.write_text("\n".join(lines) + "\n")
         task = load_task(dataclasses.replace(data, dataset=f"{scheme}:{path}"), kind, 0)
-        configs.append(fit_model_to_task(preset, {}, task))
+        configs.append(fit_model_to_task(zoo.get_config(preset), task, preset, {}))
     return configs
 
 
