@@ -16,7 +16,7 @@ import statistics
 import jax
 import numpy as np
 
-from zoo.api import example_batch
+from zoo.api import example_batch, example_labels
 from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
 from zoo.configs import OptimConfig
 from zoo.freeze import resolve_freeze
@@ -25,8 +25,6 @@ from zoo.models.registry import get_config
 from zoo.train.engine import DPRuntime, Engine
 from zoo.train.state import make_optimizer
 from zoo.ui import emit_json, print_table
-
-DEFAULT_FREEZE = ("embed", "pos", "blocks[0:{half}]")
 
 
 def _nbytes(tree) -> int:
@@ -79,17 +77,17 @@ def bench_finetune(
     policy: str = "none",
     steps: int = 5,
     repeats: int = 5,
+    layers: int | None = None,
 ) -> dict:
-    cfg = get_config(model)
+    """``freeze`` patterns may say ``{half}`` (``num_layers // 2``); the default is the kind's
+    frozen prefix (``cfg.frozen_prefix()``). ``layers`` overrides the preset's ``num_layers``."""
+    cfg = get_config(model, **({"num_layers": layers} if layers else {}))
     half = cfg.num_layers // 2
-    patterns = tuple(p.format(half=half) for p in (freeze or DEFAULT_FREEZE))
+    patterns = tuple(p.format(half=half) for p in freeze) if freeze else cfg.frozen_prefix()
     params = canonical.init_params(cfg, 0)
     x = example_batch(cfg, batch, seed=1, seq_len=seq)
-    is_lm = cfg.kind == "transformer" and not cfg.is_classifier
-    labels = np.random.default_rng(0).integers(
-        0, cfg.vocab_size if is_lm else cfg.num_classes, x.shape[:2] if is_lm else x.shape[:1]
-    )
-    data = jax.device_put({"x": x, "y": labels.astype(np.int32), "mask": np.ones(batch, np.float32)})
+    labels = example_labels(cfg, x, seed=0)  # [B] for a classifier, [B, T] for a language model
+    data = jax.device_put({"x": x, "y": labels, "mask": np.ones(batch, np.float32)})
     runs = {
         name: _setup(cfg, backend, params, resolve_freeze(params, pats), policy, data)
         for name, pats in (("full", ()), ("frozen", patterns))
@@ -146,7 +144,9 @@ def run(args) -> int:
         freeze=freeze,
         lora=args.lora,
         policy=args.remat,
+        steps=args.steps,
         repeats=args.repeats,
+        layers=args.layers,
     )
     if args.json:
         emit_json(result)
@@ -190,13 +190,20 @@ def add_bench(sub) -> None:
     p.add_argument("--backend", default="nnx")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int)
-    p.add_argument("--freeze", action="append", metavar="PATTERN", help="default: embed, pos, blocks[0:L/2]")
+    p.add_argument("--layers", type=positive_int, help="override num_layers")
+    p.add_argument(
+        "--freeze",
+        action="append",
+        metavar="PATTERN",
+        help="default: the kind's input layers and blocks[0:L/2] ({half} in a pattern is L/2)",
+    )
     p.add_argument(
         "--lora",
         metavar="SPEC",
         help="also LoRA rows, e.g. rank=8,alpha=16,targets=attn.* (as zoo train --lora)",
     )
     p.add_argument("--remat", default="none")
-    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed rounds")
+    p.add_argument("--steps", type=positive_int, default=5, help="steps per timed round")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

@@ -19,6 +19,7 @@ def preset_rows() -> list[dict]:
             {
                 "name": name,
                 "kind": cfg.kind,
+                "task": cfg.task,
                 "params": params,
                 "description": DESCRIPTIONS[name],
                 **dataclasses.asdict(cfg),

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
+import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import jax
@@ -10,24 +13,30 @@ import jax.numpy as jnp
 import numpy as np
 
 from zoo.errors import ZooError
-from zoo.ui import console, emit_json
+from zoo.ui import emit_json
 
 if TYPE_CHECKING:
     from zoo.train.checkpoint import Checkpoint
 
 
-def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float, seed: int) -> str:
-    """Sample ``length`` characters after ``prompt`` from an LM checkpoint.
+MAX_LENGTH = 100_000  # characters one `zoo sample` generates (one model call each)
 
-    The model always sees a fixed [1, max_len] window, so the step compiles once.
+
+def generate(ckpt: Checkpoint, prompt: str, length: int, temperature: float, seed: int) -> Iterator[str]:
+    """The ``length`` characters after ``prompt`` from an LM checkpoint, one at a time, as they
+    are sampled. Bad arguments and a checkpoint that is not a language model fail here, before
+    the first character.
+
+    The model always sees a fixed [1, max_len] window (the last ``max_len`` characters), so the
+    step compiles once.
     """
     from zoo.api import apply_fn
 
     cfg, tokenizer = ckpt.model_config, ckpt.tokenizer
-    if tokenizer is None or cfg.kind != "transformer" or cfg.is_classifier:
+    if tokenizer is None or cfg.task != "lm":
         raise ZooError(f"{str(ckpt.path)!r} is not a language model checkpoint; `zoo sample` needs one")
+    check_sample_args(prompt, length, temperature)
     apply = apply_fn(cfg, ckpt.backend)
-    window = cfg.max_len
 
     @jax.jit
     def next_token(params, tokens, position, key):
@@ -36,24 +45,43 @@ def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float, 
             return jnp.argmax(logits)
         return jax.random.categorical(key, logits / temperature)
 
-    check_sample_args(prompt, length, temperature)
-    ids = list(tokenizer.encode(prompt))
-    key = jax.random.key(seed)
-    for i in range(length):
-        context = ids[-window:]
-        tokens = np.zeros(window, np.int32)
-        tokens[: len(context)] = context
-        token = next_token(ckpt.params, tokens, len(context) - 1, jax.random.fold_in(key, i))
-        ids.append(int(token))
-    return tokenizer.decode(np.asarray(ids[len(tokenizer.encode(prompt)) :], np.int32))
+    def characters() -> Iterator[str]:
+        ids, window = list(tokenizer.encode(prompt)), cfg.max_len
+        key = jax.random.key(seed)
+        for i in range(length):
+            context = ids[-window:]
+            tokens = np.zeros(window, np.int32)
+            tokens[: len(context)] = context
+            token = int(next_token(ckpt.params, tokens, len(context) - 1, jax.random.fold_in(key, i)))
+            ids.append(token)
+            yield tokenizer.decode(np.asarray([token], np.int32))
+
+    return characters()
+
+
+def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float, seed: int) -> str:
+    """The ``length`` characters after ``prompt`` (:func:`generate`, joined)."""
+    return "".join(generate(ckpt, prompt, length, temperature, seed))
+
+
+def unknown_characters(tokenizer, text: str) -> list[str]:
+    """The distinct characters of ``text`` that ``tokenizer`` does not know (they encode to
+    ``<unk>``), in order of first appearance."""
+    return [c for c in dict.fromkeys(text) if tokenizer.decode(tokenizer.encode(c)) != c]
 
 
 def check_sample_args(prompt: str, length: int, temperature: float) -> None:
-    """One-line errors for arguments that would sample nothing or garbage."""
+    """One-line errors for arguments that would sample nothing, garbage, or for hours."""
     if not prompt:
         raise ZooError("--prompt is empty; give at least one character to continue from")
     if length < 1:
         raise ZooError(f"--length must be a positive number of characters, got {length}")
+    if length > MAX_LENGTH:
+        raise ZooError(
+            f"--length {length} is over zoo sample's limit of {MAX_LENGTH:,} characters "
+            "(one model call each); continue a long text with several calls, each --prompt "
+            "ending where the last sample ended"
+        )
     if not math.isfinite(temperature) or temperature < 0:
         raise ZooError(f"--temperature must be a finite number >= 0 (0 samples greedily), got {temperature}")
 
@@ -63,11 +91,28 @@ def run_sample(args) -> int:
 
     check_sample_args(args.prompt, args.length, args.temperature)
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
-    text = sample_text(ckpt, args.prompt, args.length, args.temperature, args.seed)
+    pieces = generate(ckpt, args.prompt, args.length, args.temperature, args.seed)
+    unknown = unknown_characters(ckpt.tokenizer, args.prompt)
+    if unknown:
+        warnings.warn(
+            f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: "
+            f"{', '.join(map(repr, unknown))}; the model reads each as <unk>",
+            stacklevel=1,
+        )
     if args.json:
-        emit_json({"prompt": args.prompt, "sample": text})
-    else:
-        console.print(args.prompt + text, markup=False, highlight=False)
+        emit_json({"prompt": args.prompt, "sample": "".join(pieces)})
+        return 0
+    # Plain text as it is sampled: no wrapping, no markup, nothing held back until the end.
+    out = sys.stdout
+    out.write(args.prompt)
+    out.flush()
+    try:
+        for piece in pieces:
+            out.write(piece)
+            out.flush()
+    finally:
+        out.write("\n")
+        out.flush()
     return 0
 
 
@@ -75,7 +120,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("sample", help="sample text from a language-model run")
     p.add_argument("checkpoint_dir")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--length", type=int, default=200)
+    p.add_argument("--length", type=int, default=200, help=f"characters to sample (at most {MAX_LENGTH:,})")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")

@@ -142,6 +142,13 @@ class ModelConfig:
         stack axis, then per-leaf names (``embed``, ``mlp``, ``heads``, ``vocab``...)."""
         raise NotImplementedError
 
+    # --- fine-tuning -------------------------------------------------------------------------
+    def frozen_prefix(self) -> tuple[str, ...]:
+        """Freeze patterns (``zoo.freeze``) of a frozen prefix, what ``zoo bench finetune``
+        freezes by default: the first half of the stack (at least one block). A kind puts its
+        input layers (embeddings, input projection) in front."""
+        return (f"{STACK}[0:{max(1, self.num_layers // 2)}]",)
+
 
 def axes_from_table(table: dict[str, tuple[str, ...]], path: tuple[str, ...], ndim: int):
     """Logical axes of a leaf from ``{dotted path without 'blocks.': axes}``; stacked leaves

@@ -71,6 +71,9 @@ class LlamaConfig(SequenceConfig):
     def logical_axes(self, path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:
         return axes_from_table(_AXES, path, ndim)
 
+    def frozen_prefix(self) -> tuple[str, ...]:
+        return ("embed", *super().frozen_prefix())
+
 
 KIND = register(
     LlamaConfig,

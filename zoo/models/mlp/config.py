@@ -73,6 +73,9 @@ class MLPConfig(ModelConfig):
     def logical_axes(self, path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:
         return axes_from_table(_AXES, path, ndim)
 
+    def frozen_prefix(self) -> tuple[str, ...]:
+        return ("in_proj", *super().frozen_prefix())
+
 
 KIND = register(
     MLPConfig,

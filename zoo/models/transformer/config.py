@@ -129,6 +129,9 @@ class TransformerConfig(SequenceConfig):
             axes = tuple("classes" if a == "vocab" else a for a in axes)
         return axes
 
+    def frozen_prefix(self) -> tuple[str, ...]:
+        return ("embed", "pos", *super().frozen_prefix())
+
 
 KIND = register(
     TransformerConfig,
