@@ -22,7 +22,8 @@ from zoo.data import load_dataset
 from zoo.dp import privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, noise_key
 from zoo.train import checkpoint
-from zoo.train.loop import _warn_if_public_noise_keys, build_run, dp_train_key, train, train_batch
+from zoo.train.loop import _warn_if_public_noise_keys, train_recipe
+from zoo.train.run import build_run, dp_train_key, train_batch
 from zoo.train.state import TrainState, train_key
 
 TARGET = 0.5  # a large noise multiplier keeps the PLD calibration quick
@@ -46,7 +47,7 @@ def quick_dp(**values):
 def dp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp-run")
     recipe = quick_dp()
-    return recipe, train(recipe, out, show_progress=False), out
+    return recipe, train_recipe(recipe, out, show_progress=False), out
 
 
 @pytest.mark.xdist_group("dp-train-run")  # dp_run is built once, on one worker
@@ -100,7 +101,7 @@ def test_microbatched_vmap_clipping_with_a_given_noise_multiplier(tmp_path):
             "dp.noise_multiplier": 8.0,
         }
     )
-    summary = train(recipe, tmp_path, show_progress=False)
+    summary = train_recipe(recipe, tmp_path, show_progress=False)
     assert summary["compile_count"] == 1
     assert summary["padded_batch_size"] % 64 == 0  # the scan needs whole microbatches
     assert summary["noise_multiplier"] == 8.0 and 0 < summary["epsilon"] < 1.0
@@ -198,11 +199,11 @@ def test_dp_noise_keys_are_secret_unless_a_noise_seed_is_given():
 def test_dp_run_with_a_secret_noise_key_resumes_to_identical_params(tmp_path):
     """The secret key lives in the checkpoint's state, so a resumed run keeps drawing the same noise."""
     recipe = quick_dp(**{"train.steps": 4, "train.eval_every": 4, "train.checkpoint_every": 2})
-    train(recipe, tmp_path / "whole", show_progress=False)
+    train_recipe(recipe, tmp_path / "whole", show_progress=False)
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / checkpoint.CHECKPOINT_DIR / "4")
     assert checkpoint.latest_step(tmp_path / "resumed") == 2
-    train(recipe, tmp_path / "resumed", resume=True, show_progress=False)
+    train_recipe(recipe, tmp_path / "resumed", resume=True, show_progress=False)
     whole = checkpoint.load_checkpoint(tmp_path / "whole").params
     resumed = checkpoint.load_checkpoint(tmp_path / "resumed").params
     jax.tree_util.tree_map(np.testing.assert_array_equal, whole, resumed)

@@ -47,18 +47,19 @@ import optax
 
 from zoo import bench
 from zoo.api import example_batch, example_labels
+from zoo.bench import dp_methods
 from zoo.bench.common import median_ratio, memory_stats, positive_int, state_stepper, time_in_rounds
 from zoo.bench.dp_methods import (  # noqa: F401  (re-exported: the bench API)
     BASELINE,
     CLIP,
-    DEFAULT_METHODS,
     GHOST,
     LR,
-    METHODS,
     MOMENTUM,
     SIGMA,
     Setup,
     Step,
+    default_methods,
+    methods,
     register_method,
 )
 from zoo.errors import ZooError, choice_error
@@ -119,7 +120,7 @@ def _setup(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str]
     engine = Engine(
         cfg=cfg,
         backend=backend,
-        remat=StackPlan(get_policy("none"), plan.frozen_prefix),
+        stack=StackPlan(get_policy("none"), plan.frozen_prefix),
         freeze=plan,
         optimizer=optax.sgd(LR, momentum=MOMENTUM),
     )
@@ -158,19 +159,20 @@ def bench_dp(
     backend = check_backend(backend)
     cfg, batch, seq = _config(model, batch, seq)
     microbatch = _check_microbatch(microbatch or max(1, batch // 8), batch)
-    names = list(methods) if methods else list(DEFAULT_METHODS)
+    rows = dp_methods.methods()  # the table as it is now
+    names = list(methods) if methods else default_methods()
     if BASELINE not in names:
         names.insert(0, BASELINE)
     for name in names:
-        if name not in METHODS:
-            raise choice_error("dp bench method", name, METHODS)
+        if name not in rows:
+            raise choice_error("dp bench method", name, rows)
     setup, params = _setup(cfg, backend, batch, microbatch, freeze, seed)
     data = jax.device_put(_batch(cfg, batch, seq, seed))
 
     runs = {}
     for name in names:
         _say(progress, f"dp bench: compiling {name}")
-        step, optimizer = METHODS[name](setup)
+        step, optimizer = rows[name](setup)
         state, frozen = _fresh_state(setup, params, optimizer, seed)
         tic = time.perf_counter()
         compiled = _compile(step, state, frozen, data)
@@ -369,7 +371,7 @@ def add_bench(bench_sub) -> None:
     p.add_argument(
         "--methods",
         default=None,
-        help=f"comma-separated subset of: {', '.join(METHODS)} (non-private always runs)",
+        help=f"comma-separated subset of: {', '.join(methods())} (non-private always runs)",
     )
     p.add_argument(
         "--freeze",

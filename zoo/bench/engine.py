@@ -16,7 +16,7 @@ import optax
 from zoo import recipes
 from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
 from zoo.errors import ZooError
-from zoo.train.loop import build_run, train_batch
+from zoo.train.run import build_run, train_batch
 from zoo.train.state import TrainState
 from zoo.ui import emit_json, print_table
 

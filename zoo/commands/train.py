@@ -27,7 +27,7 @@ FLAG_FIELDS = {  # flag dest -> recipe field
     "batch_size": "train.batch_size",
     "lr": "optim.lr",
     "seed": "train.seed",
-    "init_from": "freeze.init_from",
+    "init_from": "model.init_from",
     "freeze": "freeze.patterns",
 }
 
@@ -100,8 +100,7 @@ def run_train(args) -> int:
 
     # Before anything touches a device: join the other processes, if there are any.
     distributed.initialize(distributed.cluster_from(args.coordinator, args.num_processes, args.process_id))
-    from zoo.train.loop import build_run, train
-    from zoo.train.resume import finished_summary, preflight
+    from zoo.train.loop import train_recipe
 
     recipe = resolve_recipe(args)
     main = distributed.is_main_process()
@@ -109,20 +108,13 @@ def run_train(args) -> int:
         raise ZooError("--resume needs --out DIR: the run directory to continue")
     out = Path(args.out or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     human = Console(stderr=True) if args.json or not main else console
-    # A refused --resume or a bad --out fails here, before the data is loaded.
-    point = preflight(out, recipe, args.resume)
-    run = None
-    if finished_summary(out, point, recipe) is None:
-        run = build_run(recipe, point.plan_steps if point else None)
-        if main:
-            print_param_table(run, human)
-    summary = train(
+    summary = train_recipe(
         recipe,
         out,
         resume=args.resume,
         console=Console(stderr=True),
         show_progress=not args.no_progress,
-        run=run,
+        on_built=(lambda run: print_param_table(run, human)) if main else None,
     )
     if not main:
         return 0
@@ -164,13 +156,14 @@ def _param_rows(params):
 def run_eval(args) -> int:
     from zoo.train import checkpoint
     from zoo.train.engine import evaluate
-    from zoo.train.loop import build_run, task_metrics
+    from zoo.train.run import build_run
+    from zoo.train.summary import task_metrics
 
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
     recipe = recipe_lib.with_values(
-        ckpt.recipe, {"freeze.init_from": str(args.checkpoint_dir), "freeze.patterns": []}
+        ckpt.recipe, {"model.init_from": str(args.checkpoint_dir), "freeze.patterns": []}
     )
-    run = build_run(recipe)
+    run = build_run(recipe, choose_remat=False)
     state, frozen = run.engine.init_state(run.params, recipe.train.seed)
     metrics = evaluate(
         run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
@@ -210,17 +203,17 @@ def _positive(text: str) -> int:
 
 def run_params(args) -> int:
     from zoo.train import checkpoint
-    from zoo.train.loop import build_run
+    from zoo.train.run import build_run
 
     target = Path(args.target)
     if (target / checkpoint.CHECKPOINT_DIR).exists():
         ckpt = checkpoint.load_checkpoint(target)
-        recipe = recipe_lib.with_values(ckpt.recipe, {"freeze.init_from": str(target)})
+        recipe = recipe_lib.with_values(ckpt.recipe, {"model.init_from": str(target)})
     else:
         recipe = recipe_lib.load_recipe(args.target)
     if args.freeze:
         recipe = recipe_lib.with_values(recipe, {"freeze.patterns": args.freeze})
-    run = build_run(recipe)
+    run = build_run(recipe, choose_remat=False)
     if args.json:
         emit_json(
             {

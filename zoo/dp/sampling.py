@@ -27,11 +27,12 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PoissonSampler", "padded_size_for"]
+__all__ = ["SAMPLERS", "PoissonSampler", "SamplerKind", "make_sampler", "padded_size_for", "register_sampler"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -165,3 +166,47 @@ class PoissonSampler:
         indices[:realised] = chosen
         mask[:realised] = 1.0
         return indices, mask, realised
+
+
+# --- the sampler table ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplerKind:
+    """A row of the sampler table: ``make(num_examples, expected_batch_size, seed,
+    pad_to_multiple)`` returns a sampler with ``batch_indices(step) -> (indices, mask,
+    realised)``, ``sampling_prob``, ``padded_batch_size`` and ``expected_batch_size``.
+    The accountant (:mod:`zoo.dp.accounting`) models Poisson subsampling: a sampler added here
+    must draw batches that the accounting holds for."""
+
+    name: str
+    description: str
+    make: Callable[..., PoissonSampler]
+
+
+SAMPLERS: dict[str, SamplerKind] = {}
+
+
+def register_sampler(kind: SamplerKind) -> SamplerKind:
+    if kind.name in SAMPLERS:
+        raise ValueError(f"sampler {kind.name!r} is already registered")
+    SAMPLERS[kind.name] = kind
+    return kind
+
+
+def make_sampler(
+    name: str, num_examples: int, expected_batch_size: float, seed: int, *, pad_to_multiple: int = 1
+):
+    """The sampler ``name`` (a row of :data:`SAMPLERS`) for a run."""
+    if name not in SAMPLERS:
+        raise ValueError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
+    return SAMPLERS[name].make(num_examples, expected_batch_size, seed, pad_to_multiple=pad_to_multiple)
+
+
+register_sampler(
+    SamplerKind(
+        "poisson",
+        "each example joins each step's batch independently with probability q, padded to a fixed shape",
+        PoissonSampler.for_expected_batch,
+    )
+)

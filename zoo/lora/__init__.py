@@ -59,14 +59,14 @@ def section_from_flag(text: str) -> LoraConfig:
     return LoraConfig(**values)
 
 
-def check_section(section: LoraConfig, freeze: FreezeConfig) -> None:
-    """A ``[lora]`` section needs a base (``freeze.init_from``) and no freeze patterns."""
+def check_section(section: LoraConfig, freeze: FreezeConfig, init_from: str | None) -> None:
+    """A ``[lora]`` section needs a base (``model.init_from``) and no freeze patterns."""
     if not section.enabled:
         return
-    if not freeze.init_from:
+    if not init_from:
         raise ZooError(
             "--lora adapts a trained model: give its run directory with --init-from DIR "
-            "(or freeze.init_from in the recipe)"
+            "(or model.init_from in the recipe)"
         )
     if freeze.patterns:
         raise ZooError(

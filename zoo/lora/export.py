@@ -33,7 +33,7 @@ def export(run_dir, out_dir, *, merge: bool, step: int | None = None) -> dict:
     if merge:
         params, cfg = merged_weights(params, spec), dataclasses.replace(cfg, lora=None)
         recipe = with_values(recipe, {"lora.rank": 0, "lora.targets": []})
-    recipe = with_values(recipe, {"freeze.init_from": str(out), "freeze.patterns": []})
+    recipe = with_values(recipe, {"model.init_from": str(out), "freeze.patterns": []})
     meta = {
         "recipe": to_dict(recipe),
         "model": checkpoint.model_meta(cfg, ckpt.backend),

@@ -59,11 +59,6 @@ class Task:
             yield {**batch, "x": self.shape_x(batch["x"])}
 
 
-def task_kind(model: ModelConfig) -> str:
-    """``"lm"`` for a model with a language-model head, else ``"classify"``."""
-    return model.task
-
-
 def load_task(
     config: DataConfig,
     kind: str,
@@ -93,9 +88,9 @@ def load_task(
     return Task(data=data, config=config, seq_len=seq_len, row_shape=row_shape)
 
 
-def fit_model_to_task(preset: str, overrides: dict, task: Task) -> ModelConfig:
-    """The recipe's model with sizes the data dictates (vocab, classes, input width)."""
-    cfg = get_config(preset, **overrides)
+def fit_model_to_task(cfg: ModelConfig, task: Task, preset: str, overrides: dict) -> ModelConfig:
+    """``cfg`` (``preset`` with ``overrides`` applied: ``Recipe.model_config``) with the sizes
+    the data dictates (vocab, classes, input width); explicit overrides are kept or refused."""
     lm = task.is_lm
     fit = DataFit(
         task=task.data.task,
