@@ -61,13 +61,16 @@ SECTIONS: dict[str, type] = {
 }
 
 
+NONE = "none"
+
+
 def _coerce(value, hint, where: str):
     """Check ``value`` against a dataclass field's type hint; ints are accepted as floats."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
+        if (value is None or value == NONE) and type(None) in options:
+            return None  # TOML has no null: `--set dp.epsilon=none` unsets an optional field
         errors = []
         for option in options:
             if option is type(None):
@@ -240,15 +243,21 @@ def with_values(recipe: Recipe, values: dict[str, object]) -> Recipe:
     return parse_recipe(doc, recipe.name)
 
 
-def with_sets(recipe: Recipe, assignments: list[str]) -> Recipe:
-    """Apply ``section.field=value`` overrides (values parsed as TOML, else as strings)."""
+def set_values(assignments: list[str]) -> dict[str, object]:
+    """``section.field=value`` overrides as ``{"section.field": value}`` (values parsed as TOML,
+    else as strings; ``none`` unsets an optional field)."""
     values = {}
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         if not sep:
             raise ZooError(f"--set expects section.field=value, got {assignment!r}")
         values[key.strip()] = _parse_value(text.strip())
-    return with_values(recipe, values)
+    return values
+
+
+def with_sets(recipe: Recipe, assignments: list[str]) -> Recipe:
+    """Apply ``section.field=value`` overrides (see :func:`set_values`)."""
+    return with_values(recipe, set_values(assignments))
 
 
 def list_recipes() -> list[Recipe]:

@@ -9,7 +9,6 @@ from pathlib import Path
 import jax
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 from zoo import recipes as recipe_lib
 from zoo.errors import ZooError
@@ -43,13 +42,14 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
         from zoo.lora import parse_flag
 
         values.update(parse_flag(args.lora))
-    if getattr(args, "mesh", None):
+    if getattr(args, "mesh", None) is not None:  # --mesh '' is refused, not ignored
         from zoo.parallel.mesh import flag_values
 
         values.update(flag_values(args.mesh))
-    if values:
-        recipe = recipe_lib.with_values(recipe, values)
-    return recipe_lib.with_sets(recipe, args.set or [])
+    # Flags and --set land together, so that one may complete another (--memory-budget with
+    # --set train.remat=auto); a --set wins over a flag for the same field.
+    values.update(recipe_lib.set_values(args.set or []))
+    return recipe_lib.with_values(recipe, values) if values else recipe
 
 
 def _add_recipe_flags(p) -> None:
@@ -134,12 +134,15 @@ def _fmt(value) -> str:
 
 
 def print_param_table(run, out: Console) -> None:
-    table = Table(title=f"parameters of {run.recipe.model.preset}")
-    for column in ("path", "shape", "count", "trainable"):
-        table.add_column(column)
-    for path, shape, count in _param_rows(run.params):
-        table.add_row(path, str(shape), f"{count:,}", run.freeze.is_trainable(path))
-    out.print(table)
+    print_table(
+        f"parameters of {run.recipe.model.preset}",
+        ["path", "shape", "count", "trainable"],
+        [
+            (path, shape, f"{count:,}", run.freeze.is_trainable(path))
+            for path, shape, count in _param_rows(run.params)
+        ],
+        out=out,
+    )
     out.print(
         f"trainable {run.freeze.trainable_count:,}  frozen {run.freeze.frozen_count:,}  "
         f"total {run.freeze.trainable_count + run.freeze.frozen_count:,}"
