@@ -139,7 +139,9 @@ class TrainConfig:
             self, "steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every"
         )
         if self.steps > MAX_STEPS:
-            raise ZooError(f"train.steps must be at most {MAX_STEPS:,} (an int32 step counter), got {self.steps}")
+            raise ZooError(
+                f"train.steps must be at most {MAX_STEPS:,} (an int32 step counter), got {self.steps}"
+            )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
             raise ZooError(f"train.seed must be an int in [0, {MAX_SEED}], got {self.seed!r}")
         from zoo.remat import AUTO, CUSTOM_PREFIX, get_policy, parse_bytes
