@@ -158,7 +158,7 @@ def load_recipe(name_or_path: str) -> Recipe:
     """A built-in recipe by name, or a TOML file by path."""
     path = Path(name_or_path)
     if path.suffix == ".toml" and path.exists():
-        text, default = path.read_text(), path.stem
+        text, default = _read_recipe_file(path), path.stem
     elif name_or_path in builtin_names():
         text, default = (_builtin_dir() / f"{name_or_path}.toml").read_text(), name_or_path
     else:
@@ -167,7 +167,27 @@ def load_recipe(name_or_path: str) -> Recipe:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ZooError(f"recipe {name_or_path!r} is not valid TOML: {error}") from None
-    return parse_recipe(doc, default)
+    recipe = parse_recipe(doc, default)  # unknown keys and bad values first
+    if "model" not in doc:  # every field has a default: an empty file would train mlp-s on digits
+        what = "is empty" if not doc else "has no [model] section"
+        raise ZooError(
+            f"recipe {name_or_path!r} {what}: name the model to train, e.g. [model] preset = "
+            f'"mlp-s" (presets: `zoo models`; whole recipes to start from: `zoo recipes`)'
+        )
+    return recipe
+
+
+def _read_recipe_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ZooError(f"recipe {str(path)!r} is a directory, not a .toml file") from None
+    except UnicodeDecodeError as error:
+        raise ZooError(
+            f"recipe {str(path)!r} is not text (not UTF-8 at byte {error.start}): a recipe is a TOML file"
+        ) from None
+    except OSError as error:
+        raise ZooError(f"recipe {str(path)!r} cannot be read: {error.strerror or error}") from None
 
 
 def to_dict(recipe: Recipe) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from pathlib import Path
 
@@ -115,6 +116,7 @@ def run_train(args) -> int:
         console=Console(stderr=True),
         show_progress=not args.no_progress,
         on_built=(lambda run: print_param_table(run, human)) if main else None,
+        resume_command=continue_command(args, out),
     )
     if not main:
         return 0
@@ -127,6 +129,21 @@ def run_train(args) -> int:
             [(k, _fmt(v)) for k, v in summary.items()],
         )
     return 0
+
+
+def continue_command(args, out: Path) -> str:
+    """The ``zoo train`` command that continues this one after an interrupt: the same recipe,
+    flags and ``--set`` values (a resume must not change the run), ``--resume --out OUT``."""
+    words = ["zoo", "train", args.recipe]
+    for dest in (*FLAG_FIELDS, "lora", "mesh"):
+        value = getattr(args, dest, None)
+        for item in value if isinstance(value, list) else [] if value is None else [value]:
+            words += [f"--{dest.replace('_', '-')}", str(item)]
+    for assignment in args.set or []:
+        words += ["--set", assignment]
+    return shlex.join(
+        [*words, *(["--no-progress"] if args.no_progress else []), "--resume", "--out", str(out)]
+    )
 
 
 def _fmt(value) -> str:
