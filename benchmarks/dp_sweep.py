@@ -252,7 +252,7 @@ def _parse_grid(items: list[str]) -> dict[str, list]:
         key, sep, values = item.partition("=")
         if not sep:
             raise SystemExit(f"--grid expects section.field=v1,v2,...; got {item!r}")
-        grid[key.strip()] = [recipes._parse_value(v.strip()) for v in values.split(",")]
+        grid[key.strip()] = [recipes.parse_value(v.strip()) for v in values.split(",")]
     return grid
 
 

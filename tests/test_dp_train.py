@@ -15,6 +15,7 @@ import pytest
 from conftest import reduction_size
 from dp_accounting.pld import PLDAccountant
 from numerics import assert_close
+from scipy import stats
 
 from zoo import recipes
 from zoo.cli import main
@@ -57,7 +58,7 @@ def test_dp_step_compiles_once_and_summary_reports_privacy(dp_run):
     for key in ("epsilon", "delta", "noise_multiplier", "sampling_prob", "clip_norm", "steps", "accountant"):
         assert key in summary, key
     assert summary["steps"] == 4 and summary["accountant"] == "pld"
-    assert summary["delta"] == recipe.dp.delta and summary["clip_norm"] == recipe.dp.clip_norm
+    assert summary["delta_accountant"] == recipe.dp.delta and summary["clip_norm"] == recipe.dp.clip_norm
     # q is the expected batch over the number of TRAINING examples (eval rows are not sampled)
     data = load_dataset(
         "digits", task="classify", seed=recipe.train.seed, eval_fraction=recipe.data.eval_fraction
@@ -73,8 +74,14 @@ def test_epsilon_recomputed_independently_and_within_target(dp_run):
     )
     accountant = PLDAccountant()
     accountant.compose(dp_accounting.SelfComposedDpEvent(step, summary["steps"]))
-    epsilon = accountant.get_epsilon(summary["delta"])
+    epsilon = accountant.get_epsilon(summary["delta_accountant"])
     assert epsilon == pytest.approx(summary["epsilon"], rel=1e-6)
+    # The reported delta adds what truncating the draws to the padded batch costs (docs/dp.md).
+    n = round(summary["expected_batch_size"] / summary["sampling_prob"])
+    p_trunc = stats.binom.sf(summary["padded_batch_size"], n + 1, summary["sampling_prob"])
+    extra = (1 + np.exp(summary["epsilon"])) * summary["steps"] * p_trunc
+    assert summary["delta"] == pytest.approx(summary["delta_accountant"] + extra, rel=1e-9)
+    assert extra <= 1e-3 * summary["delta_accountant"]
     assert summary["epsilon"] <= TARGET
     assert summary["epsilon"] >= 0.95 * TARGET  # calibrated to the budget, not over-noised
 
@@ -88,6 +95,15 @@ def test_epsilon_logged_at_evals_is_nondecreasing(dp_run):
     spent = [e for _, e in evals]
     assert all(0 < a <= b for a, b in itertools.pairwise(spent))
     assert spent[-1] == pytest.approx(summary["epsilon"])
+
+
+@pytest.mark.xdist_group("dp-train-run")  # dp_run is built once, on one worker
+def test_eval_reports_the_privacy_the_checkpoint_guarantees(dp_run, capsys):
+    _, summary, out = dp_run
+    assert main(["eval", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("epsilon", "delta", "delta_accountant", "delta_truncation"):
+        assert report[key] == pytest.approx(summary[key], rel=1e-9, abs=1e-300), key
 
 
 def test_microbatched_vmap_clipping_with_a_given_noise_multiplier(tmp_path):

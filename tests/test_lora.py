@@ -18,7 +18,7 @@ from zoo.lora.merge import merged_weights
 from zoo.losses import per_example_loss
 from zoo.models import canonical, registry
 from zoo.models.paths import flat_by_path
-from zoo.train import checkpoint
+from zoo.train import checkpoint, lora_export
 from zoo.train.loop import train_recipe
 from zoo.train.run import build_run
 
@@ -72,7 +72,7 @@ def test_adapters_give_the_same_logits_and_grads_in_both_backends(kind):
     n = reduction_size(cfg, B)
     assert_close(logits_eqx, logits_nnx, n=n, what="logits")
     assert_close(grads_eqx, grads_nnx, n=n, what="adapter grads")
-    assert set(flat(grads_nnx)) == {p for t in setup.spec.targets for p in lora.adapter_paths(t)}
+    assert set(flat(grads_nnx)) == {p for t in setup.spec.targets for p in zoo.models.lora.adapter_paths(t)}
 
 
 @pytest.mark.numerics
@@ -245,9 +245,9 @@ def test_merged_export_gives_the_adapted_logits(lora_run, tmp_path):
     )()
     assert_close(logits[1], logits[0], n=reduction_size(merged.model_config, 16), what="merged logits")
     with pytest.raises(ZooError, match="already holds checkpoints"):
-        lora.export(out, tmp_path / "merged", merge=True)
+        lora_export.export(out, tmp_path / "merged", merge=True)
     # without --merge: base and adapters in one checkpoint that no longer refers to the base
-    lora.export(out, tmp_path / "copy", merge=False)
+    lora_export.export(out, tmp_path / "copy", merge=False)
     copy = checkpoint.load_checkpoint(tmp_path / "copy")
     assert copy.model_config == adapted_ckpt.model_config
     assert_bitwise_equal(flat(copy.params), flat(adapted_ckpt.params))

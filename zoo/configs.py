@@ -64,7 +64,8 @@ class DataConfig:
 
     ``layout="rows"`` feeds a classifier's 8x8 (or HxW) image to a transformer as H row
     tokens of W features. ``classes`` keeps and remaps a subset of labels (5..9 -> 0..4).
-    ``seq_len`` is the LM context (default: the model's ``max_len``).
+    ``seq_len`` is the LM context (default: the model's ``max_len``). ``vocabulary = "bytes"``
+    is a fixed byte-level vocabulary (unset: every character of the text, refused under DP).
     """
 
     dataset: str = "digits"
@@ -74,9 +75,12 @@ class DataConfig:
     seq_len: int | None = None
     text_column: str = "text"
     label_column: str = "label"
+    vocabulary: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("data.layout", self.layout, LAYOUTS)
+        if self.vocabulary is not None:
+            check_choice("data.vocabulary", self.vocabulary, ("bytes",))
         if not 0.0 < self.eval_fraction < 1.0:
             raise ZooError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
         if self.seq_len is not None and self.seq_len <= 0:

@@ -243,7 +243,9 @@ def _toml_value(value) -> str:
     raise TypeError(f"no TOML form for {value!r} ({type(value).__name__})")
 
 
-def _parse_value(text: str):
+def parse_value(text: str):
+    """A ``--set`` value: parsed as TOML (``3``, ``1e-3``, ``true``, ``[1, 2]``), else the bare
+    string (``--set data.dataset=digits``)."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
@@ -271,7 +273,7 @@ def set_values(assignments: list[str]) -> dict[str, object]:
         key, sep, text = assignment.partition("=")
         if not sep:
             raise ZooError(f"--set expects section.field=value, got {assignment!r}")
-        values[key.strip()] = _parse_value(text.strip())
+        values[key.strip()] = parse_value(text.strip())
     return values
 
 

@@ -72,7 +72,7 @@ from zoo.train.engine import Engine
 from zoo.train.state import TrainState
 
 # Bench batch per preset: big enough that per-example gradients dominate the DP step, small
-# enough that the whole bench runs in a minute or two on two CPU cores.
+# enough that the whole bench stays quick on a CPU.
 DEFAULT_BATCH = {
     "mlp-s": 256,
     "mlp-m": 256,
@@ -185,6 +185,33 @@ def bench_dp(
             "temp": memory_stats(compiled)["temp_size_in_bytes"],
         }
 
+    rows = _timed_rows(runs, data, microbatch, rounds, steps_per_round, progress)
+    result = {
+        "model": model if isinstance(model, str) else cfg.kind,
+        "backend": backend,
+        "batch": batch,
+        "seq": seq,
+        "microbatch": microbatch,
+        "trainable_params": setup.engine.freeze.trainable_count,
+        "frozen_params": setup.engine.freeze.frozen_count,
+        "device": jax.devices()[0].platform,
+        "rounds": rounds,
+        "steps_per_round": steps_per_round,
+        "rows": rows,
+    }
+    if memory_sweep:
+        known = {(batch, None): runs["zoo vmap"]["temp"]} if "zoo vmap" in runs else {}
+        if "zoo microbatch" in runs:
+            known[(batch, microbatch)] = runs["zoo microbatch"]["temp"]
+        result["microbatch_sweep"] = microbatch_sweep(
+            setup, params, cfg, seq, sweep, seed, progress, known=known
+        )
+    return result
+
+
+def _timed_rows(runs: dict, data, microbatch: int, rounds: int, steps_per_round: int, progress) -> list:
+    """The compiled rows take turns in timed rounds; each gets its median step time and its
+    ratios to the non-private row."""
     times = time_in_rounds(
         {name: state_stepper(run["compiled"], run, run["frozen"], data) for name, run in runs.items()},
         rounds,
@@ -207,27 +234,7 @@ def bench_dp(
                 "compile_s": round(run["compile_s"], 3),
             }
         )
-    result = {
-        "model": model if isinstance(model, str) else cfg.kind,
-        "backend": backend,
-        "batch": batch,
-        "seq": seq,
-        "microbatch": microbatch,
-        "trainable_params": setup.engine.freeze.trainable_count,
-        "frozen_params": setup.engine.freeze.frozen_count,
-        "device": jax.devices()[0].platform,
-        "rounds": rounds,
-        "steps_per_round": steps_per_round,
-        "rows": rows,
-    }
-    if memory_sweep:
-        known = {(batch, None): runs["zoo vmap"]["temp"]} if "zoo vmap" in runs else {}
-        if "zoo microbatch" in runs:
-            known[(batch, microbatch)] = runs["zoo microbatch"]["temp"]
-        result["microbatch_sweep"] = microbatch_sweep(
-            setup, params, cfg, seq, sweep, seed, progress, known=known
-        )
-    return result
+    return rows
 
 
 def microbatch_sweep(
@@ -277,16 +284,8 @@ def _mib(n) -> str:
     return f"{n / 2**20:.2f}"
 
 
-def _ints(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ZooError(f"expected comma-separated ints, got {text!r}") from None
-
-
 def _run_cli(args) -> int:
+    from zoo.bench.common import int_list
     from zoo.ui import emit_json, err_console, print_table
 
     progress = (
@@ -299,7 +298,7 @@ def _run_cli(args) -> int:
         batch=args.batch,
         seq=args.seq,
         microbatch=args.microbatch,
-        sweep=_ints(args.sweep),
+        sweep=int_list(args.sweep),
         memory_sweep=not args.no_sweep,
         methods=methods,
         freeze=args.freeze or (),

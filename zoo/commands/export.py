@@ -6,7 +6,7 @@ from zoo.ui import emit_json, print_table
 
 
 def run_export(args) -> int:
-    from zoo.lora import export
+    from zoo.train.lora_export import export  # orbax: loaded only for this verb
 
     result = export(args.run_dir, args.out, merge=args.merge, step=args.step)
     if args.json:

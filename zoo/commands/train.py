@@ -53,7 +53,8 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
     return recipe_lib.with_values(recipe, values) if values else recipe
 
 
-def _add_recipe_flags(p) -> None:
+def add_recipe_flags(p) -> None:
+    """The recipe argument and the flags that override its fields (``zoo train``, ``zoo audit``)."""
     p.add_argument("recipe", help="recipe name (see `zoo recipes`) or path to a .toml file")
     p.add_argument("--backend", choices=None, help="nnx or eqx")
     p.add_argument("--remat", help="remat policy (see `zoo remat-policies`), or auto with --memory-budget")
@@ -189,6 +190,8 @@ def run_eval(args) -> int:
         run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
     )
     metrics = {"checkpoint": str(args.checkpoint_dir), "step": ckpt.step, **task_metrics(run.task, metrics)}
+    if run.dp:
+        metrics.update(_dp_guarantee(run, ckpt))
     hard = None
     if args.hardest:
         from zoo.train.hardest import hardest
@@ -209,6 +212,29 @@ def run_eval(args) -> int:
             [(str(i + 1), *(_fmt(row.get(c, "")) for c in columns)) for i, row in enumerate(hard)],
         )
     return 0
+
+
+def _dp_guarantee(run, ckpt) -> dict:
+    """The ``(epsilon, delta)`` a DP checkpoint's parameters carry, truncation included: padded
+    as its run's summary says (runs from before truncation was accounted padded less), or as
+    the recipe pads now."""
+    import dataclasses
+
+    from zoo.dp.accounting import guaranteed_privacy
+    from zoo.train import runlog
+
+    sampler = run.dp.sampler
+    padded = (runlog.read_summary(ckpt.path) or {}).get("padded_batch_size")
+    if isinstance(padded, int) and padded > 0:
+        sampler = dataclasses.replace(sampler, padded_batch_size=padded)
+    dp = run.recipe.dp
+    return guaranteed_privacy(
+        sampler,
+        noise_multiplier=run.dp.noise_multiplier,
+        delta=dp.delta,
+        steps=ckpt.step,
+        accountant=dp.accountant,
+    )
 
 
 def _positive(text: str) -> int:
@@ -252,7 +278,7 @@ def run_params(args) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a recipe")
-    _add_recipe_flags(p)
+    add_recipe_flags(p)
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/RECIPE-TIMESTAMP)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON (last line)")

@@ -29,6 +29,8 @@ from zoo.errors import ZooError, choice_error
 if TYPE_CHECKING:
     from dp_accounting import DpEvent
 
+    from zoo.dp.sampling import PoissonSampler
+
 __all__ = [
     "ACCOUNTANTS",
     "DPConfig",
@@ -36,6 +38,9 @@ __all__ = [
     "validate",
     "calibrate_noise_multiplier",
     "epsilon_spent",
+    "guaranteed_privacy",
+    "truncation_budget",
+    "truncation_delta",
     "max_steps_within_budget",
     "resolve_noise_multiplier",
 ]
@@ -315,3 +320,68 @@ def resolve_noise_multiplier(cfg: DPConfig, num_examples: int, steps: int) -> tu
         noise_multiplier=sigma, delta=cfg.delta, sampling_prob=q, steps=steps, accountant=cfg.accountant
     )
     return float(sigma), eps
+
+
+# Fixed-shape Poisson batches drop records when a draw exceeds the padded size. That event is
+# not part of the accounted mechanism; the padding is sized so that it adds at most this share
+# of delta over the run, and the delta a run reports includes what it does add.
+TRUNCATION_SHARE = 1e-3
+
+
+def truncation_budget(*, delta: float, epsilon: float, steps: int, share: float = TRUNCATION_SHARE) -> float:
+    """Per-step truncation probability ``p`` whose cost ``(1 + e^epsilon) * steps * p`` on delta
+    (:func:`truncation_delta`) is ``share * delta``."""
+    if not (_is_num(epsilon) and epsilon >= 0):
+        raise ZooError(f"epsilon must be a number >= 0; got epsilon={epsilon!r}.")
+    steps = max(_check_steps(steps), 1)
+    return 0.0 if not epsilon < 700 else share * delta / (steps * (1.0 + math.exp(epsilon)))
+
+
+def truncation_delta(
+    *, num_examples: int, sampling_prob: float, padded_batch_size: int, steps: int, epsilon: float
+) -> float:
+    """What truncating Poisson draws to ``padded_batch_size`` adds to delta over ``steps`` steps.
+
+    The truncated mechanism M' and the accounted one M differ only when a draw exceeds the
+    padding: per step with probability at most ``p = P(Binomial(N + 1, q) > P)`` on either
+    neighbour (the larger has N + 1 examples), so M'(D), M(D) are within ``steps * p`` in total
+    variation and M' is ``(eps, delta + (1 + e^eps) * steps * p)``-DP. Returns at most 1.
+    """
+    steps, n = _check_steps(steps), int(num_examples)
+    if steps == 0 or padded_batch_size >= n + 1:
+        return 0.0
+    from scipy import stats  # on first use: scipy.stats takes most of a second to import
+
+    p = float(stats.binom.sf(int(padded_batch_size), n + 1, float(sampling_prob)))
+    if p == 0.0:
+        return 0.0
+    return 1.0 if not epsilon < 700 else min(1.0, (1.0 + math.exp(epsilon)) * steps * p)
+
+
+def guaranteed_privacy(
+    sampler: PoissonSampler, *, noise_multiplier: float, delta: float, steps: int, accountant: str = "pld"
+) -> dict[str, float]:
+    """The ``(epsilon, delta)`` a DP-SGD run with this fixed-shape ``sampler`` guarantees after
+    ``steps`` steps.
+
+    ``epsilon`` is accounted at the accountant's ``delta`` (:func:`epsilon_spent`);
+    ``delta_truncation`` is what truncating the Poisson draws to the sampler's padded size adds
+    (:func:`truncation_delta`), and ``delta`` is the sum of the two: the run is
+    ``(epsilon, delta)``-DP. Keys: ``epsilon``, ``delta``, ``delta_accountant``,
+    ``delta_truncation``.
+    """
+    eps = epsilon_spent(
+        noise_multiplier=noise_multiplier,
+        delta=delta,
+        sampling_prob=sampler.sampling_prob,
+        steps=steps,
+        accountant=accountant,
+    )
+    extra = truncation_delta(
+        num_examples=sampler.num_examples,
+        sampling_prob=sampler.sampling_prob,
+        padded_batch_size=sampler.padded_batch_size,
+        steps=steps,
+        epsilon=eps,
+    )
+    return {"epsilon": eps, "delta": delta + extra, "delta_accountant": delta, "delta_truncation": extra}

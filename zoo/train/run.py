@@ -17,6 +17,7 @@ from rich.console import Console
 
 from zoo import lora
 from zoo.dp import clipping_method, epsilon_spent, make_sampler, resolve_noise_multiplier
+from zoo.dp.accounting import guaranteed_privacy, truncation_budget
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
@@ -67,8 +68,15 @@ def _dp_runtime(recipe: Recipe, task: Task, plan_steps: int, layout: Layout) -> 
     # The padded batch splits over the mesh's batch axes (and into clipping microbatches).
     # Padding only adds masked rows: the sample, the clipped sum and the accounting stay.
     multiple = math.lcm(dp.microbatch_size or 1, layout.spec.batch_ways)
+    # Sized so that truncating a draw adds at most delta / 1000 (docs/dp.md, "Fixed shapes").
+    truncation = truncation_budget(delta=dp.delta, epsilon=eps, steps=plan_steps)
     sampler = make_sampler(
-        dp.sampler, task.num_train, dp.expected_batch_size, recipe.train.seed, pad_to_multiple=multiple
+        dp.sampler,
+        task.num_train,
+        dp.expected_batch_size,
+        recipe.train.seed,
+        truncation,
+        pad_to_multiple=multiple,
     )
     return DPRuntime(
         sigma,
@@ -92,6 +100,18 @@ def epsilon_at(run: Run, step: int) -> float:
         noise_multiplier=run.dp.noise_multiplier,
         delta=run.dp.delta,
         sampling_prob=run.dp.sampler.sampling_prob,
+        steps=step,
+        accountant=run.dp.accountant,
+    )
+
+
+def privacy_at(run: Run, step: int) -> dict[str, float]:
+    """The ``(epsilon, delta)`` the run guarantees after ``step`` steps, Poisson truncation
+    included (:func:`zoo.dp.accounting.guaranteed_privacy`)."""
+    return guaranteed_privacy(
+        run.dp.sampler,
+        noise_multiplier=run.dp.noise_multiplier,
+        delta=run.dp.delta,
         steps=step,
         accountant=run.dp.accountant,
     )

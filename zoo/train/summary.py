@@ -11,7 +11,7 @@ from rich.console import Console
 from zoo.train import runlog
 from zoo.train.engine import evaluate
 from zoo.train.resume import ResumePoint, fingerprint
-from zoo.train.run import Run, epsilon_at
+from zoo.train.run import Run, epsilon_at, privacy_at
 from zoo.train.state import TrainState
 from zoo.train.task import Task
 
@@ -82,8 +82,7 @@ def summarize(
         summary.update(resumed_from_step=point.step, changed_on_resume=list(point.changes))
     if run.dp:
         summary.update(
-            epsilon=epsilon_at(run, steps),
-            delta=run.dp.delta,
+            **privacy_at(run, steps),
             noise_multiplier=run.dp.noise_multiplier,
             sampling_prob=run.dp.sampler.sampling_prob,
             clip_norm=run.dp.clip_norm,

@@ -13,6 +13,7 @@ import numpy as np
 
 from zoo.configs import DataConfig
 from zoo.data import CharTokenizer, Dataset, eval_batches, load_dataset, sample_batch
+from zoo.data.public import declared_tokenizer
 from zoo.errors import ZooError
 from zoo.models.registry import DataFit, ModelConfig, get_config
 
@@ -74,7 +75,7 @@ def load_task(
         classes=config.classes,
         text_column=config.text_column,
         label_column=config.label_column,
-        tokenizer=tokenizer,
+        tokenizer=declared_tokenizer(config.vocabulary, tokenizer) if kind == "lm" else tokenizer,
     )
     seq_len = (config.seq_len or max_len) if data.task == "lm" else None
     if seq_len is not None:

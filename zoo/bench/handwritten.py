@@ -1,4 +1,5 @@
-"""``zoo bench engine``: the zoo train step against a hand-written pure-JAX step.
+"""``zoo bench engine``: the zoo train step (:mod:`zoo.train.engine`) against a hand-written
+pure-JAX step.
 
 Both steps see the same params, batch and optax optimizer, and run side by side in one
 process, taking turns in timed rounds; the ratio is the median over rounds of zoo time over
