@@ -12,6 +12,12 @@ from rich.markup import escape
 from zoo.errors import ZooError
 from zoo.ui import err_console
 
+DESCRIPTION = (
+    "zoo: train, evaluate, sample, export and benchmark small JAX models (Flax NNX and "
+    "Equinox), with remat policies, DP-SGD and device meshes. `zoo recipes` lists what to "
+    "train; `zoo COMMAND --help` shows a command's flags."
+)
+
 # Modules that define ``add_parser(subparsers)``, with the subcommands each one registers.
 COMMAND_MODULES = {
     "zoo.commands.models": ("models",),
@@ -28,7 +34,7 @@ COMMAND_MODULES = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or with ``command`` only the module that defines it: the command
     modules import orbax, datasets and dp_accounting, which take seconds to load."""
-    parser = argparse.ArgumentParser(prog="zoo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="zoo", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules = [m for m, commands in COMMAND_MODULES.items() if command in commands]
     for name in modules or COMMAND_MODULES:

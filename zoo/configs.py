@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from zoo.errors import ZooError, check_choice
@@ -102,12 +103,27 @@ class OptimConfig:
     def __post_init__(self) -> None:
         check_choice("optim.name", self.name, OPTIMIZERS)
         check_choice("optim.schedule", self.schedule, SCHEDULES)
-        if not self.lr > 0:
-            raise ZooError(f"optim.lr must be > 0, got {self.lr!r}")
+        if not 0 < self.lr < math.inf:
+            raise ZooError(f"optim.lr must be a finite number > 0, got {self.lr!r}")
         if self.warmup_steps < 0:
             raise ZooError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps!r}")
+        # By meaning: a negative end ratio drives the rate negative (the loss climbs), a
+        # momentum of 1 or more never forgets a gradient, a negative decay grows the weights.
+        if not 0.0 <= self.end_lr_ratio <= 1.0:
+            raise ZooError(
+                f"optim.end_lr_ratio must be in [0, 1] (the final rate as a fraction of optim.lr), "
+                f"got {self.end_lr_ratio!r}"
+            )
+        if not 0.0 <= self.momentum < 1.0:
+            raise ZooError(f"optim.momentum must be in [0, 1), got {self.momentum!r}")
+        if not self.weight_decay >= 0.0:
+            raise ZooError(f"optim.weight_decay must be >= 0, got {self.weight_decay!r}")
         if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
             raise ZooError(f"optim.grad_clip_norm must be > 0 or unset, got {self.grad_clip_norm!r}")
+
+
+MAX_STEPS = 2**31 - 1  # the step counter of the training state is an int32
+MAX_SEED = 2**32 - 1  # the largest seed the train/eval split (numpy's legacy seeding) takes
 
 
 @dataclass(frozen=True)
@@ -126,7 +142,13 @@ class TrainConfig:
         require_positive(
             self, "steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every"
         )
-        from zoo.remat import AUTO, get_policy, parse_bytes
+        if self.steps > MAX_STEPS:
+            raise ZooError(
+                f"train.steps must be at most {MAX_STEPS:,} (an int32 step counter), got {self.steps}"
+            )
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ZooError(f"train.seed must be an int in [0, {MAX_SEED}], got {self.seed!r}")
+        from zoo.remat import AUTO, CUSTOM_PREFIX, get_policy, parse_bytes
 
         if self.memory_budget is not None:
             parse_bytes(self.memory_budget)
@@ -134,9 +156,17 @@ class TrainConfig:
             if self.memory_budget is None:
                 raise ZooError("--remat auto needs a budget to choose under: add --memory-budget 256MiB")
             return
+        if self.memory_budget is not None:
+            raise ZooError(
+                f"--memory-budget {self.memory_budget} only applies with --remat auto (the budget its "
+                f"choice must fit); train.remat is {self.remat!r}. Add --remat auto, or drop the budget "
+                "(--set train.memory_budget=none)"
+            )
         try:
             get_policy(self.remat)  # unknown names fail here, with the valid list
         except ZooError as error:
+            if self.remat.startswith(CUSTOM_PREFIX):  # a custom spec's error is about its items
+                raise
             raise ZooError(f"{str(error).rstrip('.')}; or {AUTO} (with --memory-budget)") from None
 
 

@@ -61,13 +61,16 @@ SECTIONS: dict[str, type] = {
 }
 
 
+NONE = "none"
+
+
 def _coerce(value, hint, where: str):
     """Check ``value`` against a dataclass field's type hint; ints are accepted as floats."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
+        if (value is None or value == NONE) and type(None) in options:
+            return None  # TOML has no null: `--set dp.epsilon=none` unsets an optional field
         errors = []
         for option in options:
             if option is type(None):
@@ -155,7 +158,7 @@ def load_recipe(name_or_path: str) -> Recipe:
     """A built-in recipe by name, or a TOML file by path."""
     path = Path(name_or_path)
     if path.suffix == ".toml" and path.exists():
-        text, default = path.read_text(), path.stem
+        text, default = _read_recipe_file(path), path.stem
     elif name_or_path in builtin_names():
         text, default = (_builtin_dir() / f"{name_or_path}.toml").read_text(), name_or_path
     else:
@@ -164,7 +167,27 @@ def load_recipe(name_or_path: str) -> Recipe:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ZooError(f"recipe {name_or_path!r} is not valid TOML: {error}") from None
-    return parse_recipe(doc, default)
+    recipe = parse_recipe(doc, default)  # unknown keys and bad values first
+    if "model" not in doc:  # every field has a default: an empty file would train mlp-s on digits
+        what = "is empty" if not doc else "has no [model] section"
+        raise ZooError(
+            f"recipe {name_or_path!r} {what}: name the model to train, e.g. [model] preset = "
+            f'"mlp-s" (presets: `zoo models`; whole recipes to start from: `zoo recipes`)'
+        )
+    return recipe
+
+
+def _read_recipe_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ZooError(f"recipe {str(path)!r} is a directory, not a .toml file") from None
+    except UnicodeDecodeError as error:
+        raise ZooError(
+            f"recipe {str(path)!r} is not text (not UTF-8 at byte {error.start}): a recipe is a TOML file"
+        ) from None
+    except OSError as error:
+        raise ZooError(f"recipe {str(path)!r} cannot be read: {error.strerror or error}") from None
 
 
 def to_dict(recipe: Recipe) -> dict:
@@ -242,15 +265,21 @@ def with_values(recipe: Recipe, values: dict[str, object]) -> Recipe:
     return parse_recipe(doc, recipe.name)
 
 
-def with_sets(recipe: Recipe, assignments: list[str]) -> Recipe:
-    """Apply ``section.field=value`` overrides (values parsed as TOML, else as strings)."""
+def set_values(assignments: list[str]) -> dict[str, object]:
+    """``section.field=value`` overrides as ``{"section.field": value}`` (values parsed as TOML,
+    else as strings; ``none`` unsets an optional field)."""
     values = {}
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         if not sep:
             raise ZooError(f"--set expects section.field=value, got {assignment!r}")
         values[key.strip()] = parse_value(text.strip())
-    return with_values(recipe, values)
+    return values
+
+
+def with_sets(recipe: Recipe, assignments: list[str]) -> Recipe:
+    """Apply ``section.field=value`` overrides (see :func:`set_values`)."""
+    return with_values(recipe, set_values(assignments))
 
 
 def list_recipes() -> list[Recipe]:

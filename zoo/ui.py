@@ -14,15 +14,33 @@ console = Console(stderr=False)
 err_console = Console(stderr=True)
 
 
+_LONGEST_WORD = 40  # a longer single-word cell (a path, a list of files) folds instead
+
+
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], out=None) -> None:
     """A table whose title and cells are plain text: brackets in user text are not markup.
-    Printed on ``out`` (default: the stdout console)."""
+    Printed on ``out`` (default: the stdout console).
+
+    Nothing is cut off, on a terminal or piped (where rich assumes 80 columns): a column whose
+    cells are short single words (names, counts, meshes) is never broken; columns of prose
+    wrap, and long words (paths) fold onto the next line. When
+    the unbroken columns alone are wider than the console, the lines run past its edge.
+    """
+    out = out or console
+    cells = [[str(cell) for cell in row] for row in rows]
     table = Table(title=Text(title))
-    for column in columns:
-        table.add_column(Text(column))
-    for row in rows:
-        table.add_row(*(Text(str(cell)) for cell in row))
-    (out or console).print(table)
+    least = len(columns) + 1  # the vertical rules
+    for i, column in enumerate(columns):
+        texts = [column] + [row[i] for row in cells if i < len(row)]
+        longest_word = max(len(word) for text in texts for word in text.split() or [""])
+        words = all(len(text.split()) <= 1 for text in texts) and longest_word <= _LONGEST_WORD
+        table.add_column(Text(column), no_wrap=words, overflow="fold")
+        least += min(longest_word, _LONGEST_WORD) + 2  # the cell padding
+    for row in cells:
+        table.add_row(*(Text(cell) for cell in row))
+    if least > out.width:
+        table.width = least
+    out.print(table, crop=False)
 
 
 def emit_json(obj: object) -> None:

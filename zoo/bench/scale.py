@@ -16,6 +16,7 @@ also holds the embedding, the logits and the loss, which ``tensor`` leaves whole
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 
@@ -110,7 +111,13 @@ def _setup(cfg, backend, mesh_text, remat, params, batch):
         optimizer=make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000),
         layout=layout,
     )
-    layout.check_batch_rows(int(batch["x"].shape[0]), "--batch")
+    rows, ways = int(batch["x"].shape[0]), layout.spec.batch_ways
+    if rows % ways:  # name the devices: a bench mesh may use fewer than there are
+        raise ZooError(
+            f"mesh {layout.spec} splits the batch {ways} ways over {layout.devices} of the "
+            f"{jax.device_count()} devices, and --batch {rows} is not a multiple of {ways}; use "
+            f"--batch {math.lcm(rows, ways)}, or a mesh whose data x fsdp divides {rows}"
+        )
     state, frozen = engine.init_state(params, 0)
     placed = engine.place_batch(batch)
     compiled = engine.train_step.lower(state, frozen, placed).compile()

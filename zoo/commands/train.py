@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 from zoo import recipes as recipe_lib
 from zoo.errors import ZooError
@@ -43,13 +43,14 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
         from zoo.lora import parse_flag
 
         values.update(parse_flag(args.lora))
-    if getattr(args, "mesh", None):
+    if getattr(args, "mesh", None) is not None:  # --mesh '' is refused, not ignored
         from zoo.parallel.mesh import flag_values
 
         values.update(flag_values(args.mesh))
-    if values:
-        recipe = recipe_lib.with_values(recipe, values)
-    return recipe_lib.with_sets(recipe, args.set or [])
+    # Flags and --set land together, so that one may complete another (--memory-budget with
+    # --set train.remat=auto); a --set wins over a flag for the same field.
+    values.update(recipe_lib.set_values(args.set or []))
+    return recipe_lib.with_values(recipe, values) if values else recipe
 
 
 def add_recipe_flags(p) -> None:
@@ -116,6 +117,7 @@ def run_train(args) -> int:
         console=Console(stderr=True),
         show_progress=not args.no_progress,
         on_built=(lambda run: print_param_table(run, human)) if main else None,
+        resume_command=continue_command(args, out),
     )
     if not main:
         return 0
@@ -130,17 +132,35 @@ def run_train(args) -> int:
     return 0
 
 
+def continue_command(args, out: Path) -> str:
+    """The ``zoo train`` command that continues this one after an interrupt: the same recipe,
+    flags and ``--set`` values (a resume must not change the run), ``--resume --out OUT``."""
+    words = ["zoo", "train", args.recipe]
+    for dest in (*FLAG_FIELDS, "lora", "mesh"):
+        value = getattr(args, dest, None)
+        for item in value if isinstance(value, list) else [] if value is None else [value]:
+            words += [f"--{dest.replace('_', '-')}", str(item)]
+    for assignment in args.set or []:
+        words += ["--set", assignment]
+    return shlex.join(
+        [*words, *(["--no-progress"] if args.no_progress else []), "--resume", "--out", str(out)]
+    )
+
+
 def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def print_param_table(run, out: Console) -> None:
-    table = Table(title=f"parameters of {run.recipe.model.preset}")
-    for column in ("path", "shape", "count", "trainable"):
-        table.add_column(column)
-    for path, shape, count in _param_rows(run.params):
-        table.add_row(path, str(shape), f"{count:,}", run.freeze.is_trainable(path))
-    out.print(table)
+    print_table(
+        f"parameters of {run.recipe.model.preset}",
+        ["path", "shape", "count", "trainable"],
+        [
+            (path, shape, f"{count:,}", run.freeze.is_trainable(path))
+            for path, shape, count in _param_rows(run.params)
+        ],
+        out=out,
+    )
     out.print(
         f"trainable {run.freeze.trainable_count:,}  frozen {run.freeze.frozen_count:,}  "
         f"total {run.freeze.trainable_count + run.freeze.frozen_count:,}"

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import os
-import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +25,7 @@ from zoo.data.arrays import (
 )
 from zoo.data.dataset import TASKS, Dataset
 from zoo.data.errors import DatasetError
+from zoo.data.files import load_local, local_paths
 from zoo.data.hub import load_hub
 from zoo.data.tokenizer import CharTokenizer
 
@@ -98,29 +97,6 @@ def _train_rows(loaded: datasets.Dataset | datasets.DatasetDict, spec: str) -> d
     raise DatasetError(f"{spec!r} has no 'train' split. Splits: {', '.join(loaded)}.")
 
 
-def _local_paths(spec: str, rest: str, many: bool) -> list[str]:
-    parts = [p.strip() for p in rest.split(",")] if many else [rest.strip()]
-    if not any(parts):
-        raise DatasetError(f"{spec!r} names no file. Valid forms: {_valid_forms()}.")
-    paths = []
-    for part in parts:
-        # "{stdlib}" lets a shipped recipe name text files every Python install has.
-        part = part.replace("{stdlib}", sysconfig.get_paths()["stdlib"])
-        path = os.path.abspath(os.path.expanduser(part))
-        if not part or not os.path.isfile(path):
-            raise DatasetError(f"{spec!r}: file not found: {part or '(empty path)'!r}")
-        paths.append(path)
-    return paths
-
-
-def _load_local(spec: str, builder: str, paths: list[str], **options: object) -> datasets.Dataset:
-    try:
-        loaded = datasets.load_dataset(builder, data_files=paths, **options)
-    except Exception as e:
-        raise DatasetError(f"cannot read {spec!r} as {builder}: {type(e).__name__}: {e}") from e
-    return _train_rows(loaded, spec)
-
-
 @functools.cache
 def _digits() -> Source:
     from sklearn.datasets import load_digits
@@ -171,18 +147,23 @@ def _read(spec: str, text_column: str, image_column: str, label_column: str) -> 
             raise DatasetError(f"{spec!r} names no dataset; use hf:NAME[:CONFIG], e.g. hf:mnist")
         rows = _train_rows(load_hub(spec, name.strip(), config.strip() or None), spec)
         return Source(rows, **columns)
+    paths = local_paths(spec, rest, many=scheme == "text", forms=_valid_forms())
     if scheme == "text":
-        rows = _load_local(spec, "text", _local_paths(spec, rest, many=True), sample_by="document")
+        rows = _train_rows(load_local(spec, "text", paths, sample_by="document"), spec)
         return Source(rows, "text", image_column, label_column)
-    rows = _load_local(spec, scheme, _local_paths(spec, rest, many=False))
-    return Source(rows, **columns)
+    return Source(_train_rows(load_local(spec, scheme, paths), spec), **columns)
 
 
-def _check_args(task: str, eval_fraction: float, classes: object, tokenizer: object) -> None:
+MAX_SEED = 2**32 - 1  # the largest seed `datasets`' train_test_split (numpy's legacy seeding) takes
+
+
+def _check_args(task: str, seed: object, eval_fraction: float, classes: object, tokenizer: object) -> None:
     if task not in TASKS:
         close = difflib.get_close_matches(str(task), TASKS, n=1, cutoff=0.5)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise DatasetError(f"unknown task {task!r}.{hint} Valid: {', '.join(TASKS)}.")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise DatasetError(f"seed must be an int in [0, {MAX_SEED}] (it shuffles the split), got {seed!r}")
     if not isinstance(eval_fraction, (int, float)) or not 0.0 < eval_fraction < 1.0:
         raise DatasetError(f"eval_fraction must be a number in (0, 1), got {eval_fraction!r}")
     if classes is not None and task != "classify":
@@ -204,6 +185,13 @@ def _classify(
     if classes is not None:
         x, y = keep_classes(x, y, tuple(classes), spec)
         num_classes = len(classes)
+    present = np.unique(y)
+    if len(present) < 2:  # a classifier of one class scores accuracy 1.0 and learns nothing
+        held = f"all of class {present[0]}" if len(present) else "no rows"
+        raise DatasetError(
+            f"{spec!r} has {len(y)} rows, {held}: a classifier needs at least 2 classes. "
+            f"Check label_column={src.label_column!r}"
+        )
     train, held = split_indices(len(y), eval_fraction, seed, spec)
     return Dataset(
         name=spec,
@@ -248,7 +236,7 @@ def load_dataset(
     """
     if not isinstance(spec, str):
         raise DatasetError(f"dataset spec must be a string, got {type(spec).__name__}")
-    _check_args(task, eval_fraction, classes, tokenizer)
+    _check_args(task, seed, eval_fraction, classes, tokenizer)
     spec = spec.strip()
     kind = _kind(spec)
     only = BUILTINS[kind].task if kind in BUILTINS else _ONLY_TASK.get(kind)

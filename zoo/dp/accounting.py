@@ -20,6 +20,7 @@ import numbers
 from typing import TYPE_CHECKING
 
 from zoo.configs import DPConfig
+from zoo.dp import bounds
 from zoo.dp.clipping import clipping_method
 from zoo.dp.noise import NOISE_PRNGS
 from zoo.dp.sampling import SAMPLERS
@@ -98,7 +99,8 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
         raise ZooError(
             "set exactly one of epsilon (target budget; the noise multiplier is "
             "calibrated) and noise_multiplier (epsilon is then reported); got "
-            f"epsilon={cfg.epsilon!r}, noise_multiplier={cfg.noise_multiplier!r}."
+            f"epsilon={cfg.epsilon!r}, noise_multiplier={cfg.noise_multiplier!r}"
+            " (--set dp.epsilon=none unsets a recipe's epsilon)."
         )
     if cfg.epsilon is not None and not (
         _is_num(cfg.epsilon) and cfg.epsilon > 0 and math.isfinite(cfg.epsilon)
@@ -251,8 +253,11 @@ def _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discreti
     make_acc = _make_accountant(accountant, pld_discretization)
     q = float(sampling_prob)
     dp_accounting = _dp_accounting()
+    if not lower:  # zoo.dp.bounds: search only where the accountant answers in seconds
+        spent = lambda s: _epsilon_spent(s, delta, q, steps, accountant, pld_discretization)  # noqa: E731
+        bounds.check_in_range(epsilon, delta, steps, spent)
     sigma = dp_accounting.calibrate_dp_mechanism(
-        make_acc,
+        bounds.with_deadline(make_acc),
         lambda s: _dpsgd_event(s, q, steps),
         float(epsilon),
         float(delta),

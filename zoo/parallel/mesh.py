@@ -105,7 +105,10 @@ def parse_mesh(text: str) -> MeshSpec:
         try:
             sizes[axis] = int(value)
         except ValueError:
-            raise ZooError(f"--mesh {text!r}: {axis} must be a positive int, got {value!r}") from None
+            sizes[axis] = 0
+        if sizes[axis] < 1:  # 0 is how a spec spells auto: it must be written as auto
+            also = " or auto" if axis == DATA else ""
+            raise ZooError(f"--mesh {text!r}: {axis} must be a positive int{also}, got {value!r}")
     if not sizes:
         raise ZooError("--mesh is empty: give data=D,fsdp=F,tensor=T or auto")
     return MeshSpec(**sizes)

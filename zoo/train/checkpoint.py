@@ -17,10 +17,14 @@ one ``ZooError`` line naming the directory and what is wrong.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
+import signal
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +37,7 @@ from zoo.errors import ZooError
 from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import ModelConfig, config_from_dict
 from zoo.recipes import Recipe, parse_recipe
-from zoo.train.runlog import atomic_write
+from zoo.train.runlog import atomic_write, dir_problem
 
 CHECKPOINT_DIR = "checkpoints"
 DAMAGED_DIR = "damaged-checkpoints"
@@ -131,7 +135,7 @@ def _is_entry(rel: object, entry: object) -> bool:
 def saved_steps(run_dir: Path) -> list[int]:
     """Every step directory under ``run_dir/checkpoints``, intact or not, oldest first."""
     root = Path(run_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
+    if not os.path.isdir(root):  # False, not an error, for a name too long or under a file
         return []
     return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
@@ -236,10 +240,34 @@ def _restore(run_dir: Path, step: int, **items):
 # --- Save and load --------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def finish_before_interrupt():
+    """Ctrl-C inside the block is held until the block ends, then raised: a checkpoint write
+    runs to its end (orbax's threads, stopped midway, print errors as the interpreter exits).
+    Only in the main thread, and only while SIGINT raises KeyboardInterrupt as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
+
+
 def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
     """Write step ``step`` of a run: ``state`` (None for an export, which cannot be resumed),
     ``params`` and ``meta``, then its manifest."""
     main = jax.process_index() == 0  # orbax writes from every process; zoo's files from one
+    problem = dir_problem(run_dir) if main and not os.path.isdir(run_dir) else None
+    if problem:  # `zoo export --out`: checked here, where the export first writes
+        raise ZooError(f"--out {str(run_dir)!r} cannot be written: {problem}; choose another --out")
     marker = Path(run_dir) / CHECKPOINT_DIR / FORMAT_MARKER
     if main and not marker.exists():
         marker.parent.mkdir(parents=True, exist_ok=True)
@@ -250,11 +278,12 @@ def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
     }
     if state is not None:
         items["state"] = ocp.args.StandardSave(state)
-    with _manager(run_dir, create=True) as manager:
-        manager.save(step, args=ocp.args.Composite(**items), force=True)
-        manager.wait_until_finished()
-    if main:
-        _write_manifest(_step_dir(run_dir, step))
+    with finish_before_interrupt():
+        with _manager(run_dir, create=True) as manager:
+            manager.save(step, args=ocp.args.Composite(**items), force=True)
+            manager.wait_until_finished()
+        if main:
+            _write_manifest(_step_dir(run_dir, step))
 
 
 def restore_meta(run_dir: Path, step: int) -> dict:

@@ -71,7 +71,7 @@ def _warn_if_public_noise_keys(state: TrainState, seed: int) -> None:
 
 
 def _say(console: Console, text: str) -> None:
-    console.print(text, markup=False, highlight=False)
+    console.print(text, markup=False, highlight=False, soft_wrap=True)  # commands stay whole
 
 
 def _quiet_unless_main(console: Console | None, show_progress: bool) -> tuple[Console, bool]:
@@ -87,8 +87,9 @@ def open_run_dir(
     """``(resume point or None, summary of a finished run or None)``, checked before anything
     is built: a refused ``--resume`` or a bad ``--out`` fails here, before the data loads."""
     point = preflight(out, recipe, resume)
-    if resume and point is None:
-        _say(console, f"no checkpoint in {out} yet; starting at step 0")
+    if resume and point is None:  # --resume on a new --out: a fresh run, said so
+        there = "does not exist yet" if not out.exists() else "holds no checkpoint yet"
+        _say(console, f"--resume: {out} {there}; starting a new run there at step 0")
     summary = finished_summary(out, point, recipe)
     if summary is not None:
         _say(console, f"{out} already finished at step {point.step}; nothing to do")
@@ -103,13 +104,14 @@ def train_recipe(
     console: Console | None = None,
     show_progress: bool = True,
     on_built: Callable[[Run], None] | None = None,
+    resume_command: str | None = None,
 ) -> dict:
     """Train ``recipe`` into ``out_dir`` and return the run summary.
 
     With ``resume``, the run continues from the newest intact checkpoint if
     ``zoo.train.resume`` allows it, and a finished run is left exactly as it was.
     ``on_built`` sees the run once it is built, before the first step (the CLI prints its
-    parameter table).
+    parameter table). ``resume_command`` is printed on Ctrl-C as the command that continues.
     """
     console, show_progress = _quiet_unless_main(console, show_progress)
     out = Path(out_dir)
@@ -119,7 +121,9 @@ def train_recipe(
     run = build_run(recipe, point.plan_steps if point else None, console=console)
     if on_built is not None:
         on_built(run)
-    return train(run, out, point=point, console=console, show_progress=show_progress)
+    return train(
+        run, out, point=point, console=console, show_progress=show_progress, resume_command=resume_command
+    )
 
 
 def _restore(run: Run, out: Path, point: ResumePoint | None, meta: dict, console: Console):
@@ -164,9 +168,11 @@ def train(
     point: ResumePoint | None = None,
     console: Console | None = None,
     show_progress: bool = True,
+    resume_command: str | None = None,
 ) -> dict:
     """Train ``run`` into ``out_dir`` (from ``point``, a checkpoint :func:`open_run_dir`
-    accepted, if given) and return the run summary."""
+    accepted, if given) and return the run summary. On Ctrl-C, says where it stopped and
+    ``resume_command`` (the command that continues the run, as the CLI knows it)."""
     if point is not None and point.plan_steps != run.plan_steps:
         raise ValueError(
             f"the run was built for {run.plan_steps} planned steps, its checkpoint for "
@@ -190,11 +196,12 @@ def train(
     except KeyboardInterrupt:
         saved = progress.last_saved
         where = f"the last checkpoint is step {saved}" if saved else "no checkpoint was written yet"
-        _say(
-            console,
-            f"interrupted after step {progress.done}; {where} in {out}. "
-            f"Continue with: zoo train {run.recipe.name} --resume --out {out}",
+        how = (
+            f"Continue with: {resume_command}"
+            if resume_command
+            else f"Continue with the same recipe and settings, and --resume --out {out}"
         )
+        _say(console, f"interrupted after step {progress.done}; {where} in {out}. {how}")
         raise
     finally:
         log.close()
@@ -241,8 +248,9 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
                 log.write({"step": done, **progress.eval_metrics})
             if done % cadence.checkpoint_every == 0 or done == steps:
                 params = run.freeze.merge(state.params, frozen)
-                checkpoint.save(out, done, state, lora.adapters_of(params) if run.base else params, meta)
-                progress.last_saved = done
+                with checkpoint.finish_before_interrupt():  # Ctrl-C waits for the write
+                    checkpoint.save(out, done, state, lora.adapters_of(params) if run.base else params, meta)
+                    progress.last_saved = done
     return state
 
 

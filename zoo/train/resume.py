@@ -98,6 +98,13 @@ class ResumePoint:
 
 def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
     """The resume point for ``recipe`` from a checkpoint's ``meta``, or a ZooError listing why not."""
+    origin = meta.get("exported_from")
+    if origin:  # `zoo export` writes params and metadata, no optimizer state or step keys
+        raise ZooError(
+            f"--resume: {where!r} is an export (of {origin.get('path')}, step {origin.get('step')}), "
+            f"and an export has no training state to resume. Train from its weights with "
+            f"--init-from {where}, or resume the run it came from"
+        )
     saved = parse_recipe(meta["recipe"], meta["recipe"].get("name", "recipe"))
     step = int(meta["step"])
     refused = differences(saved, recipe, ignore=(*FREE_FIELDS, STEPS))
@@ -120,8 +127,11 @@ def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
 def check_run_dir(out: Path, resume: bool) -> None:
     """Refuse an ``--out`` that is a file, or that holds checkpoints when not resuming. Creates
     nothing: a run rejected later, for a bad setting, leaves no directory behind."""
-    if out.exists() and not out.is_dir():
+    problem = runlog.dir_problem(out)
+    if problem == "it is a file":
         raise ZooError(f"--out {str(out)!r} is a file, not a run directory; choose another --out")
+    if problem:
+        raise ZooError(f"--out {str(out)!r} cannot be written: {problem}; choose another --out")
     if not resume and checkpoint.saved_steps(out):
         raise ZooError(
             f"{str(out)!r} already holds checkpoints; pass --resume to continue that run or choose another --out"

@@ -26,7 +26,7 @@ from zoo.parallel import Layout, layout_for, spec_from_section
 from zoo.recipes import Recipe
 from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
-from zoo.train import auto_remat, checkpoint
+from zoo.train import auto_remat, checkpoint, checks
 from zoo.train.engine import DPRuntime, Engine
 from zoo.train.state import make_optimizer, secret_train_key, train_key
 from zoo.train.task import Task, fit_model_to_task, load_task
@@ -169,6 +169,8 @@ def build_run(
     start = recipe.model.init_from
     source = checkpoint.load_checkpoint(start) if start else None
     preset_cfg = recipe.model_config
+    if source is not None:
+        checks.check_start(start, source.model_config, preset_cfg, recipe.lora.enabled)
     task = load_task(
         recipe.data,
         preset_cfg.task,
@@ -183,6 +185,9 @@ def build_run(
     dp = _dp_runtime(recipe, task, plan_steps, layout)
     if dp is None:
         layout.check_batch_rows(recipe.train.batch_size, "train.batch_size")
+        if not task.is_lm:
+            checks.warn_batch_over_rows(recipe.train.batch_size, task.num_train, recipe.data.dataset)
+    checks.warn_long_warmup(recipe.optim, plan_steps)
     policy = "none" if recipe.train.remat == AUTO else recipe.train.remat
     engine = Engine(
         cfg=cfg,

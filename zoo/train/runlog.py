@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
@@ -29,6 +32,41 @@ def atomic_write(path: Path, text: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def dir_problem(out: Path) -> str | None:
+    """Why ``out`` cannot be a directory zoo writes into, or None. Tried, not guessed: the
+    missing folders are made and a temporary file written in ``out``, then all of it removed,
+    so a run refused later leaves nothing behind."""
+    out = Path(os.path.abspath(out))
+    missing, parent = [], out
+    try:
+        while not os.path.exists(parent) and parent != parent.parent:  # False, not raised, for a long name
+            missing.append(parent)
+            parent = parent.parent
+        if not os.path.isdir(parent):
+            return "it is a file" if parent == out else f"{parent} is a file, not a directory"
+        for folder in reversed(missing):
+            folder.mkdir()
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as error:
+        return _os_reason(error, parent, out)
+    finally:
+        for folder in missing:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None
+
+
+def _os_reason(error: OSError, parent: Path, out: Path) -> str:
+    reason = error.strerror or str(error)
+    if error.errno == errno.ENAMETOOLONG:
+        longest = max(len(part.encode()) for part in out.parts)
+        return f"a name of {longest} bytes is longer than the {os.pathconf(parent, 'PC_NAME_MAX')} {parent} allows"
+    if error.errno == errno.ENOENT:  # /proc and its kind refuse new folders this way
+        return f"{parent} does not take new folders ({reason})"
+    return f"{parent} is not writable ({reason})"
 
 
 def write_json(path: Path, obj: object) -> None:

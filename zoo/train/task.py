@@ -78,6 +78,8 @@ def load_task(
         tokenizer=declared_tokenizer(config.vocabulary, tokenizer) if kind == "lm" else tokenizer,
     )
     seq_len = (config.seq_len or max_len) if data.task == "lm" else None
+    if seq_len is not None:
+        _check_windows(config.dataset, seq_len, data)
     row_shape = None
     if config.layout == "rows":
         if data.task == "lm" or not data.feature_shape or len(data.feature_shape) != 2:
@@ -89,10 +91,30 @@ def load_task(
     return Task(data=data, config=config, seq_len=seq_len, row_shape=row_shape)
 
 
+def _check_windows(dataset: str, seq_len: int, data: Dataset) -> None:
+    """A window is ``seq_len + 1`` tokens; both splits must hold one (before any model exists)."""
+    shortest = min(data.num_train, data.num_eval)
+    if seq_len + 1 > shortest:
+        raise ZooError(
+            f"data.seq_len={seq_len} is longer than the data: {dataset!r} has {data.num_train:,} "
+            f"train and {data.num_eval:,} eval tokens, and a window takes seq_len + 1; use "
+            f"data.seq_len <= {shortest - 1:,}"
+        )
+
+
 def fit_model_to_task(cfg: ModelConfig, task: Task, preset: str, overrides: dict) -> ModelConfig:
     """``cfg`` (``preset`` with ``overrides`` applied: ``Recipe.model_config``) with the sizes
-    the data dictates (vocab, classes, input width); explicit overrides are kept or refused."""
+    the data dictates (vocab, classes, input width); explicit overrides are kept or refused.
+    A ``data.seq_len`` longer than the model's context is refused unless ``model.max_len``
+    is set too: attention's memory grows with its square."""
     lm = task.is_lm
+    context = getattr(cfg, "max_len", None)
+    if lm and context and task.seq_len > context and "max_len" not in overrides:
+        raise ZooError(
+            f"data.seq_len={task.seq_len} is longer than the context of {preset!r} (max_len={context}); "
+            f"lower data.seq_len, or set model.max_len={task.seq_len} too (attention's memory "
+            "grows with its square)"
+        )
     fit = DataFit(
         task=task.data.task,
         dataset=task.config.dataset,

@@ -1,0 +1,49 @@
+"""Checks of a run against its data, its horizon and its start checkpoint, made while the run
+is built and before any weights exist: a refusal names the setting, a warning says what the
+run will do with it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from zoo.configs import OptimConfig
+from zoo.errors import ZooError
+from zoo.models.registry import ModelConfig
+
+
+def check_start(start: str, source_cfg: ModelConfig, cfg: ModelConfig, lora_enabled: bool) -> None:
+    """Refuse a start checkpoint (``--init-from``) of another task, or a LoRA run's adapters
+    without ``[lora]``: its weights are not a model of this recipe's shape."""
+    if source_cfg.task != cfg.task:
+        raise ZooError(
+            f"--init-from {start!r} holds a {source_cfg.task!r} model ({source_cfg.kind}), but this "
+            f"recipe trains a {cfg.task!r} model ({cfg.kind}); start from a run of the same task"
+        )
+    if source_cfg.lora is not None and not lora_enabled:
+        raise ZooError(
+            f"--init-from {start!r} is a LoRA run (adapters over a frozen base); fold them into "
+            f"plain weights first: zoo export {start} --merge --out DIR, then --init-from DIR"
+        )
+
+
+def warn_batch_over_rows(batch_size: int, rows: int, dataset: str) -> None:
+    """A classifier batch larger than the training rows draws rows with replacement."""
+    if batch_size > rows:
+        warnings.warn(
+            f"train.batch_size={batch_size} is larger than the {rows:,} training rows of "
+            f"{dataset!r}: every batch draws rows with replacement and repeats some; "
+            f"train.batch_size={rows} covers them once",
+            stacklevel=3,
+        )
+
+
+def warn_long_warmup(optim: OptimConfig, plan_steps: int) -> None:
+    """A warmup longer than the run: the learning rate never reaches ``optim.lr``."""
+    if optim.warmup_steps > plan_steps:
+        warnings.warn(
+            f"optim.warmup_steps={optim.warmup_steps} is longer than the {plan_steps} steps of "
+            f"the run: the learning rate ramps up to only {plan_steps / optim.warmup_steps:.0%} of "
+            f"optim.lr={optim.lr:g} by the end",
+            stacklevel=3,
+        )
