@@ -137,7 +137,7 @@ def test_extended_dp_run_keeps_its_noise_and_accounts_every_step(dp_killed, tmp_
     )
     accountant = PLDAccountant()
     accountant.compose(dp_accounting.SelfComposedDpEvent(step, 30))
-    assert summary["epsilon"] == pytest.approx(accountant.get_epsilon(summary["delta"]), rel=1e-6)
+    assert summary["epsilon"] == pytest.approx(accountant.get_epsilon(summary["delta_accountant"]), rel=1e-6)
     assert summary["epsilon"] > planned["epsilon"]
     assert summary["changed_on_resume"] == ["train.steps: 20 -> 30"]
 
