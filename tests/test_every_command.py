@@ -37,7 +37,7 @@ def _param_count(cfg) -> int:
 
 def _plain(recipe) -> bool:
     """Trains from scratch, without DP or adapters."""
-    return not (recipe.dp.enabled or recipe.lora.enabled or recipe.freeze.init_from)
+    return not (recipe.dp.enabled or recipe.lora.enabled or recipe.model.init_from)
 
 
 @dataclass(frozen=True)

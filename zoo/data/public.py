@@ -7,7 +7,7 @@ the vocabulary and the classes must be declared public instead:
 
 - a vocabulary fixed in advance: ``data.vocabulary = "bytes"`` (UTF-8 bytes,
   :meth:`CharTokenizer.utf8_bytes`), or the tokenizer of the public checkpoint a run starts from
-  (``freeze.init_from``, which must itself be public or trained on other data: docs/dp.md);
+  (``model.init_from``, which must itself be public or trained on other data: docs/dp.md);
 - a class set listed in the recipe: ``data.classes``.
 """
 
@@ -30,7 +30,7 @@ def declared_tokenizer(vocabulary: str | None, given: CharTokenizer | None) -> C
         raise DatasetError(f"unknown data.vocabulary {vocabulary!r}. Valid: {', '.join(VOCABULARIES)}.")
     if given is not None and not given.byte_level:
         raise DatasetError(
-            "data.vocabulary='bytes' but the checkpoint in freeze.init_from has a character vocabulary "
+            "data.vocabulary='bytes' but the checkpoint in model.init_from has a character vocabulary "
             "of its own; drop data.vocabulary to keep the checkpoint's"
         )
     return CharTokenizer.utf8_bytes()
@@ -40,14 +40,14 @@ def check_public_domain(data: DataConfig, task: str, *, checkpoint: str | None =
     """Refuse (``ZooError``) a DP run whose vocabulary or class set would come from its data.
 
     ``task`` is ``"lm"`` or ``"classify"``; ``checkpoint`` is the (public) checkpoint the run
-    starts from (``freeze.init_from``), whose tokenizer it takes.
+    starts from (``model.init_from``), whose tokenizer it takes.
     """
     if task == "lm" and data.vocabulary is None and not checkpoint:
         raise ZooError(
             f"DP run on {data.dataset!r}: the vocabulary would be every character of the private "
             "training text, so one record with a new character changes the model; set "
             'data.vocabulary = "bytes" (a fixed byte-level vocabulary) or start from a public '
-            "checkpoint's tokenizer (freeze.init_from)"
+            "checkpoint's tokenizer (model.init_from)"
         )
     if task == "classify" and data.classes is None:
         raise ZooError(
