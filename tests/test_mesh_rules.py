@@ -24,8 +24,8 @@ def test_mesh_flags_parse_and_resolve():
         ("data=2,pipe=2", 4, r"unknown mesh axis 'pipe'.*Valid: data, fsdp, tensor"),
         ("data=2,fsdp=2", 8, "has 4 devices, but 8 are present"),
         ("data=auto,tensor=3", 8, "does not divide the 8 devices"),
-        ("fsdp=0", 1, "mesh.fsdp must be a positive int, got 0"),
-        ("data=two", 2, "data must be a positive int, got 'two'"),
+        ("fsdp=0", 1, "--mesh 'fsdp=0': fsdp must be a positive int, got '0'"),
+        ("data=two", 2, "data must be a positive int or auto, got 'two'"),
         ("data=2,data=4", 8, "sets data twice"),
     ],
 )
