@@ -232,4 +232,3 @@ def save(cfg, params: dict, out: str | Path) -> dict:
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / CONFIG).write_text(json.dumps(fields, indent=2) + "\n")
     return fields
-

@@ -91,7 +91,9 @@ class LlamaConfig(SequenceConfig):
         if not self.rope_scaling:
             return None
         dim = self.d_head
-        inv = 1.0 / (np.float32(self.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+        inv = 1.0 / (
+            np.float32(self.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+        )
         old, factor = self.rope_original_max_len, self.rope_factor
         low, high = self.rope_low_freq_factor, self.rope_high_freq_factor
         wavelen = 2 * math.pi / inv

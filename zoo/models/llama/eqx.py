@@ -107,7 +107,9 @@ class Llama(eqx.Module):
         self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(k_blocks, cfg.num_layers))
         self.norm_f = eqx.nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, use_bias=False)
         # a tied head reads the token embedding (ops.unembed) and has no module of its own
-        self.head = None if cfg.tie_head else eqx.nn.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, key=k_head)
+        self.head = (
+            None if cfg.tie_head else eqx.nn.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, key=k_head)
+        )
 
     def stack(self):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""

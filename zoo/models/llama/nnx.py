@@ -87,7 +87,9 @@ class Llama(nnx.Module):
         self.blocks = stacked_blocks(rngs)
         self.norm_f = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, rngs=rngs)
         # a tied head reads the token embedding (ops.unembed) and has no module of its own
-        self.head = None if cfg.tie_head else nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
+        self.head = (
+            None if cfg.tie_head else nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
+        )
 
     def stack(self):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""

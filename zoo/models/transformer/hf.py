@@ -24,7 +24,9 @@ _REQUIRED = {
 def config_from_hf(fields: dict) -> TransformerConfig:
     act = fields.get("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
-        raise ValueError(f"activation_function = {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+        raise ValueError(
+            f"activation_function = {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
+        )
     for name, allowed in _REQUIRED.items():
         if name in fields and fields[name] not in allowed:
             raise ValueError(f"{name} = {fields[name]!r} is not supported; supported: {list(allowed)}")
