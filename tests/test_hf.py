@@ -1,0 +1,189 @@
+"""Hugging Face checkpoints: each fixture of ``tests/fixtures/hf`` (written by its
+``make_fixtures.py`` with ``transformers``) imported into both backends gives transformers'
+logits, loss and gradients; export gives the fixture's tensors and config back; bad input is
+one line naming the file and the key."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from numerics import assert_bitwise_equal, assert_close
+from safetensors.numpy import load_file
+
+import zoo
+from zoo.cli import main
+from zoo.errors import ZooError
+from zoo.models import hf_io
+from zoo.models.paths import flat_by_path
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+NAMES = ("gpt2", "llama-kv1", "llama-kv2", "llama-kv4", "llama3-tied", "llama-bf16", "llama-sharded")
+
+pytestmark = pytest.mark.xdist_group("hf")
+
+
+@functools.cache
+def fixture(name: str):
+    """``(config, canonical params, reference)`` of one fixture, loaded once."""
+    cfg, params = hf_io.load(FIXTURES / name)
+    return cfg, params, load_file(str(FIXTURES / name / "reference.safetensors"))
+
+
+def lm_loss(apply, params, ids):
+    """transformers' causal-LM loss: the mean next-token cross-entropy."""
+    logits = apply(params, ids)
+    return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], ids[:, 1:]).mean(), logits
+
+
+@functools.cache
+def step_fn(cfg, backend: str):
+    """One compiled loss-and-gradient step per config (the bf16 and sharded copies share
+    theirs with the fixtures they copy)."""
+    return jax.jit(jax.value_and_grad(functools.partial(lm_loss, zoo.apply_fn(cfg, backend)), has_aux=True))
+
+
+@functools.cache
+def computed(name: str, backend: str):
+    cfg, params, ref = fixture(name)
+    (loss, logits), grads = step_fn(cfg, backend)(params, jnp.asarray(ref["ids"]))
+    return loss, logits, hf_io.hf_tensors(cfg, flat_by_path(grads))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("backend", zoo.BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_gives_transformers_logits_loss_and_gradients(name, backend):
+    cfg, _, ref = fixture(name)
+    loss, logits, grads = computed(name, backend)
+    batch, seq = ref["ids"].shape
+    width = max(cfg.d_model, cfg.d_ff, cfg.num_heads * cfg.d_head)
+    assert logits.shape == ref["logits"].shape
+    assert_close(np.asarray(logits), ref["logits"], n=max(seq, width), what=f"{name} logits")
+    assert_close(np.asarray(loss), ref["loss"], n=batch * seq * cfg.vocab_size, what=f"{name} loss")
+    expected = {k[len("grad.") :]: v for k, v in ref.items() if k.startswith("grad.")}
+    assert set(grads) == set(expected)
+    assert_close(grads, expected, n=batch * seq * width, what=f"{name} gradients")
+
+
+def test_the_rule_catches_a_rotary_layout_bug():
+    """Interleaved pairs instead of rotate-half: the 520-token fixture sees it."""
+    cfg, params, ref = fixture("llama3-tied")
+    flat = flat_by_path(params)
+    d = cfg.d_head
+    perm = np.concatenate([np.arange(d)[0::2], np.arange(d)[1::2]])  # a wrong head layout
+    heads = np.concatenate([perm + h * d for h in range(cfg.num_kv_heads)])
+    flat["blocks.attn.k.w"] = flat["blocks.attn.k.w"][..., heads]
+    logits = zoo.apply_fn(cfg, "nnx")(zoo.models.paths.nest_by_path(flat), jnp.asarray(ref["ids"]))
+    with pytest.raises(AssertionError):
+        assert_close(np.asarray(logits), ref["logits"], n=max(ref["ids"].shape[1], cfg.d_ff))
+
+
+def _stored(src: Path) -> dict[str, np.ndarray]:
+    if (src / hf_io.INDEX).exists():
+        shards = set(json.loads((src / hf_io.INDEX).read_text())["weight_map"].values())
+        return {k: v for shard in shards for k, v in load_file(str(src / shard)).items()}
+    return load_file(str(src / hf_io.WEIGHTS)) if "bf16" not in src.name else None
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama3-tied", "llama-sharded", "llama-kv4"])
+def test_export_gives_the_fixtures_tensors_and_config(name, tmp_path):
+    cfg, params, _ = fixture(name)
+    hf_io.save(cfg, params, tmp_path / "out")
+    exported = load_file(str(tmp_path / "out" / hf_io.WEIGHTS))
+    assert_bitwise_equal(exported, _stored(FIXTURES / name))
+    original = json.loads((FIXTURES / name / hf_io.CONFIG).read_text())
+    written = json.loads((tmp_path / "out" / hf_io.CONFIG).read_text())
+    fields = set(original) & set(written) - {"dtype", "torch_dtype", "transformers_version", "bos_token_id"}
+    fields -= {"eos_token_id", "rope_scaling", "rope_theta"}  # transformers 5 writes rope_parameters
+    assert {k: written[k] for k in fields} == {k: original[k] for k in fields}
+    assert hf_io.read_config(tmp_path / "out")[0] == cfg
+
+
+def test_import_writes_a_checkpoint_that_load_checkpoint_and_apply_fn_read(tmp_path):
+    """The contract: zoo import SRC --out DIR; zoo.load_checkpoint(DIR); zoo.apply_fn(...)."""
+    assert main(["import", str(FIXTURES / "gpt2"), "--out", str(tmp_path / "imp"), "--backend", "eqx"]) == 0
+    ck = zoo.load_checkpoint(tmp_path / "imp")
+    assert ck.backend == "eqx"
+    _, params, ref = fixture("gpt2")
+    assert_bitwise_equal(ck.params, jax.tree_util.tree_map(np.asarray, params))
+    (_, logits), _ = step_fn(ck.model_config, ck.backend)(ck.params, jnp.asarray(ref["ids"]))
+    assert_close(np.asarray(logits), ref["logits"], n=ck.model_config.d_ff, what="logits")
+    assert main(["export", str(tmp_path / "imp"), "--format", "hf", "--out", str(tmp_path / "exp")]) == 0
+    again, back = hf_io.load(tmp_path / "exp")
+    assert again == ck.model_config
+    assert_bitwise_equal(back, jax.tree_util.tree_map(np.asarray, ck.params))
+
+
+def test_bfloat16_import_keeps_the_stored_values():
+    cfg, params = hf_io.load(FIXTURES / "llama-bf16", "bfloat16")
+    _, as_f32, _ = fixture("llama-bf16")
+    assert {str(x.dtype) for x in flat_by_path(params).values()} == {"bfloat16"}
+    assert_bitwise_equal(jax.tree_util.tree_map(lambda x: x.astype(np.float32), params), as_f32)
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    out = tmp_path / name
+    shutil.copytree(FIXTURES / name, out)
+    return out
+
+
+def _edit_config(src: Path, **fields) -> None:
+    doc = json.loads((src / hf_io.CONFIG).read_text())
+    (src / hf_io.CONFIG).write_text(json.dumps({**doc, **fields}))
+
+
+def _bad_inputs(tmp_path: Path):
+    missing = _copy("gpt2", tmp_path / "missing")
+    (missing / hf_io.WEIGHTS).unlink()
+    mistral = _copy("gpt2", tmp_path / "type")
+    _edit_config(mistral, model_type="mistral")
+    shape = _copy("gpt2", tmp_path / "shape")
+    _edit_config(shape, vocab_size=65)
+    truncated = _copy("gpt2", tmp_path / "truncated")
+    with open(truncated / hf_io.WEIGHTS, "r+b") as f:
+        f.truncate(50_000)
+    shard = _copy("llama-sharded", tmp_path / "shard")
+    (shard / "model-00002-of-00003.safetensors").unlink()
+    yarn = _copy("llama-kv1", tmp_path / "yarn")
+    _edit_config(yarn, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
+    window = _copy("llama-kv1", tmp_path / "window")
+    _edit_config(window, sliding_window=128)
+    act = _copy("gpt2", tmp_path / "act")
+    _edit_config(act, activation_function="relu")
+    return [
+        (missing, ["model.safetensors", "missing"]),
+        (mistral, ["config.json", "model_type", "'mistral'", "gpt2, llama"]),
+        (shape, ["model.safetensors", "transformer.wte.weight", "(64, 32)", "(65, 32)"]),
+        (truncated, ["model.safetensors", "not a readable safetensors file"]),
+        (shard, ["model.safetensors.index.json", "model-00002-of-00003.safetensors"]),
+        (yarn, ["config.json", "rope_scaling", "'yarn'", "default, llama3"]),
+        (window, ["config.json", "sliding_window", "128", "None"]),
+        (act, ["config.json", "activation_function", "'relu'", "gelu_new"]),
+    ]
+
+
+def test_bad_checkpoints_fail_in_one_line_naming_the_file_and_key(tmp_path, capsys):
+    for src, words in _bad_inputs(tmp_path):
+        assert main(["import", str(src), "--out", str(tmp_path / "never")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert all(w in err for w in words), (words, err)
+    assert not (tmp_path / "never").exists()
+
+
+def test_hub_name_offline_names_what_was_tried(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    from zoo.train.hf import resolve_source
+
+    with pytest.raises(ZooError, match="no-such-org/no-such-model.*HF_HUB_OFFLINE") as info:
+        resolve_source("no-such-org/no-such-model@main")
+    assert "\n" not in str(info.value)
