@@ -187,3 +187,63 @@ def test_hub_name_offline_names_what_was_tried(tmp_path, monkeypatch):
     with pytest.raises(ZooError, match="no-such-org/no-such-model.*HF_HUB_OFFLINE") as info:
         resolve_source("no-such-org/no-such-model@main")
     assert "\n" not in str(info.value)
+
+
+def _lora_checkpoint(tmp_path: Path):
+    """The llama-kv2 fixture with trained-looking adapters, saved as a zoo checkpoint."""
+    import dataclasses
+
+    from zoo.models.canonical import init_adapters
+    from zoo.models.lora import LoraSpec
+    from zoo.recipes import parse_recipe, to_dict
+    from zoo.train import checkpoint
+    from zoo.train.hf import _recipe_dict
+
+    cfg, params, _ = fixture("llama-kv2")
+    cfg = dataclasses.replace(
+        cfg, lora=LoraSpec(4, 8.0, ("blocks.attn.q", "blocks.attn.v", "blocks.mlp.down"))
+    )
+    adapters = flat_by_path(init_adapters(cfg, 3))
+    key = jax.random.key(4)
+    adapters = {
+        p: x + 0.1 * jax.random.normal(jax.random.fold_in(key, i), x.shape)
+        for i, (p, x) in enumerate(adapters.items())
+    }
+    full = zoo.models.paths.nest_by_path({**flat_by_path(params), **adapters})
+    meta = {
+        "recipe": to_dict(parse_recipe(_recipe_dict(cfg, "nnx", "test"))),
+        "model": checkpoint.model_meta(cfg, "nnx"),
+        "tokenizer": None,
+    }
+    checkpoint.save(tmp_path / "run", 0, None, full, meta)
+    return cfg, full
+
+
+@pytest.mark.numerics
+def test_lora_exports_merged_and_as_peft_adapter_files(tmp_path):
+    """PEFT's merge (W + lora_alpha/r * B A, on PyTorch's [out, in] weights) of the adapter
+    export onto the base export equals the merged export."""
+    from zoo.lora.merge import merged_weights
+
+    cfg, full = _lora_checkpoint(tmp_path)
+    run = str(tmp_path / "run")
+    assert main(["export", run, "--format", "hf", "--out", str(tmp_path / "merged")]) == 0
+    assert main(["export", run, "--format", "hf", "--adapter", "--out", str(tmp_path / "adapter")]) == 0
+    doc = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (doc["peft_type"], doc["r"], doc["lora_alpha"]) == ("LORA", 4, 8.0)
+    assert sorted(doc["target_modules"]) == ["down_proj", "q_proj", "v_proj"]
+    adapter = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert len(adapter) == 2 * 3 * cfg.num_layers
+    base = _stored(FIXTURES / "llama-kv2")
+    merged = dict(base)
+    for key, a in adapter.items():
+        if ".lora_A." in key:
+            module = key[len("base_model.model.") : -len(".lora_A.weight")]
+            b = adapter[key.replace("lora_A", "lora_B")]
+            assert a.shape[0] == b.shape[1] == 4
+            merged[f"{module}.weight"] = base[f"{module}.weight"] + (8.0 / 4) * (b @ a)
+    exported = load_file(str(tmp_path / "merged" / hf_io.WEIGHTS))
+    assert set(exported) == set(merged)
+    assert_close(exported, merged, n=4, what="merged export vs PEFT's merge")
+    ours = hf_io.hf_tensors(cfg, flat_by_path(merged_weights(full, cfg.lora)))
+    assert_bitwise_equal(exported, {k: np.asarray(v) for k, v in ours.items()})
