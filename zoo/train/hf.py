@@ -13,12 +13,13 @@ import json
 import os
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from zoo.errors import ZooError
 from zoo.models import hf_io
 from zoo.models.lora import adapter_paths
-from zoo.models.paths import flat_by_path
+from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import kind_of
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -76,6 +77,11 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
         cfg, params = hf_io.load(where, dtype)
     except ValueError as error:
         raise ZooError(str(error)) from None
+    # leaf by leaf onto the device, each NumPy array freed as it goes: orbax would otherwise
+    # copy the whole tree at once (benchmarks/hf_import.py)
+    flat = flat_by_path(params)
+    del params
+    params = nest_by_path({path: jax.device_put(flat.pop(path)) for path in list(flat)})
     meta = {
         "recipe": to_dict(parse_recipe(_recipe_dict(cfg, backend, src))),
         "model": checkpoint.model_meta(cfg, backend),
