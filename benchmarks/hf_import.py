@@ -65,7 +65,9 @@ def child(code: str) -> tuple[float, int]:
     return wall, rss
 
 
-PEAK = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork and exec, so a child would report
+# this parent's peak (it holds the checkpoint it just wrote).
+PEAK = "print([int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
 
 
 def main() -> None:
