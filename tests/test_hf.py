@@ -247,3 +247,23 @@ def test_lora_exports_merged_and_as_peft_adapter_files(tmp_path):
     assert_close(exported, merged, n=4, what="merged export vs PEFT's merge")
     ours = hf_io.hf_tensors(cfg, flat_by_path(merged_weights(full, cfg.lora)))
     assert_bitwise_equal(exported, {k: np.asarray(v) for k, v in ours.items()})
+
+
+def test_import_carries_the_tokenizer_and_writes_fine_tune_recipes(tmp_path):
+    from zoo.data.hf_tokenizer import HFTokenizer
+    from zoo.recipes import load_recipe
+
+    assert main(["import", str(FIXTURES / "llama3-tied"), "--out", str(tmp_path / "imp")]) == 0
+    ck = zoo.load_checkpoint(tmp_path / "imp")
+    assert isinstance(ck.tokenizer, HFTokenizer) and ck.tokenizer.vocab_size == ck.model_config.vocab_size
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_file(str(FIXTURES / "llama3-tied" / "tokenizer.json"))
+    text = "the lazy zoo jumps"
+    assert ck.tokenizer.encode(text).tolist() == reference.encode(text, add_special_tokens=False).ids
+    assert ck.tokenizer.decode(ck.tokenizer.encode(text)) == text
+    for name in ("hf-lm-lora", "hf-lm-dp-lora"):
+        recipe = load_recipe(str(tmp_path / "imp" / f"{name}.toml"))
+        assert recipe.model_config == ck.model_config
+        assert recipe.freeze.init_from == str((tmp_path / "imp").absolute()) and recipe.lora.enabled
+        assert recipe.dp.enabled == (name == "hf-lm-dp-lora")

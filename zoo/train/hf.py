@@ -64,6 +64,40 @@ def _recipe_dict(cfg, backend: str, src: str) -> dict:
     }
 
 
+# The fine-tune recipes an import writes beside itself (``DIR/<name>.toml``): the imported model,
+# its tokenizer (through ``freeze.init_from``), rank-8 adapters on a frozen base; the DP twin
+# adds DP-SGD with ghost clipping. ``--dataset text:PATH`` names the text.
+FINETUNE = {
+    "hf-lm-lora": {
+        "optim": {"name": "adamw", "lr": 3e-3, "warmup_steps": 5},
+        "train": {"steps": 100, "batch_size": 16, "eval_every": 50, "checkpoint_every": 100},
+    },
+    "hf-lm-dp-lora": {
+        "optim": {"name": "adamw", "lr": 3e-3, "schedule": "constant", "weight_decay": 0.0},
+        "train": {"steps": 100, "eval_every": 50, "checkpoint_every": 100},
+        "dp": {"enabled": True, "epsilon": 8.0, "delta": 1e-5, "clip_norm": 1.0, "expected_batch_size": 16},
+    },
+}
+
+
+def _finetune_recipes(out: Path, cfg, backend: str, src: str) -> list[str]:
+    from zoo.recipes import parse_recipe, to_toml
+
+    written = []
+    for name, sections in FINETUNE.items():
+        doc = _recipe_dict(cfg, backend, src) | sections
+        doc |= {"name": name, "description": f"LoRA fine-tune of {src} (imported) on --dataset text:PATH"}
+        doc["data"] = {"dataset": "text:PATH", "seq_len": min(64, cfg.max_len), "eval_fraction": 0.1}
+        doc["freeze"] = {"init_from": str(out.absolute())}
+        doc["lora"] = {"rank": 8, "alpha": 16.0, "targets": list(_LORA_TARGETS)}
+        (out / f"{name}.toml").write_text(to_toml(parse_recipe(doc)))
+        written.append(str(out / f"{name}.toml"))
+    return written
+
+
+_LORA_TARGETS = ("attn.q", "attn.v", "mlp.*")
+
+
 def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype: str = "float32") -> dict:
     """Write the Hugging Face checkpoint ``src`` as a zoo checkpoint (step 0) in ``out``."""
     from zoo.recipes import parse_recipe, to_dict
@@ -85,12 +119,34 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
     meta = {
         "recipe": to_dict(parse_recipe(_recipe_dict(cfg, backend, src))),
         "model": checkpoint.model_meta(cfg, backend),
-        "tokenizer": None,
+        "tokenizer": _tokenizer(where, cfg),
         "hf_source": {"source": src, "path": str(where.absolute()), "dtype": dtype},
     }
     checkpoint.save(out, 0, None, params, meta)
+    recipes = _finetune_recipes(out, cfg, backend, src) if jax.process_index() == 0 else []
     count = sum(int(x.size) for x in flat_by_path(params).values())
-    return {"out_dir": str(out), "from": src, "kind": cfg.kind, "dtype": dtype, "params": count}
+    return {
+        "out_dir": str(out),
+        "from": src,
+        "kind": cfg.kind,
+        "dtype": dtype,
+        "params": count,
+        "recipes": recipes,
+    }
+
+
+def _tokenizer(where: Path, cfg) -> str | None:
+    """The checkpoint's ``tokenizer.json``, as checkpoint metadata (None when it has none)."""
+    from zoo.data.hf_tokenizer import FILE, HFTokenizer
+
+    if not (where / FILE).is_file():
+        return None
+    tok = HFTokenizer.from_file(where / FILE, vocab=cfg.vocab_size)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ZooError(
+            f"{where / FILE}: {tok.vocab_size} tokens, more than the model's vocab_size {cfg.vocab_size}"
+        )
+    return tok.to_json()
 
 
 def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = None) -> dict:
