@@ -107,6 +107,7 @@ def test_export_gives_the_fixtures_tensors_and_config(name, tmp_path):
     assert hf_io.read_config(tmp_path / "out")[0] == cfg
 
 
+@pytest.mark.numerics
 def test_import_writes_a_checkpoint_that_load_checkpoint_and_apply_fn_read(tmp_path):
     """The contract: zoo import SRC --out DIR; zoo.load_checkpoint(DIR); zoo.apply_fn(...)."""
     assert main(["import", str(FIXTURES / "gpt2"), "--out", str(tmp_path / "imp"), "--backend", "eqx"]) == 0
