@@ -19,7 +19,7 @@ Two subcommands, both run from the repository root with the project venv:
             --plot docs/img/dp-accuracy.png
 
 Both take ``--set SECTION.FIELD=VALUE`` (repeatable) to override the recipe first, e.g.
-``--set freeze.init_from=/path/to/checkpoint`` for the fine-tuning recipe.
+``--set model.init_from=/path/to/checkpoint`` for the fine-tuning recipe.
 
 The sweep keeps the sampling rate q, the steps and everything else of the recipe: a grid
 value of ``dp.expected_batch_size`` is given in recipe units (for the full training split)
@@ -56,9 +56,9 @@ from zoo.remat import get_policy
 from zoo.scan import StackPlan
 from zoo.train import checkpoint
 from zoo.train.engine import DPRuntime, Engine, evaluate
-from zoo.train.loop import DPPlan, Run, train, train_batch
+from zoo.train.loop import train_recipe
 from zoo.train.state import make_optimizer
-from zoo.train.task import Task, fit_model_to_task, task_kind
+from zoo.train.task import Task, fit_model_to_task
 
 VAL_SIZE = 300
 VAL_SEED = 12345
@@ -105,7 +105,7 @@ def validation_tasks(
     rows every seed trains on.
     """
     data_cfg = recipe.data
-    kind = task_kind(recipe.model_config)
+    kind = recipe.model_config.task
     if kind != "classify":
         raise SystemExit("the sweep needs a classification recipe")
     splits, loaded = {}, {}
@@ -166,7 +166,7 @@ def _sigma(dp, n: int, steps: int) -> float:
 
 def _engine(recipe, task: Task, sigma: float | None, sampler: PoissonSampler | None):
     """The engine ``build_run`` would make for ``recipe`` on ``task``."""
-    cfg = fit_model_to_task(recipe.model.preset, dict(recipe.model.overrides), task)
+    cfg = fit_model_to_task(recipe.model_config, task, recipe.model.preset, dict(recipe.model.overrides))
     if recipe.lora.enabled:  # adapters on the frozen base, as build_run makes them
         cfg = lora.adapted_config(cfg, setup := lora.resolve(cfg, recipe.lora))
         freeze = lora.freeze_plan(cfg, setup)
@@ -188,12 +188,21 @@ def _engine(recipe, task: Task, sigma: float | None, sampler: PoissonSampler | N
         Engine(
             cfg=cfg,
             backend=recipe.model.backend,
-            remat=StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix),
+            stack=StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix),
             freeze=freeze,
             optimizer=optimizer,
             dp=dp,
         ),
     )
+
+
+def _batch(task: Task, recipe, sampler: PoissonSampler | None, step: int) -> dict:
+    """The batch ``zoo.train.run.train_batch`` draws, with this seed's sampler (the engine is
+    shared by the seeds, so the sampler is not the engine's)."""
+    if sampler is None:
+        return task.train_batch(step, recipe.train.batch_size, recipe.train.seed)
+    indices, mask, _ = sampler.batch_indices(step)
+    return task.examples(indices, mask)
 
 
 def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
@@ -208,30 +217,22 @@ def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
             n, recipe.dp.expected_batch_size, 0, pad_to_multiple=recipe.dp.microbatch_size or 1
         )
     cfg, freeze, engine = _engine(recipe, any_task, sigma, sampler0)
-    source = checkpoint.load_checkpoint(recipe.freeze.init_from) if recipe.freeze.init_from else None
+    source = checkpoint.load_checkpoint(recipe.model.init_from) if recipe.model.init_from else None
     accs = []
     for seed, task in tasks.items():
         r = recipes.with_values(recipe, {"train.seed": seed})
-        plan = None
-        if dp_on:
-            plan = DPPlan(
-                sampler=dataclasses.replace(sampler0, seed=seed),
-                noise_multiplier=sigma,
-                epsilon=float("nan"),
-                steps=r.train.steps,
-            )
+        sampler = dataclasses.replace(sampler0, seed=seed) if dp_on else None
         if recipe.lora.enabled:
             params = lora.initial_params(cfg, source.model_config, source.params, seed)
         else:
             params = source.params if source is not None else canonical.init_params(cfg, seed)
-        run = Run(r, task, cfg, params, freeze, engine, plan, r.train.steps)
-        state, frozen = engine.init_state(run.params, seed)
-        for step in range(run.steps):
-            state, metrics = engine.train_step(state, frozen, train_batch(run, step))
+        state, frozen = engine.init_state(params, seed)
+        for step in range(r.train.steps):
+            state, metrics = engine.train_step(state, frozen, _batch(task, r, sampler, step))
         if not math.isfinite(float(metrics["loss"])):
             accs.append(0.0)
             continue
-        rows = plan.sampler.padded_batch_size if plan else r.train.batch_size
+        rows = sampler.padded_batch_size if sampler else r.train.batch_size
         accs.append(evaluate(engine, state, frozen, task.eval_batches(rows, 1000))["eval_accuracy"])
     return accs
 
@@ -251,7 +252,7 @@ def _parse_grid(items: list[str]) -> dict[str, list]:
         key, sep, values = item.partition("=")
         if not sep:
             raise SystemExit(f"--grid expects section.field=v1,v2,...; got {item!r}")
-        grid[key.strip()] = [recipes._parse_value(v.strip()) for v in values.split(",")]
+        grid[key.strip()] = [recipes.parse_value(v.strip()) for v in values.split(",")]
     return grid
 
 
@@ -350,7 +351,7 @@ def run_final(args) -> dict:
                     values["dp.epsilon"] = eps
                 recipe = recipes.with_values(base, values)
                 tic = time.perf_counter()
-                summary = train(recipe, Path(tmp) / f"{eps}-{seed}", show_progress=False)
+                summary = train_recipe(recipe, Path(tmp) / f"{eps}-{seed}", show_progress=False)
                 _say(
                     f"  eps={eps} seed={seed}: eval {summary['eval_accuracy']:.4f} "
                     f"spent {summary.get('epsilon')} ({time.perf_counter() - tic:.0f}s)"

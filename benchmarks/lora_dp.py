@@ -28,7 +28,7 @@ import statistics
 import tempfile
 
 from zoo import recipes
-from zoo.train.loop import train
+from zoo.train.loop import train_recipe
 
 FROZEN = ("embed,pos,blocks[:-1]", "embed,pos")
 
@@ -45,7 +45,7 @@ def variants(recipe, frozen, frozen_lr):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="digits-transformer-dp-lora")
-    parser.add_argument("--base", help="the base run directory (default: the recipe's freeze.init_from)")
+    parser.add_argument("--base", help="the base run directory (default: the recipe's model.init_from)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument(
         "--frozen", action="append", help=f"frozen patterns, comma-separated (default {FROZEN})"
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     recipe = recipes.load_recipe(args.recipe)
     if args.base:
-        recipe = recipes.with_values(recipe, {"freeze.init_from": args.base})
+        recipe = recipes.with_values(recipe, {"model.init_from": args.base})
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
     for name, values in variants(recipe, args.frozen or FROZEN, args.frozen_lr):
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         for seed in seeds:
             run = recipes.with_values(recipe, {**values, "train.seed": seed, "dp.noise_seed": seed})
             with tempfile.TemporaryDirectory() as out:
-                summary = train(run, out, show_progress=False)
+                summary = train_recipe(run, out, show_progress=False)
             accuracies.append(summary["eval_accuracy"])
             losses.append(summary["eval_loss"])
             print(f"{name} seed {seed}: eval accuracy {accuracies[-1]:.4f}", flush=True)

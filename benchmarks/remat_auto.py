@@ -23,8 +23,8 @@ import json
 import jax
 
 from zoo.api import example_batch, example_labels
-from zoo.bench.common import memory_stats, train_step
-from zoo.bench.remat import DEFAULT_SHAPES, bench_remat
+from zoo.bench.common import DEFAULT_SHAPES, memory_stats, train_step
+from zoo.bench.remat import bench_remat
 from zoo.configs import add_model_flags, model_flag_overrides
 from zoo.models import canonical
 from zoo.models.registry import get_config

@@ -8,7 +8,8 @@ from zoo import recipes
 from zoo.errors import ZooError
 from zoo.remat import choose_under_budget, footprint, nothing_fits, parse_bytes
 from zoo.train import auto_remat
-from zoo.train.loop import build_run, train, train_batch
+from zoo.train.loop import train_recipe
+from zoo.train.run import build_run, train_batch
 
 
 def test_parse_bytes():
@@ -64,7 +65,7 @@ def few_policies(monkeypatch, tmp_path):
 
 def test_auto_trains_with_the_choice_and_a_second_run_reads_the_cache(tmp_path, monkeypatch, few_policies):
     recipe = quick(**{"train.remat": "auto", "train.memory_budget": "1GiB"})
-    summary = train(recipe, tmp_path / "a", show_progress=False)
+    summary = train_recipe(recipe, tmp_path / "a", show_progress=False)
     doc = json.loads((tmp_path / "cache" / auto_remat.CACHE_FILE).read_text())
     (entry,) = doc.values()
     fastest = min((r for r in entry["rows"] if r["fits"]), key=lambda r: r["step_ms"])
@@ -85,7 +86,7 @@ def test_auto_refuses_a_budget_nothing_fits(tmp_path, few_policies):
     with pytest.raises(
         ZooError, match=r"no policy fits the memory budget of 1,024 bytes.*smallest footprint is"
     ):
-        train(
+        train_recipe(
             quick(**{"train.remat": "auto", "train.memory_budget": "1KiB"}),
             tmp_path / "a",
             show_progress=False,

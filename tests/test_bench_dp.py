@@ -47,13 +47,13 @@ def test_bench_dp_json_and_microbatch_memory(capsys):
 
 
 def test_default_rows_include_ghost():
-    assert dp_bench.DEFAULT_METHODS == [
+    assert dp_bench.default_methods() == [
         "non-private",
         "zoo vmap",
         "zoo microbatch",
+        dp_bench.GHOST,
         "jax_privacy clipped_grad",
         "optax dpsgd",
-        dp_bench.GHOST,
     ]
 
 
@@ -66,7 +66,7 @@ def test_ghost_dp_step_temp_memory_is_near_the_non_private_step():
     data = dp_bench._batch(cfg, batch, seq, 0)
     temp = {}
     for name in ("non-private", dp_bench.GHOST):
-        step, optimizer = dp_bench.METHODS[name](setup)
+        step, optimizer = dp_bench.methods()[name](setup)
         state, frozen = dp_bench._fresh_state(setup, params, optimizer, 0)
         compiled = dp_bench._compile(step, state, frozen, data)
         temp[name] = compiled.memory_analysis().temp_size_in_bytes

@@ -12,7 +12,8 @@ import pytest
 import zoo
 from zoo import bench
 from zoo.bench.common import memory_stats, train_step
-from zoo.bench.remat import bench_depths, bench_remat, parse_policies
+from zoo.bench.remat import bench_remat, parse_policies
+from zoo.bench.remat_depths import bench_depths
 from zoo.errors import ZooError
 from zoo.models import canonical
 from zoo.remat import get_policy

@@ -15,6 +15,7 @@ import pytest
 from conftest import reduction_size
 from dp_accounting.pld import PLDAccountant
 from numerics import assert_close
+from scipy import stats
 
 from zoo import recipes
 from zoo.cli import main
@@ -22,7 +23,8 @@ from zoo.data import load_dataset
 from zoo.dp import privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, noise_key
 from zoo.train import checkpoint
-from zoo.train.loop import _warn_if_public_noise_keys, build_run, dp_train_key, train, train_batch
+from zoo.train.loop import _warn_if_public_noise_keys, train_recipe
+from zoo.train.run import build_run, dp_train_key, train_batch
 from zoo.train.state import TrainState, train_key
 
 TARGET = 0.5  # a large noise multiplier keeps the PLD calibration quick
@@ -46,7 +48,7 @@ def quick_dp(**values):
 def dp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp-run")
     recipe = quick_dp()
-    return recipe, train(recipe, out, show_progress=False), out
+    return recipe, train_recipe(recipe, out, show_progress=False), out
 
 
 @pytest.mark.xdist_group("dp-train-run")  # dp_run is built once, on one worker
@@ -56,7 +58,7 @@ def test_dp_step_compiles_once_and_summary_reports_privacy(dp_run):
     for key in ("epsilon", "delta", "noise_multiplier", "sampling_prob", "clip_norm", "steps", "accountant"):
         assert key in summary, key
     assert summary["steps"] == 4 and summary["accountant"] == "pld"
-    assert summary["delta"] == recipe.dp.delta and summary["clip_norm"] == recipe.dp.clip_norm
+    assert summary["delta_accountant"] == recipe.dp.delta and summary["clip_norm"] == recipe.dp.clip_norm
     # q is the expected batch over the number of TRAINING examples (eval rows are not sampled)
     data = load_dataset(
         "digits", task="classify", seed=recipe.train.seed, eval_fraction=recipe.data.eval_fraction
@@ -72,8 +74,14 @@ def test_epsilon_recomputed_independently_and_within_target(dp_run):
     )
     accountant = PLDAccountant()
     accountant.compose(dp_accounting.SelfComposedDpEvent(step, summary["steps"]))
-    epsilon = accountant.get_epsilon(summary["delta"])
+    epsilon = accountant.get_epsilon(summary["delta_accountant"])
     assert epsilon == pytest.approx(summary["epsilon"], rel=1e-6)
+    # The reported delta adds what truncating the draws to the padded batch costs (docs/dp.md).
+    n = round(summary["expected_batch_size"] / summary["sampling_prob"])
+    p_trunc = stats.binom.sf(summary["padded_batch_size"], n + 1, summary["sampling_prob"])
+    extra = (1 + np.exp(summary["epsilon"])) * summary["steps"] * p_trunc
+    assert summary["delta"] == pytest.approx(summary["delta_accountant"] + extra, rel=1e-9)
+    assert extra <= 1e-3 * summary["delta_accountant"]
     assert summary["epsilon"] <= TARGET
     assert summary["epsilon"] >= 0.95 * TARGET  # calibrated to the budget, not over-noised
 
@@ -89,6 +97,15 @@ def test_epsilon_logged_at_evals_is_nondecreasing(dp_run):
     assert spent[-1] == pytest.approx(summary["epsilon"])
 
 
+@pytest.mark.xdist_group("dp-train-run")  # dp_run is built once, on one worker
+def test_eval_reports_the_privacy_the_checkpoint_guarantees(dp_run, capsys):
+    _, summary, out = dp_run
+    assert main(["eval", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("epsilon", "delta", "delta_accountant", "delta_truncation"):
+        assert report[key] == pytest.approx(summary[key], rel=1e-9, abs=1e-300), key
+
+
 def test_microbatched_vmap_clipping_with_a_given_noise_multiplier(tmp_path):
     recipe = quick_dp(
         **{
@@ -100,7 +117,7 @@ def test_microbatched_vmap_clipping_with_a_given_noise_multiplier(tmp_path):
             "dp.noise_multiplier": 8.0,
         }
     )
-    summary = train(recipe, tmp_path, show_progress=False)
+    summary = train_recipe(recipe, tmp_path, show_progress=False)
     assert summary["compile_count"] == 1
     assert summary["padded_batch_size"] % 64 == 0  # the scan needs whole microbatches
     assert summary["noise_multiplier"] == 8.0 and 0 < summary["epsilon"] < 1.0
@@ -198,11 +215,11 @@ def test_dp_noise_keys_are_secret_unless_a_noise_seed_is_given():
 def test_dp_run_with_a_secret_noise_key_resumes_to_identical_params(tmp_path):
     """The secret key lives in the checkpoint's state, so a resumed run keeps drawing the same noise."""
     recipe = quick_dp(**{"train.steps": 4, "train.eval_every": 4, "train.checkpoint_every": 2})
-    train(recipe, tmp_path / "whole", show_progress=False)
+    train_recipe(recipe, tmp_path / "whole", show_progress=False)
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / checkpoint.CHECKPOINT_DIR / "4")
     assert checkpoint.latest_step(tmp_path / "resumed") == 2
-    train(recipe, tmp_path / "resumed", resume=True, show_progress=False)
+    train_recipe(recipe, tmp_path / "resumed", resume=True, show_progress=False)
     whole = checkpoint.load_checkpoint(tmp_path / "whole").params
     resumed = checkpoint.load_checkpoint(tmp_path / "resumed").params
     jax.tree_util.tree_map(np.testing.assert_array_equal, whole, resumed)

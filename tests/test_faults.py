@@ -24,7 +24,8 @@ from zoo.cli import main
 from zoo.commands.sample import check_sample_args
 from zoo.errors import ZooError
 from zoo.train import checkpoint
-from zoo.train.loop import build_run, train
+from zoo.train.loop import train_recipe
+from zoo.train.run import build_run
 
 QUICK = {"train.steps": 20, "train.eval_every": 10, "train.checkpoint_every": 10, "train.log_every": 5}
 QUICK_FLAGS = [f"--set={k}={v}" for k, v in QUICK.items()]
@@ -60,14 +61,14 @@ def one_line(text):
 def finished(tmp_path_factory):
     """A finished 20-step digits-mlp run (checkpoints at 10 and 20) and its summary."""
     out = tmp_path_factory.mktemp("finished")
-    return out, train(quick(), out, show_progress=False)
+    return out, train_recipe(quick(), out, show_progress=False)
 
 
 @pytest.fixture(scope="session")  # kept by its xdist group's worker to the end
 def dp_runs(tmp_path_factory):
     """A DP run (eps 8), whole, and a copy as if killed after step 10 (no step-20 checkpoint)."""
     whole = tmp_path_factory.mktemp("dp") / "whole"
-    summary = train(quick("digits-mlp-dp", **DP), whole, show_progress=False)
+    summary = train_recipe(quick("digits-mlp-dp", **DP), whole, show_progress=False)
     killed = copy_run(whole, whole.parent / "killed")
     shutil.rmtree(killed / "checkpoints" / "20")
     return killed, summary, whole
@@ -100,7 +101,7 @@ def test_resume_with_changed_math_is_refused_and_lists_the_change(dp_killed, tmp
     out = copy_run(dp_killed[0], tmp_path / "run")
     before = snapshot(out)
     with pytest.raises(ZooError, match="would change the run") as info:
-        train(quick("digits-mlp-dp", **{**DP, **change}), out, resume=True, show_progress=False)
+        train_recipe(quick("digits-mlp-dp", **{**DP, **change}), out, resume=True, show_progress=False)
     assert listed in str(info.value) and "\n" not in str(info.value)
     assert snapshot(out) == before  # recipe.json, metrics and checkpoints untouched
 
@@ -118,14 +119,14 @@ def test_resume_into_another_recipes_run_dir_is_refused(finished, tmp_path, caps
 def test_resume_with_fewer_steps_is_refused(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     with pytest.raises(ZooError, match="train.steps=15 would shorten the run"):
-        train(quick(**{"train.steps": 15}), out, resume=True, show_progress=False)
+        train_recipe(quick(**{"train.steps": 15}), out, resume=True, show_progress=False)
 
 
 @pytest.mark.xdist_group("dp-run")
 def test_extended_dp_run_keeps_its_noise_and_accounts_every_step(dp_killed, tmp_path):
     out, planned = copy_run(dp_killed[0], tmp_path / "run"), dp_killed[1]
     with pytest.warns(RuntimeWarning, match="extending a DP run past the 20 steps"):
-        summary = train(
+        summary = train_recipe(
             quick("digits-mlp-dp", **DP, **{"train.steps": 30}), out, resume=True, show_progress=False
         )
     assert summary["steps"] == 30 and summary["planned_steps"] == 20
@@ -145,7 +146,7 @@ def test_extended_dp_run_keeps_its_noise_and_accounts_every_step(dp_killed, tmp_
 def test_killed_dp_run_resumes_to_the_same_params_and_epsilon(dp_runs, tmp_path):
     killed, planned, whole = dp_runs
     out = copy_run(killed, tmp_path / "run")
-    summary = train(quick("digits-mlp-dp", **DP), out, resume=True, show_progress=False)
+    summary = train_recipe(quick("digits-mlp-dp", **DP), out, resume=True, show_progress=False)
     assert summary["epsilon"] == planned["epsilon"] and summary["resumed_from_step"] == 10
     assert summary["compile_count"] == 1
     assert_bitwise_equal(checkpoint.load_checkpoint(out).params, checkpoint.load_checkpoint(whole).params)
@@ -155,7 +156,7 @@ def test_killed_dp_run_resumes_to_the_same_params_and_epsilon(dp_runs, tmp_path)
 def test_remat_may_change_on_resume_and_is_recorded(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     shutil.rmtree(out / "checkpoints" / "20")
-    summary = train(quick(**{"train.remat": "full"}), out, resume=True, show_progress=False)
+    summary = train_recipe(quick(**{"train.remat": "full"}), out, resume=True, show_progress=False)
     assert summary["changed_on_resume"] == ['train.remat: "none" -> "full"']
     assert json.loads((out / "recipe.json").read_text())["train"]["remat"] == "full"
 
@@ -164,7 +165,7 @@ def test_remat_may_change_on_resume_and_is_recorded(finished, tmp_path):
 def test_resuming_a_finished_run_changes_no_file(finished, tmp_path, capsys):
     out = copy_run(finished[0], tmp_path / "run")
     before = snapshot(out)
-    summary = train(quick(), out, resume=True, show_progress=False)
+    summary = train_recipe(quick(), out, resume=True, show_progress=False)
     assert summary == json.loads((out / "summary.json").read_text())
     code, stdout, _ = cli(
         capsys, "train", "digits-mlp", "--steps", "20", "--out", str(out), "--resume", "--json"
@@ -177,7 +178,7 @@ def test_resuming_a_finished_run_changes_no_file(finished, tmp_path, capsys):
 def test_finished_run_without_summary_gets_one_without_training(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     (out / "summary.json").unlink()
-    summary = train(quick(), out, resume=True, show_progress=False)
+    summary = train_recipe(quick(), out, resume=True, show_progress=False)
     assert summary["eval_accuracy"] == finished[1]["eval_accuracy"]
     assert summary["train_loss"] == finished[1]["train_loss"] and summary["compile_count"] == 0
 
@@ -250,7 +251,7 @@ def test_resume_skips_and_keeps_a_damaged_step_and_matches_uninterrupted(finishe
     out = copy_run(finished[0], tmp_path / "run")
     _flip_byte(_largest_file(out / "checkpoints" / "20" / "params"))
     with pytest.warns(RuntimeWarning, match=r"moved damaged checkpoint steps \[20\]"):
-        summary = train(quick(), out, resume=True, show_progress=False)
+        summary = train_recipe(quick(), out, resume=True, show_progress=False)
     assert summary["resumed_from_step"] == 10
     assert (out / checkpoint.DAMAGED_DIR / "20").is_dir()  # nothing is deleted
     assert_bitwise_equal(
@@ -264,7 +265,7 @@ def test_refused_resume_moves_no_damaged_step(finished, tmp_path):
     _flip_byte(_largest_file(out / "checkpoints" / "20" / "params"))
     before = snapshot(out)
     with pytest.warns(RuntimeWarning, match="damaged"), pytest.raises(ZooError, match="optim.lr"):
-        train(quick(**{"optim.lr": 0.1}), out, resume=True, show_progress=False)
+        train_recipe(quick(**{"optim.lr": 0.1}), out, resume=True, show_progress=False)
     assert snapshot(out) == before
 
 
@@ -283,9 +284,9 @@ def test_steps_without_manifests_are_unverified_only_in_runs_older_than_manifest
 @pytest.mark.xdist_group("finished-run")
 def test_stale_summary_of_an_extended_run_is_recomputed(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
-    extended = train(quick(**{"train.steps": 30}), out, resume=True, show_progress=False)
+    extended = train_recipe(quick(**{"train.steps": 30}), out, resume=True, show_progress=False)
     (out / "summary.json").write_text(json.dumps(finished[1]))  # killed before the new summary
-    again = train(quick(**{"train.steps": 30}), out, resume=True, show_progress=False)
+    again = train_recipe(quick(**{"train.steps": 30}), out, resume=True, show_progress=False)
     assert again["steps"] == 30 and again["compile_count"] == 0
     assert again["eval_loss"] == extended["eval_loss"] and again["train_loss"] == extended["train_loss"]
 
@@ -450,7 +451,7 @@ def test_ctrl_c_prints_no_traceback_and_resume_logs_each_step_once(tmp_path):
     assert interrupted.returncode == 130, interrupted.stderr
     assert "Traceback" not in interrupted.stderr and "--resume --out" in interrupted.stderr
     assert checkpoint.latest_step(out) == 10
-    train(quick(), out, resume=True, show_progress=False)
+    train_recipe(quick(), out, resume=True, show_progress=False)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "loss" in line] == [5, 10, 15, 20]
     assert [line["step"] for line in lines if "eval_loss" in line] == [10, 20]

@@ -11,7 +11,8 @@ from zoo import recipes
 from zoo.cli import main
 from zoo.errors import ZooError
 from zoo.train import checkpoint
-from zoo.train.loop import build_run, train
+from zoo.train.loop import train_recipe
+from zoo.train.run import build_run
 
 FAST = {"train.steps": 30, "train.eval_every": 30, "train.checkpoint_every": 30}
 
@@ -20,14 +21,14 @@ FAST = {"train.steps": 30, "train.eval_every": 30, "train.checkpoint_every": 30}
 def pretrained(tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain")
     recipe = recipes.with_values(recipes.load_recipe("digits-mlp-pretrain"), FAST)
-    train(recipe, out, show_progress=False)
+    train_recipe(recipe, out, show_progress=False)
     return out
 
 
 def finetune_recipe(source, patterns=("in_proj", "blocks[:-1]"), **values):
     return recipes.with_values(
         recipes.load_recipe("digits-mlp-finetune"),
-        {**FAST, "freeze.init_from": str(source), "freeze.patterns": list(patterns), **values},
+        {**FAST, "model.init_from": str(source), "freeze.patterns": list(patterns), **values},
     )
 
 
@@ -40,7 +41,7 @@ def _leaves(tree):
 
 def test_frozen_weights_are_bitwise_unchanged_and_the_rest_moves(pretrained, tmp_path):
     before = _leaves(checkpoint.load_checkpoint(pretrained).params)
-    summary = train(finetune_recipe(pretrained), tmp_path, show_progress=False)
+    summary = train_recipe(finetune_recipe(pretrained), tmp_path, show_progress=False)
     after = _leaves(checkpoint.load_checkpoint(tmp_path).params)
     np.testing.assert_array_equal(after["in_proj.w"], before["in_proj.w"])
     np.testing.assert_array_equal(after["blocks.dense.w"][0], before["blocks.dense.w"][0])
@@ -125,16 +126,32 @@ def test_resumed_fine_tune_takes_frozen_weights_from_its_own_checkpoint(pretrain
     source = tmp_path / "source"
     shutil.copytree(pretrained, source)
     recipe = finetune_recipe(source, **{"train.checkpoint_every": 10})
-    whole = train(recipe, tmp_path / "whole", show_progress=False)
+    whole = train_recipe(recipe, tmp_path / "whole", show_progress=False)
     killed = tmp_path / "killed"
-    train(recipe, killed, show_progress=False)
+    train_recipe(recipe, killed, show_progress=False)
     shutil.rmtree(killed / "checkpoints" / "30")
     pretrain = recipes.with_values(recipes.load_recipe("digits-mlp-pretrain"), {**FAST, "train.steps": 60})
-    train(pretrain, source, resume=True, show_progress=False)  # the source's newest step moves on
+    train_recipe(pretrain, source, resume=True, show_progress=False)  # the source's newest step moves on
     assert checkpoint.load_checkpoint(source).step == 60
-    resumed = train(recipe, killed, resume=True, show_progress=False)
+    resumed = train_recipe(recipe, killed, resume=True, show_progress=False)
     assert resumed["compile_count"] == 1 and resumed["resumed_from_step"] == 20
     a = _leaves(checkpoint.load_checkpoint(tmp_path / "whole").params)
     b = _leaves(checkpoint.load_checkpoint(killed).params)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert whole["eval_loss"] == resumed["eval_loss"]
+
+
+def test_old_recipes_set_the_start_point_under_freeze(tmp_path):
+    """``[freeze] init_from`` (recipes and run directories from before ``model.init_from``)
+    still reads, as the model's start point."""
+    old = tmp_path / "old.toml"
+    old.write_text('[model]\npreset = "mlp-s"\n\n[freeze]\ninit_from = "runs/x"\npatterns = ["in_proj"]\n')
+    recipe = recipes.load_recipe(str(old))
+    assert recipe.model.init_from == "runs/x" and recipe.freeze.patterns == ("in_proj",)
+    doc = recipes.to_dict(recipe)
+    assert doc["model"]["init_from"] == "runs/x" and "init_from" not in doc["freeze"]
+    assert recipes.parse_recipe(doc, "old") == recipe
+    assert recipes.with_values(recipe, {"freeze.init_from": None}).model.init_from is None
+    assert recipes.with_values(recipe, {"model.init_from": "runs/y"}).model.init_from == "runs/y"
+    with pytest.raises(ZooError, match="model.init_from must be str"):
+        recipes.with_values(recipe, {"model.init_from": 3})

@@ -8,12 +8,12 @@ import jax
 import numpy as np
 import pytest
 from conftest import fast_jit, loss_of, random_params, reduction_size
-from jax.extend import core as jcore
 from numerics import assert_bitwise_equal, assert_close
 
 import zoo
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, parse_pattern, resolve_freeze
+from zoo.jaxprs import iter_eqns
 from zoo.models.canonical import canonical_shapes, init_params
 from zoo.models.paths import flat_by_path
 from zoo.remat import get_policy
@@ -342,24 +342,11 @@ def test_the_float_rule_still_catches_a_frozen_prefix_bug(reference):
 # ----------------------------------------------------------------------------- no backward
 
 
-def _sub_jaxprs(eqn):
-    for value in eqn.params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(item, jcore.ClosedJaxpr):
-                yield item.jaxpr
-            elif isinstance(item, jcore.Jaxpr):
-                yield item
-
-
 def scan_lengths(jaxpr) -> collections.Counter:
     """Trip count -> number of `scan` equations, anywhere in the jaxpr."""
-    counts = collections.Counter()
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "scan":
-            counts[eqn.params["length"]] += 1
-        for sub in _sub_jaxprs(eqn):
-            counts += scan_lengths(sub)
-    return counts
+    return collections.Counter(
+        eqn.params["length"] for eqn in iter_eqns(jaxpr) if eqn.primitive.name == "scan"
+    )
 
 
 @pytest.mark.parametrize("policy", ["none", "full"])

@@ -18,8 +18,9 @@ from zoo.lora.merge import merged_weights
 from zoo.losses import per_example_loss
 from zoo.models import canonical, registry
 from zoo.models.paths import flat_by_path
-from zoo.train import checkpoint
-from zoo.train.loop import build_run, train
+from zoo.train import checkpoint, lora_export
+from zoo.train.loop import train_recipe
+from zoo.train.run import build_run
 
 KINDS = {kind.name: kind.small for kind in registry.kinds()}
 B = 4
@@ -71,7 +72,7 @@ def test_adapters_give_the_same_logits_and_grads_in_both_backends(kind):
     n = reduction_size(cfg, B)
     assert_close(logits_eqx, logits_nnx, n=n, what="logits")
     assert_close(grads_eqx, grads_nnx, n=n, what="adapter grads")
-    assert set(flat(grads_nnx)) == {p for t in setup.spec.targets for p in lora.adapter_paths(t)}
+    assert set(flat(grads_nnx)) == {p for t in setup.spec.targets for p in zoo.models.lora.adapter_paths(t)}
 
 
 @pytest.mark.numerics
@@ -180,7 +181,7 @@ FAST = {"train.steps": 20, "train.eval_every": 20, "train.checkpoint_every": 20,
 @pytest.fixture(scope="session")
 def base_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("base")
-    train(
+    train_recipe(
         recipes.with_values(recipes.load_recipe("digits-transformer-pretrain"), FAST),
         out,
         show_progress=False,
@@ -197,7 +198,7 @@ def lora_recipe(base, **values):
 @pytest.fixture(scope="session")
 def lora_run(base_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("lora")
-    return out, train(lora_recipe(base_run), out, show_progress=False)
+    return out, train_recipe(lora_recipe(base_run), out, show_progress=False)
 
 
 @pytest.mark.xdist_group("lora-run")  # one worker builds the module's runs once
@@ -244,9 +245,9 @@ def test_merged_export_gives_the_adapted_logits(lora_run, tmp_path):
     )()
     assert_close(logits[1], logits[0], n=reduction_size(merged.model_config, 16), what="merged logits")
     with pytest.raises(ZooError, match="already holds checkpoints"):
-        lora.export(out, tmp_path / "merged", merge=True)
+        lora_export.export(out, tmp_path / "merged", merge=True)
     # without --merge: base and adapters in one checkpoint that no longer refers to the base
-    lora.export(out, tmp_path / "copy", merge=False)
+    lora_export.export(out, tmp_path / "copy", merge=False)
     copy = checkpoint.load_checkpoint(tmp_path / "copy")
     assert copy.model_config == adapted_ckpt.model_config
     assert_bitwise_equal(flat(copy.params), flat(adapted_ckpt.params))
@@ -259,7 +260,9 @@ def test_resume_takes_the_base_from_the_reference_and_refuses_a_moved_base(base_
     copy = tmp_path / "lora"
     shutil.copytree(out, copy)
     with pytest.warns(RuntimeWarning, match="extending a DP run past the 20 steps"):
-        summary = train(lora_recipe(base_run, **{"train.steps": 24}), copy, resume=True, show_progress=False)
+        summary = train_recipe(
+            lora_recipe(base_run, **{"train.steps": 24}), copy, resume=True, show_progress=False
+        )
     assert summary["resumed_from_step"] == 20 and summary["compile_count"] == 1
     moved = base_run.with_name(base_run.name + "-moved")
     base_run.rename(moved)

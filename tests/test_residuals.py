@@ -269,10 +269,8 @@ def test_cli_unknown_policy_lists_valid_names():
         residual_report(TRANSFORMER, "bogus")
 
 
-def test_public_names_and_the_old_module_name():
+def test_public_names():
     import zoo
-    import zoo.residuals
 
     assert zoo.residual_report is residual_report
-    with pytest.warns(DeprecationWarning, match="zoo.residuals"):
-        assert zoo.inspect is zoo.residuals
+    assert not hasattr(zoo, "inspect")  # the old name of zoo.residuals is gone

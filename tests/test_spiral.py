@@ -13,7 +13,7 @@ from zoo.data import DATASET_KINDS, DatasetError, load_dataset, register_builtin
 from zoo.data.spiral import make_spiral
 from zoo.losses import per_example_loss
 from zoo.train import checkpoint
-from zoo.train.loop import train
+from zoo.train.loop import train_recipe
 
 
 def test_spiral_is_three_noisy_arms_from_the_origin():
@@ -48,7 +48,7 @@ def test_spiral_is_a_registered_builtin():
 @pytest.fixture(scope="session")  # built at most once per xdist worker
 def spiral_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("spiral")
-    summary = train(recipes.load_recipe("spiral-mlp"), out, show_progress=False)
+    summary = train_recipe(recipes.load_recipe("spiral-mlp"), out, show_progress=False)
     return out, summary
 
 

@@ -10,7 +10,7 @@ from zoo import recipes
 from zoo.cli import main
 from zoo.errors import ZooError
 from zoo.train import checkpoint
-from zoo.train.loop import TrainingDiverged, train
+from zoo.train.loop import TrainingDiverged, train_recipe
 
 QUICK = {"train.steps": 40, "train.eval_every": 20, "train.checkpoint_every": 20, "train.log_every": 10}
 
@@ -20,7 +20,7 @@ def quick(name="digits-mlp", **values):
 
 
 def test_train_step_compiles_once_and_learns(tmp_path):
-    summary = train(quick(**{"train.steps": 60}), tmp_path, show_progress=False)
+    summary = train_recipe(quick(**{"train.steps": 60}), tmp_path, show_progress=False)
     assert summary["compile_count"] == 1
     assert summary["eval_accuracy"] > 0.8  # 10 classes: chance is 0.1
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -31,7 +31,7 @@ def test_train_step_compiles_once_and_learns(tmp_path):
 
 def test_both_backends_reach_the_same_loss(tmp_path):
     losses = [
-        train(quick(**{"model.backend": b}), tmp_path / b, show_progress=False)["train_loss"]
+        train_recipe(quick(**{"model.backend": b}), tmp_path / b, show_progress=False)["train_loss"]
         for b in ("nnx", "eqx")
     ]
     # Two whole training runs, not one program: the optimizer amplifies the backends' rounding
@@ -52,7 +52,7 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(tmp_path):
         }
     )
     with pytest.raises(TrainingDiverged, match=r"at step (\d+)") as info:
-        train(recipe, tmp_path, show_progress=False)
+        train_recipe(recipe, tmp_path, show_progress=False)
     bad_step = int(info.value.args[0].split("at step ")[1].split(";")[0])
     assert checkpoint.latest_step(tmp_path) == bad_step - 1
     params = checkpoint.load_checkpoint(tmp_path).params
@@ -60,9 +60,9 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(tmp_path):
 
 
 def test_existing_run_dir_needs_resume(tmp_path):
-    train(quick(**{"train.steps": 20}), tmp_path, show_progress=False)
+    train_recipe(quick(**{"train.steps": 20}), tmp_path, show_progress=False)
     with pytest.raises(ZooError, match="--resume"):
-        train(quick(**{"train.steps": 20}), tmp_path, show_progress=False)
+        train_recipe(quick(**{"train.steps": 20}), tmp_path, show_progress=False)
 
 
 def test_cli_json_summary_eval_and_params(tmp_path, capsys):
@@ -120,7 +120,7 @@ def test_language_model_trains_saves_tokenizer_and_samples(tmp_path, capsys):
             "train.steps": 20,
         },
     )
-    summary = train(recipe, tmp_path, show_progress=False)
+    summary = train_recipe(recipe, tmp_path, show_progress=False)
     assert summary["eval_bits_per_char"] == pytest.approx(summary["eval_loss"] / np.log(2))
     ckpt = checkpoint.load_checkpoint(tmp_path)
     assert ckpt.tokenizer is not None and ckpt.model_config.vocab_size == ckpt.tokenizer.vocab_size

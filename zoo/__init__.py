@@ -67,15 +67,4 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _SUBMODULES:
         return importlib.import_module(f"zoo.{name}")
-    if name == "inspect":
-        # ``zoo/inspect.py`` became ``zoo/residuals.py`` (it shadowed the standard library's
-        # ``inspect``); keep ``zoo.inspect`` working for a while.
-        import warnings
-
-        warnings.warn(
-            "zoo.inspect is deprecated; use zoo.residuals instead",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return importlib.import_module("zoo.residuals")
     raise AttributeError(f"module 'zoo' has no attribute {name!r}")

@@ -34,10 +34,6 @@ def from_canonical(name: str | ModelConfig, backend: str, params: dict, **overri
     return canonical.from_canonical(cfg, check_backend(backend), params)
 
 
-def config_of(model) -> ModelConfig:
-    return model.cfg
-
-
 @dataclass(frozen=True)
 class ParamRow:
     path: str

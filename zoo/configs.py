@@ -36,39 +36,25 @@ def require_positive(cfg: object, *fields: str) -> None:
             raise ZooError(f"{type(cfg).__name__}.{field} must be a positive int, got {value!r}")
 
 
-# Model configs are registered by their kind (``zoo.models.<kind>``); these names stay
-# importable from here for code written before the registry.
-_MOVED = {
-    "MLPConfig": "zoo.models.mlp.config",
-    "ACTIVATIONS": "zoo.models.mlp.config",
-    "TransformerConfig": "zoo.models.transformer.config",
-    "ModelConfig": "zoo.models.registry",
-    "replace_checked": "zoo.models.registry",
-}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module 'zoo.configs' has no attribute {name!r}")
-
-
 # --- Recipe sections ------------------------------------------------------------------------
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "constant")
 LAYOUTS = ("flat", "rows")
+DEFAULT_NOISE_PRNG = "philox4x32"  # the JAX PRNG that draws DP noise (zoo.dp.noise.NOISE_PRNGS)
 
 
 @dataclass(frozen=True)
 class ModelSection:
-    """Which preset, which backend, and config field overrides (e.g. ``num_layers``)."""
+    """Which preset, which backend, config field overrides (e.g. ``num_layers``), and where
+    the weights start: ``init_from``, a zoo run directory (fresh weights when unset). A
+    fine-tune, a LoRA run (its base), ``zoo eval`` and ``zoo export`` all start from it.
+    Recipes written before it lived here set it as ``[freeze] init_from``; that still reads."""
 
     preset: str = "mlp-s"
     backend: str = "nnx"
     overrides: tuple[tuple[str, object], ...] = ()
+    init_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,7 +63,8 @@ class DataConfig:
 
     ``layout="rows"`` feeds a classifier's 8x8 (or HxW) image to a transformer as H row
     tokens of W features. ``classes`` keeps and remaps a subset of labels (5..9 -> 0..4).
-    ``seq_len`` is the LM context (default: the model's ``max_len``).
+    ``seq_len`` is the LM context (default: the model's ``max_len``). ``vocabulary = "bytes"``
+    is a fixed byte-level vocabulary (unset: every character of the text, refused under DP).
     """
 
     dataset: str = "digits"
@@ -87,9 +74,12 @@ class DataConfig:
     seq_len: int | None = None
     text_column: str = "text"
     label_column: str = "label"
+    vocabulary: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("data.layout", self.layout, LAYOUTS)
+        if self.vocabulary is not None:
+            check_choice("data.vocabulary", self.vocabulary, ("bytes",))
         if not 0.0 < self.eval_fraction < 1.0:
             raise ZooError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
         if self.seq_len is not None and self.seq_len <= 0:
@@ -152,10 +142,10 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class FreezeConfig:
-    """Start from a checkpoint and freeze canonical paths matching ``patterns``."""
+    """Freeze the canonical paths matching ``patterns`` (of the weights ``model.init_from``
+    starts from, or of fresh ones)."""
 
     patterns: tuple[str, ...] = ()
-    init_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,7 +153,7 @@ class LoraConfig:
     """Low-rank adapters on a frozen base (``zoo.lora``); ``rank = 0`` means none.
 
     ``targets`` are patterns over canonical dense paths, as in ``freeze.patterns``: ``attn.q``
-    (inside the stack), ``blocks[2:4].mlp.*``, ``head``. The base comes from ``freeze.init_from``.
+    (inside the stack), ``blocks[2:4].mlp.*``, ``head``. The base comes from ``model.init_from``.
     """
 
     rank: int = 0
@@ -187,6 +177,32 @@ class LoraConfig:
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+
+@dataclass(frozen=True)
+class DPConfig:
+    """DP-SGD settings (``[dp]``; checked by :func:`zoo.dp.validate`).  Set exactly one of
+    ``epsilon`` and ``noise_multiplier``.
+
+    ``epsilon`` is a target budget from which the noise multiplier is
+    calibrated; with ``noise_multiplier`` given directly, epsilon is reported.
+    ``expected_batch_size / num_examples`` is the Poisson sampling rate q.
+    """
+
+    enabled: bool = False
+    epsilon: float | None = None
+    delta: float = 1e-5
+    noise_multiplier: float | None = None
+    clip_norm: float = 1.0
+    expected_batch_size: int = 256
+    microbatch_size: int | None = None
+    accountant: str = "pld"
+    clipping: str = "ghost"  # a row of zoo.dp.clipping.CLIPPING; "vmap" is the general path
+    sampler: str = "poisson"  # a row of zoo.dp.sampling.SAMPLERS
+    noise_prng: str = DEFAULT_NOISE_PRNG  # JAX PRNG implementation that draws the noise
+    # None: the noise keys come from 64 bits of OS entropy, kept only in the checkpoint's
+    # state. An int makes the run repeatable, and the noise only as secret as that int.
+    noise_seed: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Small jaxpr utilities: walk equations recursively, collect checkpoint names, count."""
+"""Small jaxpr utilities, the one place zoo walks jaxprs: the jaxprs nested in an equation,
+every equation at any depth, the body of a call-like equation, a scan's operand counts, and
+the counts and names the tests and the residual inspector read."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import jax
 from jax.extend import core as jcore
 
 
-def _sub_jaxprs(eqn) -> Iterator:
+def sub_jaxprs(eqn) -> Iterator:
+    """The jaxprs nested in ``eqn``'s params (a scan's body, a cond's branches, a pjit's callee)."""
     for value in eqn.params.values():
         for item in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(item, jcore.ClosedJaxpr):
@@ -22,8 +25,33 @@ def iter_eqns(jaxpr) -> Iterator:
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in _sub_jaxprs(eqn):
+        for sub in sub_jaxprs(eqn):
             yield from iter_eqns(sub)
+
+
+def call_jaxpr(eqn):
+    """The body of a call-like equation (``pjit``, ``remat``, ``custom_vjp_call``...) whose
+    inputs and outputs line up one to one with the equation's, or None."""
+    for key in ("jaxpr", "call_jaxpr"):
+        sub = eqn.params.get(key)
+        if sub is None:
+            continue
+        inner = getattr(sub, "jaxpr", sub)
+        if (
+            isinstance(inner, jcore.Jaxpr)
+            and len(inner.invars) == len(eqn.invars)
+            and len(inner.outvars) == len(eqn.outvars)
+        ):
+            return inner
+    return None
+
+
+def scan_counts(eqn) -> tuple[int, int]:
+    """(number of consts, number of carries) of a ``scan`` equation, across JAX versions."""
+    if "num_consts" in eqn.params:
+        return eqn.params["num_consts"], eqn.params["num_carry"]
+    consts, carry, _ = eqn.params["ft_in"].unpack()
+    return len(consts), len(carry)
 
 
 def checkpoint_names(fn, *args, **kwargs) -> set[str]:
@@ -33,6 +61,8 @@ def checkpoint_names(fn, *args, **kwargs) -> set[str]:
 
 
 def count_eqns(fn, *args, recursive: bool = True, **kwargs) -> int:
+    """How many equations tracing ``fn(*args)`` gives: at every depth, or (``recursive=False``)
+    at the top level only."""
     jaxpr = jax.make_jaxpr(fn)(*args, **kwargs)
     if recursive:
         return sum(1 for _ in iter_eqns(jaxpr))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from zoo.configs import (
     DataConfig,
+    DPConfig,
     FreezeConfig,
     LoraConfig,
     MeshConfig,
@@ -25,7 +26,7 @@ from zoo.configs import (
     OptimConfig,
     TrainConfig,
 )
-from zoo.dp import DPConfig
+from zoo.dp import check_choices
 from zoo.errors import ZooError, choice_error
 from zoo.models.registry import check_backend, get_config
 
@@ -106,14 +107,29 @@ def _model_section(values: dict) -> ModelSection:
     values = dict(values)
     preset = values.pop("preset", ModelSection.preset)
     backend = check_backend(values.pop("backend", ModelSection.backend))
+    init_from = _coerce(values.pop("init_from", None), str | None, "model.init_from")
     if "lora" in values:
         raise ZooError("model.lora is set by the [lora] section (or --lora), not as a model override")
     get_config(preset, **values)  # validates preset and override names
-    return ModelSection(preset=preset, backend=backend, overrides=tuple(sorted(values.items())))
+    return ModelSection(preset, backend, tuple(sorted(values.items())), init_from)
+
+
+# Keys that moved to another section: (old section, key) -> new section. Old recipe files and
+# the recipe.json of old run directories read the same; a value under the old key wins, as
+# ``with_values`` sets it there.
+_MOVED_KEYS = {("freeze", "init_from"): "model"}
+
+
+def _move_old_keys(doc: dict) -> dict:
+    doc = {k: dict(v) if isinstance(v, dict) else v for k, v in doc.items()}
+    for (old, key), new in _MOVED_KEYS.items():
+        if isinstance(doc.get(old), dict) and key in doc[old]:
+            doc.setdefault(new, {})[key] = doc[old].pop(key)
+    return doc
 
 
 def parse_recipe(doc: dict, default_name: str = "recipe") -> Recipe:
-    doc = dict(doc)
+    doc = _move_old_keys(doc)
     name = doc.pop("name", default_name)
     description = doc.pop("description", "")
     for key in doc:
@@ -123,6 +139,7 @@ def parse_recipe(doc: dict, default_name: str = "recipe") -> Recipe:
     for key, cls in SECTIONS.items():
         if key != "model":
             sections[key] = _section(cls, doc.get(key, {}), key)
+    check_choices(sections["dp"])  # clipping and sampler name rows of zoo.dp's tables
     return Recipe(name=name, description=description, **sections)
 
 
@@ -159,6 +176,8 @@ def to_dict(recipe: Recipe) -> dict:
             continue  # off: recipes (and the fingerprints of runs) from before LoRA read the same
         if key == "model":
             out[key] = {"preset": section.preset, "backend": section.backend, **dict(section.overrides)}
+            if section.init_from is not None:
+                out[key]["init_from"] = section.init_from
         else:
             out[key] = {
                 f.name: getattr(section, f.name)
@@ -201,7 +220,9 @@ def _toml_value(value) -> str:
     raise TypeError(f"no TOML form for {value!r} ({type(value).__name__})")
 
 
-def _parse_value(text: str):
+def parse_value(text: str):
+    """A ``--set`` value: parsed as TOML (``3``, ``1e-3``, ``true``, ``[1, 2]``), else the bare
+    string (``--set data.dataset=digits``)."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
@@ -228,7 +249,7 @@ def with_sets(recipe: Recipe, assignments: list[str]) -> Recipe:
         key, sep, text = assignment.partition("=")
         if not sep:
             raise ZooError(f"--set expects section.field=value, got {assignment!r}")
-        values[key.strip()] = _parse_value(text.strip())
+        values[key.strip()] = parse_value(text.strip())
     return with_values(recipe, values)
 
 

@@ -71,9 +71,8 @@ def recursive_levels(n: int) -> tuple[int, ...]:
     pairs of 2s merged into 4s (2 + 2 = 4: the same sum, one level fewer), largest first.
 
     The sum is what the stack holds in block inputs, and with :mod:`zoo.grouped`'s backward it
-    is what the temp memory follows (at L=64 on CPU, transformer-s at 16 x 128: 102.0 MiB for
-    (4, 4, 4) and for (2, 2, 2, 2, 2, 2), 106.0 for (8, 8), 110.0 for (4, 16)). Each level
-    costs one more forward pass over the layers, so of equal sums the fewer levels win.
+    is what the temp memory follows (measured in ``docs/remat.md``, with its commands). Each
+    level costs one more forward pass over the layers, so of equal sums the fewer levels win.
     """
     factors, p = [], 2
     while p * p <= n:

@@ -16,7 +16,7 @@ from zoo import recipes
 from zoo.bench.scale import bench_scale
 from zoo.cli import main
 from zoo.train import checkpoint
-from zoo.train.loop import _epsilon_at, build_run
+from zoo.train.run import build_run, epsilon_at
 
 # SGD (a step is linear in the gradient) and a few steps: runs on two meshes differ by rounding.
 FLAGS = ["--no-progress", "--json", "--set", "optim.name=sgd", "--set", "optim.lr=0.1"]
@@ -68,7 +68,7 @@ def test_dp_on_a_mesh_spends_the_same_epsilon(tmp_path, capsys):
     dp = {"train.steps": 3, "dp.noise_seed": 3}  # the default sampler, philox4x32
     eight = zoo_train(capsys, "digits-mlp-dp", tmp_path / "eight", "--mesh", "data=8", *_sets(dp))
     one = build_run(recipes.with_values(recipes.load_recipe("digits-mlp-dp"), dp))
-    assert eight["epsilon"] == _epsilon_at(one, 3) and eight["sampling_prob"] == one.dp.sampler.sampling_prob
+    assert eight["epsilon"] == epsilon_at(one, 3) and eight["sampling_prob"] == one.dp.sampler.sampling_prob
     assert eight["padded_batch_size"] % 8 == 0 and eight["compile_count"] == 1
 
 

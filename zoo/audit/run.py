@@ -24,7 +24,7 @@ from zoo.errors import ZooError, choice_error
 from zoo.recipes import Recipe, with_values
 from zoo.train.compiles import CompileCounter
 from zoo.train.engine import DPRuntime, Engine
-from zoo.train.loop import Run, build_run
+from zoo.train.run import Run, build_run
 from zoo.train.state import make_optimizer, train_key
 
 MODES = ("whitebox", "blackbox")

@@ -11,10 +11,11 @@ from collections.abc import Callable, Sequence
 import jax
 import optax
 
-from zoo.api import apply_fn
+from zoo.api import apply_fn, example_batch, example_labels
 from zoo.errors import ZooError
 from zoo.losses import per_example_loss
-from zoo.models.registry import ModelConfig
+from zoo.models import canonical
+from zoo.models.registry import ModelConfig, get_config
 
 
 def train_step(
@@ -117,6 +118,16 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def int_list(text: str | None) -> list[int] | None:
+    """``"1,2,8"`` -> ``[1, 2, 8]`` (None for an empty flag); anything else is a ZooError."""
+    if not text:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ZooError(f"expected comma-separated ints, got {text!r}") from None
 
 
 def median_ratio(times: Sequence[float], base: Sequence[float]) -> float:
@@ -223,3 +234,49 @@ def _place_labels(fig, ax, points, colors) -> None:
                 break  # the last try is the default spot again: every other one collided
             note.remove()
         placed.append(box)
+
+
+# --- the shared set-up of the train-step benches (zoo bench remat, its depth sweep) ------------
+
+# Bench shapes per preset: big enough that activations dominate, small enough that the whole
+# default remat bench (every policy) stays quick on a CPU.
+DEFAULT_SHAPES = {"transformer-s": {"batch": 16, "seq": 128}}
+FALLBACK_BATCH = 8
+
+Progress = Callable[[str], None] | None
+
+
+def say(progress: Progress, message: str) -> None:
+    """Send ``message`` to ``progress`` (a progress line printer), if there is one."""
+    if progress is not None:
+        progress(message)
+
+
+def bench_shape(model, cfg, batch: int | None, seq: int | None) -> tuple[int, int | None]:
+    """(batch, seq) of a bench: the ones given, else the preset's :data:`DEFAULT_SHAPES`."""
+    defaults = DEFAULT_SHAPES.get(model, {}) if isinstance(model, str) else {}
+    batch = batch or defaults.get("batch", FALLBACK_BATCH)
+    return batch, cfg.seq_or_default(seq or defaults.get("seq"))
+
+
+def bench_config(model, num_layers: int | None, overrides: dict | None = None) -> ModelConfig:
+    """The preset's config with the bench's overrides and, if given, its layer count."""
+    return get_config(model, **(overrides or {}), **({"num_layers": num_layers} if num_layers else {}))
+
+
+def _warm_up(cfg, backend: str, x, y, seed: int) -> None:
+    """Compile one small step first, so that one-time start-up costs (XLA and JAX caches)
+    are not charged to whichever policy happens to compile first."""
+    step, optimizer = train_step(cfg, backend, "full")
+    params = jax.eval_shape(lambda: canonical.init_params(cfg, seed))
+    compile_timed(step, params, jax.eval_shape(optimizer.init, params), x[:1], y[:1])
+
+
+def warmed_inputs(model, cfg, backend: str, batch, seq, seed: int, progress, label: str):
+    """The bench shape, an example batch and its labels, after the warm-up compile."""
+    batch, seq = bench_shape(model, cfg, batch, seq)
+    x = example_batch(cfg, batch, seed=seed, seq_len=seq)
+    y = example_labels(cfg, x)
+    say(progress, f"{label}: warm-up compile")
+    _warm_up(cfg, backend, x, y, seed)
+    return batch, seq, x, y

@@ -47,18 +47,19 @@ import optax
 
 from zoo import bench
 from zoo.api import example_batch, example_labels
+from zoo.bench import dp_methods
 from zoo.bench.common import median_ratio, memory_stats, positive_int, state_stepper, time_in_rounds
 from zoo.bench.dp_methods import (  # noqa: F401  (re-exported: the bench API)
     BASELINE,
     CLIP,
-    DEFAULT_METHODS,
     GHOST,
     LR,
-    METHODS,
     MOMENTUM,
     SIGMA,
     Setup,
     Step,
+    default_methods,
+    methods,
     register_method,
 )
 from zoo.errors import ZooError, choice_error
@@ -71,7 +72,7 @@ from zoo.train.engine import Engine
 from zoo.train.state import TrainState
 
 # Bench batch per preset: big enough that per-example gradients dominate the DP step, small
-# enough that the whole bench runs in a minute or two on two CPU cores.
+# enough that the whole bench stays quick on a CPU.
 DEFAULT_BATCH = {
     "mlp-s": 256,
     "mlp-m": 256,
@@ -119,7 +120,7 @@ def _setup(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str]
     engine = Engine(
         cfg=cfg,
         backend=backend,
-        remat=StackPlan(get_policy("none"), plan.frozen_prefix),
+        stack=StackPlan(get_policy("none"), plan.frozen_prefix),
         freeze=plan,
         optimizer=optax.sgd(LR, momentum=MOMENTUM),
     )
@@ -158,19 +159,20 @@ def bench_dp(
     backend = check_backend(backend)
     cfg, batch, seq = _config(model, batch, seq)
     microbatch = _check_microbatch(microbatch or max(1, batch // 8), batch)
-    names = list(methods) if methods else list(DEFAULT_METHODS)
+    rows = dp_methods.methods()  # the table as it is now
+    names = list(methods) if methods else default_methods()
     if BASELINE not in names:
         names.insert(0, BASELINE)
     for name in names:
-        if name not in METHODS:
-            raise choice_error("dp bench method", name, METHODS)
+        if name not in rows:
+            raise choice_error("dp bench method", name, rows)
     setup, params = _setup(cfg, backend, batch, microbatch, freeze, seed)
     data = jax.device_put(_batch(cfg, batch, seq, seed))
 
     runs = {}
     for name in names:
         _say(progress, f"dp bench: compiling {name}")
-        step, optimizer = METHODS[name](setup)
+        step, optimizer = rows[name](setup)
         state, frozen = _fresh_state(setup, params, optimizer, seed)
         tic = time.perf_counter()
         compiled = _compile(step, state, frozen, data)
@@ -183,6 +185,33 @@ def bench_dp(
             "temp": memory_stats(compiled)["temp_size_in_bytes"],
         }
 
+    rows = _timed_rows(runs, data, microbatch, rounds, steps_per_round, progress)
+    result = {
+        "model": model if isinstance(model, str) else cfg.kind,
+        "backend": backend,
+        "batch": batch,
+        "seq": seq,
+        "microbatch": microbatch,
+        "trainable_params": setup.engine.freeze.trainable_count,
+        "frozen_params": setup.engine.freeze.frozen_count,
+        "device": jax.devices()[0].platform,
+        "rounds": rounds,
+        "steps_per_round": steps_per_round,
+        "rows": rows,
+    }
+    if memory_sweep:
+        known = {(batch, None): runs["zoo vmap"]["temp"]} if "zoo vmap" in runs else {}
+        if "zoo microbatch" in runs:
+            known[(batch, microbatch)] = runs["zoo microbatch"]["temp"]
+        result["microbatch_sweep"] = microbatch_sweep(
+            setup, params, cfg, seq, sweep, seed, progress, known=known
+        )
+    return result
+
+
+def _timed_rows(runs: dict, data, microbatch: int, rounds: int, steps_per_round: int, progress) -> list:
+    """The compiled rows take turns in timed rounds; each gets its median step time and its
+    ratios to the non-private row."""
     times = time_in_rounds(
         {name: state_stepper(run["compiled"], run, run["frozen"], data) for name, run in runs.items()},
         rounds,
@@ -205,27 +234,7 @@ def bench_dp(
                 "compile_s": round(run["compile_s"], 3),
             }
         )
-    result = {
-        "model": model if isinstance(model, str) else cfg.kind,
-        "backend": backend,
-        "batch": batch,
-        "seq": seq,
-        "microbatch": microbatch,
-        "trainable_params": setup.engine.freeze.trainable_count,
-        "frozen_params": setup.engine.freeze.frozen_count,
-        "device": jax.devices()[0].platform,
-        "rounds": rounds,
-        "steps_per_round": steps_per_round,
-        "rows": rows,
-    }
-    if memory_sweep:
-        known = {(batch, None): runs["zoo vmap"]["temp"]} if "zoo vmap" in runs else {}
-        if "zoo microbatch" in runs:
-            known[(batch, microbatch)] = runs["zoo microbatch"]["temp"]
-        result["microbatch_sweep"] = microbatch_sweep(
-            setup, params, cfg, seq, sweep, seed, progress, known=known
-        )
-    return result
+    return rows
 
 
 def microbatch_sweep(
@@ -275,16 +284,8 @@ def _mib(n) -> str:
     return f"{n / 2**20:.2f}"
 
 
-def _ints(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ZooError(f"expected comma-separated ints, got {text!r}") from None
-
-
 def _run_cli(args) -> int:
+    from zoo.bench.common import int_list
     from zoo.ui import emit_json, err_console, print_table
 
     progress = (
@@ -297,7 +298,7 @@ def _run_cli(args) -> int:
         batch=args.batch,
         seq=args.seq,
         microbatch=args.microbatch,
-        sweep=_ints(args.sweep),
+        sweep=int_list(args.sweep),
         memory_sweep=not args.no_sweep,
         methods=methods,
         freeze=args.freeze or (),
@@ -369,7 +370,7 @@ def add_bench(bench_sub) -> None:
     p.add_argument(
         "--methods",
         default=None,
-        help=f"comma-separated subset of: {', '.join(METHODS)} (non-private always runs)",
+        help=f"comma-separated subset of: {', '.join(methods())} (non-private always runs)",
     )
     p.add_argument(
         "--freeze",

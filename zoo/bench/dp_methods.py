@@ -1,5 +1,9 @@
-"""The rows of ``zoo bench dp``: one step builder per DP-SGD implementation, registered in
-order (:func:`register_method`); each gets the same :class:`Setup`."""
+"""The rows of ``zoo bench dp``: one step builder per DP-SGD implementation; each gets the same
+:class:`Setup`.
+
+zoo's own rows come from the clipping table (:data:`zoo.dp.clipping.CLIPPING`), read when the
+bench runs: a clipping method registered there is a row here with nothing to add. Other
+libraries' DP-SGD steps are rows registered by name (:func:`register_method`)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from zoo.dp import privatize
+from zoo.dp import CLIPPING, privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
 from zoo.train.engine import DPRuntime, Engine
 from zoo.train.state import TrainState
@@ -32,6 +36,7 @@ class Setup:
     noise_multiplier: float = SIGMA
 
     def dp_engine(self, microbatch_size: int | None) -> Engine:
+        """The engine's DP step with vmap clipping (in chunks of ``microbatch_size`` if set)."""
         runtime = DPRuntime(self.noise_multiplier, self.clip_norm, float(self.batch_size), microbatch_size)
         return dataclasses.replace(self.engine, dp=runtime)
 
@@ -41,17 +46,43 @@ class Setup:
 
 
 Builder = Callable[[Setup], tuple[Step, optax.GradientTransformation]]
-METHODS: dict[str, Builder] = {}
-DEFAULT_METHODS: list[str] = []  # what runs without --methods
+_OTHERS: dict[str, Builder] = {}  # rows registered by name, in order
+_OTHERS_DEFAULT: list[str] = []
 
 
 def register_method(name: str, builder: Builder, default: bool = True) -> Builder:
-    """Add a row to the bench (rows appear in registration order). ``default=False`` rows
+    """Add a row to the bench (after zoo's rows, in registration order). ``default=False`` rows
     run only when asked for with ``methods=[...]`` / ``--methods``."""
-    METHODS[name] = builder
-    if default and name not in DEFAULT_METHODS:
-        DEFAULT_METHODS.append(name)
+    _OTHERS[name] = builder
+    if default and name not in _OTHERS_DEFAULT:
+        _OTHERS_DEFAULT.append(name)
     return builder
+
+
+def _zoo_rows() -> list[tuple[str, Builder, bool]]:
+    """``(row, builder, runs by default)`` for each clipping method in the table: its row,
+    its microbatched row if it has one, and opt-in rows with the other noise PRNGs."""
+    rows = []
+    for method in CLIPPING.values():
+        rows.append((method.label, _zoo_step(method.name, False, DEFAULT_NOISE_PRNG), True))
+        if method.bench_microbatch_label:
+            rows.append(
+                (method.bench_microbatch_label, _zoo_step(method.name, True, DEFAULT_NOISE_PRNG), True)
+            )
+        for prng in NOISE_PRNGS:
+            if prng != DEFAULT_NOISE_PRNG:  # e.g. --methods "ghost,ghost threefry2x32"
+                rows.append((f"{method.label} {prng}", _zoo_step(method.name, False, prng), False))
+    return rows
+
+
+def methods() -> dict[str, Builder]:
+    """Every row, by name: the non-private baseline, zoo's clipping methods, other libraries'."""
+    return {BASELINE: _non_private, **{name: b for name, b, _ in _zoo_rows()}, **_OTHERS}
+
+
+def default_methods() -> list[str]:
+    """The rows that run without ``--methods``."""
+    return [BASELINE, *(name for name, _, default in _zoo_rows() if default), *_OTHERS_DEFAULT]
 
 
 def _sgd_step(setup: Setup, grads_fn) -> Step:
@@ -73,12 +104,17 @@ def _non_private(setup: Setup):
     return setup.engine.train_step_fn, setup.engine.optimizer
 
 
-def _zoo_vmap(setup: Setup):
-    return setup.dp_engine(None).train_step_fn, setup.engine.optimizer
+def _zoo_step(clipping: str, microbatched: bool, noise_prng: str) -> Builder:
+    """The engine's DP step with the ``clipping`` method (microbatched: in chunks of k)."""
 
+    def build(setup: Setup):
+        microbatch = setup.microbatch_size if microbatched else None
+        runtime = DPRuntime(
+            setup.noise_multiplier, setup.clip_norm, float(setup.batch_size), microbatch, clipping, noise_prng
+        )
+        return dataclasses.replace(setup.engine, dp=runtime).train_step_fn, setup.engine.optimizer
 
-def _zoo_microbatch(setup: Setup):
-    return setup.dp_engine(setup.microbatch_size).train_step_fn, setup.engine.optimizer
+    return build
 
 
 def _jax_privacy(setup: Setup):
@@ -131,32 +167,9 @@ def _optax_dpsgd(setup: Setup):
     return step, opt
 
 
-register_method(BASELINE, _non_private)
-register_method("zoo vmap", _zoo_vmap)
-register_method("zoo microbatch", _zoo_microbatch)
 register_method("jax_privacy clipped_grad", _jax_privacy)
 register_method("optax dpsgd", _optax_dpsgd)
-
-# Ghost clipping (zoo/dp/ghost.py, selected in the engine by DPRuntime(..., clipping="ghost"))
-# plugs in like any other method; pass default=False to make a new row opt-in (`--methods`).
-GHOST = "ghost"
-
-
-def _ghost_with(noise_prng: str) -> Builder:
-    def build(setup: Setup):
-        runtime = DPRuntime(
-            setup.noise_multiplier, setup.clip_norm, float(setup.batch_size), None, "ghost", noise_prng
-        )
-        return dataclasses.replace(setup.engine, dp=runtime).train_step_fn, setup.engine.optimizer
-
-    return build
-
-
-register_method(GHOST, _ghost_with(DEFAULT_NOISE_PRNG), default=True)
-# Opt-in rows: the same step with another noise sampler, e.g. --methods "ghost,ghost threefry2x32".
-for _prng in NOISE_PRNGS:
-    if _prng != DEFAULT_NOISE_PRNG:
-        register_method(f"{GHOST} {_prng}", _ghost_with(_prng), default=False)
+GHOST = CLIPPING["ghost"].label  # ghost clipping's row
 
 
 # ----------------------------------------------------------------------------- measuring

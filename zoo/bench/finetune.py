@@ -37,7 +37,7 @@ def _setup(cfg, backend, params, plan, policy, batch, dp=None):
     engine = Engine(
         cfg=cfg,
         backend=backend,
-        remat=plan.stack_plan(policy),
+        stack=plan.stack_plan(policy),
         freeze=plan,
         optimizer=make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000, clip=dp is None),
         dp=dp,

@@ -9,43 +9,41 @@ step each per round), so that all of them see the same machine load. Ratios are 
 
 With depths (``--depths 16,64``) the benchmark instead compiles the step at each depth
 without running it, to show how temp memory and compile time grow with the layer count
-(:func:`bench_depths`, :func:`compile_scaling`).
+(:mod:`zoo.bench.remat_depths`).
 """
 
 from __future__ import annotations
 
-import functools
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 
 import jax
 
 from zoo import bench
-from zoo.api import example_batch, example_labels
 from zoo.bench.common import (
+    FALLBACK_BATCH,
+    Progress,
+    bench_config,
     compile_timed,
     median_ratio,
     memory_stats,
     positive_int,
+    say,
     scatter_plot,
     state_stepper,
     time_in_rounds,
     train_step,
+    warmed_inputs,
 )
+from zoo.bench.remat_depths import bench_depths, parse_depths
 from zoo.configs import add_model_flags, model_flag_overrides
 from zoo.errors import ZooError
 from zoo.models import canonical
-from zoo.models.registry import check_backend, get_config
+from zoo.models.registry import check_backend
 from zoo.remat import choose_under_budget, get_policy, parse_bytes, policy_names
 from zoo.residuals import residual_report
 
 BASELINE = "none"
-# Bench shapes per preset: big enough that activations dominate, small enough that the whole
-# default bench (8 policies) runs in a few minutes on two CPU cores.
-DEFAULT_SHAPES = {"transformer-s": {"batch": 16, "seq": 128}}
-FALLBACK_BATCH = 8
-
-Progress = Callable[[str], None] | None
 
 
 def parse_policies(policies: str | Iterable[str] | None) -> list[str]:
@@ -63,51 +61,6 @@ def parse_policies(policies: str | Iterable[str] | None) -> list[str]:
     if BASELINE not in names:
         names.insert(0, BASELINE)
     return list(dict.fromkeys(names))
-
-
-def parse_depths(depths: str | Sequence[int]) -> list[int]:
-    if isinstance(depths, str):
-        try:
-            depths = [int(d) for d in depths.split(",") if d.strip()]
-        except ValueError:
-            raise ZooError(f"--depths must be comma-separated layer counts, got {depths!r}") from None
-    depths = list(depths)
-    if not depths or any(d <= 0 for d in depths):
-        raise ZooError(f"depths must be positive layer counts, got {depths}")
-    return depths
-
-
-def _shape(model: str, cfg, batch: int | None, seq: int | None) -> tuple[int, int | None]:
-    defaults = DEFAULT_SHAPES.get(model, {}) if isinstance(model, str) else {}
-    batch = batch or defaults.get("batch", FALLBACK_BATCH)
-    return batch, cfg.seq_or_default(seq or defaults.get("seq"))
-
-
-def _config(model, num_layers: int | None, overrides: dict | None = None):
-    return get_config(model, **(overrides or {}), **({"num_layers": num_layers} if num_layers else {}))
-
-
-def _say(progress: Progress, message: str) -> None:
-    if progress is not None:
-        progress(message)
-
-
-def _warm_up(cfg, backend: str, x, y, seed: int) -> None:
-    """Compile one small step first, so that one-time start-up costs (XLA and JAX caches)
-    are not charged to whichever policy happens to compile first."""
-    step, optimizer = train_step(cfg, backend, "full")
-    params = jax.eval_shape(lambda: canonical.init_params(cfg, seed))
-    compile_timed(step, params, jax.eval_shape(optimizer.init, params), x[:1], y[:1])
-
-
-def _warmed_inputs(model, cfg, backend: str, batch, seq, seed: int, progress, label: str):
-    """The bench shape, an example batch and its labels, after the warm-up compile."""
-    batch, seq = _shape(model, cfg, batch, seq)
-    x = example_batch(cfg, batch, seed=seed, seq_len=seq)
-    y = example_labels(cfg, x)
-    _say(progress, f"{label}: warm-up compile")
-    _warm_up(cfg, backend, x, y, seed)
-    return batch, seq, x, y
 
 
 def bench_remat(
@@ -133,30 +86,57 @@ def bench_remat(
     temp plus arguments within it) and ``chosen`` is the fastest that does: the choice
     ``zoo train --remat auto --memory-budget`` makes, shown without training."""
     backend = check_backend(backend)
-    cfg = _config(model, num_layers, overrides)
+    cfg = bench_config(model, num_layers, overrides)
     names = parse_policies(policies)
-    batch, seq, x, y = _warmed_inputs(model, cfg, backend, batch, seq, seed, progress, "remat bench")
+    batch, seq, x, y = warmed_inputs(model, cfg, backend, batch, seq, seed, progress, "remat bench")
     runs = {}
     for name in names:
-        _say(progress, f"remat bench: compiling {name}")
-        step, optimizer = train_step(cfg, backend, name)
-        params = canonical.init_params(cfg, seed)
-        opt_state = optimizer.init(params)
-        compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
-        report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed)
-        runs[name] = {
-            "compiled": compiled,
-            "state": (params, opt_state),
-            "row": {
-                "policy": name,
-                "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
-                "argument_bytes": memory_stats(compiled)["argument_size_in_bytes"],
-                "compile_s": round(compile_s, 3),
-                "lower_s": round(lower_s, 3),
-                "residual_device_bytes": report["total_device_bytes"],
-                "residual_host_bytes": report["total_host_bytes"],
-            },
-        }
+        say(progress, f"remat bench: compiling {name}")
+        runs[name] = _compiled_run(cfg, backend, name, batch, seq, seed, x, y)
+    result = {
+        "model": model if isinstance(model, str) else cfg.kind,
+        "backend": backend,
+        "batch": batch,
+        "seq": seq,
+        "num_layers": cfg.num_layers,
+        "repeats": repeats,
+        "device": jax.devices()[0].platform,
+        "rows": _timed_rows(runs, x, y, repeats, progress),
+    }
+    if budget is not None:
+        result["budget"] = parse_bytes(budget)
+        result["chosen"], result["rows"] = choose_under_budget(result["rows"], result["budget"])
+    if plot:
+        result["plot"] = plot_remat(result, plot)
+    return result
+
+
+def _compiled_run(cfg, backend: str, name: str, batch: int, seq, seed: int, x, y) -> dict:
+    """Policy ``name``'s compiled step, its first state and its untimed row (memory, compile
+    time, what the residual inspector says it keeps)."""
+    step, optimizer = train_step(cfg, backend, name)
+    params = canonical.init_params(cfg, seed)
+    opt_state = optimizer.init(params)
+    compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
+    report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed)
+    return {
+        "compiled": compiled,
+        "state": (params, opt_state),
+        "row": {
+            "policy": name,
+            "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
+            "argument_bytes": memory_stats(compiled)["argument_size_in_bytes"],
+            "compile_s": round(compile_s, 3),
+            "lower_s": round(lower_s, 3),
+            "residual_device_bytes": report["total_device_bytes"],
+            "residual_host_bytes": report["total_host_bytes"],
+        },
+    }
+
+
+def _timed_rows(runs: dict, x, y, repeats: int, progress: Progress) -> list[dict]:
+    """The policies take turns in timed rounds; each row gets its median step time and its
+    ratios to the baseline."""
 
     def stepper(run):
         def train(state, x, y):  # (params, opt_state) -> (params, opt_state), loss
@@ -168,7 +148,7 @@ def bench_remat(
     times = time_in_rounds(
         {name: stepper(run) for name, run in runs.items()},
         repeats,
-        on_round=lambda r: _say(progress, f"remat bench: timing round {r + 1}/{repeats}"),
+        on_round=lambda r: say(progress, f"remat bench: timing round {r + 1}/{repeats}"),
     )
     base = runs[BASELINE]["row"]
     rows = []
@@ -178,23 +158,8 @@ def bench_remat(
         row["step_ratio"] = round(median_ratio(times[name], times[BASELINE]), 4)
         row["temp_ratio"] = round(row["temp_bytes"] / base["temp_bytes"], 4) if base["temp_bytes"] else None
         row["loss"] = float(run["out"])
-        rows.append(row)
-    result = {
-        "model": model if isinstance(model, str) else cfg.kind,
-        "backend": backend,
-        "batch": batch,
-        "seq": seq,
-        "num_layers": cfg.num_layers,
-        "repeats": repeats,
-        "device": jax.devices()[0].platform,
-        "rows": [_ordered(r) for r in rows],
-    }
-    if budget is not None:
-        result["budget"] = parse_bytes(budget)
-        result["chosen"], result["rows"] = choose_under_budget(result["rows"], result["budget"])
-    if plot:
-        result["plot"] = plot_remat(result, plot)
-    return result
+        rows.append(_ordered(row))
+    return rows
 
 
 _KEY_ORDER = (
@@ -226,88 +191,6 @@ def plot_remat(result: dict, path: str) -> str:
     )
 
 
-def bench_depths(
-    model,
-    policies=("full", "nested"),
-    depths=(16, 64),
-    backend: str = "nnx",
-    batch: int | None = None,
-    seq: int | None = None,
-    seed: int = 0,
-    residuals: bool = True,
-    progress: Progress = None,
-    overrides: dict | None = None,
-) -> dict:
-    """Compile (without running) the train step at each depth for each policy.
-
-    Rows: ``{policy, num_layers, temp_bytes, compile_s, lower_s, param_bytes,
-    residual_device_bytes, residual_host_bytes}``. ``param_bytes`` is given because the
-    gradient (one param-sized temp buffer) also grows with depth, whatever the policy. ``growth``: per policy, each figure at the deepest depth divided
-    by the same figure at the shallowest.
-    """
-    backend = check_backend(backend)
-    names = [get_policy(p).name for p in (policies.split(",") if isinstance(policies, str) else policies)]
-    depths = parse_depths(depths)
-    cfg0 = _config(model, None, overrides)
-    batch, seq, x, y = _warmed_inputs(model, cfg0, backend, batch, seq, seed, progress, "remat depth sweep")
-    rows = []
-    for name in names:
-        for depth in depths:
-            _say(progress, f"remat depth sweep: {name} at L={depth}")
-            cfg = _config(model, depth, overrides)
-            step, optimizer = train_step(cfg, backend, name)
-            params = jax.eval_shape(functools.partial(canonical.init_params, cfg, seed))
-            opt_state = jax.eval_shape(optimizer.init, params)
-            compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
-            row = {
-                "policy": name,
-                "num_layers": depth,
-                "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
-                "argument_bytes": memory_stats(compiled)["argument_size_in_bytes"],
-                "compile_s": round(compile_s, 3),
-                "lower_s": round(lower_s, 3),
-                # the gradient is a temp buffer of this size, and it grows with depth too
-                "param_bytes": sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(params)),
-            }
-            if residuals:
-                report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed)
-                row["residual_device_bytes"] = report["total_device_bytes"]
-                row["residual_host_bytes"] = report["total_host_bytes"]
-                row["groups"] = report["groups"]
-                row["levels"] = report["levels"]
-            rows.append(row)
-    growth = []
-    lo, hi = min(depths), max(depths)
-    for name in names:
-        first = next(r for r in rows if r["policy"] == name and r["num_layers"] == lo)
-        last = next(r for r in rows if r["policy"] == name and r["num_layers"] == hi)
-        entry = {"policy": name, "from_layers": lo, "to_layers": hi}
-        for key, label in (
-            ("temp_bytes", "temp_growth"),
-            ("compile_s", "compile_growth"),
-            ("residual_device_bytes", "residual_device_growth"),
-        ):
-            if first.get(key):
-                entry[label] = round(last[key] / first[key], 3)
-        growth.append(entry)
-    return {
-        "model": model if isinstance(model, str) else cfg0.kind,
-        "backend": backend,
-        "batch": batch,
-        "seq": seq,
-        "depths": depths,
-        "device": jax.devices()[0].platform,
-        "rows": rows,
-        "growth": growth,
-    }
-
-
-def compile_scaling(model, policies=None, depths=(4, 48), **kwargs) -> dict:
-    """Compile time (and temp memory) of the train step at each depth, for every policy:
-    :func:`bench_depths` with the policy list defaulting to all registered policies."""
-    return bench_depths(model, policies=policies or policy_names(), depths=depths, **kwargs)
-
-
 # --- CLI ---------------------------------------------------------------------------------------
 
 
@@ -316,75 +199,84 @@ def _mib(n) -> str:
 
 
 def _run_cli(args) -> int:
-    from zoo.ui import emit_json, err_console, print_table
+    from zoo.ui import emit_json, err_console
 
     progress = (
         None if args.quiet else (lambda m: err_console.print(m, style="dim", markup=False, highlight=False))
     )
-    model, overrides = args.model, model_flag_overrides(args)
     if args.depths:
-        policies = args.policies or "full,nested"
         result = bench_depths(
-            model,
-            policies=[p for p in policies.split(",") if p.strip()],
+            args.model,
+            policies=[p for p in (args.policies or "full,nested").split(",") if p.strip()],
             depths=parse_depths(args.depths),
             backend=args.backend,
             batch=args.batch,
             seq=args.seq,
             progress=progress,
-            overrides=overrides,
+            overrides=model_flag_overrides(args),
         )
-        if args.json:
-            emit_json(result)
-            return 0
-        print_table(
-            f"zoo bench remat {args.model} --depths {args.depths} ({result['backend']}, "
-            f"batch {result['batch']}, seq {result['seq']}, {result['device']}; compile only)",
-            ["policy", "layers", "temp MiB", "compile s", "params MiB", "resid dev MiB", "resid host MiB"],
-            [
-                (
-                    r["policy"],
-                    r["num_layers"],
-                    _mib(r["temp_bytes"]),
-                    f"{r['compile_s']:.2f}",
-                    _mib(r["param_bytes"]),
-                    _mib(r.get("residual_device_bytes")),
-                    _mib(r.get("residual_host_bytes")),
-                )
-                for r in result["rows"]
-            ],
+        printer = _print_depths
+    else:
+        result = bench_remat(
+            args.model,
+            policies=args.policies,
+            backend=args.backend,
+            batch=args.batch,
+            seq=args.seq,
+            num_layers=args.layers,
+            repeats=args.repeats,
+            plot=args.plot,
+            progress=progress,
+            budget=args.budget,
+            overrides=model_flag_overrides(args),
         )
-        print_table(
-            "growth from the shallowest to the deepest stack",
-            ["policy", "layers", "temp x", "compile x", "resid dev x"],
-            [
-                (
-                    g["policy"],
-                    f"{g['from_layers']} -> {g['to_layers']}",
-                    g.get("temp_growth", "-"),
-                    g.get("compile_growth", "-"),
-                    g.get("residual_device_growth", "-"),
-                )
-                for g in result["growth"]
-            ],
-        )
-        return 0
-    result = bench_remat(
-        model,
-        policies=args.policies,
-        backend=args.backend,
-        batch=args.batch,
-        seq=args.seq,
-        num_layers=args.layers,
-        repeats=args.repeats,
-        plot=args.plot,
-        progress=progress,
-        budget=args.budget,
-        overrides=overrides,
-    )
+        printer = _print_policies
     if args.json:
         emit_json(result)
-        return 0
+    else:
+        printer(args, result)
+    return 0
+
+
+def _print_depths(args, result: dict) -> None:
+    from zoo.ui import print_table
+
+    print_table(
+        f"zoo bench remat {args.model} --depths {args.depths} ({result['backend']}, "
+        f"batch {result['batch']}, seq {result['seq']}, {result['device']}; compile only)",
+        ["policy", "layers", "temp MiB", "compile s", "params MiB", "resid dev MiB", "resid host MiB"],
+        [
+            (
+                r["policy"],
+                r["num_layers"],
+                _mib(r["temp_bytes"]),
+                f"{r['compile_s']:.2f}",
+                _mib(r["param_bytes"]),
+                _mib(r.get("residual_device_bytes")),
+                _mib(r.get("residual_host_bytes")),
+            )
+            for r in result["rows"]
+        ],
+    )
+    print_table(
+        "growth from the shallowest to the deepest stack",
+        ["policy", "layers", "temp x", "compile x", "resid dev x"],
+        [
+            (
+                g["policy"],
+                f"{g['from_layers']} -> {g['to_layers']}",
+                g.get("temp_growth", "-"),
+                g.get("compile_growth", "-"),
+                g.get("residual_device_growth", "-"),
+            )
+            for g in result["growth"]
+        ],
+    )
+
+
+def _print_policies(args, result: dict) -> None:
+    from zoo.ui import print_table
+
     chosen = (
         f"; budget {result['budget'] / 2**20:.1f} MiB: {result['chosen'] or 'nothing fits'}"
         if args.budget
@@ -422,7 +314,6 @@ def _run_cli(args) -> int:
         from zoo.ui import console
 
         console.print(f"plot written to {result['plot']}", markup=False, highlight=False)
-    return 0
 
 
 def add_bench(bench_sub) -> None:

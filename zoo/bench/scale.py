@@ -105,7 +105,7 @@ def _setup(cfg, backend, mesh_text, remat, params, batch):
     engine = Engine(
         cfg=cfg,
         backend=backend,
-        remat=StackPlan(get_policy(remat)),
+        stack=StackPlan(get_policy(remat)),
         freeze=resolve_freeze(params, ()),
         optimizer=make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000),
         layout=layout,

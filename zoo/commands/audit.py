@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from zoo.commands.train import _add_recipe_flags, resolve_recipe
+from zoo.commands.train import add_recipe_flags, resolve_recipe
 from zoo.ui import console, emit_json, print_table
 
 MODES = ("whitebox", "blackbox")  # zoo.audit.MODES, without importing the training stack
@@ -61,7 +61,7 @@ def add_parser(sub) -> None:
             "(jax_privacy.auditing, Steinke et al. 2023 one-run audit)."
         ),
     )
-    _add_recipe_flags(p)
+    add_recipe_flags(p)
     p.add_argument(
         "--canaries", type=int, default=1000, metavar="M", help="number of canaries (default 1000)"
     )

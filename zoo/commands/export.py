@@ -6,7 +6,7 @@ from zoo.ui import emit_json, print_table
 
 
 def run_export(args) -> int:
-    from zoo.lora import export
+    from zoo.train.lora_export import export  # orbax: loaded only for this verb
 
     if args.format == "hf":  # a Hugging Face checkpoint directory (zoo.train.hf)
         from zoo.train.hf import export_hf

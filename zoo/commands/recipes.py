@@ -34,7 +34,7 @@ def run_recipes(args) -> int:
                 "remat": recipe.train.remat,
                 "dp": recipe.dp.enabled,
                 "freeze": list(recipe.freeze.patterns),
-                "init_from": recipe.freeze.init_from,
+                "init_from": recipe.model.init_from,
             }
         )
     if args.json:

@@ -27,7 +27,7 @@ FLAG_FIELDS = {  # flag dest -> recipe field
     "batch_size": "train.batch_size",
     "lr": "optim.lr",
     "seed": "train.seed",
-    "init_from": "freeze.init_from",
+    "init_from": "model.init_from",
     "freeze": "freeze.patterns",
 }
 
@@ -52,7 +52,8 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
     return recipe_lib.with_sets(recipe, args.set or [])
 
 
-def _add_recipe_flags(p) -> None:
+def add_recipe_flags(p) -> None:
+    """The recipe argument and the flags that override its fields (``zoo train``, ``zoo audit``)."""
     p.add_argument("recipe", help="recipe name (see `zoo recipes`) or path to a .toml file")
     p.add_argument("--backend", choices=None, help="nnx or eqx")
     p.add_argument("--remat", help="remat policy (see `zoo remat-policies`), or auto with --memory-budget")
@@ -100,8 +101,7 @@ def run_train(args) -> int:
 
     # Before anything touches a device: join the other processes, if there are any.
     distributed.initialize(distributed.cluster_from(args.coordinator, args.num_processes, args.process_id))
-    from zoo.train.loop import build_run, train
-    from zoo.train.resume import finished_summary, preflight
+    from zoo.train.loop import train_recipe
 
     recipe = resolve_recipe(args)
     main = distributed.is_main_process()
@@ -109,20 +109,13 @@ def run_train(args) -> int:
         raise ZooError("--resume needs --out DIR: the run directory to continue")
     out = Path(args.out or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     human = Console(stderr=True) if args.json or not main else console
-    # A refused --resume or a bad --out fails here, before the data is loaded.
-    point = preflight(out, recipe, args.resume)
-    run = None
-    if finished_summary(out, point, recipe) is None:
-        run = build_run(recipe, point.plan_steps if point else None)
-        if main:
-            print_param_table(run, human)
-    summary = train(
+    summary = train_recipe(
         recipe,
         out,
         resume=args.resume,
         console=Console(stderr=True),
         show_progress=not args.no_progress,
-        run=run,
+        on_built=(lambda run: print_param_table(run, human)) if main else None,
     )
     if not main:
         return 0
@@ -164,18 +157,21 @@ def _param_rows(params):
 def run_eval(args) -> int:
     from zoo.train import checkpoint
     from zoo.train.engine import evaluate
-    from zoo.train.loop import build_run, task_metrics
+    from zoo.train.run import build_run
+    from zoo.train.summary import task_metrics
 
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
     recipe = recipe_lib.with_values(
-        ckpt.recipe, {"freeze.init_from": str(args.checkpoint_dir), "freeze.patterns": []}
+        ckpt.recipe, {"model.init_from": str(args.checkpoint_dir), "freeze.patterns": []}
     )
-    run = build_run(recipe)
+    run = build_run(recipe, choose_remat=False)
     state, frozen = run.engine.init_state(run.params, recipe.train.seed)
     metrics = evaluate(
         run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
     )
     metrics = {"checkpoint": str(args.checkpoint_dir), "step": ckpt.step, **task_metrics(run.task, metrics)}
+    if run.dp:
+        metrics.update(_dp_guarantee(run, ckpt))
     hard = None
     if args.hardest:
         from zoo.train.hardest import hardest
@@ -198,6 +194,29 @@ def run_eval(args) -> int:
     return 0
 
 
+def _dp_guarantee(run, ckpt) -> dict:
+    """The ``(epsilon, delta)`` a DP checkpoint's parameters carry, truncation included: padded
+    as its run's summary says (runs from before truncation was accounted padded less), or as
+    the recipe pads now."""
+    import dataclasses
+
+    from zoo.dp.accounting import guaranteed_privacy
+    from zoo.train import runlog
+
+    sampler = run.dp.sampler
+    padded = (runlog.read_summary(ckpt.path) or {}).get("padded_batch_size")
+    if isinstance(padded, int) and padded > 0:
+        sampler = dataclasses.replace(sampler, padded_batch_size=padded)
+    dp = run.recipe.dp
+    return guaranteed_privacy(
+        sampler,
+        noise_multiplier=run.dp.noise_multiplier,
+        delta=dp.delta,
+        steps=ckpt.step,
+        accountant=dp.accountant,
+    )
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -210,17 +229,17 @@ def _positive(text: str) -> int:
 
 def run_params(args) -> int:
     from zoo.train import checkpoint
-    from zoo.train.loop import build_run
+    from zoo.train.run import build_run
 
     target = Path(args.target)
     if (target / checkpoint.CHECKPOINT_DIR).exists():
         ckpt = checkpoint.load_checkpoint(target)
-        recipe = recipe_lib.with_values(ckpt.recipe, {"freeze.init_from": str(target)})
+        recipe = recipe_lib.with_values(ckpt.recipe, {"model.init_from": str(target)})
     else:
         recipe = recipe_lib.load_recipe(args.target)
     if args.freeze:
         recipe = recipe_lib.with_values(recipe, {"freeze.patterns": args.freeze})
-    run = build_run(recipe)
+    run = build_run(recipe, choose_remat=False)
     if args.json:
         emit_json(
             {
@@ -239,7 +258,7 @@ def run_params(args) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a recipe")
-    _add_recipe_flags(p)
+    add_recipe_flags(p)
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/RECIPE-TIMESTAMP)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON (last line)")

@@ -1,4 +1,10 @@
-"""A character-level tokenizer with a reserved unknown id."""
+"""A character-level tokenizer with a reserved unknown id, and its fixed byte-level form.
+
+A vocabulary fitted on a text (:meth:`CharTokenizer.fit`) is a function of that text: one record
+with a new character adds an id and changes the model's shape. Under DP the vocabulary must not
+come from the private data; :meth:`CharTokenizer.utf8_bytes` is one that never does (the 256
+byte values of UTF-8, the same for every text).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ UNK_ID = 0
 UNK_TEXT = "\ufffd"  # what decode() prints for the <unk> id
 _FORMAT = "zoo.char_tokenizer"
 _VERSION = 1
+BYTE_CHARS = tuple(chr(i) for i in range(256))  # byte b is the character U+00bb (Latin-1)
 
 
 def _code_points(text: str) -> np.ndarray:
@@ -32,6 +39,9 @@ class CharTokenizer:
     """
 
     chars: tuple[str, ...]
+    # True: ids are the bytes of the text's UTF-8 encoding (chars are the 256 byte values),
+    # a vocabulary that does not depend on any text.
+    byte_level: bool = False
 
     def __post_init__(self) -> None:
         chars = tuple(self.chars)
@@ -40,11 +50,25 @@ class CharTokenizer:
             raise DatasetError("CharTokenizer.chars must be single characters")
         if list(chars) != sorted(set(chars)):
             raise DatasetError("CharTokenizer.chars must be sorted and unique; use CharTokenizer.fit(text)")
+        if self.byte_level and chars != BYTE_CHARS:
+            raise DatasetError(
+                "a byte-level CharTokenizer has the 256 byte values as chars; use utf8_bytes()"
+            )
 
     @classmethod
     def fit(cls, text: str) -> CharTokenizer:
         """The tokenizer whose vocabulary is every distinct character of ``text``."""
         return cls(tuple(sorted(set(text))))
+
+    @classmethod
+    def utf8_bytes(cls) -> CharTokenizer:
+        """The fixed byte-level tokenizer: a text's UTF-8 bytes, byte ``b`` as id ``b + 1``."""
+        return cls(BYTE_CHARS, byte_level=True)
+
+    @property
+    def is_public(self) -> bool:
+        """Whether the vocabulary is fixed in advance rather than read from a text."""
+        return self.byte_level
 
     @property
     def vocab_size(self) -> int:
@@ -60,7 +84,11 @@ class CharTokenizer:
         return np.array([UNK_TEXT, *self.chars], dtype=object)
 
     def encode(self, text: str) -> np.ndarray:
-        """int32 ``[len(text)]`` ids; unknown characters become ``UNK_ID`` (0)."""
+        """int32 ``[len(text)]`` ids; unknown characters become ``UNK_ID`` (0). Byte-level:
+        one id per byte of the UTF-8 encoding."""
+        if self.byte_level:
+            raw = np.frombuffer(text.encode("utf-8", errors="surrogatepass"), dtype=np.uint8)
+            return raw.astype(np.int32) + 1
         points = _code_points(text)
         table = self._sorted_points
         if table.size == 0:
@@ -78,11 +106,15 @@ class CharTokenizer:
             raise DatasetError(f"ids must lie in [0, {self.vocab_size}), got [{ids.min()}, {ids.max()}]")
         if ids.size == 0:
             return ""
+        if self.byte_level:  # whole UTF-8 sequences become characters, the rest U+FFFD
+            data = b"".join(UNK_TEXT.encode() if i == UNK_ID else bytes((i - 1,)) for i in ids.tolist())
+            return data.decode("utf-8", errors="replace")
         return "".join(self._id_to_text[ids].tolist())
 
     def to_json(self) -> str:
         """A JSON string that :meth:`from_json` turns back into an equal tokenizer."""
-        return json.dumps({"format": _FORMAT, "version": _VERSION, "chars": "".join(self.chars)})
+        doc = {"format": _FORMAT, "version": _VERSION, "chars": "".join(self.chars)}
+        return json.dumps({**doc, "byte_level": True} if self.byte_level else doc)
 
     @classmethod
     def from_json(cls, text: str) -> CharTokenizer:
@@ -96,4 +128,8 @@ class CharTokenizer:
         if obj.get("version") != _VERSION:
             version = obj.get("version")
             raise DatasetError(f"unsupported CharTokenizer version {version!r}; expected {_VERSION}")
-        return cls(tuple(obj["chars"]))
+        if not isinstance(obj.get("byte_level", False), bool):
+            raise DatasetError(
+                f"CharTokenizer JSON: byte_level must be true or false, got {obj['byte_level']!r}"
+            )
+        return cls(tuple(obj["chars"]), byte_level=obj.get("byte_level", False))

@@ -4,28 +4,64 @@ Per step: draw a Poisson batch (:class:`PoissonSampler`), compute the clipped
 per-example gradient sum (:func:`clipped_grad_sum`), add Gaussian noise and
 divide by the expected batch size (:func:`privatize`); account for the privacy
 spent with :func:`epsilon_spent` / :func:`calibrate_noise_multiplier`.
+
+Clipping methods and samplers are tables (:data:`CLIPPING`, :data:`SAMPLERS`): a new one is
+one registration.
 """
 
+from zoo.configs import DPConfig
+
+# ghost registers its clipping method in the table on import
+from zoo.dp import ghost  # noqa: E402, I001
 from zoo.dp.accounting import (
     ACCOUNTANTS,
-    DPConfig,
     calibrate_noise_multiplier,
+    check_choices,
     epsilon_spent,
     max_steps_within_budget,
     resolve_noise_multiplier,
     validate,
 )
-from zoo.dp.clipping import clipped_grad_sum
+from zoo.dp.clipping import (
+    CLIPPING,
+    ClipModel,
+    ClippingMethod,
+    clipped_grad_sum,
+    clipping_method,
+    clipping_names,
+    register_clipping,
+    unregister_clipping,
+)
 from zoo.dp.noise import add_gaussian_noise, privatize
-from zoo.dp.sampling import PoissonSampler, padded_size_for
+from zoo.dp.sampling import (
+    SAMPLERS,
+    PoissonSampler,
+    SamplerKind,
+    make_sampler,
+    padded_size_for,
+    register_sampler,
+)
 
 __all__ = [
     "ACCOUNTANTS",
+    "CLIPPING",
+    "SAMPLERS",
+    "ClipModel",
+    "ClippingMethod",
     "DPConfig",
     "PoissonSampler",
+    "SamplerKind",
     "add_gaussian_noise",
     "calibrate_noise_multiplier",
+    "check_choices",
     "clipped_grad_sum",
+    "clipping_method",
+    "clipping_names",
+    "ghost",
+    "make_sampler",
+    "register_clipping",
+    "register_sampler",
+    "unregister_clipping",
     "epsilon_spent",
     "max_steps_within_budget",
     "padded_size_for",

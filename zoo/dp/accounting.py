@@ -17,62 +17,61 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
+from zoo.configs import DPConfig
+from zoo.dp.clipping import clipping_method
+from zoo.dp.noise import NOISE_PRNGS
+from zoo.dp.sampling import SAMPLERS
 from zoo.errors import ZooError, choice_error
 
 if TYPE_CHECKING:
     from dp_accounting import DpEvent
 
+    from zoo.dp.sampling import PoissonSampler
+
 __all__ = [
     "ACCOUNTANTS",
     "DPConfig",
+    "check_choices",
     "validate",
     "calibrate_noise_multiplier",
     "epsilon_spent",
+    "guaranteed_privacy",
+    "truncation_budget",
+    "truncation_delta",
     "max_steps_within_budget",
     "resolve_noise_multiplier",
 ]
 
 ACCOUNTANTS = ("pld", "rdp")
-CLIPPING_MODES = ("vmap", "ghost")
-SAMPLERS = ("poisson",)
 DEFAULT_PLD_DISCRETIZATION = 1e-4  # dp_accounting's own default
 # The calibration searches with a coarser grid. A pessimistic PLD on any grid is an upper
-# bound on epsilon, so the sigma it finds meets the budget; on the digits-mlp-dp plans it is
-# within 3e-5 (relative) of the sigma the default grid finds, 3-10x sooner.
+# bound on epsilon, so the sigma it finds meets the budget, only slightly above the sigma the
+# default grid finds, and it finds it sooner (the comparison is in docs/dp.md).
 SEARCH_PLD_DISCRETIZATION = 1e-3
-
-
-@dataclass(frozen=True)
-class DPConfig:
-    """DP-SGD settings.  Set exactly one of ``epsilon`` and ``noise_multiplier``.
-
-    ``epsilon`` is a target budget from which the noise multiplier is
-    calibrated; with ``noise_multiplier`` given directly, epsilon is reported.
-    ``expected_batch_size / num_examples`` is the Poisson sampling rate q.
-    """
-
-    enabled: bool = False
-    epsilon: float | None = None
-    delta: float = 1e-5
-    noise_multiplier: float | None = None
-    clip_norm: float = 1.0
-    expected_batch_size: int = 256
-    microbatch_size: int | None = None
-    accountant: str = "pld"
-    clipping: str = "ghost"  # zoo models; "vmap" is the general path
-    sampler: str = "poisson"
-    noise_prng: str = DEFAULT_NOISE_PRNG  # JAX PRNG implementation that draws the noise
-    # None: the noise keys come from 64 bits of OS entropy, kept only in the checkpoint's
-    # state. An int makes the run repeatable, and the noise only as secret as that int.
-    noise_seed: int | None = None
 
 
 def _is_num(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_choices(cfg: DPConfig) -> None:
+    """The named choices of an enabled config: sampler and clipping (rows of their tables,
+    :data:`zoo.dp.sampling.SAMPLERS`, :data:`zoo.dp.clipping.CLIPPING`), accountant and noise
+    PRNG. Recipes are checked with it when they are read."""
+    if not cfg.enabled:
+        return
+    if cfg.sampler not in SAMPLERS:
+        raise ZooError(
+            f"DP-SGD requires a sampler the accountant models ({', '.join(SAMPLERS)}: "
+            f"Poisson subsampling); got sampler={cfg.sampler!r}."
+        )
+    if cfg.accountant not in ACCOUNTANTS:
+        raise choice_error("accountant", cfg.accountant, ACCOUNTANTS)
+    clipping_method(cfg.clipping)
+    if cfg.noise_prng not in NOISE_PRNGS:
+        raise choice_error("noise_prng", cfg.noise_prng, NOISE_PRNGS)
 
 
 def validate(cfg: DPConfig, num_examples: int) -> None:
@@ -85,17 +84,7 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
     if isinstance(num_examples, bool) or not isinstance(num_examples, numbers.Integral) or num_examples < 1:
         raise ZooError(f"DP needs a positive number of training examples; got num_examples={num_examples!r}.")
     n = int(num_examples)
-    if cfg.sampler != "poisson":
-        raise ZooError(
-            f"DP-SGD requires sampler='poisson' (the accountant assumes Poisson "
-            f"subsampling); got sampler={cfg.sampler!r}."
-        )
-    if cfg.accountant not in ACCOUNTANTS:
-        raise choice_error("accountant", cfg.accountant, ACCOUNTANTS)
-    if cfg.clipping not in CLIPPING_MODES:
-        raise choice_error("clipping", cfg.clipping, CLIPPING_MODES)
-    if cfg.noise_prng not in NOISE_PRNGS:
-        raise choice_error("noise_prng", cfg.noise_prng, NOISE_PRNGS)
+    check_choices(cfg)
     if cfg.noise_seed is not None and not (
         isinstance(cfg.noise_seed, numbers.Integral)
         and not isinstance(cfg.noise_seed, bool)
@@ -326,3 +315,68 @@ def resolve_noise_multiplier(cfg: DPConfig, num_examples: int, steps: int) -> tu
         noise_multiplier=sigma, delta=cfg.delta, sampling_prob=q, steps=steps, accountant=cfg.accountant
     )
     return float(sigma), eps
+
+
+# Fixed-shape Poisson batches drop records when a draw exceeds the padded size. That event is
+# not part of the accounted mechanism; the padding is sized so that it adds at most this share
+# of delta over the run, and the delta a run reports includes what it does add.
+TRUNCATION_SHARE = 1e-3
+
+
+def truncation_budget(*, delta: float, epsilon: float, steps: int, share: float = TRUNCATION_SHARE) -> float:
+    """Per-step truncation probability ``p`` whose cost ``(1 + e^epsilon) * steps * p`` on delta
+    (:func:`truncation_delta`) is ``share * delta``."""
+    if not (_is_num(epsilon) and epsilon >= 0):
+        raise ZooError(f"epsilon must be a number >= 0; got epsilon={epsilon!r}.")
+    steps = max(_check_steps(steps), 1)
+    return 0.0 if not epsilon < 700 else share * delta / (steps * (1.0 + math.exp(epsilon)))
+
+
+def truncation_delta(
+    *, num_examples: int, sampling_prob: float, padded_batch_size: int, steps: int, epsilon: float
+) -> float:
+    """What truncating Poisson draws to ``padded_batch_size`` adds to delta over ``steps`` steps.
+
+    The truncated mechanism M' and the accounted one M differ only when a draw exceeds the
+    padding: per step with probability at most ``p = P(Binomial(N + 1, q) > P)`` on either
+    neighbour (the larger has N + 1 examples), so M'(D), M(D) are within ``steps * p`` in total
+    variation and M' is ``(eps, delta + (1 + e^eps) * steps * p)``-DP. Returns at most 1.
+    """
+    steps, n = _check_steps(steps), int(num_examples)
+    if steps == 0 or padded_batch_size >= n + 1:
+        return 0.0
+    from scipy import stats  # on first use: scipy.stats takes most of a second to import
+
+    p = float(stats.binom.sf(int(padded_batch_size), n + 1, float(sampling_prob)))
+    if p == 0.0:
+        return 0.0
+    return 1.0 if not epsilon < 700 else min(1.0, (1.0 + math.exp(epsilon)) * steps * p)
+
+
+def guaranteed_privacy(
+    sampler: PoissonSampler, *, noise_multiplier: float, delta: float, steps: int, accountant: str = "pld"
+) -> dict[str, float]:
+    """The ``(epsilon, delta)`` a DP-SGD run with this fixed-shape ``sampler`` guarantees after
+    ``steps`` steps.
+
+    ``epsilon`` is accounted at the accountant's ``delta`` (:func:`epsilon_spent`);
+    ``delta_truncation`` is what truncating the Poisson draws to the sampler's padded size adds
+    (:func:`truncation_delta`), and ``delta`` is the sum of the two: the run is
+    ``(epsilon, delta)``-DP. Keys: ``epsilon``, ``delta``, ``delta_accountant``,
+    ``delta_truncation``.
+    """
+    eps = epsilon_spent(
+        noise_multiplier=noise_multiplier,
+        delta=delta,
+        sampling_prob=sampler.sampling_prob,
+        steps=steps,
+        accountant=accountant,
+    )
+    extra = truncation_delta(
+        num_examples=sampler.num_examples,
+        sampling_prob=sampler.sampling_prob,
+        padded_batch_size=sampler.padded_batch_size,
+        steps=steps,
+        epsilon=eps,
+    )
+    return {"epsilon": eps, "delta": delta + extra, "delta_accountant": delta, "delta_truncation": extra}

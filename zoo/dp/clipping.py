@@ -10,20 +10,103 @@ Per-example gradients are materialised with ``jax.vmap(jax.grad(...))``.  With
 ``microbatch_size=k`` the batch is cut into ``B // k`` chunks that are processed
 one after another by ``jax.lax.scan``; only the running sum is carried, so the
 temporary memory is about ``k`` gradient copies instead of ``B``.
+
+Clipping methods form a table, as remat policies do (:mod:`zoo.remat`): each registers by
+name (:func:`register_clipping`) behind one call signature, :data:`ClipFn`. The engine,
+the recipe validation, ``zoo bench dp`` and the docs read the table; ``dp.clipping`` in a
+recipe names a row. ``vmap`` (this module) and ``ghost`` (:mod:`zoo.dp.ghost`) are built in.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from zoo.errors import choice_error
+
 PyTree = Any
 
-__all__ = ["clip_factor", "clipped_grad_sum"]
+__all__ = [
+    "ClipModel",
+    "ClippingMethod",
+    "clip_factor",
+    "clipped_grad_sum",
+    "clipping_method",
+    "clipping_names",
+    "register_clipping",
+    "unregister_clipping",
+]
+
+
+@dataclass(frozen=True)
+class ClipModel:
+    """What a clipping method may use of the model it clips: the config and backend, the
+    stack plan (remat policy and frozen prefix), the freeze plan, and the loss of one example
+    ``example_loss(trainable, frozen, x, y) -> scalar`` (``x``, ``y`` without a batch axis)."""
+
+    cfg: Any
+    backend: str
+    stack: Any  # zoo.scan.StackPlan
+    freeze: Any  # zoo.freeze.FreezePlan
+    example_loss: Callable[..., jax.Array]
+
+
+# clip(model, trainable, frozen, batch, *, clip_norm, microbatch_size)
+#   -> (sum of clipped per-example grads, pre-clip norms [B], per-example losses [B])
+# ``batch`` holds ``x``, ``y`` and the 0/1 ``mask`` of padding rows.
+ClipFn = Callable[..., tuple[PyTree, jax.Array, jax.Array]]
+
+
+@dataclass(frozen=True)
+class ClippingMethod:
+    """A row of the clipping table.
+
+    ``uses_microbatch(cfg)`` says whether ``microbatch_size`` bounds the method's memory for
+    this model (per-example gradients cut into chunks); when it does not, a recipe that sets
+    it is warned. ``bench_label`` names the method's rows in ``zoo bench dp``; with
+    ``bench_microbatch_label`` it also gets a row clipping in microbatches.
+    """
+
+    name: str
+    description: str
+    clip: ClipFn
+    uses_microbatch: Callable[[Any], bool] = lambda cfg: True
+    bench_label: str | None = None
+    bench_microbatch_label: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.bench_label or f"zoo {self.name}"
+
+
+CLIPPING: dict[str, ClippingMethod] = {}
+
+
+def register_clipping(method: ClippingMethod) -> ClippingMethod:
+    """Add a clipping method to the table (a name already taken is an error)."""
+    if method.name in CLIPPING:
+        raise ValueError(f"clipping method {method.name!r} is already registered")
+    CLIPPING[method.name] = method
+    return method
+
+
+def unregister_clipping(name: str) -> None:
+    CLIPPING.pop(name)
+
+
+def clipping_method(name: str) -> ClippingMethod:
+    if name not in CLIPPING:
+        raise choice_error("clipping", name, CLIPPING)
+    return CLIPPING[name]
+
+
+def clipping_names() -> list[str]:
+    return list(CLIPPING)
 
 
 def clip_factor(norms: jax.Array, l2_clip_norm: float | jax.Array) -> jax.Array:
@@ -60,6 +143,67 @@ def _batch_size(batch: tuple) -> int:
 def _acc_dtype(dtype) -> jnp.dtype:
     """Accumulate in at least float32 so bf16/fp16 sums do not lose mass."""
     return jnp.promote_types(dtype, jnp.float32)
+
+
+def _check_args(l2_clip_norm, microbatch_size, example_mask, b: int):
+    """``(microbatch size or None, keep flags [B])`` after checking the arguments."""
+    if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
+        raise ValueError(
+            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
+        )
+    if microbatch_size is not None:
+        if (
+            not isinstance(microbatch_size, numbers.Integral)
+            or isinstance(microbatch_size, bool)
+            or microbatch_size < 1
+        ):
+            raise ValueError(f"microbatch_size must be a positive int or None; got {microbatch_size!r}.")
+        microbatch_size = int(microbatch_size)
+        if b % microbatch_size != 0:
+            raise ValueError(
+                f"batch size {b} is not divisible by microbatch_size "
+                f"{microbatch_size}; pad the batch to a multiple of "
+                f"{microbatch_size} (and mask the padding) or pick another size."
+            )
+    if example_mask is None:
+        return microbatch_size, jnp.ones((b,), dtype=bool)
+    if jnp.shape(example_mask) != (b,):
+        raise ValueError(
+            f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
+        )
+    return microbatch_size, jnp.asarray(example_mask) > 0
+
+
+def _chunk_sum(per_example_loss, params, frozen, n_batch: int, l2_clip_norm):
+    """``chunk_sum(chunk, keep) -> (clipped sum, (norms, losses))`` for one chunk of examples."""
+    clip = jnp.asarray(l2_clip_norm, dtype=jnp.float32)
+    if frozen is not None:
+        grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, fz, *ex))
+    else:
+        grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, *ex))
+    per_example_grads = jax.vmap(grad_one, in_axes=(None, None) + (0,) * n_batch)
+
+    def chunk_sum(chunk, keep):
+        losses, grads = per_example_grads(params, frozen, *chunk)
+        k = keep.shape[0]
+        sq = jnp.zeros((k,), jnp.float32)
+        for g in jax.tree.leaves(grads):
+            sq = sq + jnp.sum(jnp.square(g.astype(jnp.float32)), axis=tuple(range(1, g.ndim)))
+        norms = jnp.sqrt(sq)
+        factor = clip_factor(norms, clip)
+        use = keep & jnp.isfinite(norms)
+
+        def weighted_sum(g):
+            acc = _acc_dtype(g.dtype)
+            shape = (k,) + (1,) * (g.ndim - 1)
+            contrib = g.astype(acc) * factor.astype(acc).reshape(shape)
+            contrib = jnp.where(use.reshape(shape), contrib, jnp.zeros((), acc))
+            return jnp.sum(contrib, axis=0)
+
+        losses = jnp.where(keep, losses.astype(jnp.float32), 0.0)
+        return jax.tree.map(weighted_sum, grads), (jnp.where(keep, norms, 0.0), losses)
+
+    return chunk_sum
 
 
 def clipped_grad_sum(
@@ -111,69 +255,9 @@ def clipped_grad_sum(
     contribution is zero, which keeps the sensitivity bound) but their norm is
     still reported as inf/NaN so the caller can notice.
     """
-    if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
-        raise ValueError(
-            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
-        )
     b = _batch_size(batch)
-
-    if microbatch_size is not None:
-        if (
-            not isinstance(microbatch_size, numbers.Integral)
-            or isinstance(microbatch_size, bool)
-            or microbatch_size < 1
-        ):
-            raise ValueError(f"microbatch_size must be a positive int or None; got {microbatch_size!r}.")
-        microbatch_size = int(microbatch_size)
-        if b % microbatch_size != 0:
-            raise ValueError(
-                f"batch size {b} is not divisible by microbatch_size "
-                f"{microbatch_size}; pad the batch to a multiple of "
-                f"{microbatch_size} (and mask the padding) or pick another size."
-            )
-
-    if example_mask is None:
-        keep_all = jnp.ones((b,), dtype=bool)
-    else:
-        if jnp.shape(example_mask) != (b,):
-            raise ValueError(
-                f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
-            )
-        keep_all = jnp.asarray(example_mask) > 0
-
-    clip = jnp.asarray(l2_clip_norm, dtype=jnp.float32)
-    has_frozen = frozen is not None
-
-    if has_frozen:
-        grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, fz, *ex))
-    else:
-        grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, *ex))
-    n_batch = len(batch)
-    per_example_grads = jax.vmap(grad_one, in_axes=(None, None) + (0,) * n_batch)
-
-    def chunk_sum(chunk, keep):
-        """Clipped sum and norms for one chunk of examples (leading axis k)."""
-        losses, grads = per_example_grads(params, frozen, *chunk)
-        leaves = jax.tree.leaves(grads)
-        k = keep.shape[0]
-        sq = jnp.zeros((k,), jnp.float32)
-        for g in leaves:
-            g32 = g.astype(jnp.float32)
-            sq = sq + jnp.sum(jnp.square(g32), axis=tuple(range(1, g.ndim)))
-        norms = jnp.sqrt(sq)
-        factor = clip_factor(norms, clip)
-        use = keep & jnp.isfinite(norms)
-
-        def weighted_sum(g):
-            acc = _acc_dtype(g.dtype)
-            shape = (k,) + (1,) * (g.ndim - 1)
-            contrib = g.astype(acc) * factor.astype(acc).reshape(shape)
-            contrib = jnp.where(use.reshape(shape), contrib, jnp.zeros((), acc))
-            return jnp.sum(contrib, axis=0)
-
-        losses = jnp.where(keep, losses.astype(jnp.float32), 0.0)
-        return jax.tree.map(weighted_sum, grads), (jnp.where(keep, norms, 0.0), losses)
-
+    microbatch_size, keep_all = _check_args(l2_clip_norm, microbatch_size, example_mask, b)
+    chunk_sum = _chunk_sum(per_example_loss, params, frozen, len(batch), l2_clip_norm)
     if microbatch_size is None or microbatch_size == b:
         summed, (norms, losses) = chunk_sum(batch, keep_all)
     else:
@@ -196,3 +280,31 @@ def clipped_grad_sum(
 
     summed = jax.tree.map(lambda s, p: s.astype(jnp.result_type(p)), summed, params)
     return (summed, norms, losses) if return_losses else (summed, norms)
+
+
+def _vmap_clip(model: ClipModel, trainable, frozen, batch, *, clip_norm, microbatch_size):
+    def one_example(trainable, frozen, x, y):
+        return model.example_loss(trainable, frozen, x, y)
+
+    return clipped_grad_sum(
+        one_example,
+        trainable,
+        batch["x"],
+        batch["y"],
+        l2_clip_norm=clip_norm,
+        microbatch_size=microbatch_size,
+        example_mask=batch["mask"],
+        frozen=frozen,
+        return_losses=True,
+    )
+
+
+register_clipping(
+    ClippingMethod(
+        "vmap",
+        "per-example gradients by vmap(grad), in microbatches of dp.microbatch_size if set",
+        _vmap_clip,
+        bench_label="zoo vmap",
+        bench_microbatch_label="zoo microbatch",
+    )
+)

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from zoo.configs import DEFAULT_NOISE_PRNG
 from zoo.dp.philox import PARTITIONABLE_PHILOX
 from zoo.errors import choice_error
 
@@ -29,7 +30,6 @@ __all__ = ["NOISE_PRNGS", "DEFAULT_NOISE_PRNG", "add_gaussian_noise", "noise_key
 # keys likely to collide (about 1 in 3 for 6 leaves x 10k steps), and equal keys mean equal
 # noise.
 NOISE_PRNGS = ("philox4x32", "threefry2x32", "threefry4x32")
-DEFAULT_NOISE_PRNG = "philox4x32"
 NOISE_STREAM = 0x6E6F6973  # fold_in constant that separates the noise from other uses of a key
 
 

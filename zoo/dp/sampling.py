@@ -16,22 +16,26 @@ uniform, and its size is ``Binomial(N, q)``.
 
 Truncation policy: if ``k`` exceeds ``padded_batch_size`` the excess examples
 are dropped at random (equivalently, ``padded_batch_size`` distinct indices are
-drawn uniformly) and a :class:`RuntimeWarning` is raised.  We do NOT account
-for this in the privacy analysis; instead :meth:`PoissonSampler.for_expected_batch`
-sizes the padding so the per-step truncation probability is at most
-``truncation_prob`` (1e-9 by default), which is negligible next to ``delta``.
+drawn uniformly) and a :class:`RuntimeWarning` is raised.  The accountant's
+mechanism has no truncation; :meth:`PoissonSampler.for_expected_batch` sizes the
+padding so the per-step truncation probability is at most ``truncation_prob``,
+and :func:`zoo.dp.accounting.truncation_delta` adds what the event costs to the
+reported delta (a DP run asks for at most ``delta / 1000``,
+:func:`zoo.dp.accounting.truncation_budget`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PoissonSampler", "padded_size_for"]
+__all__ = ["SAMPLERS", "PoissonSampler", "SamplerKind", "make_sampler", "padded_size_for", "register_sampler"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -107,12 +111,15 @@ class PoissonSampler:
         truncation_prob: float = 1e-9,
         *,
         pad_to_multiple: int = 1,
+        neighbours: bool = False,
     ) -> PoissonSampler:
         """Sampler with ``q = expected_batch_size / num_examples``.
 
         ``padded_batch_size`` is the smallest size whose truncation probability
         ``P(Binomial(N, q) > size)`` is at most ``truncation_prob``, rounded up
         to a multiple of ``pad_to_multiple`` (e.g. the clipping microbatch size).
+        ``neighbours=True`` bounds it for ``N + 1`` examples as well (the larger of
+        two add/remove neighbours), as the privacy accounting of truncation needs.
         """
         n = _check_pos_int("num_examples", num_examples)
         if (
@@ -128,7 +135,7 @@ class PoissonSampler:
                 f"{expected_batch_size}/{n} = {q!r} is outside (0, 1]."
             )
         m = _check_pos_int("pad_to_multiple", pad_to_multiple)
-        size = padded_size_for(n, q, truncation_prob)
+        size = padded_size_for(n + 1 if neighbours else n, q, truncation_prob)
         size = -(-size // m) * m
         return cls(num_examples=n, sampling_prob=q, padded_batch_size=size, seed=seed)
 
@@ -141,7 +148,7 @@ class PoissonSampler:
         ``realised == mask.sum()``.  If the drawn Binomial size exceeds ``P``
         (probability <= truncation_prob for ``for_expected_batch`` samplers) the
         batch is truncated to ``P`` random examples, ``realised`` is ``P`` and a
-        ``RuntimeWarning`` is issued; this event is not privacy-accounted.
+        ``RuntimeWarning`` is issued (its cost on delta: ``zoo.dp.accounting.truncation_delta``).
         """
         if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
             raise ValueError(f"step must be a non-negative int; got {step!r}.")
@@ -152,7 +159,7 @@ class PoissonSampler:
         if drawn > p:
             warnings.warn(
                 f"Poisson batch at step {step} drew {drawn} examples but the padded "
-                f"batch holds {p}; dropping {drawn - p} at random (not accounted for).",
+                f"batch holds {p}; dropping {drawn - p} at random (its probability is in the reported delta).",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -165,3 +172,57 @@ class PoissonSampler:
         indices[:realised] = chosen
         mask[:realised] = 1.0
         return indices, mask, realised
+
+
+# --- the sampler table ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplerKind:
+    """A row of the sampler table: ``make(num_examples, expected_batch_size, seed,
+    truncation_prob, pad_to_multiple)`` returns a sampler with ``batch_indices(step) -> (indices, mask,
+    realised)``, ``sampling_prob``, ``padded_batch_size`` and ``expected_batch_size``.
+    The accountant (:mod:`zoo.dp.accounting`) models Poisson subsampling: a sampler added here
+    must draw batches that the accounting holds for."""
+
+    name: str
+    description: str
+    make: Callable[..., PoissonSampler]
+
+
+SAMPLERS: dict[str, SamplerKind] = {}
+
+
+def register_sampler(kind: SamplerKind) -> SamplerKind:
+    if kind.name in SAMPLERS:
+        raise ValueError(f"sampler {kind.name!r} is already registered")
+    SAMPLERS[kind.name] = kind
+    return kind
+
+
+def make_sampler(
+    name: str,
+    num_examples: int,
+    expected_batch_size: float,
+    seed: int,
+    truncation_prob: float,
+    *,
+    pad_to_multiple: int = 1,
+):
+    """The sampler ``name`` (a row of :data:`SAMPLERS`) for a run, padded so that a draw from
+    either of two neighbouring datasets is truncated with probability at most
+    ``truncation_prob`` per step."""
+    if name not in SAMPLERS:
+        raise ValueError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
+    return SAMPLERS[name].make(
+        num_examples, expected_batch_size, seed, truncation_prob, pad_to_multiple=pad_to_multiple
+    )
+
+
+register_sampler(
+    SamplerKind(
+        "poisson",
+        "each example joins each step's batch independently with probability q, padded to a fixed shape",
+        functools.partial(PoissonSampler.for_expected_batch, neighbours=True),
+    )
+)

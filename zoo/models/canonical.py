@@ -116,6 +116,12 @@ def _template(cfg: ModelConfig, backend: str) -> _Layout:
     return _layout_of(abstract)
 
 
+def leaf_paths(cfg: ModelConfig, backend: str) -> tuple[tuple[str, ...], ...]:
+    """The canonical path of each leaf of ``cfg``'s ``backend`` module, in the module's leaf
+    order (Equinox and NNX order their leaves differently)."""
+    return _template(cfg, check_backend(backend)).paths
+
+
 def to_canonical(model) -> dict:
     """NNX or Equinox module -> canonical nested dict of arrays."""
     layout = _layout_of(model)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import jax
 from jax.extend import core as jcore
 
+from zoo.jaxprs import call_jaxpr, scan_counts
+
 DEVICE = "device"
 HOST = "pinned_host"
 
@@ -22,7 +24,9 @@ _LAYOUT = {"reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims",
 
 
 @dataclass(frozen=True)
-class _Origin:
+class Origin:
+    """Where a residual was made: its activation name (or primitive, or ``param PATH``)."""
+
     name: str
     kind: str  # "activation" | "param" | "input" | "constant"
     source: str = ""
@@ -30,8 +34,10 @@ class _Origin:
 
 
 @dataclass(frozen=True)
-class _Found:
-    origin: _Origin
+class Found:
+    """One residual of :func:`find_residuals`, followed back to its :class:`Origin`."""
+
+    origin: Origin
     count: int  # how many copies the residual stacks (scan length product)
     stacked: bool  # passed through a scan's per-step outputs (one leading axis per scan)
     shape: tuple[int, ...]  # one copy's shape
@@ -48,30 +54,6 @@ def _summarize(eqn) -> str:
         return ""
 
 
-def _sub_jaxpr(eqn):
-    """The jaxpr of a call-like equation whose inputs and outputs line up with the eqn's."""
-    for key in ("jaxpr", "call_jaxpr"):
-        sub = eqn.params.get(key)
-        if sub is None:
-            continue
-        inner = getattr(sub, "jaxpr", sub)
-        if (
-            isinstance(inner, jcore.Jaxpr)
-            and len(inner.invars) == len(eqn.invars)
-            and len(inner.outvars) == len(eqn.outvars)
-        ):
-            return inner
-    return None
-
-
-def _scan_counts(eqn) -> tuple[int, int]:
-    """(number of consts, number of carries) of a scan equation, across JAX versions."""
-    if "num_consts" in eqn.params:
-        return eqn.params["num_consts"], eqn.params["num_carry"]
-    consts, carry, _ = eqn.params["ft_in"].unpack()
-    return len(consts), len(carry)
-
-
 def _input_name(var, jaxpr) -> str | None:
     """The checkpoint name a jaxpr input is given where it is first used, following it into
     calls and scan carries (the block input is tagged ``layer_input`` inside the body)."""
@@ -81,7 +63,7 @@ def _input_name(var, jaxpr) -> str | None:
                 continue
             if eqn.primitive.name == "name":
                 return eqn.params["name"]
-            sub = _sub_jaxpr(eqn)
+            sub = call_jaxpr(eqn)
             if sub is None and eqn.primitive.name == "scan":
                 sub = eqn.params["jaxpr"].jaxpr
             if sub is not None and pos < len(sub.invars):
@@ -99,7 +81,7 @@ class _Frame:
         jaxpr,
         parent: _Frame | None = None,
         outer_eqn=None,
-        top_inputs: Callable[[int], _Origin] | None = None,
+        top_inputs: Callable[[int], Origin] | None = None,
     ):
         self.jaxpr = jaxpr
         self.parent = parent
@@ -115,30 +97,30 @@ class _Frame:
         self.invar_pos = {v: i for i, v in enumerate(jaxpr.invars)}
         self.constvars = set(jaxpr.constvars)
 
-    def resolve(self, var, count: int = 1, stacked: int = 0) -> tuple[_Origin, int, int]:
+    def resolve(self, var, count: int = 1, stacked: int = 0) -> tuple[Origin, int, int]:
         """``(origin, copies, scan levels)`` of ``var``: where it was made, how many copies
         enclosing scans stack, and how many leading scan axes its shape carries."""
         if isinstance(var, jcore.Literal):
-            return _Origin("literal", "constant"), count, stacked
+            return Origin("literal", "constant"), count, stacked
         if var in self.producer:
             return self._from_eqn(self.producer[var], var, count, stacked)
         if var in self.invar_pos:
             return self._from_input(self.invar_pos[var], var, count, stacked)
         if var in self.constvars:
             kind = "input" if self.parent is None else "constant"
-            return _Origin("batch input" if kind == "input" else "constant", kind), count, stacked
-        return _Origin("unknown", "activation"), count, stacked
+            return Origin("batch input" if kind == "input" else "constant", kind), count, stacked
+        return Origin("unknown", "activation"), count, stacked
 
     def _from_input(self, pos: int, var, count: int, stacked: int):
         if self.parent is None:
             return self.top_inputs(pos), count, stacked
         eqn = self.outer_eqn
         if eqn.primitive.name == "scan":
-            num_consts, num_carry = _scan_counts(eqn)
+            num_consts, num_carry = scan_counts(eqn)
             if num_consts <= pos < num_consts + num_carry:  # the carry: a block (or group) input
                 name = _input_name(var, self.jaxpr)
                 return (
-                    _Origin(name or "scan carry", "activation", "scan carry", named=bool(name)),
+                    Origin(name or "scan carry", "activation", "scan carry", named=bool(name)),
                     count,
                     stacked,
                 )
@@ -149,33 +131,33 @@ class _Frame:
         prim = eqn.primitive.name
         src = _summarize(eqn)
         if prim == "name":
-            return _Origin(eqn.params["name"], "activation", src, named=True), count, stacked
+            return Origin(eqn.params["name"], "activation", src, named=True), count, stacked
         if var in self.named_as:
-            return _Origin(self.named_as[var], "activation", src, named=True), count, stacked
+            return Origin(self.named_as[var], "activation", src, named=True), count, stacked
         if prim in _PASS_THROUGH:
             return self.resolve(eqn.invars[0], count, stacked)
         if prim in _LAYOUT:
             origin, _, _ = self.resolve(eqn.invars[0])
             if origin.kind in ("param", "input", "constant"):
                 return origin, count, stacked
-            return _Origin(prim, "activation", src), count, stacked
+            return Origin(prim, "activation", src), count, stacked
         if prim == "scan":
             pos = eqn.outvars.index(var)
-            _, num_carry = _scan_counts(eqn)
+            _, num_carry = scan_counts(eqn)
             body = eqn.params["jaxpr"].jaxpr
             child = _Frame(body, self, eqn)
             if pos < num_carry:  # final carry: the output of the last step
-                return _Origin("scan output", "activation", src), count, stacked
+                return Origin("scan output", "activation", src), count, stacked
             return child.resolve(body.outvars[pos], count * eqn.params["length"], stacked + 1)
-        sub = _sub_jaxpr(eqn)
+        sub = call_jaxpr(eqn)
         if sub is not None:
             pos = eqn.outvars.index(var)
             child = _Frame(sub, self, eqn)
             origin, count, stacked = child.resolve(sub.outvars[pos], count, stacked)
             if origin.kind == "activation" and not origin.named and "name" in eqn.params:
-                origin = _Origin(f"{prim}({eqn.params['name']})", "activation", src)
+                origin = Origin(f"{prim}({eqn.params['name']})", "activation", src)
             return origin, count, stacked
-        return _Origin(prim, "activation", src), count, stacked
+        return Origin(prim, "activation", src), count, stacked
 
 
 def _depends_on_inputs(jaxpr, live_inputs=None) -> set:
@@ -187,7 +169,7 @@ def _depends_on_inputs(jaxpr, live_inputs=None) -> set:
         live = [not isinstance(v, jcore.Literal) and v in dep for v in eqn.invars]
         if not any(live):
             continue
-        sub = _sub_jaxpr(eqn)
+        sub = call_jaxpr(eqn)
         if sub is None:
             dep.update(eqn.outvars)
             continue
@@ -210,9 +192,9 @@ def find_residuals(
     fn: Callable,
     *args,
     const_args: tuple = (),
-    input_origin: Callable[[int], _Origin] | None = None,
+    input_origin: Callable[[int], Origin] | None = None,
     loop_invariant_kind: bool = False,
-) -> list[_Found]:
+) -> list[Found]:
     """Residuals of ``vjp(lambda *a: fn(*a, *const_args), *args)``, each followed to its origin.
 
     ``args`` and ``const_args`` may be arrays or ``jax.ShapeDtypeStruct``: only shapes are
@@ -238,7 +220,7 @@ def find_residuals(
     jaxpr = closed.jaxpr
     num_res = len(jax.tree_util.tree_leaves(shapes[1]))
     res_vars = jaxpr.outvars[len(jaxpr.outvars) - num_res :]
-    frame = _Frame(jaxpr, top_inputs=input_origin or (lambda i: _Origin("param", "param")))
+    frame = _Frame(jaxpr, top_inputs=input_origin or (lambda i: Origin("param", "param")))
     live = _depends_on_inputs(jaxpr) if loop_invariant_kind else None
     found = []
     for var in res_vars:
@@ -246,7 +228,7 @@ def find_residuals(
         if origin.kind == "constant" and origin.name == "literal":
             continue  # 0-d literal constants: no memory worth reporting
         if live is not None and origin.kind == "activation" and var not in live:
-            origin = _Origin(origin.name, "constant", origin.source)
+            origin = Origin(origin.name, "constant", origin.source)
         shape = tuple(var.aval.shape)[stacked:]  # one copy: drop the leading scan axes
-        found.append(_Found(origin, count, stacked > 0, shape, str(var.aval.dtype), _memory_kind(var.aval)))
+        found.append(Found(origin, count, stacked > 0, shape, str(var.aval.dtype), _memory_kind(var.aval)))
     return found

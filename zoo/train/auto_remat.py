@@ -71,8 +71,9 @@ def _write(key: str, entry: dict) -> None:
     atomic_write(path, json.dumps(doc, indent=1) + "\n")
 
 
-def _with_policy(engine, policy: str):
-    return dataclasses.replace(engine, remat=StackPlan(get_policy(policy), engine.remat.frozen_prefix))
+def with_policy(engine, policy: str):
+    """``engine`` with its stack on ``policy`` (same frozen prefix)."""
+    return dataclasses.replace(engine, stack=StackPlan(get_policy(policy), engine.stack.frozen_prefix))
 
 
 def measure(run, batch: dict, budget: int, policies=None) -> list[dict]:
@@ -80,7 +81,7 @@ def measure(run, batch: dict, budget: int, policies=None) -> list[dict]:
     time of one step (after an untimed one)."""
     rows = []
     for policy in policies or policy_names():
-        engine = _with_policy(run.engine, policy)
+        engine = with_policy(run.engine, policy)
         state, frozen = engine.init_state(run.params, 0, jax.random.key(0))
         compiled = engine.train_step.lower(state, frozen, batch).compile()
         stats = compiled.memory_analysis()
@@ -119,8 +120,8 @@ def choose(run, batch: dict) -> tuple[str, list[dict], bool]:
     return chosen, rows, False
 
 
-def resolve(run, batch: dict, console):
-    """``run`` with its engine on the chosen policy; prints the table it chose from."""
+def resolve(run, batch: dict, console) -> str:
+    """The policy to train ``run`` with; prints the table it chose from."""
     from zoo.ui import print_table
 
     chosen, rows, cached = choose(run, batch)
@@ -141,4 +142,4 @@ def resolve(run, batch: dict, console):
         ],
         out=console,
     )
-    return dataclasses.replace(run, engine=_with_policy(run.engine, chosen)), chosen
+    return chosen

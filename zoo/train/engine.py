@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from zoo.api import apply_fn
-from zoo.dp import clipped_grad_sum, privatize
+from zoo.dp import ClipModel, PoissonSampler, clipping_method, privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG
 from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
@@ -27,7 +27,9 @@ from zoo.train.state import TrainState
 
 @dataclass(frozen=True)
 class DPRuntime:
-    """Resolved DP-SGD settings for the step (the noise multiplier is already calibrated)."""
+    """A run's DP-SGD plan, resolved once from the recipe's ``[dp]``: what the step uses (the
+    calibrated noise multiplier, clip norm, clipping method) and, for a training run, what the
+    loop and the summary use (the sampler, the planned epsilon, delta and accountant)."""
 
     noise_multiplier: float
     clip_norm: float
@@ -35,13 +37,17 @@ class DPRuntime:
     microbatch_size: int | None = None
     clipping: str = "vmap"  # "ghost": per-example norms without per-example gradients
     noise_prng: str = DEFAULT_NOISE_PRNG
+    sampler: PoissonSampler | None = None  # draws the run's batches (None: the caller batches)
+    epsilon: float | None = None  # what the planned steps spend
+    delta: float | None = None
+    accountant: str = "pld"
 
 
 @dataclass(frozen=True)
 class Engine:
     cfg: ModelConfig
     backend: str
-    remat: StackPlan
+    stack: StackPlan  # the scan of the layer stack: its remat policy and frozen prefix
     freeze: FreezePlan
     optimizer: optax.GradientTransformation
     dp: DPRuntime | None = None
@@ -49,7 +55,7 @@ class Engine:
 
     # -- pure pieces ---------------------------------------------------------------------
     def logits(self, params: dict, x: jax.Array) -> jax.Array:
-        return apply_fn(self.cfg, self.backend)(params, x, self.remat)
+        return apply_fn(self.cfg, self.backend)(params, x, self.stack)
 
     def example_losses(self, trainable: dict, frozen: dict, x: jax.Array, y: jax.Array):
         logits = self.logits(self.freeze.merge(trainable, frozen), x)
@@ -66,39 +72,25 @@ class Engine:
         return self._dp_grads(state, frozen, batch)
 
     def clipped_sum(self, state: TrainState, frozen: dict, batch: dict):
-        """``(sum of clipped per-example grads, pre-clip norms, per-example losses)``."""
-        if self.dp.clipping == "ghost":
-            from zoo.dp.ghost import ghost_clipped_grad_sum
+        """``(sum of clipped per-example grads, pre-clip norms, per-example losses)`` by the
+        run's clipping method (a row of :data:`zoo.dp.clipping.CLIPPING`)."""
+        return clipping_method(self.dp.clipping).clip(
+            self.clip_model,
+            state.params,
+            frozen,
+            batch,
+            clip_norm=self.dp.clip_norm,
+            microbatch_size=self.dp.microbatch_size,
+        )
 
-            return ghost_clipped_grad_sum(
-                self.cfg,
-                state.params,
-                batch["x"],
-                batch["y"],
-                l2_clip_norm=self.dp.clip_norm,
-                example_mask=batch["mask"],
-                frozen=frozen,
-                freeze_plan=self.freeze,
-                remat=self.remat,
-                backend=self.backend,
-                microbatch_size=self.dp.microbatch_size,
-                return_losses=True,
-            )
+    @property
+    def clip_model(self) -> ClipModel:
+        """The model as the clipping methods see it."""
 
         def one_example(trainable, frozen, x, y):
             return self.example_losses(trainable, frozen, x[None], y[None])[0][0]
 
-        return clipped_grad_sum(
-            one_example,
-            state.params,
-            batch["x"],
-            batch["y"],
-            l2_clip_norm=self.dp.clip_norm,
-            microbatch_size=self.dp.microbatch_size,
-            example_mask=batch["mask"],
-            frozen=frozen,
-            return_losses=True,
-        )
+        return ClipModel(self.cfg, self.backend, self.stack, self.freeze, one_example)
 
     def noise_key(self, state: TrainState) -> jax.Array:
         return state.step_key()

@@ -13,6 +13,7 @@ import numpy as np
 
 from zoo.configs import DataConfig
 from zoo.data import CharTokenizer, Dataset, eval_batches, load_dataset, sample_batch
+from zoo.data.public import declared_tokenizer
 from zoo.errors import ZooError
 from zoo.models.registry import DataFit, ModelConfig, get_config
 
@@ -59,11 +60,6 @@ class Task:
             yield {**batch, "x": self.shape_x(batch["x"])}
 
 
-def task_kind(model: ModelConfig) -> str:
-    """``"lm"`` for a model with a language-model head, else ``"classify"``."""
-    return model.task
-
-
 def load_task(
     config: DataConfig,
     kind: str,
@@ -79,7 +75,7 @@ def load_task(
         classes=config.classes,
         text_column=config.text_column,
         label_column=config.label_column,
-        tokenizer=tokenizer,
+        tokenizer=declared_tokenizer(config.vocabulary, tokenizer) if kind == "lm" else tokenizer,
     )
     seq_len = (config.seq_len or max_len) if data.task == "lm" else None
     row_shape = None
@@ -93,9 +89,9 @@ def load_task(
     return Task(data=data, config=config, seq_len=seq_len, row_shape=row_shape)
 
 
-def fit_model_to_task(preset: str, overrides: dict, task: Task) -> ModelConfig:
-    """The recipe's model with sizes the data dictates (vocab, classes, input width)."""
-    cfg = get_config(preset, **overrides)
+def fit_model_to_task(cfg: ModelConfig, task: Task, preset: str, overrides: dict) -> ModelConfig:
+    """``cfg`` (``preset`` with ``overrides`` applied: ``Recipe.model_config``) with the sizes
+    the data dictates (vocab, classes, input width); explicit overrides are kept or refused."""
     lm = task.is_lm
     fit = DataFit(
         task=task.data.task,

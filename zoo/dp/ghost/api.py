@@ -8,6 +8,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from zoo.dp.clipping import ClippingMethod, clipped_grad_sum, register_clipping
 from zoo.dp.ghost.sites import run
 from zoo.dp.ghost.stages import (
     METHODS,
@@ -135,25 +136,7 @@ def ghost_clipped_grad_sum(
     float32 ``[B]``.  With ``return_losses`` also the per-example losses ``[B]`` of the same
     forward pass (the values of masked examples are unspecified).
     """
-    check_choice("ghost clipping method", method, METHODS)
-    if dense is not None:
-        check_choice("dense norm method", dense, ("gram", "materialise"))
-    if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
-        raise ValueError(
-            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
-        )
-    b = x.shape[0]
-    if y.shape[0] != b:
-        raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
-    if example_mask is None:
-        keep = jnp.ones((b,), bool)
-    else:
-        if jnp.shape(example_mask) != (b,):
-            raise ValueError(
-                f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
-            )
-        keep = jnp.asarray(example_mask) > 0
-
+    keep = _check_args(method, dense, l2_clip_norm, x, y, example_mask)
     full, plan = _resolve_freeze(params, frozen, freeze_plan)
     reason = (
         f"ghost clipping needs a registered model config, not {type(cfg).__name__}"
@@ -171,29 +154,55 @@ def ghost_clipped_grad_sum(
         )  # fmt: skip
 
     if choose_method(gp.policy, method) == "backward":
-        losses, sq = tap_pass(gp, full, x, y, dense)
+        grads, norms, losses = _second_backward(gp, params, frozen, full, x, y, keep, l2_clip_norm, dense)
+    else:
+        losses, caps, deltas = probe_pass(gp, full, x, y)
+        sq, rules = squared_norms(gp, caps, deltas, x.shape[0], dense)
         norms, weights, use = clip_factors(sq, keep, l2_clip_norm)
-        # Batched backprop multiplies a zero cotangent by the example's own activations, and
-        # 0 * NaN is NaN: dropped examples (masked, or with a non-finite gradient) rerun as a
-        # copy of a kept one, with weight 0. Their contribution is then exactly zero.
-        first = jnp.argmax(use)
-        x2 = jnp.where(_rows(use, x), x, x[first])
-        y2 = jnp.where(_rows(use, y), y, y[first])
-        # The cond also skips the pass when no example is kept; and XLA's CPU buffer
-        # assignment reuses the first pass's memory for a branch, not for straight-line code
-        # (transformer-xs: 59 MB instead of 103 MB).
-        grads = jax.lax.cond(
-            jnp.any(use),
-            lambda: weighted_backward(gp, params, frozen, x2, y2, weights),
-            lambda: jax.tree_util.tree_map(jnp.zeros_like, params),
-        )
-        grads = jax.tree_util.tree_map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
-        return (grads, norms, losses) if return_losses else (grads, norms)
-    losses, caps, deltas = probe_pass(gp, full, x, y)
-    sq, rules = squared_norms(gp, caps, deltas, b, dense)
-    norms, weights, use = clip_factors(sq, keep, l2_clip_norm)
-    grads = book_kept_sum(gp, full, rules, weights, use)
+        grads = book_kept_sum(gp, full, rules, weights, use)
     return (grads, norms, losses) if return_losses else (grads, norms)
+
+
+def _check_args(method, dense, l2_clip_norm, x, y, example_mask) -> jax.Array:
+    """The keep flags ``[B]`` (``example_mask > 0``, or all) after checking the arguments."""
+    check_choice("ghost clipping method", method, METHODS)
+    if dense is not None:
+        check_choice("dense norm method", dense, ("gram", "materialise"))
+    if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
+        raise ValueError(
+            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
+        )
+    b = x.shape[0]
+    if y.shape[0] != b:
+        raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
+    if example_mask is None:
+        return jnp.ones((b,), bool)
+    if jnp.shape(example_mask) != (b,):
+        raise ValueError(
+            f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
+        )
+    return jnp.asarray(example_mask) > 0
+
+
+def _second_backward(gp, params, frozen, full, x, y, keep, l2_clip_norm, dense):
+    """``(grads, norms, losses)`` by taps, then an ordinary backward of the weighted loss."""
+    losses, sq = tap_pass(gp, full, x, y, dense)
+    norms, weights, use = clip_factors(sq, keep, l2_clip_norm)
+    # Batched backprop multiplies a zero cotangent by the example's own activations, and
+    # 0 * NaN is NaN: dropped examples (masked, or with a non-finite gradient) rerun as a
+    # copy of a kept one, with weight 0. Their contribution is then exactly zero.
+    first = jnp.argmax(use)
+    x2 = jnp.where(_rows(use, x), x, x[first])
+    y2 = jnp.where(_rows(use, y), y, y[first])
+    # The cond also skips the pass when no example is kept; and XLA's CPU buffer
+    # assignment reuses the first pass's memory for a branch, not for straight-line code.
+    grads = jax.lax.cond(
+        jnp.any(use),
+        lambda: weighted_backward(gp, params, frozen, x2, y2, weights),
+        lambda: jax.tree_util.tree_map(jnp.zeros_like, params),
+    )
+    grads = jax.tree_util.tree_map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
+    return grads, norms, losses
 
 
 def _apply_merged(cfg, backend, frozen, freeze_plan):
@@ -218,8 +227,6 @@ def _fallback(
     cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen, freeze_plan, remat, backend,
     microbatch_size, return_losses,
 ):  # fmt: skip
-    from zoo.dp.clipping import clipped_grad_sum
-
     warnings.warn(
         f"ghost clipping unavailable ({reason}); using the vmap path (zoo.dp.clipped_grad_sum)", stacklevel=3
     )
@@ -240,3 +247,32 @@ def _fallback(
         frozen={},
         return_losses=return_losses,
     )
+
+
+def _ghost_clip(model, trainable, frozen, batch, *, clip_norm, microbatch_size):
+    return ghost_clipped_grad_sum(
+        model.cfg,
+        trainable,
+        batch["x"],
+        batch["y"],
+        l2_clip_norm=clip_norm,
+        example_mask=batch["mask"],
+        frozen=frozen,
+        freeze_plan=model.freeze,
+        remat=model.stack,
+        backend=model.backend,
+        microbatch_size=microbatch_size,
+        return_losses=True,
+    )
+
+
+register_clipping(
+    ClippingMethod(
+        "ghost",
+        "per-example norms from each op's input and output gradient, no per-example gradients",
+        _ghost_clip,
+        # microbatching applies only where ghost falls back to the vmap path
+        uses_microbatch=lambda cfg: not supports(cfg),
+        bench_label="ghost",
+    )
+)

@@ -30,7 +30,7 @@ METHODS = ("auto", "bookkeeping", "backward")
 
 def choose_method(remat="none", method: str = "auto") -> str:
     """``"auto"`` -> ``"bookkeeping"`` without remat (fastest; keeps every op's input and
-    output gradient, ~1.2x the non-private temp memory), ``"backward"`` under a remat policy
+    output gradient: more temp memory than the non-private step; ``docs/ghost.md``), ``"backward"`` under a remat policy
     (taps and a second forward and backward: the non-private temp memory under that same
     policy, where book-keeping would hold all layers' activations and undo the remat)."""
     check_choice("ghost clipping method", method, METHODS)

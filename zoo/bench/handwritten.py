@@ -1,4 +1,5 @@
-"""``zoo bench engine``: the zoo train step against a hand-written pure-JAX step.
+"""``zoo bench engine``: the zoo train step (:mod:`zoo.train.engine`) against a hand-written
+pure-JAX step.
 
 Both steps see the same params, batch and optax optimizer, and run side by side in one
 process, taking turns in timed rounds; the ratio is the median over rounds of zoo time over
@@ -16,7 +17,7 @@ import optax
 from zoo import recipes
 from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
 from zoo.errors import ZooError
-from zoo.train.loop import build_run, train_batch
+from zoo.train.run import build_run, train_batch
 from zoo.train.state import TrainState
 from zoo.ui import emit_json, print_table
 

@@ -1,4 +1,5 @@
-"""``zoo export``: a LoRA run as a plain, self-contained zoo checkpoint."""
+"""``zoo export``: a LoRA run as a plain, self-contained zoo checkpoint (checkpoint I/O, so it
+lives beside :mod:`zoo.train.checkpoint`; the adapters themselves are :mod:`zoo.lora`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import dataclasses
 from pathlib import Path
 
 from zoo.errors import ZooError
+from zoo.lora.merge import merged_weights
 from zoo.models import canonical
+from zoo.recipes import to_dict, with_values
+from zoo.train import checkpoint
 
 
 def export(run_dir, out_dir, *, merge: bool, step: int | None = None) -> dict:
@@ -18,10 +22,6 @@ def export(run_dir, out_dir, *, merge: bool, step: int | None = None) -> dict:
     and metadata but no training state: ``zoo.load_checkpoint``, ``zoo eval``, ``zoo sample``
     and ``--init-from`` read it; it cannot be resumed.
     """
-    from zoo.lora.merge import merged_weights
-    from zoo.recipes import to_dict, with_values
-    from zoo.train import checkpoint
-
     ckpt = checkpoint.load_checkpoint(run_dir, step)
     spec = ckpt.model_config.lora
     if spec is None:
@@ -33,7 +33,7 @@ def export(run_dir, out_dir, *, merge: bool, step: int | None = None) -> dict:
     if merge:
         params, cfg = merged_weights(params, spec), dataclasses.replace(cfg, lora=None)
         recipe = with_values(recipe, {"lora.rank": 0, "lora.targets": []})
-    recipe = with_values(recipe, {"freeze.init_from": str(out), "freeze.patterns": []})
+    recipe = with_values(recipe, {"model.init_from": str(out), "freeze.patterns": []})
     meta = {
         "recipe": to_dict(recipe),
         "model": checkpoint.model_meta(cfg, ckpt.backend),

@@ -1,0 +1,57 @@
+"""What a DP run may take from its data: nothing that sets the model's domain.
+
+A vocabulary fitted on the training text, or a class set read off the training labels, is a
+function of the private data: one record with a new character or a new label changes the
+model's shape, and the shape is released with every checkpoint (domain inference). Under DP
+the vocabulary and the classes must be declared public instead:
+
+- a vocabulary fixed in advance: ``data.vocabulary = "bytes"`` (UTF-8 bytes,
+  :meth:`CharTokenizer.utf8_bytes`), or the tokenizer of the public checkpoint a run starts from
+  (``freeze.init_from``, which must itself be public or trained on other data: docs/dp.md);
+- a class set listed in the recipe: ``data.classes``.
+"""
+
+from __future__ import annotations
+
+from zoo.configs import DataConfig
+from zoo.data.errors import DatasetError
+from zoo.data.tokenizer import CharTokenizer
+from zoo.errors import ZooError
+
+VOCABULARIES = ("bytes",)  # data.vocabulary; unset: every character of the text (not public)
+
+
+def declared_tokenizer(vocabulary: str | None, given: CharTokenizer | None) -> CharTokenizer | None:
+    """The tokenizer a recipe declares: ``given`` (a checkpoint's), the fixed vocabulary
+    ``vocabulary`` names, or None (fit one on the text)."""
+    if vocabulary is None:
+        return given
+    if vocabulary != "bytes":
+        raise DatasetError(f"unknown data.vocabulary {vocabulary!r}. Valid: {', '.join(VOCABULARIES)}.")
+    if given is not None and not given.byte_level:
+        raise DatasetError(
+            "data.vocabulary='bytes' but the checkpoint in freeze.init_from has a character vocabulary "
+            "of its own; drop data.vocabulary to keep the checkpoint's"
+        )
+    return CharTokenizer.utf8_bytes()
+
+
+def check_public_domain(data: DataConfig, task: str, *, checkpoint: str | None = None) -> None:
+    """Refuse (``ZooError``) a DP run whose vocabulary or class set would come from its data.
+
+    ``task`` is ``"lm"`` or ``"classify"``; ``checkpoint`` is the (public) checkpoint the run
+    starts from (``freeze.init_from``), whose tokenizer it takes.
+    """
+    if task == "lm" and data.vocabulary is None and not checkpoint:
+        raise ZooError(
+            f"DP run on {data.dataset!r}: the vocabulary would be every character of the private "
+            "training text, so one record with a new character changes the model; set "
+            'data.vocabulary = "bytes" (a fixed byte-level vocabulary) or start from a public '
+            "checkpoint's tokenizer (freeze.init_from)"
+        )
+    if task == "classify" and data.classes is None:
+        raise ZooError(
+            f"DP run on {data.dataset!r}: the classes would be read off the private labels, so one "
+            "record with a new label changes the model; list them in the recipe, e.g. "
+            "data.classes = [0, 1, ..., 9]"
+        )

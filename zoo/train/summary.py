@@ -1,0 +1,94 @@
+"""What a run reports: eval metrics per task, the resume notice and ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from rich.console import Console
+
+from zoo.train import runlog
+from zoo.train.engine import evaluate
+from zoo.train.resume import ResumePoint, fingerprint
+from zoo.train.run import Run, epsilon_at, privacy_at
+from zoo.train.state import TrainState
+from zoo.train.task import Task
+
+
+def run_evaluation(run: Run, state: TrainState, frozen: dict) -> dict:
+    """The run's eval metrics (``eval_batches`` batches of the training batch's rows)."""
+    batches = run.task.eval_batches(run.batch_rows, run.recipe.train.eval_batches)
+    return task_metrics(run.task, evaluate(run.engine, state, frozen, batches))
+
+
+def task_metrics(task: Task, metrics: dict) -> dict:
+    """Drop the metric that does not apply: accuracy for LMs, bits per char for classifiers."""
+    drop = "eval_accuracy" if task.is_lm else "eval_bits_per_char"
+    return {k: v for k, v in metrics.items() if k != drop}
+
+
+def last_logged_loss(out: Path) -> float:
+    lines = (out / runlog.METRICS).read_text().splitlines() if (out / runlog.METRICS).exists() else []
+    losses = [record["loss"] for record in map(json.loads, lines) if "loss" in record]
+    return losses[-1] if losses else float("nan")
+
+
+def say_resumed(console: Console, out: Path, point: ResumePoint, run: Run) -> None:
+    changed = f" with {'; '.join(point.changes)}" if point.changes else ""
+    console.print(f"resuming from step {point.step} in {out}{changed}", markup=False, highlight=False)
+    if run.dp and run.steps > point.plan_steps:
+        warnings.warn(
+            f"extending a DP run past the {point.plan_steps} steps it was planned for: the noise "
+            f"multiplier stays {run.dp.noise_multiplier:.4g}, and epsilon is accounted again over all "
+            f"{run.steps} steps ({epsilon_at(run, run.steps):.4g} at delta={run.dp.delta:g}, "
+            f"against {run.dp.epsilon:.4g} for the plan)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def summarize(
+    run: Run,
+    out: Path,
+    loss: float,
+    eval_metrics: dict,
+    compile_count: int,
+    rate: float | None,
+    point: ResumePoint | None,
+) -> dict:
+    """``summary.json``: what ran, where, how fast, and its final metrics (and privacy)."""
+    recipe, steps = run.recipe, run.steps
+    summary = {
+        "recipe": recipe.name,
+        "backend": run.engine.backend,
+        "remat": run.remat,
+        "model": recipe.model.preset,
+        "dataset": recipe.data.dataset,
+        "steps": steps,
+        "train_loss": loss,
+        "examples_per_sec": rate,
+        "compile_count": compile_count,
+        "out_dir": str(out),
+        "fingerprint": fingerprint(recipe),
+        "trainable_params": run.freeze.trainable_count,
+        "frozen_params": run.freeze.frozen_count,
+        "mesh": run.engine.layout.spec.sizes,
+        "devices": run.engine.layout.devices,
+        **({"lora": run.lora.summary(run.freeze)} if run.lora else {}),
+        **{k: v for k, v in eval_metrics.items() if k != "epsilon"},
+    }
+    if point:
+        summary.update(resumed_from_step=point.step, changed_on_resume=list(point.changes))
+    if run.dp:
+        summary.update(
+            **privacy_at(run, steps),
+            noise_multiplier=run.dp.noise_multiplier,
+            sampling_prob=run.dp.sampler.sampling_prob,
+            clip_norm=run.dp.clip_norm,
+            accountant=run.dp.accountant,
+            expected_batch_size=recipe.dp.expected_batch_size,
+            padded_batch_size=run.dp.sampler.padded_batch_size,
+            planned_steps=run.plan_steps,
+        )
+    return summary
