@@ -266,5 +266,5 @@ def test_import_carries_the_tokenizer_and_writes_fine_tune_recipes(tmp_path):
     for name in ("hf-lm-lora", "hf-lm-dp-lora"):
         recipe = load_recipe(str(tmp_path / "imp" / f"{name}.toml"))
         assert recipe.model_config == ck.model_config
-        assert recipe.freeze.init_from == str((tmp_path / "imp").absolute()) and recipe.lora.enabled
+        assert recipe.model.init_from == str((tmp_path / "imp").absolute()) and recipe.lora.enabled
         assert recipe.dp.enabled == (name == "hf-lm-dp-lora")

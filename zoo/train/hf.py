@@ -65,7 +65,7 @@ def _recipe_dict(cfg, backend: str, src: str) -> dict:
 
 
 # The fine-tune recipes an import writes beside itself (``DIR/<name>.toml``): the imported model,
-# its tokenizer (through ``freeze.init_from``), rank-8 adapters on a frozen base; the DP twin
+# its tokenizer (through ``model.init_from``), rank-8 adapters on a frozen base; the DP twin
 # adds DP-SGD with ghost clipping. ``--dataset text:PATH`` names the text.
 FINETUNE = {
     "hf-lm-lora": {
@@ -88,7 +88,7 @@ def _finetune_recipes(out: Path, cfg, backend: str, src: str) -> list[str]:
         doc = _recipe_dict(cfg, backend, src) | sections
         doc |= {"name": name, "description": f"LoRA fine-tune of {src} (imported) on --dataset text:PATH"}
         doc["data"] = {"dataset": "text:PATH", "seq_len": min(64, cfg.max_len), "eval_fraction": 0.1}
-        doc["freeze"] = {"init_from": str(out.absolute())}
+        doc["model"] = {**doc["model"], "init_from": str(out.absolute())}
         doc["lora"] = {"rank": 8, "alpha": 16.0, "targets": list(_LORA_TARGETS)}
         (out / f"{name}.toml").write_text(to_toml(parse_recipe(doc)))
         written.append(str(out / f"{name}.toml"))
