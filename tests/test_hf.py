@@ -268,3 +268,20 @@ def test_import_carries_the_tokenizer_and_writes_fine_tune_recipes(tmp_path):
         assert recipe.model_config == ck.model_config
         assert recipe.model.init_from == str((tmp_path / "imp").absolute()) and recipe.lora.enabled
         assert recipe.dp.enabled == (name == "hf-lm-dp-lora")
+
+
+def test_init_from_hf_imports_once_and_reuses(tmp_path, monkeypatch):
+    """``--init-from hf:SRC``: the import is made once under $ZOO_HF_CACHE and reused."""
+    import argparse
+
+    from zoo.commands.train import resolve_recipe
+
+    monkeypatch.setenv("ZOO_HF_CACHE", str(tmp_path / "cache"))
+    args = argparse.Namespace(recipe="python-docs-llama", init_from=f"hf:{FIXTURES / 'llama-kv1'}", set=None)
+    first = resolve_recipe(args).model.init_from
+    manifest = next(Path(first).rglob("zoo_manifest.json")).stat().st_mtime_ns
+    assert resolve_recipe(args).model.init_from == first
+    assert next(Path(first).rglob("zoo_manifest.json")).stat().st_mtime_ns == manifest
+    assert_bitwise_equal(
+        zoo.load_checkpoint(first).params, jax.tree_util.tree_map(np.asarray, fixture("llama-kv1")[1])
+    )

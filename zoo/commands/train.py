@@ -47,6 +47,10 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
         from zoo.parallel.mesh import flag_values
 
         values.update(flag_values(args.mesh))
+    if str(values.get("model.init_from", "")).startswith("hf:"):  # a Hugging Face checkpoint
+        from zoo.train.hf import import_cached
+
+        values["model.init_from"] = str(import_cached(values["model.init_from"][3:], recipe.model.backend))
     if values:
         recipe = recipe_lib.with_values(recipe, values)
     return recipe_lib.with_sets(recipe, args.set or [])
@@ -69,7 +73,11 @@ def add_recipe_flags(p) -> None:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
-    p.add_argument("--init-from", metavar="CHECKPOINT_DIR", help="start from a zoo run directory")
+    p.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT_DIR",
+        help="start from a zoo run directory, or hf:SRC (a Hugging Face checkpoint, imported once)",
+    )
     p.add_argument(
         "--freeze",
         action="append",

@@ -149,6 +149,29 @@ def _tokenizer(where: Path, cfg) -> str | None:
     return tok.to_json()
 
 
+def import_cached(src: str, backend: str = "nnx") -> Path:
+    """The zoo import of ``src`` (``--init-from hf:SRC``), made once under ``$ZOO_HF_CACHE``
+    (default ``~/.cache/zoo/hf-imports``) and reused: keyed by the source's name, or a local
+    directory's absolute path."""
+    import hashlib
+
+    from zoo.train import checkpoint
+
+    local = Path(src).expanduser()
+    name = str(local.absolute()) if local.is_dir() else src
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name.strip("/"))[-60:]
+    digest = hashlib.sha256(f"{name}|{backend}".encode()).hexdigest()[:12]
+    root = Path(os.environ.get("ZOO_HF_CACHE") or Path.home() / ".cache" / "zoo" / "hf-imports")
+    out = root / f"{slug}-{digest}"
+    if checkpoint.latest_step(out) is None:
+        if out.exists():  # an import that did not finish
+            import shutil
+
+            shutil.rmtree(out)
+        import_checkpoint(src, out, backend=backend)
+    return out
+
+
 def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = None) -> dict:
     """Write a zoo checkpoint as a Hugging Face checkpoint directory ``out_dir``.
 
