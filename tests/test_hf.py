@@ -285,3 +285,34 @@ def test_init_from_hf_imports_once_and_reuses(tmp_path, monkeypatch):
     assert_bitwise_equal(
         zoo.load_checkpoint(first).params, jax.tree_util.tree_map(np.asarray, fixture("llama-kv1")[1])
     )
+
+
+def test_sample_speaks_the_imported_tokenizer(tmp_path, capsys):
+    """``zoo sample`` on an import: the prompt through its tokenizer.json, greedy tokens equal to
+    the argmax of ``zoo.apply_fn``'s logits, decoded with the same tokenizer."""
+    assert main(["import", str(FIXTURES / "llama3-tied"), "--out", str(tmp_path / "imp")]) == 0
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "sample",
+                str(tmp_path / "imp"),
+                "--prompt",
+                "the quick",
+                "--length",
+                "3",
+                "--temperature",
+                "0",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    sample = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sample"]
+    ck = zoo.load_checkpoint(tmp_path / "imp")
+    ids = list(ck.tokenizer.encode("the quick"))
+    prompt_len = len(ids)
+    apply = jax.jit(zoo.apply_fn(ck.model_config, "nnx"))
+    for _ in range(3):
+        ids.append(int(np.argmax(apply(ck.params, jnp.asarray([ids], jnp.int32))[0, -1])))
+    assert sample == ck.tokenizer.decode(ids[prompt_len:])

@@ -24,7 +24,7 @@ def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float, 
     from zoo.api import apply_fn
 
     cfg, tokenizer = ckpt.model_config, ckpt.tokenizer
-    if tokenizer is None or cfg.kind != "transformer" or cfg.is_classifier:
+    if tokenizer is None or cfg.task != "lm":
         raise ZooError(f"{str(ckpt.path)!r} is not a language model checkpoint; `zoo sample` needs one")
     apply = apply_fn(cfg, ckpt.backend)
     window = cfg.max_len
