@@ -316,3 +316,22 @@ def test_sample_speaks_the_imported_tokenizer(tmp_path, capsys):
     for _ in range(3):
         ids.append(int(np.argmax(apply(ck.params, jnp.asarray([ids], jnp.int32))[0, -1])))
     assert sample == ck.tokenizer.decode(ids[prompt_len:])
+
+
+def test_data_vocabulary_hf_tokenizes_text_with_tokenizer_json(tmp_path):
+    from tokenizers import Tokenizer
+
+    from zoo.configs import DataConfig
+    from zoo.train.task import load_task
+
+    text = "the quick brown fox jumps over the lazy zoo\n" * 20
+    (tmp_path / "t.txt").write_text(text)
+    config = DataConfig(
+        dataset=f"text:{tmp_path / 't.txt'}", vocabulary=f"hf:{FIXTURES / 'llama3-tied'}", seq_len=8
+    )
+    task = load_task(config, "lm", 0)
+    ids = np.concatenate([np.asarray(task.data.x_train).ravel(), np.asarray(task.data.x_eval).ravel()])
+    reference = Tokenizer.from_file(str(FIXTURES / "llama3-tied" / "tokenizer.json"))
+    assert ids.tolist() == reference.encode(text, add_special_tokens=False).ids
+    with pytest.raises(ZooError, match="bytes, hf:SRC"):
+        DataConfig(vocabulary="words")

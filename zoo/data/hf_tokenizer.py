@@ -49,6 +49,35 @@ class HFTokenizer:
         except Exception as error:  # tokenizers raises its own Exception subclass
             raise DatasetError(f"not a tokenizer.json document ({error})") from None
 
+    @classmethod
+    def from_source(cls, src: str) -> HFTokenizer:
+        """``data.vocabulary = "hf:SRC"``: a ``tokenizer.json`` file, a directory holding one, or
+        ``ORG/NAME[@REV]`` through ``huggingface_hub``'s cache (``HF_HUB_OFFLINE`` respected)."""
+        path = Path(src).expanduser()
+        if path.is_dir():
+            path = path / FILE
+        if path.is_file() or src.startswith((".", "/")) or src.count("/") != 1:
+            return cls.from_file(path)
+        import os
+
+        from huggingface_hub import hf_hub_download
+
+        name, _, rev = src.partition("@")
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+        try:
+            found = hf_hub_download(name, FILE, revision=rev or None, local_files_only=offline)
+        except Exception as error:
+            first = (str(error).strip().splitlines() or [""])[0]
+            raise DatasetError(
+                f"{src}: no local {FILE}, and the Hugging Face {'cache' if offline else 'Hub'} gave "
+                f"nothing ({type(error).__name__}: {first})"
+            ) from None
+        return cls.from_file(found)
+
+    @property
+    def byte_level(self) -> bool:  # zoo's fixed byte vocabulary is CharTokenizer's
+        return False
+
     @property
     def vocab_size(self) -> int:
         return max(self.vocab, self._tokenizer.get_vocab_size(with_added_tokens=True))
