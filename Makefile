@@ -31,6 +31,7 @@ ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-l
 ISA_SKIP += or (test_ghost and not ((matches_vmap_path and not second_backward) or frozen_layers))
 ISA_SKIP += or (test_kinds and freezing_by_path)
 ISA_SKIP += or (converted_weights and (digits or heads or kv))
+ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matches and not gpt2) or apply_fn_read
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 
 .PHONY: run test test-isa lint bench docs clean

@@ -28,6 +28,7 @@ COMMAND_MODULES = {
     "zoo.commands.bench": ("bench",),
     "zoo.commands.audit": ("audit",),
     "zoo.commands.export": ("export",),
+    "zoo.commands.hf": ("import",),
 }
 
 

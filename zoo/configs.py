@@ -79,8 +79,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_choice("data.layout", self.layout, LAYOUTS)
-        if self.vocabulary is not None:
-            check_choice("data.vocabulary", self.vocabulary, ("bytes",))
+        if self.vocabulary is not None and not self.vocabulary.startswith("hf:"):  # hf:SRC: tokenizer.json
+            check_choice("data.vocabulary", self.vocabulary, ("bytes", "hf:SRC"))
         if not 0.0 < self.eval_fraction < 1.0:
             raise ZooError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
         if self.seq_len is not None and self.seq_len <= 0:

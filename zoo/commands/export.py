@@ -8,7 +8,12 @@ from zoo.ui import emit_json, print_table
 def run_export(args) -> int:
     from zoo.train.lora_export import export  # orbax: loaded only for this verb
 
-    result = export(args.run_dir, args.out, merge=args.merge, step=args.step)
+    if args.format == "hf":  # a Hugging Face checkpoint directory (zoo.train.hf)
+        from zoo.train.hf import export_hf
+
+        result = export_hf(args.run_dir, args.out, adapter=args.adapter, step=args.step)
+    else:
+        result = export(args.run_dir, args.out, merge=args.merge, step=args.step)
     if args.json:
         emit_json(result)
     else:
@@ -26,5 +31,12 @@ def add_parser(sub) -> None:
         "--merge", action="store_true", help="fold each adapter into its weight: W + (alpha/rank) B A"
     )
     p.add_argument("--step", type=int, help="the step to export (default: the newest intact one)")
+    p.add_argument(
+        "--format",
+        default="zoo",
+        choices=("zoo", "hf"),
+        help="hf: config.json and safetensors for transformers (any run; a LoRA run merged, or --adapter)",
+    )
+    p.add_argument("--adapter", action="store_true", help="with --format hf: PEFT adapter files only")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_export)

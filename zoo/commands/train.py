@@ -50,6 +50,10 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
     # Flags and --set land together, so that one may complete another (--memory-budget with
     # --set train.remat=auto); a --set wins over a flag for the same field.
     values.update(recipe_lib.set_values(args.set or []))
+    if str(values.get("model.init_from", "")).startswith("hf:"):  # a Hugging Face checkpoint
+        from zoo.train.hf import import_cached
+
+        values["model.init_from"] = str(import_cached(values["model.init_from"][3:], recipe.model.backend))
     return recipe_lib.with_values(recipe, values) if values else recipe
 
 
@@ -70,7 +74,11 @@ def add_recipe_flags(p) -> None:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
-    p.add_argument("--init-from", metavar="CHECKPOINT_DIR", help="start from a zoo run directory")
+    p.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT_DIR",
+        help="start from a zoo run directory, or hf:SRC (a Hugging Face checkpoint, imported once)",
+    )
     p.add_argument(
         "--freeze",
         action="append",

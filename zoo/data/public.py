@@ -26,6 +26,10 @@ def declared_tokenizer(vocabulary: str | None, given: CharTokenizer | None) -> C
     ``vocabulary`` names, or None (fit one on the text)."""
     if vocabulary is None:
         return given
+    if vocabulary.startswith("hf:"):  # a Hugging Face tokenizer.json (zoo.data.hf_tokenizer)
+        from zoo.data.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer.from_source(vocabulary[3:])
     if vocabulary != "bytes":
         raise DatasetError(f"unknown data.vocabulary {vocabulary!r}. Valid: {', '.join(VOCABULARIES)}.")
     if given is not None and not given.byte_level:

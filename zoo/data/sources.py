@@ -170,8 +170,10 @@ def _check_args(task: str, seed: object, eval_fraction: float, classes: object, 
         raise DatasetError(f"classes= only applies to task='classify', not {task!r}")
     if tokenizer is not None and task != "lm":
         raise DatasetError(f"tokenizer= only applies to task='lm', not {task!r}")
-    if tokenizer is not None and not isinstance(tokenizer, CharTokenizer):
-        raise DatasetError(f"tokenizer must be a CharTokenizer, got {type(tokenizer).__name__}")
+    if tokenizer is not None and not hasattr(tokenizer, "encode"):  # CharTokenizer, HFTokenizer
+        raise DatasetError(
+            f"tokenizer must be a CharTokenizer or HFTokenizer, got {type(tokenizer).__name__}"
+        )
 
 
 def _classify(

@@ -179,6 +179,13 @@ def embed(layer, ids: jax.Array) -> jax.Array:
     return report("gather", jnp.take(table, ids, axis=0), {"w": table}, ids)
 
 
+def unembed(layer, h: jax.Array) -> jax.Array:
+    """A language-model head tied to the token table: ``h @ table^T`` [..., D] -> [..., V],
+    no bias. It reads the same leaf as :func:`embed` (ghost clipping's ``tied`` rule)."""
+    table = _table(layer)
+    return report("unembed", h @ table.T, {"w": table}, h)
+
+
 def positions(layer, like: jax.Array) -> jax.Array:
     """The first T rows of a positional table, broadcast over the batch: ``like`` is the model
     input [B, T, ...]; returns [B, T, D]. (Each example reads each row once, which is what the
@@ -261,13 +268,17 @@ def causal_attention(
     return jnp.swapaxes(context, -3, -2).reshape(*lead, seq, width)
 
 
-def rotary(x: jax.Array, num_heads: int, theta: float) -> jax.Array:
+def rotary(x: jax.Array, num_heads: int, theta: float, freq=None) -> jax.Array:
     """Rotary position embedding of ``x`` [..., T, num_heads * d_head]: in each head, the pair
-    (i, i + d_head/2) at position t turns by the angle ``t * theta^(-2i/d_head)``."""
+    (i, i + d_head/2) at position t turns by the angle ``t * freq[i]``, by default
+    ``freq[i] = theta^(-2i/d_head)`` (Hugging Face's rotate-half layout; ``freq`` [d_head/2]
+    gives scaled frequencies such as Llama 3's)."""
     *lead, seq, width = x.shape
     d_head = width // num_heads
     half = d_head // 2
-    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2 / d_head)
+    if freq is None:
+        freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2 / d_head)
+    freq = jnp.asarray(freq, jnp.float32)
     angle = jnp.arange(seq, dtype=jnp.float32)[:, None] * freq  # [T, half]
     cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]  # [T, 1, half]
     xh = x.reshape(*lead, seq, num_heads, d_head)

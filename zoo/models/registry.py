@@ -181,6 +181,11 @@ class ModelKind:
     descriptions: dict
     small: ModelConfig  # a tiny member of the kind: what the tests generated from the registry use
     order: int = 100  # where listings (`zoo models`, error messages) put the kind; then by name
+    hf: str | None = None  # module of its Hugging Face mapping (zoo.models.hf_io), if any
+
+    def hf_mapping(self):
+        """The kind's Hugging Face mapping module, or None."""
+        return importlib.import_module(self.hf) if self.hf else None
 
     def module_class(self, backend: str):
         cls = self.nnx if check_backend(backend) == "nnx" else self.eqx
@@ -204,10 +209,12 @@ def register(
     presets: dict[str, tuple[ModelConfig, str]],
     small: ModelConfig | None = None,
     order: int = 100,
+    hf: str | None = None,
 ) -> ModelKind:
     """Register a model kind: its config class, its two backend classes, its presets
     (``name -> (config, one-line description)``), a ``small`` config for tests (default: the
-    first preset, or the class defaults) and its place in listings (``order``, then name)."""
+    first preset, or the class defaults), its place in listings (``order``, then name) and the
+    module of its Hugging Face checkpoint mapping (``hf``, "zoo.models.<kind>.hf")."""
     name = config.kind
     if not name or name in _KINDS:
         raise ValueError(f"model kind {name!r} is empty or already registered")
@@ -227,6 +234,7 @@ def register(
         {k: d for k, (_, d) in presets.items()},
         small,
         order,
+        hf,
     )
     _KINDS[name] = kind
     _BY_CONFIG[config] = kind

@@ -33,6 +33,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from zoo.data import CharTokenizer
+from zoo.data.hf_tokenizer import tokenizer_from_json
 from zoo.errors import ZooError
 from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import ModelConfig, config_from_dict
@@ -362,5 +363,5 @@ def load_checkpoint(run_dir: str | Path, step: int | None = None) -> Checkpoint:
         recipe=parse_recipe(meta["recipe"]),
         model_config=config_from_meta(meta["model"]),
         backend=meta["model"]["backend"],
-        tokenizer=CharTokenizer.from_json(tokenizer) if tokenizer else None,
+        tokenizer=tokenizer_from_json(tokenizer) if tokenizer else None,  # or a tokenizer.json
     )

@@ -21,8 +21,9 @@ work per op kind (:mod:`zoo.dp.ghost.rules`):
 Nothing here is written per model. The model's own forward runs under hooks
 (:mod:`zoo.dp.ghost.sites`, :mod:`zoo.hooks`): tracing it once finds the sites (each op, named
 by the canonical path of its parameters), their kinds and output shapes. Every trainable
-canonical leaf must be claimed by exactly one site; otherwise (a parameter used outside the op
-set, or read twice) the call falls back to vmap clipping with a warning naming the leaves --
+canonical leaf must be claimed by exactly one site (or by a token table and the head tied to
+it: ``rules.SHARED``, whose cross term makes the norm exact); otherwise (a parameter used outside
+the op set, or read twice) the call falls back to vmap clipping with a warning naming the leaves --
 a wrong norm would silently break the privacy guarantee, a slow one only costs time.
 
 Two ways to the clipped sum (``method``):

@@ -17,6 +17,7 @@ from zoo.dp.ghost.stages import (
     clip_factors,
     prepare,
     probe_pass,
+    shared_sites,
     squared_norms,
     tap_pass,
     weighted_backward,
@@ -144,6 +145,8 @@ def ghost_clipped_grad_sum(
     )
     gp = None if reason else prepare(cfg, x, plan, remat)
     reason = reason or gp.problem
+    if not reason and shared_sites(gp) and choose_method(gp.policy, method) == "backward":
+        reason = "a leaf read by two ops (a tied head) needs the book-keeping method, not backward"
     if reason:
         return _fallback(
             cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen, freeze_plan, remat, backend,

@@ -190,4 +190,34 @@ class Rows(Rule):
         return {"w": jnp.pad(summed, ((0, self.static - summed.shape[0]), (0, 0)))}
 
 
-RULES: dict[str, type[Rule]] = {"dense": Dense, "norm": Norm, "gather": Gather, "rows": Rows}
+class Unembed(Dense):
+    """A head tied to the token table, ``z = h @ W^T`` (W [V, D]): the dense rule on
+    ``(h, delta)``, whose weight gradient [D, V] is the table's transposed."""
+
+    def grad(self, weights, use):
+        return {"w": super().grad(weights, use)["w"].T}
+
+
+def tied_cross(tokens, d_embed, h, d_head):
+    """``<G_embed, G_head>`` per example [B] for one table W [V, D] read by a gather
+    (``tokens`` [B, T], output gradient ``d_embed`` [B, T, D]) and by a tied head
+    (``z = h @ W^T``: ``h`` [B, S, D], ``d_head`` [B, S, V]):
+    ``sum_t sum_s d_head[s, tok_t] (d_embed_t . h_s)``. With the two rules' own norms it gives
+    ``|G_embed + G_head|^2 = |G_embed|^2 + |G_head|^2 + 2 <G_embed, G_head>``."""
+    tokens = tokens.reshape(tokens.shape[0], -1)
+    d_embed, h = _as_sequence(d_embed.astype(jnp.float32)), _as_sequence(h.astype(jnp.float32))
+    d_head = _as_sequence(d_head.astype(jnp.float32))
+    dots = jnp.einsum("btd,bsd->bts", d_embed, h)
+    picked = jnp.take_along_axis(d_head, tokens[:, None, :], axis=2)  # [B, S, T]: d_head[s, tok_t]
+    return jnp.einsum("bts,bst->b", dots, picked)
+
+
+RULES: dict[str, type[Rule]] = {
+    "dense": Dense,
+    "norm": Norm,
+    "gather": Gather,
+    "rows": Rows,
+    "unembed": Unembed,
+}
+# Op kinds that may read the same leaf: (first, second) -> the cross term of their gradients
+SHARED = {("gather", "unembed"): tied_cross}

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo import hooks
-from zoo.dp.ghost.rules import RULES
+from zoo.dp.ghost.rules import RULES, SHARED
 from zoo.models import canonical
 from zoo.models.registry import STACK
 from zoo.remat import get_policy
@@ -41,6 +41,19 @@ class Site:
     stacked: bool
     shape: tuple[int, ...]
     rows: int | None = None
+
+    @property
+    def key(self) -> str:
+        """Its name among the probes, taps and rules: the path, or ``path@kind`` for the op
+        that reads a leaf a second time (a head tied to the token table)."""
+        return site_key(self.path, self.kind)
+
+
+_SECOND = {second for _, second in SHARED}
+
+
+def site_key(path: str, kind: str) -> str:
+    return f"{path}@{kind}" if kind in _SECOND else path
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -104,14 +117,15 @@ class GhostHooks(hooks.LayerHooks):
                 table = params["w"].shape[0] if kind in ("gather", "rows") else None
                 self.sites.append(Site(path, kind, tuple(params), self.stacked, tuple(z.shape), table))
             return z
-        if path is None or path not in self.arrays:
+        key = None if path is None else site_key(path, kind)
+        if key is None or key not in self.arrays:
             return z
-        self.hits[path] = self.hits.get(path, 0) + 1
+        self.hits[key] = self.hits.get(key, 0) + 1
         if self.mode == "probe":
             if kind != "rows":
-                self.captures[path] = inputs
-            return z + self.arrays[path]
-        return _tap(self.specs[path], z, inputs, self.arrays[path])
+                self.captures[key] = inputs
+            return z + self.arrays[key]
+        return _tap(self.specs[key], z, inputs, self.arrays[key])
 
     def stack(self, stacked, frozen_prefix):
         outer = [self.paths.get(id(leaf)) for leaf in jax.tree_util.tree_leaves(stacked)]
@@ -198,6 +212,12 @@ def discover(cfg, x, prefix: int = 0) -> tuple[tuple[Site, ...], tuple[str, ...]
     return _discover(cfg, spec, prefix)
 
 
+def shared_pair(sites) -> bool:
+    """Two top-level ops whose kinds may share a leaf (``rules.SHARED``: a token table and the
+    head tied to it), in that order."""
+    return len(sites) == 2 and not any(s.stacked for s in sites) and tuple(s.kind for s in sites) in SHARED
+
+
 def coverage_problem(sites, unknown, trainable: set[str]) -> str | None:
     """Why the sites do not cover the trainable leaves exactly once each, or some op reads a
     parameter that is not a canonical leaf as it is (None when all is well).
@@ -205,12 +225,12 @@ def coverage_problem(sites, unknown, trainable: set[str]) -> str | None:
     Not detected here: a leaf that one op claims and the model *also* uses outside the op set.
     The tests generated from the registry compare ghost clipping with vmap clipping for every
     registered kind, which is where such a model would fail."""
-    claims: dict[str, int] = {}
+    claims: dict[str, list] = {}
     for site in sites:
         for leaf in site.leaves:
-            claims[f"{site.path}.{leaf}"] = claims.get(f"{site.path}.{leaf}", 0) + 1
+            claims.setdefault(f"{site.path}.{leaf}", []).append(site)
     unclaimed = sorted(trainable - set(claims))
-    twice = sorted(p for p in trainable if claims.get(p, 0) > 1)
+    twice = sorted(p for p in trainable if len(claims.get(p, ())) > 1 and not shared_pair(claims[p]))
     problems = []
     if unclaimed:
         problems.append(f"no op of the model claims the trainable leaves {unclaimed}")

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from zoo.dp import clipping
-from zoo.dp.ghost.rules import RULES
+from zoo.dp.ghost.rules import RULES, SHARED
 from zoo.dp.ghost.sites import Site, coverage_problem, discover, run
 from zoo.errors import check_choice
 from zoo.losses import per_example_loss
@@ -102,7 +102,7 @@ def prepare(cfg: ModelConfig, x, plan=None, remat="none") -> GhostPlan:
 
 def _zeros_per_site(gp: GhostPlan, shape_of) -> dict:
     layers = gp.cfg.num_layers - gp.prefix
-    return {s.path: jnp.zeros(((layers,) if s.stacked else ()) + shape_of(s), jnp.float32) for s in gp.active}
+    return {s.key: jnp.zeros(((layers,) if s.stacked else ()) + shape_of(s), jnp.float32) for s in gp.active}
 
 
 def probe_pass(gp: GhostPlan, full, x, y):
@@ -127,7 +127,7 @@ def tap_pass(gp: GhostPlan, full, x, y, dense=None):
     remat policy saves is kept for the backward.
     """
     b = x.shape[0]
-    specs = {s.path: (s.kind, s.leaves, s.rows, dense) for s in gp.active}
+    specs = {s.key: (s.kind, s.leaves, s.rows, dense) for s in gp.active}
     taps = _zeros_per_site(gp, lambda s: (b, len(s.leaves)))
 
     def losses_of(tp):
@@ -138,7 +138,7 @@ def tap_pass(gp: GhostPlan, full, x, y, dense=None):
     (collected,) = vjp(jnp.ones_like(losses))
     sq = jnp.zeros((b,), jnp.float32)
     for site in gp.active:
-        got = collected[site.path]
+        got = collected[site.key]
         for j, r in enumerate(gp.rows_of(site.path).values()):
             sq = sq + (jnp.asarray(r, jnp.float32) @ got[..., j] if site.stacked else got[:, j])
     return losses, sq
@@ -166,15 +166,26 @@ def squared_norms(gp: GhostPlan, caps, deltas, batch_size: int, dense=None):
             return rule.sq(), rule
 
         if site.stacked:
-            rule_sq, rule = jax.vmap(make)(caps.get(site.path), deltas[site.path])
+            rule_sq, rule = jax.vmap(make)(caps.get(site.key), deltas[site.key])
             parts = [jnp.asarray(r, jnp.float32) @ rule_sq[leaf] for leaf, r in gp.rows_of(site.path).items()]
         else:
-            rule_sq, rule = make(caps.get(site.path), deltas[site.path])
+            rule_sq, rule = make(caps.get(site.key), deltas[site.key])
             parts = list(rule_sq.values())
         for part in parts:
             sq = sq + part
-        rules[site.path] = rule
+        rules[site.key] = rule
+    for first, second in shared_sites(gp):  # a leaf read by two ops: |g1 + g2|^2's cross term
+        cross = SHARED[(first.kind, second.kind)]
+        sq = sq + 2 * cross(caps[first.key], deltas[first.key], caps[second.key], deltas[second.key])
     return sq, rules
+
+
+def shared_sites(gp: GhostPlan) -> list[tuple[Site, Site]]:
+    """The pairs of active sites that read the same leaf (``rules.SHARED``), in trace order."""
+    by_path = {}
+    for site in gp.active:
+        by_path.setdefault(site.path, []).append(site)
+    return [tuple(sites) for sites in by_path.values() if len(sites) == 2]
 
 
 def clip_factors(sq, keep, l2_clip_norm):
@@ -192,7 +203,7 @@ def book_kept_sum(gp: GhostPlan, full, rules, weights, use):
     trainable leaf without a site cannot reach here (:func:`prepare` checks coverage)."""
     out = {}
     for site in gp.active:
-        rule = rules[site.path]
+        rule = rules[site.key]
         if site.stacked:
             for leaf, g in jax.vmap(lambda r: r.grad(weights, use))(rule).items():
                 if gp.prefix:
@@ -200,7 +211,8 @@ def book_kept_sum(gp: GhostPlan, full, rules, weights, use):
                 out[f"{site.path}.{leaf}"] = g
         else:
             for leaf, g in rule.grad(weights, use).items():
-                out[f"{site.path}.{leaf}"] = g
+                path = f"{site.path}.{leaf}"
+                out[path] = out[path] + g if path in out else g  # a shared leaf sums both ops
     for path, p in flat_by_path(full).items():
         out[path] = out[path].astype(jnp.result_type(p)) if path in out else jnp.zeros_like(p)
     grads = nest_by_path(out)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
+
+import numpy as np
 
 from zoo import names
 from zoo.configs import require_positive
 from zoo.errors import ZooError
 from zoo.models.registry import DataFit, axes_from_table, register
 from zoo.models.sequence import SequenceConfig
+
+ROPE_SCALINGS = ("", "llama3")
 
 # Logical axes of each leaf (without the stack's leading ``layers`` axis). ``heads`` and
 # ``kv_heads`` are fused heads x head-width axes.
@@ -34,7 +39,12 @@ class LlamaConfig(SequenceConfig):
     """Llama-style decoder LM: pre-RMSNorm blocks, rotary position embeddings, grouped-query
     causal attention (``num_kv_heads`` key/value heads shared by ``num_heads`` query heads),
     SwiGLU MLP, no biases. The decoder fields, token inputs and chunking options are
-    :class:`zoo.models.sequence.SequenceConfig`'s."""
+    :class:`zoo.models.sequence.SequenceConfig`'s.
+
+    What Hugging Face's Llama family adds (``zoo.models.llama.hf``): ``head_dim`` (0: d_model /
+    num_heads), ``rope_scaling = "llama3"`` with its four ``rope_*`` fields (Llama 3.1's
+    frequency scaling), ``tie_head`` (the LM head is the token table transposed). The defaults
+    are zoo's own Llama."""
 
     kind: ClassVar[str] = "llama"
     activation_names: ClassVar[tuple[str, ...]] = names.ALL
@@ -42,6 +52,13 @@ class LlamaConfig(SequenceConfig):
     d_ff: int = 192
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    head_dim: int = 0
+    rope_scaling: str = ""  # or "llama3"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
+    tie_head: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,6 +76,32 @@ class LlamaConfig(SequenceConfig):
             )
         if not self.rope_theta > 0 or not self.norm_eps > 0:
             raise ZooError(f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, {self.norm_eps}")
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ZooError(f"rope_scaling must be one of {list(ROPE_SCALINGS)}, got {self.rope_scaling!r}")
+        if self.head_dim < 0:
+            raise ZooError(f"head_dim must be >= 0 (0: d_model / num_heads), got {self.head_dim}")
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.d_model // self.num_heads
+
+    def rope_freq(self) -> np.ndarray | None:
+        """The rotary frequencies [d_head / 2] under ``rope_scaling`` (None: unscaled, the
+        default ``theta^(-2i/d_head)``), computed as ``transformers`` does, in float32."""
+        if not self.rope_scaling:
+            return None
+        dim = self.d_head
+        inv = 1.0 / (
+            np.float32(self.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+        )
+        old, factor = self.rope_original_max_len, self.rope_factor
+        low, high = self.rope_low_freq_factor, self.rope_high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
 
     # --- the registry protocol (zoo.models.registry.ModelConfig; token inputs: SequenceConfig)
     def fit_to_data(self, data: DataFit) -> dict:
@@ -97,4 +140,5 @@ KIND = register(
         vocab_size=40, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64, num_layers=2, max_len=16
     ),
     order=30,
+    hf="zoo.models.llama.hf",
 )

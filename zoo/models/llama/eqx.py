@@ -23,12 +23,12 @@ class Attention(eqx.Module):
     cfg: LlamaConfig = eqx.field(static=True)
 
     def __init__(self, cfg: LlamaConfig, *, key: jax.Array):
-        d, kv = cfg.d_model, cfg.num_kv_heads * cfg.d_head
+        d, qw, kv = cfg.d_model, cfg.num_heads * cfg.d_head, cfg.num_kv_heads * cfg.d_head
         kq, kk, kv_key, ko = jax.random.split(key, 4)
-        self.q = eqx.nn.Linear(d, d, use_bias=False, key=kq)
+        self.q = eqx.nn.Linear(d, qw, use_bias=False, key=kq)
         self.k = eqx.nn.Linear(d, kv, use_bias=False, key=kk)
         self.v = eqx.nn.Linear(d, kv, use_bias=False, key=kv_key)
-        self.o = eqx.nn.Linear(d, d, use_bias=False, key=ko)
+        self.o = eqx.nn.Linear(qw, d, use_bias=False, key=ko)
         self.cfg = cfg
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -36,7 +36,9 @@ class Attention(eqx.Module):
         q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
         k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
         v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
-        q, k = ops.rotary(q, cfg.num_heads, cfg.rope_theta), ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta)
+        freq = cfg.rope_freq()
+        q = ops.rotary(q, cfg.num_heads, cfg.rope_theta, freq)
+        k = ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta, freq)
         context = ops.attention(
             q, k, v, cfg.num_heads, cfg.num_kv_heads, kind=cfg.attention, chunk=cfg.attention_chunk
         )
@@ -95,7 +97,7 @@ class Llama(eqx.Module):
     embed: eqx.nn.Embedding
     blocks: Block
     norm_f: eqx.nn.RMSNorm
-    head: eqx.nn.Linear
+    head: eqx.nn.Linear | None
     cfg: LlamaConfig = eqx.field(static=True)
 
     def __init__(self, cfg: LlamaConfig, *, key: jax.Array):
@@ -104,7 +106,10 @@ class Llama(eqx.Module):
         self.embed = eqx.nn.Embedding(cfg.vocab_size, cfg.d_model, key=k_embed)
         self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(k_blocks, cfg.num_layers))
         self.norm_f = eqx.nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, use_bias=False)
-        self.head = eqx.nn.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, key=k_head)
+        # a tied head reads the token embedding (ops.unembed) and has no module of its own
+        self.head = (
+            None if cfg.tie_head else eqx.nn.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, key=k_head)
+        )
 
     def stack(self):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
@@ -113,4 +118,6 @@ class Llama(eqx.Module):
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
         self.cfg.check_input(x)
         h = scan_layers(*self.stack(), ops.embed(self.embed, x), remat)
-        return checkpoint_name(ops.dense(self.head, ops.rms_norm(self.norm_f, h)), names.LOGITS)
+        h = ops.rms_norm(self.norm_f, h)
+        logits = ops.unembed(self.embed, h) if self.head is None else ops.dense(self.head, h)
+        return checkpoint_name(logits, names.LOGITS)

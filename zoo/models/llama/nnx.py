@@ -17,11 +17,11 @@ class Attention(nnx.Module):
     """Grouped-query causal self-attention with rotary q and k: [B, T, D] -> [B, T, D]."""
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
-        d, kv = cfg.d_model, cfg.num_kv_heads * cfg.d_head
-        self.q = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        d, qw, kv = cfg.d_model, cfg.num_heads * cfg.d_head, cfg.num_kv_heads * cfg.d_head
+        self.q = nnx.Linear(d, qw, use_bias=False, rngs=rngs)
         self.k = nnx.Linear(d, kv, use_bias=False, rngs=rngs)
         self.v = nnx.Linear(d, kv, use_bias=False, rngs=rngs)
-        self.o = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        self.o = nnx.Linear(qw, d, use_bias=False, rngs=rngs)
         self.cfg = cfg
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -29,7 +29,9 @@ class Attention(nnx.Module):
         q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
         k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
         v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
-        q, k = ops.rotary(q, cfg.num_heads, cfg.rope_theta), ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta)
+        freq = cfg.rope_freq()
+        q = ops.rotary(q, cfg.num_heads, cfg.rope_theta, freq)
+        k = ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta, freq)
         context = ops.attention(
             q, k, v, cfg.num_heads, cfg.num_kv_heads, kind=cfg.attention, chunk=cfg.attention_chunk
         )
@@ -84,7 +86,10 @@ class Llama(nnx.Module):
 
         self.blocks = stacked_blocks(rngs)
         self.norm_f = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, rngs=rngs)
-        self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
+        # a tied head reads the token embedding (ops.unembed) and has no module of its own
+        self.head = (
+            None if cfg.tie_head else nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
+        )
 
     def stack(self):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
@@ -93,4 +98,6 @@ class Llama(nnx.Module):
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
         self.cfg.check_input(x)
         h = scan_layers(*self.stack(), ops.embed(self.embed, x), remat)
-        return checkpoint_name(ops.dense(self.head, ops.rms_norm(self.norm_f, h)), names.LOGITS)
+        h = ops.rms_norm(self.norm_f, h)
+        logits = ops.unembed(self.embed, h) if self.head is None else ops.dense(self.head, h)
+        return checkpoint_name(logits, names.LOGITS)

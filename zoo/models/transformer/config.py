@@ -24,9 +24,13 @@ _AXES = {
     "ln1.scale": ("embed",),
     "ln1.b": ("embed",),
     "attn.q.w": ("embed", "heads"),
+    "attn.q.b": ("heads",),
     "attn.k.w": ("embed", "heads"),
+    "attn.k.b": ("heads",),
     "attn.v.w": ("embed", "heads"),
+    "attn.v.b": ("heads",),
     "attn.o.w": ("heads", "embed"),
+    "attn.o.b": ("embed",),
     "ln2.scale": ("embed",),
     "ln2.b": ("embed",),
     "mlp.up.w": ("embed", "mlp"),
@@ -49,6 +53,10 @@ class TransformerConfig(SequenceConfig):
     Inputs are token ids [B, T] (``d_in == 0``) or feature vectors [B, T, d_in] (``d_in > 0``,
     e.g. the 8 rows of an 8x8 digit). The head is a language-model head over the vocabulary
     (``num_classes == 0``) or a mean-pooled classifier (``num_classes > 0``).
+
+    GPT-2's checkpoints (``zoo.models.transformer.hf``) set ``attn_bias`` (biases on the four
+    attention projections), ``tie_head`` (the LM head is the token embedding transposed, no
+    bias, no ``head`` leaf) and ``ln_eps``; the defaults are zoo's own transformer.
     """
 
     kind: ClassVar[str] = "transformer"
@@ -56,12 +64,19 @@ class TransformerConfig(SequenceConfig):
     d_ff: int = 256
     d_in: int = 0
     num_classes: int = 0
+    attn_bias: bool = False  # biases on the q, k, v and output projections (GPT-2)
+    tie_head: bool = False  # LM head = embed.w transposed, no bias (GPT-2)
+    ln_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_positive(self, "d_ff")
         if self.d_in < 0 or self.num_classes < 0:
             raise ZooError(f"d_in and num_classes must be >= 0, got {self.d_in}, {self.num_classes}")
+        if self.tie_head and (self.takes_features or self.is_classifier):
+            raise ZooError("tie_head needs a language model over token ids (d_in=0, num_classes=0)")
+        if not self.ln_eps > 0:
+            raise ZooError(f"ln_eps must be > 0, got {self.ln_eps}")
 
     @property
     def is_classifier(self) -> bool:
@@ -155,4 +170,5 @@ KIND = register(
     },
     small=TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=16),
     order=20,
+    hf="zoo.models.transformer.hf",
 )

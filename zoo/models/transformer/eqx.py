@@ -12,8 +12,6 @@ from zoo.models import ops
 from zoo.models.transformer.config import TransformerConfig
 from zoo.scan import scan_layers
 
-LN_EPS = 1e-5
-
 
 class Attention(eqx.Module):
     """Causal multi-head self-attention: [B, T, D] -> [B, T, D]."""
@@ -27,12 +25,12 @@ class Attention(eqx.Module):
     chunk: int = eqx.field(static=True)
 
     def __init__(self, cfg: TransformerConfig, *, key: jax.Array):
-        d = cfg.d_model
+        d, bias = cfg.d_model, cfg.attn_bias
         kq, kk, kv, ko = jax.random.split(key, 4)
-        self.q = eqx.nn.Linear(d, d, use_bias=False, key=kq)
-        self.k = eqx.nn.Linear(d, d, use_bias=False, key=kk)
-        self.v = eqx.nn.Linear(d, d, use_bias=False, key=kv)
-        self.o = eqx.nn.Linear(d, d, use_bias=False, key=ko)
+        self.q = eqx.nn.Linear(d, d, use_bias=bias, key=kq)
+        self.k = eqx.nn.Linear(d, d, use_bias=bias, key=kk)
+        self.v = eqx.nn.Linear(d, d, use_bias=bias, key=kv)
+        self.o = eqx.nn.Linear(d, d, use_bias=bias, key=ko)
         self.num_heads = cfg.num_heads
         self.kind, self.chunk = cfg.attention, cfg.attention_chunk
 
@@ -72,9 +70,9 @@ class Block(eqx.Module):
 
     def __init__(self, cfg: TransformerConfig, *, key: jax.Array):
         k_attn, k_mlp = jax.random.split(key)
-        self.ln1 = eqx.nn.LayerNorm(cfg.d_model, eps=LN_EPS)
+        self.ln1 = eqx.nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
         self.attn = Attention(cfg, key=k_attn)
-        self.ln2 = eqx.nn.LayerNorm(cfg.d_model, eps=LN_EPS)
+        self.ln2 = eqx.nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
         self.mlp = FeedForward(cfg, key=k_mlp)
         self.mlp_chunk = cfg.mlp_chunk
 
@@ -94,7 +92,7 @@ class Transformer(eqx.Module):
     pos: eqx.nn.Embedding
     blocks: Block
     ln_f: eqx.nn.LayerNorm
-    head: eqx.nn.Linear
+    head: eqx.nn.Linear | None
     cfg: TransformerConfig = eqx.field(static=True)
 
     def __init__(self, cfg: TransformerConfig, *, key: jax.Array):
@@ -106,8 +104,9 @@ class Transformer(eqx.Module):
             self.embed = eqx.nn.Embedding(cfg.vocab_size, cfg.d_model, key=k_embed)
         self.pos = eqx.nn.Embedding(cfg.max_len, cfg.d_model, key=k_pos)
         self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(k_blocks, cfg.num_layers))
-        self.ln_f = eqx.nn.LayerNorm(cfg.d_model, eps=LN_EPS)
-        self.head = eqx.nn.Linear(cfg.d_model, cfg.out_dim, key=k_head)
+        self.ln_f = eqx.nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        # a tied head reads the token embedding (ops.unembed) and has no module of its own
+        self.head = None if cfg.tie_head else eqx.nn.Linear(cfg.d_model, cfg.out_dim, key=k_head)
 
     def stack(self):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
@@ -121,4 +120,5 @@ class Transformer(eqx.Module):
         h = ops.layer_norm(self.ln_f, h)
         if self.cfg.is_classifier:
             h = h.mean(axis=1)
-        return checkpoint_name(ops.dense(self.head, h), names.LOGITS)
+        logits = ops.unembed(self.embed, h) if self.head is None else ops.dense(self.head, h)
+        return checkpoint_name(logits, names.LOGITS)

@@ -12,18 +12,16 @@ from zoo.models import ops
 from zoo.models.transformer.config import TransformerConfig
 from zoo.scan import scan_layers
 
-LN_EPS = 1e-5
-
 
 class Attention(nnx.Module):
     """Causal multi-head self-attention: [B, T, D] -> [B, T, D]."""
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-        d = cfg.d_model
-        self.q = nnx.Linear(d, d, use_bias=False, rngs=rngs)
-        self.k = nnx.Linear(d, d, use_bias=False, rngs=rngs)
-        self.v = nnx.Linear(d, d, use_bias=False, rngs=rngs)
-        self.o = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+        d, bias = cfg.d_model, cfg.attn_bias
+        self.q = nnx.Linear(d, d, use_bias=bias, rngs=rngs)
+        self.k = nnx.Linear(d, d, use_bias=bias, rngs=rngs)
+        self.v = nnx.Linear(d, d, use_bias=bias, rngs=rngs)
+        self.o = nnx.Linear(d, d, use_bias=bias, rngs=rngs)
         self.num_heads = cfg.num_heads
         self.kind, self.chunk = cfg.attention, cfg.attention_chunk
 
@@ -52,9 +50,9 @@ class Block(nnx.Module):
     """x + attn(ln1(x)), then + mlp(ln2(x))."""
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-        self.ln1 = nnx.LayerNorm(cfg.d_model, epsilon=LN_EPS, rngs=rngs)
+        self.ln1 = nnx.LayerNorm(cfg.d_model, epsilon=cfg.ln_eps, rngs=rngs)
         self.attn = Attention(cfg, rngs=rngs)
-        self.ln2 = nnx.LayerNorm(cfg.d_model, epsilon=LN_EPS, rngs=rngs)
+        self.ln2 = nnx.LayerNorm(cfg.d_model, epsilon=cfg.ln_eps, rngs=rngs)
         self.mlp = FeedForward(cfg, rngs=rngs)
         self.mlp_chunk = cfg.mlp_chunk
 
@@ -84,8 +82,9 @@ class Transformer(nnx.Module):
             return Block(cfg, rngs=rngs)
 
         self.blocks = stacked_blocks(rngs)
-        self.ln_f = nnx.LayerNorm(cfg.d_model, epsilon=LN_EPS, rngs=rngs)
-        self.head = nnx.Linear(cfg.d_model, cfg.out_dim, rngs=rngs)
+        self.ln_f = nnx.LayerNorm(cfg.d_model, epsilon=cfg.ln_eps, rngs=rngs)
+        # a tied head reads the token embedding (ops.unembed) and has no module of its own
+        self.head = None if cfg.tie_head else nnx.Linear(cfg.d_model, cfg.out_dim, rngs=rngs)
 
     def stack(self):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
@@ -99,4 +98,5 @@ class Transformer(nnx.Module):
         h = ops.layer_norm(self.ln_f, h)
         if self.cfg.is_classifier:
             h = h.mean(axis=1)
-        return checkpoint_name(ops.dense(self.head, h), names.LOGITS)
+        logits = ops.unembed(self.embed, h) if self.head is None else ops.dense(self.head, h)
+        return checkpoint_name(logits, names.LOGITS)

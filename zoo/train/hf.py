@@ -1,0 +1,248 @@
+"""Hugging Face checkpoints in and out of zoo's run directories.
+
+``import_checkpoint`` turns a Hugging Face checkpoint (a local directory or ``ORG/NAME[@REV]``
+from the Hub cache) into a zoo checkpoint directory that ``zoo.load_checkpoint`` reads;
+``export_hf`` writes a zoo checkpoint (an import, a run, a LoRA run merged or as PEFT adapter
+files) as a directory that ``transformers``' ``from_pretrained`` (and ``peft``) load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from zoo.errors import ZooError
+from zoo.models import hf_io
+from zoo.models.lora import adapter_paths
+from zoo.models.paths import flat_by_path, nest_by_path
+from zoo.models.registry import kind_of
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model"]
+
+
+def resolve_source(src: str) -> Path:
+    """A local checkpoint directory, or ``ORG/NAME[@REV]`` through ``huggingface_hub``'s cache
+    (``HF_HUB_OFFLINE`` respected: cache only). One ZooError line says what was tried."""
+    path = Path(src).expanduser()
+    if path.is_dir():
+        return path
+    name, _, rev = src.partition("@")
+    if path.exists() or name.count("/") != 1 or src.startswith((".", "/")):
+        raise ZooError(f"{src}: not a checkpoint directory (and not ORG/NAME[@REV] of the Hub)")
+    from huggingface_hub import snapshot_download
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+    try:
+        got = snapshot_download(
+            name, revision=rev or None, allow_patterns=_HUB_FILES, local_files_only=offline
+        )
+    except Exception as error:
+        where = "the Hugging Face cache (HF_HUB_OFFLINE is set)" if offline else "the Hub and its cache"
+        first = (str(error).strip().splitlines() or [""])[0]
+        raise ZooError(
+            f"{src}: no such local directory, and {where} gave nothing ({type(error).__name__}: {first})"
+        ) from None
+    return Path(got)
+
+
+def _recipe_dict(cfg, backend: str, src: str) -> dict:
+    """The recipe an import carries: the kind's first preset with every field of ``cfg``."""
+    kind = kind_of(cfg)
+    preset = next(iter(kind.presets))
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "lora"}
+    return {
+        "name": "hf-import",
+        "description": f"imported from the Hugging Face checkpoint {src}",
+        "model": {"preset": preset, "backend": backend, **fields},
+    }
+
+
+# The fine-tune recipes an import writes beside itself (``DIR/<name>.toml``): the imported model,
+# its tokenizer (through ``model.init_from``), rank-8 adapters on a frozen base; the DP twin
+# adds DP-SGD with ghost clipping. ``--dataset text:PATH`` names the text.
+FINETUNE = {
+    "hf-lm-lora": {
+        "optim": {"name": "adamw", "lr": 3e-3, "warmup_steps": 5},
+        "train": {"steps": 100, "batch_size": 16, "eval_every": 50, "checkpoint_every": 100},
+    },
+    "hf-lm-dp-lora": {
+        "optim": {"name": "adamw", "lr": 3e-3, "schedule": "constant", "weight_decay": 0.0},
+        "train": {"steps": 100, "eval_every": 50, "checkpoint_every": 100},
+        "dp": {"enabled": True, "epsilon": 8.0, "delta": 1e-5, "clip_norm": 1.0, "expected_batch_size": 16},
+    },
+}
+
+
+def _finetune_recipes(out: Path, cfg, backend: str, src: str) -> list[str]:
+    from zoo.recipes import parse_recipe, to_toml
+
+    written = []
+    for name, sections in FINETUNE.items():
+        doc = _recipe_dict(cfg, backend, src) | sections
+        doc |= {"name": name, "description": f"LoRA fine-tune of {src} (imported) on --dataset text:PATH"}
+        doc["data"] = {"dataset": "text:PATH", "seq_len": min(64, cfg.max_len), "eval_fraction": 0.1}
+        doc["model"] = {**doc["model"], "init_from": str(out.absolute())}
+        doc["lora"] = {"rank": 8, "alpha": 16.0, "targets": list(_LORA_TARGETS)}
+        (out / f"{name}.toml").write_text(to_toml(parse_recipe(doc)))
+        written.append(str(out / f"{name}.toml"))
+    return written
+
+
+_LORA_TARGETS = ("attn.q", "attn.v", "mlp.*")
+
+
+def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype: str = "float32") -> dict:
+    """Write the Hugging Face checkpoint ``src`` as a zoo checkpoint (step 0) in ``out``."""
+    from zoo.recipes import parse_recipe, to_dict
+    from zoo.train import checkpoint
+
+    out = Path(out)
+    if checkpoint.saved_steps(out):
+        raise ZooError(f"{str(out)!r} already holds checkpoints; import into a new directory")
+    where = resolve_source(src)
+    try:
+        cfg, params = hf_io.load(where, dtype)
+    except ValueError as error:
+        raise ZooError(str(error)) from None
+    # leaf by leaf onto the device, each NumPy array freed as it goes: orbax would otherwise
+    # copy the whole tree at once (benchmarks/hf_import.py)
+    flat = flat_by_path(params)
+    del params
+    params = nest_by_path({path: jax.device_put(flat.pop(path)) for path in list(flat)})
+    meta = {
+        "recipe": to_dict(parse_recipe(_recipe_dict(cfg, backend, src))),
+        "model": checkpoint.model_meta(cfg, backend),
+        "tokenizer": _tokenizer(where, cfg),
+        "hf_source": {"source": src, "path": str(where.absolute()), "dtype": dtype},
+    }
+    checkpoint.save(out, 0, None, params, meta)
+    recipes = _finetune_recipes(out, cfg, backend, src) if jax.process_index() == 0 else []
+    count = sum(int(x.size) for x in flat_by_path(params).values())
+    return {
+        "out_dir": str(out),
+        "from": src,
+        "kind": cfg.kind,
+        "dtype": dtype,
+        "params": count,
+        "recipes": recipes,
+    }
+
+
+def _tokenizer(where: Path, cfg) -> str | None:
+    """The checkpoint's ``tokenizer.json``, as checkpoint metadata (None when it has none)."""
+    from zoo.data.hf_tokenizer import FILE, HFTokenizer
+
+    if not (where / FILE).is_file():
+        return None
+    tok = HFTokenizer.from_file(where / FILE, vocab=cfg.vocab_size)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ZooError(
+            f"{where / FILE}: {tok.vocab_size} tokens, more than the model's vocab_size {cfg.vocab_size}"
+        )
+    return tok.to_json()
+
+
+def import_cached(src: str, backend: str = "nnx") -> Path:
+    """The zoo import of ``src`` (``--init-from hf:SRC``), made once under ``$ZOO_HF_CACHE``
+    (default ``~/.cache/zoo/hf-imports``) and reused: keyed by the source's name, or a local
+    directory's absolute path."""
+    import hashlib
+
+    from zoo.train import checkpoint
+
+    local = Path(src).expanduser()
+    name = str(local.absolute()) if local.is_dir() else src
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name.strip("/"))[-60:]
+    digest = hashlib.sha256(f"{name}|{backend}".encode()).hexdigest()[:12]
+    root = Path(os.environ.get("ZOO_HF_CACHE") or Path.home() / ".cache" / "zoo" / "hf-imports")
+    out = root / f"{slug}-{digest}"
+    if checkpoint.latest_step(out) is None:
+        if out.exists():  # an import that did not finish
+            import shutil
+
+            shutil.rmtree(out)
+        import_checkpoint(src, out, backend=backend)
+    return out
+
+
+def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = None) -> dict:
+    """Write a zoo checkpoint as a Hugging Face checkpoint directory ``out_dir``.
+
+    A LoRA run is written merged (``w + (alpha/rank) A B``: a full model), or with ``adapter``
+    as PEFT's ``adapter_config.json`` and ``adapter_model.safetensors`` only (its base is the
+    export of the checkpoint the run adapts).
+    """
+    from zoo.lora.merge import merged_weights
+    from zoo.train import checkpoint
+
+    ckpt = checkpoint.load_checkpoint(run_dir, step)
+    cfg, params = ckpt.model_config, ckpt.params
+    try:
+        if adapter:
+            if cfg.lora is None:
+                raise ValueError(f"{run_dir}: not a LoRA run; --adapter needs adapters to export")
+            written = save_adapter(cfg, params, out_dir, base=str(run_dir))
+        else:
+            if cfg.lora is not None:
+                params, cfg = merged_weights(params, cfg.lora), dataclasses.replace(cfg, lora=None)
+            fields = hf_io.save(cfg, params, out_dir)
+            written = {"model_type": fields["model_type"]}
+    except ValueError as error:
+        raise ZooError(str(error)) from None
+    return {"out_dir": str(out_dir), "from": str(run_dir), "step": ckpt.step, "adapter": adapter, **written}
+
+
+def save_adapter(cfg, params: dict, out_dir, *, base: str) -> dict:
+    """PEFT LoRA files of the adapters of ``params``: ``lora_A.weight`` [r, in] and
+    ``lora_B.weight`` [out, r] per adapted module, scale ``lora_alpha / r``."""
+    from safetensors.numpy import save_file
+
+    spec = cfg.lora
+    base_cfg = dataclasses.replace(cfg, lora=None)
+    module_of = {}  # canonical dense path -> (PEFT module key with {i}, stacked)
+    for t in hf_io.mapping_of(base_cfg).tensors(base_cfg):
+        if len(t.leaves) == 1 and t.leaves[0].endswith(".w") and t.key.endswith(".weight") and t.transpose:
+            module_of[t.leaves[0][:-2]] = (t.key[: -len(".weight")], t.stacked)
+    flat = flat_by_path(params)
+    tensors, modules = {}, set()
+    for target in spec.targets:
+        if target not in module_of:
+            raise ValueError(
+                f"the adapter on {target} has no PEFT module of its own; adapter targets that export: "
+                f"{', '.join(sorted(module_of))}"
+            )
+        key, stacked = module_of[target]
+        a, b = (np.asarray(flat[p], np.float32) for p in adapter_paths(target))
+        for i in range(cfg.num_layers) if stacked else (None,):
+            name = key.format(i=i)
+            modules.add(name.rsplit(".", 1)[-1])
+            ai, bi = (a, b) if i is None else (a[i], b[i])
+            tensors[f"base_model.model.{name}.lora_A.weight"] = np.ascontiguousarray(ai.T)
+            tensors[f"base_model.model.{name}.lora_B.weight"] = np.ascontiguousarray(bi.T)
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out}: not empty; export into a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    fields = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": spec.rank,
+        "lora_alpha": spec.alpha,
+        "target_modules": sorted(modules),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "base_model_name_or_path": base,
+        "inference_mode": True,
+    }
+    (out / ADAPTER_CONFIG).write_text(json.dumps(fields, indent=2) + "\n")
+    return {"modules": len(tensors) // 2}
