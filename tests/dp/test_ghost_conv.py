@@ -39,7 +39,9 @@ def vmap_run(cfg, backend):
         return per_example_loss(apply(p, xi[None]), yi[None])[0]
 
     return fast_jit(
-        lambda p, x, y, clip, mask: clipped_grad_sum(loss, p, x, y, l2_clip_norm=clip, example_mask=mask, frozen={})
+        lambda p, x, y, clip, mask: clipped_grad_sum(
+            loss, p, x, y, l2_clip_norm=clip, example_mask=mask, frozen={}
+        )
     )
 
 

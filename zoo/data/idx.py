@@ -39,7 +39,9 @@ def read_idx(path: str) -> np.ndarray:
     header = 4 + 4 * ndim
     shape = tuple(int(n) for n in np.frombuffer(data, ">u4", count=ndim, offset=4))
     if len(data) - header != int(np.prod(shape)):
-        raise DatasetError(f"{path!r}: header says shape {shape} but the file holds {len(data) - header} values")
+        raise DatasetError(
+            f"{path!r}: header says shape {shape} but the file holds {len(data) - header} values"
+        )
     return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
 
 
@@ -92,9 +94,9 @@ def image_rows(images: np.ndarray, labels: np.ndarray, class_names: tuple[str, .
     pixels = pa.array((images.reshape(-1) / np.float32(255)).astype(np.float32))
     rows = pa.ListArray.from_arrays(pa.array(np.arange(n * h + 1, dtype=np.int64) * w), pixels)
     per_image = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int64) * h), rows)
-    storage = pa.ExtensionArray.from_storage(Array2DExtensionType((h, w), "float32"), per_image.cast(
-        pa.list_(pa.list_(pa.float32()))
-    ))
+    storage = pa.ExtensionArray.from_storage(
+        Array2DExtensionType((h, w), "float32"), per_image.cast(pa.list_(pa.list_(pa.float32())))
+    )
     label = datasets.ClassLabel(names=list(class_names)) if class_names else datasets.Value("int64")
     features = datasets.Features({"image": datasets.Array2D(shape=(h, w), dtype="float32"), "label": label})
     table = pa.table({"image": storage, "label": pa.array(labels.astype(np.int64))})

@@ -178,7 +178,9 @@ def _read(spec: str, text_column: str, image_column: str, label_column: str) -> 
         return Source(rows, "text", image_column, label_column)
     if scheme == "idx":  # the four MNIST-style idx files of a directory: official train/test
         train_x, train_y, test_x, test_y = read_split_dir(os.path.abspath(os.path.expanduser(rest.strip())))
-        return Source(image_rows(train_x, train_y), "text", "image", "label", eval_rows=image_rows(test_x, test_y))
+        return Source(
+            image_rows(train_x, train_y), "text", "image", "label", eval_rows=image_rows(test_x, test_y)
+        )
     rows = _load_local(spec, scheme, _local_paths(spec, rest, many=False))
     return Source(rows, **columns)
 

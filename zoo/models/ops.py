@@ -206,7 +206,10 @@ def _conv_geometry(layer) -> tuple[dict[str, jax.Array], tuple[int, int], tuple[
         strides, padding = _pairs(layer.strides), layer.padding
     elif isinstance(layer, eqx.nn.Conv):
         w = layer.weight
-        params = {"w": jnp.transpose(w, (2, 3, 1, 0)), "b": None if layer.bias is None else layer.bias[:, 0, 0]}
+        params = {
+            "w": jnp.transpose(w, (2, 3, 1, 0)),
+            "b": None if layer.bias is None else layer.bias[:, 0, 0],
+        }
         strides, padding = _pairs(layer.stride), layer.padding
     else:
         raise TypeError(f"conv() needs an nnx.Conv or eqx.nn.Conv2d, got {type(layer).__name__}")
@@ -218,13 +221,21 @@ def _conv_geometry(layer) -> tuple[dict[str, jax.Array], tuple[int, int], tuple[
 
 def conv_patches(x: jax.Array, window: tuple[int, int], strides, padding) -> jax.Array:
     """The input windows a conv reads: x [B, H, W, C] -> [B, H', W', kh, kw, C], so that the
-    conv is ``patches . w`` over the last three axes (what ghost clipping's conv rule reads)."""
-    p = jax.lax.conv_general_dilated_patches(
-        x, window, strides, padding, dimension_numbers=("NHWC", "OIHW", "NHWC")
-    )  # [B, H', W', C * kh * kw], channel-major
-    b, h, w, _ = p.shape
-    p = p.reshape(b, h, w, x.shape[-1], *window)
-    return jnp.moveaxis(p, 3, -1)
+    conv is ``patches . w`` over the last three axes (what ghost clipping's conv rule reads).
+
+    Strided slices, one per kernel offset: no arithmetic (``lax.conv_general_dilated_patches``
+    is a conv with an identity kernel, which costs K times the conv's own multiply-adds)."""
+    (kh, kw), (sh, sw) = window, strides
+    x = jnp.pad(x, ((0, 0), *padding, (0, 0)))
+    oh, ow = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
+    rows = [
+        jnp.stack(
+            [x[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw, :] for j in range(kw)],
+            axis=3,
+        )
+        for i in range(kh)
+    ]  # kh x [B, H', W', kw, C]
+    return jnp.stack(rows, axis=3)
 
 
 def conv(layer, x: jax.Array) -> jax.Array:

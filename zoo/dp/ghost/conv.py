@@ -49,7 +49,9 @@ class Conv(Rule):
         self.static = (method, tuple(leaves), window)
         self.arrays = {}
         if "w" in leaves:
-            self.arrays = {"g": jnp.einsum("bpk,bpo->bko", a, d)} if method == "materialise" else {"a": a, "d": d}
+            self.arrays = (
+                {"g": jnp.einsum("bpk,bpo->bko", a, d)} if method == "materialise" else {"a": a, "d": d}
+            )
         if "b" in leaves:
             self.arrays["gb"] = d.sum(axis=1)
 

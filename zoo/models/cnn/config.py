@@ -158,8 +158,16 @@ KIND = register(
         ),
     },
     small=CNNConfig(
-        image_size=8, conv1_features=3, conv1_kernel=3, conv1_stride=1, conv1_padding=1,
-        conv2_features=4, conv2_kernel=3, conv2_stride=2, d_hidden=6, num_layers=2,
+        image_size=8,
+        conv1_features=3,
+        conv1_kernel=3,
+        conv1_stride=1,
+        conv1_padding=1,
+        conv2_features=4,
+        conv2_kernel=3,
+        conv2_stride=2,
+        d_hidden=6,
+        num_layers=2,
         activation="tanh",
     ),  # fmt: skip
     order=40,

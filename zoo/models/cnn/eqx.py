@@ -51,11 +51,16 @@ class CNN(eqx.Module):
         self.in_proj = eqx.nn.Linear(cfg.flat_features, cfg.d_hidden, key=k_in)
         self.blocks = None
         if cfg.num_layers:
-            self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(k_blocks, cfg.num_layers))
+            self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(
+                jax.random.split(k_blocks, cfg.num_layers)
+            )
         self.head = eqx.nn.Linear(cfg.d_hidden, cfg.num_classes, key=k_head)
 
     def stack(self):
-        """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
+        """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs (without
+        blocks: the identity on no parameters, for tools that ask every model for its stack)."""
+        if not self.cfg.num_layers:
+            return (lambda layer, h: h), {}
         return ops.layer_stack(self.blocks)
 
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:

@@ -16,7 +16,12 @@ def _conv(cfg: CNNConfig, stage: str, d_in: int, rngs: nnx.Rngs) -> nnx.Conv:
     kernel, stride, pad = (getattr(cfg, f"{stage}_{k}") for k in ("kernel", "stride", "padding"))
     features = getattr(cfg, f"{stage}_features")
     return nnx.Conv(
-        d_in, features, (kernel, kernel), strides=(stride, stride), padding=((pad, pad), (pad, pad)), rngs=rngs
+        d_in,
+        features,
+        (kernel, kernel),
+        strides=(stride, stride),
+        padding=((pad, pad), (pad, pad)),
+        rngs=rngs,
     )
 
 
@@ -51,7 +56,10 @@ class CNN(nnx.Module):
         self.head = nnx.Linear(cfg.d_hidden, cfg.num_classes, rngs=rngs)
 
     def stack(self):
-        """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
+        """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs (without
+        blocks: the identity on no parameters, for tools that ask every model for its stack)."""
+        if not self.cfg.num_layers:
+            return (lambda layer, h: h), {}
         return ops.layer_stack(self.blocks)
 
     def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
