@@ -14,6 +14,11 @@ Three subcommands, run from the repository root with the project venv:
 
         python benchmarks/dp_tables.py table --plot docs/img/mnist-dp.png
 
+``add-log`` records a run made by hand, ``/usr/bin/time -v zoo train RECIPE --set ... --json
+    > LOG 2>&1``, as one result (the summary line, wall time and peak RSS from the log)::
+
+        python benchmarks/dp_tables.py add-log mnist-cnn-dp@3.01 0 /tmp/cnn-dp.log
+
 ``cost``   the DP cost on this workload, side by side in one process (``zoo.bench.dp``): the
     ghost step over the non-private step, and ``jax_privacy.clipped_grad`` over ghost, at each
     DP recipe's batch size; and the norm form ghost clipping takes per conv layer::
@@ -102,6 +107,32 @@ def cmd_train(args) -> None:
             print(json.dumps(result), flush=True)
             with open(args.results, "a") as f:
                 f.write(json.dumps(result) + "\n")
+
+
+def _elapsed_s(text: str) -> float:
+    parts = [float(p) for p in text.split(":")]
+    return sum(p * 60**i for i, p in enumerate(reversed(parts)))
+
+
+def cmd_add_log(args) -> None:
+    lines = Path(args.log).read_text().splitlines()
+    summary = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
+    timing = {k.strip(): v.strip() for k, _, v in (line.partition(": ") for line in lines if ": " in line)}
+    result = {
+        "row": args.row,
+        "seed": args.seed,
+        "eval_accuracy": summary.get("eval_accuracy"),
+        "epsilon": summary.get("epsilon"),
+        "noise_multiplier": summary.get("noise_multiplier"),
+        "steps": summary.get("steps"),
+        "wall_s": round(_elapsed_s(timing["Elapsed (wall clock) time (h:mm:ss or m:ss)"]), 1),
+        "peak_rss_mib": round(int(timing["Maximum resident set size (kbytes)"]) / 1024, 1),
+        "command": timing.get("Command being timed", "").strip('"'),
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.results, "a") as f:
+        f.write(json.dumps(result) + "\n")
+    print(json.dumps(result))
 
 
 def load_results(path: Path) -> dict[str, list[dict]]:
@@ -231,6 +262,12 @@ def main(argv=None) -> None:
     tb.add_argument("--results", type=Path, default=RESULTS)
     tb.add_argument("--plot", help="where to draw accuracy against epsilon (PNG)")
     tb.set_defaults(func=cmd_table)
+    a = sub.add_parser("add-log")
+    a.add_argument("row", help="RECIPE@EPSILON, or RECIPE for a row without DP")
+    a.add_argument("seed", type=int)
+    a.add_argument("log")
+    a.add_argument("--results", type=Path, default=RESULTS)
+    a.set_defaults(func=cmd_add_log)
     c = sub.add_parser("cost")
     c.add_argument("--recipes", default="mnist-cnn-dp,mnist-mlp-dp")
     c.add_argument("--rounds", type=int, default=7)
