@@ -196,6 +196,9 @@ def plot(points: dict, path: str) -> None:
             label=f"zoo {recipe}",
         )
     ax.set_xscale("log")
+    ticks = [0.5, 1, 2, 3, 5, 8]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("epsilon (delta = 1e-5)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("DP-SGD on MNIST: zoo against the published numbers")
