@@ -8,6 +8,7 @@ Specs are listed in ``DATASET_KINDS``; every failure raises ``DatasetError`` (a 
 Offline datasets known by name register with ``register_builtin`` (``zoo/data/spiral.py``).
 """
 
+from zoo.data import mnist as _mnist  # noqa: F401  (registers "mnist", "fashion-mnist" and their "-val")
 from zoo.data import spiral as _spiral  # noqa: F401  (registers the "spiral" builtin)
 from zoo.data.batches import eval_batches, sample_batch
 from zoo.data.dataset import Dataset

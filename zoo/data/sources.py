@@ -1,5 +1,5 @@
-"""`load_dataset` and its specs: the builtins (``digits``, ``python-docs``, ``spiral``; more via
-:func:`register_builtin`), ``hf:``, ``text:``, ``csv:``, ``parquet:``.
+"""`load_dataset` and its specs: the builtins (``digits``, ``python-docs``, ``spiral``, ``mnist``...;
+more via :func:`register_builtin`), ``hf:``, ``text:``, ``csv:``, ``parquet:``, ``idx:``.
 
 Every source is first read into a `datasets.Dataset` holding the rows to train on; one path then
 turns it into numpy arrays and a deterministic train/eval split.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,11 +28,12 @@ from zoo.data.dataset import TASKS, Dataset
 from zoo.data.errors import DatasetError
 from zoo.data.files import load_local, local_paths
 from zoo.data.hub import load_hub
+from zoo.data.idx import image_rows, read_split_dir
 from zoo.data.tokenizer import CharTokenizer
 
-SCHEME_FORMS = ("hf:NAME[:CONFIG]", "text:PATH[,PATH...]", "csv:PATH", "parquet:PATH")
-_SCHEMES = ("hf", "text", "csv", "parquet")
-_ONLY_TASK = {"text": "lm"}
+SCHEME_FORMS = ("hf:NAME[:CONFIG]", "text:PATH[,PATH...]", "csv:PATH", "parquet:PATH", "idx:DIR")
+_SCHEMES = ("hf", "text", "csv", "parquet", "idx")
+_ONLY_TASK = {"text": "lm", "idx": "classify"}
 DOCUMENT_SEPARATOR = "\n\n"  # between python-docs topics
 ROW_SEPARATOR = "\n"  # between rows of text files, csv/parquet and hf text columns
 
@@ -45,6 +47,7 @@ class Source:
     image_column: str
     label_column: str
     separator: str = ROW_SEPARATOR
+    eval_rows: datasets.Dataset | None = None  # an official test split: eval there, not on a slice of rows
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,11 @@ def _read(spec: str, text_column: str, image_column: str, label_column: str) -> 
             raise DatasetError(f"{spec!r} names no dataset; use hf:NAME[:CONFIG], e.g. hf:mnist")
         rows = _train_rows(load_hub(spec, name.strip(), config.strip() or None), spec)
         return Source(rows, **columns)
+    if scheme == "idx":  # the four MNIST-style idx files of a directory: official train/test
+        train_x, train_y, test_x, test_y = read_split_dir(os.path.abspath(os.path.expanduser(rest.strip())))
+        return Source(
+            image_rows(train_x, train_y), "text", "image", "label", eval_rows=image_rows(test_x, test_y)
+        )
     paths = local_paths(spec, rest, many=scheme == "text", forms=_valid_forms())
     if scheme == "text":
         rows = _train_rows(load_local(spec, "text", paths, sample_by="document"), spec)
@@ -176,32 +184,45 @@ def _check_args(task: str, seed: object, eval_fraction: float, classes: object, 
         )
 
 
-def _classify(
-    spec: str, src: Source, seed: int, eval_fraction: float, classes: tuple[int, ...] | None
-) -> Dataset:
-    rows = src.rows
-    y, num_classes = classify_labels(rows, source=spec, label_column=src.label_column)
-    x, feature_shape = classify_features(
-        rows, source=spec, image_column=src.image_column, label_column=src.label_column
-    )
-    if classes is not None:
-        x, y = keep_classes(x, y, tuple(classes), spec)
-        num_classes = len(classes)
+def _check_two_classes(spec: str, y: np.ndarray, label_column: str) -> None:
     present = np.unique(y)
     if len(present) < 2:  # a classifier of one class scores accuracy 1.0 and learns nothing
         held = f"all of class {present[0]}" if len(present) else "no rows"
         raise DatasetError(
             f"{spec!r} has {len(y)} rows, {held}: a classifier needs at least 2 classes. "
-            f"Check label_column={src.label_column!r}"
+            f"Check label_column={label_column!r}"
         )
-    train, held = split_indices(len(y), eval_fraction, seed, spec)
+
+
+def _classify(
+    spec: str, src: Source, seed: int, eval_fraction: float, classes: tuple[int, ...] | None
+) -> Dataset:
+    parts = [src.rows] if src.eval_rows is None else [src.rows, src.eval_rows]
+    arrays, counts = [], []
+    for rows in parts:
+        y, num_classes = classify_labels(rows, source=spec, label_column=src.label_column)
+        x, feature_shape = classify_features(
+            rows, source=spec, image_column=src.image_column, label_column=src.label_column
+        )
+        if classes is not None:
+            x, y = keep_classes(x, y, tuple(classes), spec)
+            num_classes = len(classes)
+        arrays.append((x, y))
+        counts.append(num_classes)
+    _check_two_classes(spec, arrays[0][1], src.label_column)
+    if src.eval_rows is None:
+        x, y = arrays[0]
+        train, held = split_indices(len(y), eval_fraction, seed, spec)
+        arrays = [(x[train], y[train]), (x[held], y[held])]
+    num_classes = max(counts)  # with an official test split: the classes of either split
+    (x_train, y_train), (x_eval, y_eval) = arrays
     return Dataset(
         name=spec,
         task="classify",
-        x_train=x[train],
-        y_train=y[train].astype(np.int32),
-        x_eval=x[held],
-        y_eval=y[held].astype(np.int32),
+        x_train=x_train,
+        y_train=y_train.astype(np.int32),
+        x_eval=x_eval,
+        y_eval=y_eval.astype(np.int32),
         num_classes=num_classes,
         feature_shape=feature_shape,
     )

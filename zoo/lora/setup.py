@@ -16,12 +16,16 @@ from zoo.models.registry import STACK, ModelConfig
 
 
 def dense_paths(cfg: ModelConfig) -> tuple[str, ...]:
-    """The dotted paths of a config's dense layers (the parents of its non-table ``w`` leaves)."""
+    """The dotted paths of a config's dense layers (the parents of its non-table ``w`` leaves
+    of rank 2 per layer: a conv kernel [kh, kw, in, out] is not one)."""
     return tuple(
         sorted(
             path.rsplit(".", 1)[0]
-            for path in canonical.canonical_shapes(cfg)
-            if path.endswith(".w") and not is_adapter_path(path) and not cfg.is_table(tuple(path.split(".")))
+            for path, shape in canonical.canonical_shapes(cfg).items()
+            if path.endswith(".w")
+            and not is_adapter_path(path)
+            and not cfg.is_table(tuple(path.split(".")))
+            and len(shape) - path.startswith(STACK + ".") == 2
         )
     )
 

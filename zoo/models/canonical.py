@@ -52,6 +52,8 @@ _EQX_LEAF = {  # (module type, field) -> (canonical leaf, stored transposed)
     (eqx.nn.LayerNorm, "bias"): ("b", False),
     (eqx.nn.RMSNorm, "weight"): ("scale", False),
     (eqx.nn.RMSNorm, "bias"): ("b", False),
+    (eqx.nn.Conv2d, "weight"): ("w", "conv_w"),  # [out, in, kh, kw] <-> canonical [kh, kw, in, out]
+    (eqx.nn.Conv2d, "bias"): ("b", "conv_b"),  # [out, 1, 1] <-> canonical [out]
 }
 
 
@@ -61,13 +63,40 @@ class _Layout:
 
     paths: tuple[Path, ...]
     shapes: tuple[tuple[int, ...], ...]  # canonical (not stored) shapes
-    transposed: tuple[bool, ...]
+    transposed: tuple[bool | str, ...]  # True: last two axes swapped; "conv_w"/"conv_b": see _EQX_LEAF
     treedef: object
     graphdef: object = None  # NNX only
 
 
 def _swap(x):
     return jnp.swapaxes(x, -1, -2)
+
+
+def _stored_to_canonical(x, how):
+    if how == "conv_w":  # [..., O, I, H, W] -> [..., H, W, I, O]
+        n = x.ndim
+        return jnp.transpose(x, (*range(n - 4), n - 2, n - 1, n - 3, n - 4))
+    if how == "conv_b":
+        return x[..., 0, 0]
+    return _swap(x) if how else x
+
+
+def _canonical_to_stored(x, how):
+    if how == "conv_w":  # [..., H, W, I, O] -> [..., O, I, H, W]
+        n = x.ndim
+        return jnp.transpose(x, (*range(n - 4), n - 1, n - 2, n - 4, n - 3))
+    if how == "conv_b":
+        return x[..., None, None]
+    return _swap(x) if how else x
+
+
+def _canonical_shape(shape: tuple[int, ...], how) -> tuple[int, ...]:
+    if how == "conv_w":
+        *lead, o, i, h, w = shape
+        return (*lead, h, w, i, o)
+    if how == "conv_b":
+        return shape[:-2]
+    return (*shape[:-2], shape[-1], shape[-2]) if how else shape
 
 
 def _nnx_layout(model: nnx.Module) -> _Layout:
@@ -90,7 +119,7 @@ def _eqx_layout(model: eqx.Module) -> _Layout:
         leaf, swap = _EQX_LEAF[(type(parent), fields[-1])]
         paths.append((*fields[:-1], leaf))
         shape = tuple(x.shape)
-        shapes.append((*shape[:-2], shape[-1], shape[-2]) if swap else shape)
+        shapes.append(_canonical_shape(shape, swap))
         transposed.append(swap)
     return _Layout(tuple(paths), tuple(shapes), tuple(transposed), treedef)
 
@@ -129,7 +158,7 @@ def to_canonical(model) -> dict:
         leaves = jax.tree_util.tree_leaves(nnx.split(model)[1])
     else:
         leaves = jax.tree_util.tree_leaves(model)
-    values = [_swap(x) if t else x for x, t in zip(leaves, layout.transposed, strict=True)]
+    values = [_stored_to_canonical(x, t) for x, t in zip(leaves, layout.transposed, strict=True)]
     return nested(layout.paths, values)
 
 
@@ -166,7 +195,7 @@ def from_canonical(cfg: ModelConfig, backend: str, params: dict):
     except (KeyError, TypeError):
         check_params(cfg, params)
         raise
-    values = [_swap(x) if t else x for x, t in zip(values, layout.transposed, strict=True)]
+    values = [_canonical_to_stored(x, t) for x, t in zip(values, layout.transposed, strict=True)]
     tree = jax.tree_util.tree_unflatten(layout.treedef, values)
     return nnx.merge(layout.graphdef, tree) if backend == "nnx" else tree
 

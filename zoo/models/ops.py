@@ -196,6 +196,84 @@ def positions(layer, like: jax.Array) -> jax.Array:
     return report("rows", z, {"w": table})
 
 
+# --- Convolution and pooling --------------------------------------------------------------
+# Images are NHWC. The canonical conv kernel is ``w`` [kh, kw, in, out] (HWIO, a dense
+# weight's [in, out] after the window axes) and its bias ``b`` [out]. NNX keeps that layout;
+# Equinox keeps [out, in, kh, kw] and a bias [out, 1, 1] (zoo.models.canonical maps both).
+
+
+def _pairs(value, n: int = 2) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,) * n
+
+
+def _conv_geometry(layer) -> tuple[dict[str, jax.Array], tuple[int, int], tuple[tuple[int, int], ...]]:
+    """``(params, strides, padding)`` of an NNX or Equinox 2-D conv, params canonical."""
+    if isinstance(layer, nnx.Conv):
+        params = {"w": _value(layer.kernel), "b": None if layer.bias is None else _value(layer.bias)}
+        strides, padding = _pairs(layer.strides), layer.padding
+    elif isinstance(layer, eqx.nn.Conv):
+        w = layer.weight
+        params = {
+            "w": jnp.transpose(w, (2, 3, 1, 0)),
+            "b": None if layer.bias is None else layer.bias[:, 0, 0],
+        }
+        strides, padding = _pairs(layer.stride), layer.padding
+    else:
+        raise TypeError(f"conv() needs an nnx.Conv or eqx.nn.Conv2d, got {type(layer).__name__}")
+    if isinstance(padding, str):
+        raise TypeError(f"conv() needs explicit ((top, bottom), (left, right)) padding, got {padding!r}")
+    padding = tuple(_pairs(p) for p in _pairs(padding))
+    return {k: v for k, v in params.items() if v is not None}, tuple(strides), padding
+
+
+def conv_patches(x: jax.Array, window: tuple[int, int], strides, padding) -> jax.Array:
+    """The input windows a conv reads: x [B, H, W, C] -> [B, H', W', kh, kw, C], so that the
+    conv is ``patches . w`` over the last three axes (what ghost clipping's conv rule reads).
+
+    Strided slices, one per kernel offset: no arithmetic (``lax.conv_general_dilated_patches``
+    is a conv with an identity kernel, which costs K times the conv's own multiply-adds)."""
+    (kh, kw), (sh, sw) = window, strides
+    x = jnp.pad(x, ((0, 0), *padding, (0, 0)))
+    oh, ow = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
+    rows = [
+        jnp.stack(
+            [x[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw, :] for j in range(kw)],
+            axis=3,
+        )
+        for i in range(kh)
+    ]  # kh x [B, H', W', kw, C]
+    return jnp.stack(rows, axis=3)
+
+
+def conv(layer, x: jax.Array) -> jax.Array:
+    """2-D convolution of NHWC ``x`` with the layer's kernel, strides and explicit padding, plus
+    its bias: [B, H, W, in] -> [B, H', W', out].
+
+    Under active hooks (ghost clipping) the op hands them its input windows
+    (:func:`conv_patches`): a conv is a dense op over the H' x W' output positions of those
+    windows, which is how its norm rule works."""
+    params, strides, padding = _conv_geometry(layer)
+    w = params["w"]
+    z = jax.lax.conv_general_dilated(x, w, strides, padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    if "b" in params:
+        z = z + params["b"]
+    inputs = conv_patches(x, w.shape[:2], strides, padding) if hooks.current() is not None else None
+    return report("conv", z, params, inputs)
+
+
+def max_pool(x: jax.Array, window: int, stride: int) -> jax.Array:
+    """Max over ``window`` x ``window`` windows of NHWC ``x`` every ``stride`` pixels, no padding
+    (PyTorch's ``MaxPool2d(window, stride)``)."""
+    return jax.lax.reduce_window(
+        x, -jnp.inf, jax.lax.max, (1, window, window, 1), (1, stride, stride, 1), "VALID"
+    )
+
+
+def conv_output_size(size: int, kernel: int, stride: int, padding: int = 0) -> int:
+    """Output side of a conv or pool on a ``size`` side (``floor((size + 2p - k) / s) + 1``)."""
+    return (size + 2 * padding - kernel) // stride + 1
+
+
 # --- Token chunks -------------------------------------------------------------------------
 
 

@@ -17,6 +17,9 @@ work per op kind (:mod:`zoo.dp.ghost.rules`):
 * ``gather`` (token table) ``e_t = W[tok_t]``: ``g_W`` scatters ``delta_t`` to row ``tok_t``;
   repeated tokens share a row, so ``||g_W||^2 = sum_{t,s} [tok_t == tok_s] (delta_t . delta_s)``.
 * ``rows`` (positional table) ``p_t = P[t]``: distinct rows, ``||g_P||^2 = ||delta||^2``.
+* ``conv`` (2-D conv) ``z_p = a_p @ w + b`` over the input windows ``a_p`` of the output
+  positions ``p``: a dense op on a sequence of positions, with the cheaper of the Gram form and
+  the per-example gradient per layer (:mod:`zoo.dp.ghost.conv`, mixed ghost clipping).
 
 Nothing here is written per model. The model's own forward runs under hooks
 (:mod:`zoo.dp.ghost.sites`, :mod:`zoo.hooks`): tracing it once finds the sites (each op, named
@@ -45,6 +48,7 @@ backward under a remat policy.  Measurements are in ``docs/ghost.md``.
 """
 
 from zoo.dp.ghost.api import ghost_clipped_grad_sum, ghost_forward, supports, unsupported_reason
+from zoo.dp.ghost.conv import Conv, conv_method, layer_methods  # registers the conv rule
 from zoo.dp.ghost.rules import dense_method, gather_method
 from zoo.dp.ghost.sites import Site, discover
 from zoo.dp.ghost.stages import (
@@ -62,16 +66,19 @@ from zoo.dp.ghost.stages import (
 
 __all__ = [
     "METHODS",
+    "Conv",
     "GhostPlan",
     "Site",
     "book_kept_sum",
     "choose_method",
     "clip_factors",
+    "conv_method",
     "dense_method",
     "discover",
     "gather_method",
     "ghost_clipped_grad_sum",
     "ghost_forward",
+    "layer_methods",
     "prepare",
     "probe_pass",
     "squared_norms",
