@@ -31,7 +31,9 @@ def declared_tokenizer(vocabulary: str | None, given: CharTokenizer | None) -> C
 
         return HFTokenizer.from_source(vocabulary[3:])
     if vocabulary != "bytes":
-        raise DatasetError(f"unknown data.vocabulary {vocabulary!r}. Valid: {', '.join(VOCABULARIES)}, hf:SRC.")
+        raise DatasetError(
+            f"unknown data.vocabulary {vocabulary!r}. Valid: {', '.join(VOCABULARIES)}, hf:SRC."
+        )
     if given is not None and not given.byte_level:
         raise DatasetError(
             "data.vocabulary='bytes' but the checkpoint in model.init_from has a character vocabulary "
