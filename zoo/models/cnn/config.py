@@ -93,6 +93,10 @@ class CNNConfig(ModelConfig):
         stack = (names.LAYER_INPUT, names.MLP_HIDDEN, names.MLP_OUT) if self.num_layers else ()
         return (*stack, names.LOGITS)
 
+    def frozen_prefix(self) -> tuple[str, ...]:
+        """The conv feature extractor, then the first half of the stack when there is one."""
+        return (*CONVS, *(super().frozen_prefix() if self.num_layers else ()))
+
     def sides(self) -> tuple[int, int, int, int]:
         """Image side after conv1, its pool, conv2 and its pool."""
         a = conv_output_size(self.image_size, self.conv1_kernel, self.conv1_stride, self.conv1_padding)
