@@ -5,6 +5,7 @@ one line naming the file and the key."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shutil
@@ -250,7 +251,7 @@ def test_lora_exports_merged_and_as_peft_adapter_files(tmp_path):
     assert_bitwise_equal(exported, {k: np.asarray(v) for k, v in ours.items()})
 
 
-def test_import_carries_the_tokenizer_and_writes_fine_tune_recipes(tmp_path):
+def test_import_carries_the_tokenizer_and_fine_tune_recipes_take_its_model(tmp_path):
     from zoo.data.hf_tokenizer import HFTokenizer
     from zoo.recipes import load_recipe
 
@@ -263,10 +264,18 @@ def test_import_carries_the_tokenizer_and_writes_fine_tune_recipes(tmp_path):
     text = "the lazy zoo jumps"
     assert ck.tokenizer.encode(text).tolist() == reference.encode(text, add_special_tokens=False).ids
     assert ck.tokenizer.decode(ck.tokenizer.encode(text)) == text
-    for name in ("hf-lm-lora", "hf-lm-dp-lora"):
-        recipe = load_recipe(str(tmp_path / "imp" / f"{name}.toml"))
-        assert recipe.model_config == ck.model_config
-        assert recipe.model.init_from == str((tmp_path / "imp").absolute()) and recipe.lora.enabled
+    import argparse
+
+    from zoo.commands.train import resolve_recipe
+
+    for name in ("hf-lm-lora", "hf-lm-dp-lora"):  # built in; --init-from brings the import's model
+        assert load_recipe(name).model_config != ck.model_config
+        sets = ["model.attention=chunked", "model.attention_chunk=8"]
+        args = argparse.Namespace(recipe=name, init_from=str(tmp_path / "imp"), set=sets, backend="eqx")
+        recipe = resolve_recipe(args)
+        want = dataclasses.replace(ck.model_config, attention="chunked", attention_chunk=8)
+        assert recipe.model_config == want and recipe.model.backend == "eqx"
+        assert recipe.model.init_from == str(tmp_path / "imp") and recipe.lora.enabled
         assert recipe.dp.enabled == (name == "hf-lm-dp-lora")
 
 

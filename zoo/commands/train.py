@@ -54,7 +54,12 @@ def resolve_recipe(args) -> recipe_lib.Recipe:
         from zoo.train.hf import import_cached
 
         values["model.init_from"] = str(import_cached(values["model.init_from"][3:], recipe.model.backend))
-    return recipe_lib.with_values(recipe, values) if values else recipe
+    recipe = recipe_lib.with_values(recipe, values) if values else recipe
+    if recipe.model.init_from:  # an import of a Hugging Face checkpoint brings its architecture
+        from zoo.train.hf import with_imported_model
+
+        recipe = with_imported_model(recipe, values)
+    return recipe
 
 
 def add_recipe_flags(p) -> None:

@@ -64,38 +64,37 @@ def _recipe_dict(cfg, backend: str, src: str) -> dict:
     }
 
 
-# The fine-tune recipes an import writes beside itself (``DIR/<name>.toml``): the imported model,
-# its tokenizer (through ``model.init_from``), rank-8 adapters on a frozen base; the DP twin
-# adds DP-SGD with ghost clipping. ``--dataset text:PATH`` names the text.
-FINETUNE = {
-    "hf-lm-lora": {
-        "optim": {"name": "adamw", "lr": 3e-3, "warmup_steps": 5},
-        "train": {"steps": 100, "batch_size": 16, "eval_every": 50, "checkpoint_every": 100},
-    },
-    "hf-lm-dp-lora": {
-        "optim": {"name": "adamw", "lr": 3e-3, "schedule": "constant", "weight_decay": 0.0},
-        "train": {"steps": 100, "eval_every": 50, "checkpoint_every": 100},
-        "dp": {"enabled": True, "epsilon": 8.0, "delta": 1e-5, "clip_norm": 1.0, "expected_batch_size": 16},
-    },
-}
+def imported_model(run_dir: str | Path) -> dict | None:
+    """The ``[model]`` section of a zoo import of a Hugging Face checkpoint (None when
+    ``run_dir`` holds no checkpoint or is not such an import)."""
+    from zoo.train import checkpoint
+
+    run_dir = Path(run_dir)
+    step = checkpoint.latest_step(run_dir) if run_dir.is_dir() else None
+    if step is None:
+        return None
+    meta = checkpoint.restore_meta(run_dir, step)
+    return dict(meta["recipe"]["model"]) if "hf_source" in meta else None
 
 
-def _finetune_recipes(out: Path, cfg, backend: str, src: str) -> list[str]:
-    from zoo.recipes import parse_recipe, to_toml
+def with_imported_model(recipe, given: dict):
+    """A recipe that starts from an import trains the imported model: its ``[model]`` becomes
+    the import's (an imported architecture is fixed), with the recipe's backend, the recipe's
+    own overrides when it names the same preset, and the ``model.*`` values in ``given``
+    (flags, ``--set``) on top. Recipes ``hf-lm-lora`` and ``hf-lm-dp-lora`` rely on this."""
+    from zoo.recipes import parse_recipe, to_dict
 
-    written = []
-    for name, sections in FINETUNE.items():
-        doc = _recipe_dict(cfg, backend, src) | sections
-        doc |= {"name": name, "description": f"LoRA fine-tune of {src} (imported) on --dataset text:PATH"}
-        doc["data"] = {"dataset": "text:PATH", "seq_len": min(64, cfg.max_len), "eval_fraction": 0.1}
-        doc["model"] = {**doc["model"], "init_from": str(out.absolute())}
-        doc["lora"] = {"rank": 8, "alpha": 16.0, "targets": list(_LORA_TARGETS)}
-        (out / f"{name}.toml").write_text(to_toml(parse_recipe(doc)))
-        written.append(str(out / f"{name}.toml"))
-    return written
-
-
-_LORA_TARGETS = ("attn.q", "attn.v", "mlp.*")
+    start = recipe.model.init_from
+    model = imported_model(start) if start else None
+    if model is None:
+        return recipe
+    if model["preset"] == recipe.model.preset:
+        model.update(dict(recipe.model.overrides))
+    model.update(backend=recipe.model.backend, init_from=start)
+    model.update({k.split(".", 1)[1]: v for k, v in given.items() if k.startswith("model.")})
+    doc = to_dict(recipe)
+    doc["model"] = model
+    return parse_recipe(doc, recipe.name)
 
 
 def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype: str = "float32") -> dict:
@@ -123,7 +122,6 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
         "hf_source": {"source": src, "path": str(where.absolute()), "dtype": dtype},
     }
     checkpoint.save(out, 0, None, params, meta)
-    recipes = _finetune_recipes(out, cfg, backend, src) if jax.process_index() == 0 else []
     count = sum(int(x.size) for x in flat_by_path(params).values())
     return {
         "out_dir": str(out),
@@ -131,7 +129,7 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
         "kind": cfg.kind,
         "dtype": dtype,
         "params": count,
-        "recipes": recipes,
+        "finetune": f"zoo train hf-lm-lora --init-from {out} --dataset text:PATH",
     }
 
 
