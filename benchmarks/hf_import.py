@@ -1,6 +1,7 @@
 """Importing a random checkpoint of GPT-2 small's shapes (124M parameters, float32): wall
 time and peak RSS of ``zoo import`` against the checkpoint's bytes, next to the peak RSS of a
-process that only imports zoo and JAX (the floor every zoo command pays).
+process that imports the same modules and reads the config (the floor the import pays before
+its first tensor).
 
     .venv/bin/python benchmarks/hf_import.py [--dir /tmp/zoo-gpt2-124m]
 
@@ -70,6 +71,11 @@ def child(code: str) -> tuple[float, int]:
 PEAK = "print([int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
 
 
+# What `zoo import` loads before its first tensor: zoo.train.hf, the checkpoint module it
+# imports (orbax, tensorstore, the model registry: about 180 MiB) and the CPU client.
+IMPORTS = "import jax, zoo.train.hf, zoo.train.checkpoint; jax.devices()"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", default="/tmp/zoo-gpt2-124m")
@@ -79,13 +85,11 @@ def main() -> None:
     size = (src / "hf" / "model.safetensors").stat().st_size
     rows = []
     floor = child(
-        "import zoo.train.hf; from zoo.models import hf_io, canonical; "
+        f"{IMPORTS}; from zoo.models import hf_io, canonical; "
         f"canonical.canonical_shapes(hf_io.read_config({str(src / 'hf')!r})[0]); {PEAK}"
     )
     rows.append(("imports + config, no tensors (floor)", *floor))
-    load = child(
-        f"import zoo.train.hf; from zoo.models import hf_io; cfg, p = hf_io.load({str(src / 'hf')!r}); {PEAK}"
-    )
+    load = child(f"{IMPORTS}; from zoo.models import hf_io; cfg, p = hf_io.load({str(src / 'hf')!r}); {PEAK}")
     rows.append(("hf_io.load (canonical NumPy tree)", *load))
     shutil.rmtree(src / "zoo", ignore_errors=True)
     code = (
@@ -93,6 +97,17 @@ def main() -> None:
         f"import_checkpoint({str(src / 'hf')!r}, {str(src / 'zoo')!r}); {PEAK}"
     )
     rows.append(("zoo import (to a zoo checkpoint)", *child(code)))
+    # the same write with the params compressed (zstd, orbax's default): the cause of the excess
+    shutil.rmtree(src / "zoo", ignore_errors=True)
+    zstd = (
+        "import jax; from zoo.models import hf_io; from zoo.models.paths import flat_by_path, nest_by_path; "
+        f"from zoo.train import checkpoint; cfg, p = hf_io.load({str(src / 'hf')!r}); f = flat_by_path(p); del p; "
+        "p = nest_by_path({k: jax.device_put(f.pop(k)) for k in list(f)}); "
+        f"checkpoint.save({str(src / 'zoo')!r}, 0, None, p, {{}}, compress=True); {PEAK}"
+    )
+    rows.append(("same write, params zstd-compressed", *child(zstd)))
+    shutil.rmtree(src / "zoo", ignore_errors=True)
+    rows.append(("imports of zoo.train.hf only", *child(f"import zoo.train.hf; {PEAK}")))
     print(f"checkpoint: {count:,} parameters, {size / 2**20:.1f} MiB")
     print(f"{'what':<36} {'wall s':>7} {'peak RSS MiB':>13} {'/ ckpt':>7} {'(RSS - floor) / ckpt':>21}")
     for what, wall, rss in rows:

@@ -168,7 +168,7 @@ def load(src: str | Path, dtype: str = "float32"):
     cfg, _ = read_config(src)
     source = Source(src)
     shapes = canonical_shapes(cfg)
-    flat = {path: np.empty(shape, np_dtype) for path, shape in shapes.items()}
+    flat = {path: _empty(shape, np_dtype) for path, shape in shapes.items()}
     for spec in mapping_of(cfg).tensors(cfg):
         for i in range(cfg.num_layers) if spec.stacked else (None,):
             key = spec.key.format(i=i)
@@ -188,6 +188,15 @@ def load(src: str | Path, dtype: str = "float32"):
     if extra:
         raise ValueError(f"{src}: tensors the {cfg.kind} mapping does not read: {', '.join(extra[:5])}")
     return cfg, nest_by_path(flat)
+
+
+def _empty(shape, dtype, align: int = 64) -> np.ndarray:
+    """``np.empty`` at a 64-byte aligned address: ``jax.device_put`` on CPU then shares the
+    buffer instead of copying it (``zoo import`` holds one copy of the weights, not two)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def _stored_shape(shape, parts: int, transpose: bool) -> tuple[int, ...]:

@@ -48,11 +48,13 @@ _MANIFEST_FORMAT = "zoo.checkpoint_manifest"
 LORA_BASE = "lora_base"  # meta key of a LoRA run's base reference
 
 
-def _manager(run_dir: Path, create: bool) -> ocp.CheckpointManager:
+def _manager(run_dir: Path, create: bool, item_handlers: dict | None = None) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=2, create=create, enable_async_checkpointing=False, cleanup_tmp_directories=create
     )
-    return ocp.CheckpointManager(Path(run_dir).absolute() / CHECKPOINT_DIR, options=options)
+    return ocp.CheckpointManager(
+        Path(run_dir).absolute() / CHECKPOINT_DIR, options=options, item_handlers=item_handlers
+    )
 
 
 def model_meta(cfg: ModelConfig, backend: str) -> dict:
@@ -262,9 +264,14 @@ def finish_before_interrupt():
         raise KeyboardInterrupt
 
 
-def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
+def save(run_dir: Path, step: int, state, params: dict, meta: dict, *, compress: bool = True) -> None:
     """Write step ``step`` of a run: ``state`` (None for an export, which cannot be resumed),
-    ``params`` and ``meta``, then its manifest."""
+    ``params`` and ``meta``, then its manifest.
+
+    ``compress=False`` writes ``params`` without zstd (the same layout; every reader reads
+    both): tensorstore then writes from the arrays' own memory instead of holding a compressed
+    copy of each, which keeps ``zoo import`` near one copy of the weights
+    (benchmarks/hf_import.py)."""
     main = jax.process_index() == 0  # orbax writes from every process; zoo's files from one
     problem = dir_problem(run_dir) if main and not os.path.isdir(run_dir) else None
     if problem:  # `zoo export --out`: checked here, where the export first writes
@@ -279,8 +286,17 @@ def save(run_dir: Path, step: int, state, params: dict, meta: dict) -> None:
     }
     if state is not None:
         items["state"] = ocp.args.StandardSave(state)
+    handlers = None
+    if not compress:
+        items["params"] = ocp.args.PyTreeSave(params)
+        handlers = {
+            "params": ocp.PyTreeCheckpointHandler(use_compression=False),
+            "meta": ocp.JsonCheckpointHandler(),
+        }
+        if state is not None:
+            handlers["state"] = ocp.StandardCheckpointHandler()
     with finish_before_interrupt():
-        with _manager(run_dir, create=True) as manager:
+        with _manager(run_dir, create=True, item_handlers=handlers) as manager:
             manager.save(step, args=ocp.args.Composite(**items), force=True)
             manager.wait_until_finished()
         if main:

@@ -110,8 +110,10 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
         cfg, params = hf_io.load(where, dtype)
     except ValueError as error:
         raise ZooError(str(error)) from None
-    # leaf by leaf onto the device, each NumPy array freed as it goes: orbax would otherwise
-    # copy the whole tree at once (benchmarks/hf_import.py)
+    # Onto the device leaf by leaf: on CPU, device_put shares hf_io's 64-byte aligned buffers
+    # (NumPy leaves would take orbax's copying path). Written without zstd, tensorstore writes
+    # from those buffers; compressed, it holds a compressed copy of every leaf until the write
+    # ends, about one more checkpoint in memory (benchmarks/hf_import.py, docs/hf.md).
     flat = flat_by_path(params)
     del params
     params = nest_by_path({path: jax.device_put(flat.pop(path)) for path in list(flat)})
@@ -121,7 +123,7 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
         "tokenizer": _tokenizer(where, cfg),
         "hf_source": {"source": src, "path": str(where.absolute()), "dtype": dtype},
     }
-    checkpoint.save(out, 0, None, params, meta)
+    checkpoint.save(out, 0, None, params, meta, compress=False)
     count = sum(int(x.size) for x in flat_by_path(params).values())
     return {
         "out_dir": str(out),
