@@ -17,9 +17,10 @@ import jax.numpy as jnp
 from zoo import names
 from zoo.configs import require_positive
 from zoo.errors import ZooError, check_choice
+from zoo.models.flat import FlatClassifierConfig
 from zoo.models.ops import ACTIVATIONS as ACTIVATION_FNS
-from zoo.models.ops import check_features, conv_output_size
-from zoo.models.registry import DataFit, ModelConfig, axes_from_table, register
+from zoo.models.ops import conv_output_size
+from zoo.models.registry import DataFit, axes_from_table, register
 
 ACTIVATIONS = tuple(ACTIVATION_FNS)
 CONVS = ("conv1", "conv2")
@@ -41,7 +42,7 @@ _AXES = {
 
 
 @dataclass(frozen=True)
-class CNNConfig(ModelConfig):
+class CNNConfig(FlatClassifierConfig):
     """Image classifier: conv1 -> act -> max pool -> conv2 -> act -> max pool -> in_proj -> act
     -> ``num_layers`` scanned dense blocks -> head.
 
@@ -51,6 +52,7 @@ class CNNConfig(ModelConfig):
     """
 
     kind: ClassVar[str] = "cnn"
+    input_form: ClassVar[str] = "[B, image_size * image_size * channels]"
     image_size: int = 28
     channels: int = 1
     conv1_features: int = 16
@@ -112,19 +114,6 @@ class CNNConfig(ModelConfig):
     @property
     def d_in(self) -> int:
         return self.image_size**2 * self.channels
-
-    @property
-    def num_outputs(self) -> int:
-        return self.num_classes
-
-    def input_spec(self, batch: int, seq: int | None = None) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((batch, self.d_in), jnp.float32)
-
-    def block_input_shape(self, batch: int, seq: int | None = None) -> tuple[int, ...]:
-        return (batch, self.d_hidden)
-
-    def check_input(self, x: jax.Array) -> None:
-        check_features(x, self.d_in, "[B, image_size * image_size * channels]")
 
     def fit_to_data(self, data: DataFit) -> dict:
         if data.task == "lm" or data.row_shape:

@@ -9,6 +9,7 @@ from jax.ad_checkpoint import checkpoint_name
 from zoo import names
 from zoo.models import ops
 from zoo.models.cnn.config import CNNConfig
+from zoo.models.mlp.eqx import Block  # the dense stack after the convs is the MLP's
 from zoo.scan import scan_layers
 
 
@@ -16,21 +17,6 @@ def _conv(cfg: CNNConfig, stage: str, d_in: int, key: jax.Array) -> eqx.nn.Conv2
     kernel, stride, pad = (getattr(cfg, f"{stage}_{k}") for k in ("kernel", "stride", "padding"))
     features = getattr(cfg, f"{stage}_features")
     return eqx.nn.Conv2d(d_in, features, kernel, stride=stride, padding=((pad, pad), (pad, pad)), key=key)
-
-
-class Block(eqx.Module):
-    """One dense layer plus activation: [B, H] -> [B, H]."""
-
-    dense: eqx.nn.Linear
-    activation: str = eqx.field(static=True)
-
-    def __init__(self, cfg: CNNConfig, *, key: jax.Array):
-        self.dense = eqx.nn.Linear(cfg.d_hidden, cfg.d_hidden, key=key)
-        self.activation = cfg.activation
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        hidden = checkpoint_name(ops.dense(self.dense, x), names.MLP_HIDDEN)
-        return checkpoint_name(ops.ACTIVATIONS[self.activation](hidden), names.MLP_OUT)
 
 
 class CNN(eqx.Module):

@@ -9,6 +9,7 @@ from jax.ad_checkpoint import checkpoint_name
 from zoo import names
 from zoo.models import ops
 from zoo.models.cnn.config import CNNConfig
+from zoo.models.mlp.nnx import Block  # the dense stack after the convs is the MLP's
 from zoo.scan import scan_layers
 
 
@@ -23,18 +24,6 @@ def _conv(cfg: CNNConfig, stage: str, d_in: int, rngs: nnx.Rngs) -> nnx.Conv:
         padding=((pad, pad), (pad, pad)),
         rngs=rngs,
     )
-
-
-class Block(nnx.Module):
-    """One dense layer plus activation: [B, H] -> [B, H]."""
-
-    def __init__(self, cfg: CNNConfig, *, rngs: nnx.Rngs):
-        self.dense = nnx.Linear(cfg.d_hidden, cfg.d_hidden, rngs=rngs)
-        self.activation = cfg.activation
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        hidden = checkpoint_name(ops.dense(self.dense, x), names.MLP_HIDDEN)
-        return checkpoint_name(ops.ACTIVATIONS[self.activation](hidden), names.MLP_OUT)
 
 
 class CNN(nnx.Module):

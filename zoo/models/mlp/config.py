@@ -5,15 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import jax
-import jax.numpy as jnp
-
 from zoo import names
 from zoo.configs import require_positive
 from zoo.errors import ZooError, check_choice
+from zoo.models.flat import FlatClassifierConfig
 from zoo.models.ops import ACTIVATIONS as ACTIVATION_FNS
-from zoo.models.ops import check_features
-from zoo.models.registry import DataFit, ModelConfig, axes_from_table, register
+from zoo.models.registry import DataFit, axes_from_table, register
 
 ACTIVATIONS = tuple(ACTIVATION_FNS)
 
@@ -29,7 +26,7 @@ _AXES = {
 
 
 @dataclass(frozen=True)
-class MLPConfig(ModelConfig):
+class MLPConfig(FlatClassifierConfig):
     """Classifier MLP: in_proj -> `num_layers` scanned dense blocks -> head."""
 
     kind: ClassVar[str] = "mlp"
@@ -48,19 +45,6 @@ class MLPConfig(ModelConfig):
     def __post_init__(self) -> None:
         require_positive(self, "d_in", "d_hidden", "num_layers", "num_classes")
         check_choice("activation", self.activation, ACTIVATIONS)
-
-    @property
-    def num_outputs(self) -> int:
-        return self.num_classes
-
-    def input_spec(self, batch: int, seq: int | None = None) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((batch, self.d_in), jnp.float32)
-
-    def block_input_shape(self, batch: int, seq: int | None = None) -> tuple[int, ...]:
-        return (batch, self.d_hidden)
-
-    def check_input(self, x: jax.Array) -> None:
-        check_features(x, self.d_in, "[B, d_in]")
 
     def fit_to_data(self, data: DataFit) -> dict:
         if data.task == "lm" or data.row_shape:
