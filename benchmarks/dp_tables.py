@@ -157,7 +157,7 @@ def _mean_std(values):
 def cmd_table(args) -> None:
     found = load_results(args.results)
     print(
-        f"{'recipe':<22}{'epsilon':>8}  {'anchor':<14}{'target':>8}  {'zoo (mean +- std)':<22}{'seeds':>6}{'wall s':>9}{'RSS MiB':>9}"
+        f"{'recipe':<22}{'epsilon':>8}  {'anchor':<14}{'target':>8}  {'zoo (mean +- std)':<22}{'seeds':>6}{'wall s':>11}{'RSS MiB':>9}"
     )
     points = {}
     for recipe, eps, who, anchor, target in ROWS:
@@ -170,11 +170,12 @@ def cmd_table(args) -> None:
         zoo = "not measured" if mean is None else f"{mean:.2f} +- {std:.2f}"
         anchor_s = "-" if who is None else f"{who} {anchor:g}"
         target_s = "report" if target is None else f">= {target:g}"
-        wall = _mean_std([r["wall_s"] for r in runs])[0]
+        walls = [r["wall_s"] for r in runs]  # min: the least loaded run; the machine is shared
+        wall = f"{min(walls):.0f}-{max(walls):.0f}" if walls else ""
         rss = max((r["peak_rss_mib"] or 0 for r in runs), default=None)
         print(
             f"{recipe:<22}{'-' if eps is None else f'{eps:g}':>8}  {anchor_s:<14}{target_s:>8}  {zoo:<22}"
-            f"{len(runs):>6}{'' if wall is None else f'{wall:.0f}':>9}{'' if not rss else f'{rss:.0f}':>9}"
+            f"{len(runs):>6}{wall:>11}{'' if not rss else f'{rss:.0f}':>9}"
         )
         if mean is not None and eps is not None:
             points.setdefault(recipe, []).append((eps, mean, std))
