@@ -20,7 +20,8 @@ ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo y
 # - remat policies that only choose which names to save or where (none, dots, save-attn,
 #   minimal, full-lean, the offloads, custom): full, nested and recursive, which change how
 #   the stack runs, are re-run on every kind;
-# - ghost-clipping cells beyond ghost against vmap (first backward method) and frozen layers;
+# - ghost-clipping cells beyond ghost against vmap (first backward method), frozen layers and
+#   the conv rule's three cells;
 #   parity variants of a kind (digits, head counts, kv heads); the chunked-attention and
 #   chunked-MLP model cells (the ops' own cells are re-run); freezing per kind (test_freeze's cells are re-run);
 #   LoRA beyond the transformer's two-backend cell (an adapter is two more dense ops: ghost,
@@ -28,7 +29,7 @@ ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo y
 ISA_SKIP := eqx or still_catches or chunked_attention_gives or chunked_mlp_gives or through_chunked
 ISA_SKIP += or (test_lora and not (same_logits_and_grads_in_both_backends and transformer))
 ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-lean or minimal or offload))
-ISA_SKIP += or (test_ghost and not ((matches_vmap_path and not second_backward) or frozen_layers))
+ISA_SKIP += or (test_ghost and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
 ISA_SKIP += or (test_kinds and freezing_by_path)
 ISA_SKIP += or (converted_weights and (digits or heads or kv))
 ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matches and not gpt2) or apply_fn_read
