@@ -182,6 +182,7 @@ class ModelKind:
     small: ModelConfig  # a tiny member of the kind: what the tests generated from the registry use
     order: int = 100  # where listings (`zoo models`, error messages) put the kind; then by name
     hf: str | None = None  # module of its Hugging Face mapping (zoo.models.hf_io), if any
+    cache: str | None = None  # "module:NAME" of its decode cache (zoo.models.decode), if any
 
     def hf_mapping(self):
         """The kind's Hugging Face mapping module, or None."""
@@ -210,11 +211,13 @@ def register(
     small: ModelConfig | None = None,
     order: int = 100,
     hf: str | None = None,
+    cache: str | None = None,
 ) -> ModelKind:
     """Register a model kind: its config class, its two backend classes, its presets
     (``name -> (config, one-line description)``), a ``small`` config for tests (default: the
     first preset, or the class defaults), its place in listings (``order``, then name) and the
-    module of its Hugging Face checkpoint mapping (``hf``, "zoo.models.<kind>.hf")."""
+    module of its Hugging Face checkpoint mapping (``hf``, "zoo.models.<kind>.hf") and its decode
+    cache (``cache``, "zoo.models.<kind>.cache:CACHE", a ``zoo.models.decode.DecodeCache``)."""
     name = config.kind
     if not name or name in _KINDS:
         raise ValueError(f"model kind {name!r} is empty or already registered")
@@ -235,6 +238,7 @@ def register(
         small,
         order,
         hf,
+        cache,
     )
     _KINDS[name] = kind
     _BY_CONFIG[config] = kind

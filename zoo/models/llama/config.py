@@ -141,4 +141,5 @@ KIND = register(
     ),
     order=30,
     hf="zoo.models.llama.hf",
+    cache="zoo.models.llama.cache:CACHE",
 )

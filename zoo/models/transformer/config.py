@@ -171,4 +171,5 @@ KIND = register(
     small=TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=16),
     order=20,
     hf="zoo.models.transformer.hf",
+    cache="zoo.models.transformer.cache:CACHE",
 )
