@@ -1,4 +1,5 @@
-"""``zoo sample``: text from a language-model run."""
+"""``zoo sample``: text from a language-model run, through :mod:`zoo.generate` (a key/value
+cache, one prefill and one compiled decode loop)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from zoo.checks import is_int
 from zoo.errors import ZooError
 from zoo.ui import emit_json
 
@@ -19,49 +19,81 @@ if TYPE_CHECKING:
     from zoo.train.checkpoint import Checkpoint
 
 
-MAX_LENGTH = 100_000  # characters one `zoo sample` generates (one model call each)
+MAX_NEW_TOKENS = 100_000  # tokens one `zoo sample` asks for
+MAX_SAMPLES = 256  # --num-samples: one batch
+STREAM_EVERY = 8  # decode steps between two writes of streamed text
 
 
-def generate(ckpt: Checkpoint, prompt: str, length: int, temperature: float, seed: int) -> Iterator[str]:
-    """The ``length`` characters after ``prompt`` from an LM checkpoint, one at a time, as they
-    are sampled. Bad arguments and a checkpoint that is not a language model fail here, before
-    the first character.
+def prompt_ids(ckpt: Checkpoint, prompt: str, max_new_tokens: int) -> np.ndarray:
+    """The prompt's token ids the model reads: the last ``limit - max_new_tokens`` of them (a
+    longer prompt is cut from the left, the window `zoo sample` has always used); refused when
+    ``max_new_tokens`` leaves no room for any."""
+    from zoo.models import decode
 
-    The model always sees a fixed [1, max_len] window (the last ``max_len`` characters), so the
-    step compiles once.
-    """
-    from zoo.api import apply_fn
+    spec = decode.cache_spec(ckpt.model_config)
+    limit = spec.limit(ckpt.model_config)
+    room = limit - max_new_tokens
+    if room < 1:
+        raise ZooError(
+            f"--max-new-tokens {max_new_tokens} leaves no room for the prompt in the model's "
+            f"{spec.limit_name}={limit}; ask for at most {limit - 1} new tokens"
+        )
+    return np.asarray(ckpt.tokenizer.encode(prompt), np.int32)[-room:]
+
+
+def generate(
+    ckpt: Checkpoint,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    *,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    num_samples: int = 1,
+) -> Iterator[list[str]]:
+    """Text after ``prompt`` from an LM checkpoint, ``num_samples`` samples in one batch, as it
+    is generated: each item holds every sample's new text since the last. Stops at the
+    checkpoint's EOS (:func:`zoo.generate.stops.checkpoint_eos`), which is not printed. Bad
+    arguments and a checkpoint that is not a language model fail here, before the first token."""
+    from zoo.generate import stream
+    from zoo.generate.stops import checkpoint_eos
 
     cfg, tokenizer = ckpt.model_config, ckpt.tokenizer
     if tokenizer is None or cfg.task != "lm":
         raise ZooError(f"{str(ckpt.path)!r} is not a language model checkpoint; `zoo sample` needs one")
-    check_sample_args(prompt, length, temperature)
-    apply = apply_fn(cfg, ckpt.backend)
+    check_sample_args(prompt, max_new_tokens, temperature, top_k, top_p, num_samples)
+    ids = prompt_ids(ckpt, prompt, max_new_tokens)
+    eos = checkpoint_eos(ckpt)
+    try:
+        chunks = stream(
+            ckpt,
+            [ids] * num_samples,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop_tokens=eos,
+            every=STREAM_EVERY,
+        )
+    except ValueError as error:
+        raise ZooError(str(error)) from None
 
-    @jax.jit
-    def next_token(params, tokens, position, key):
-        logits = apply(params, tokens[None])[0, position]
-        if temperature <= 0:
-            return jnp.argmax(logits)
-        return jax.random.categorical(key, logits / temperature)
+    def pieces() -> Iterator[list[str]]:
+        for new, _ in chunks:
+            kept = [[t for t in row if t not in eos] for row in new]
+            yield [tokenizer.decode(np.asarray(row, np.int32)) if row else "" for row in kept]
 
-    def characters() -> Iterator[str]:
-        ids, window = list(tokenizer.encode(prompt)), cfg.max_len
-        key = jax.random.key(seed)
-        for i in range(length):
-            context = ids[-window:]
-            tokens = np.zeros(window, np.int32)
-            tokens[: len(context)] = context
-            token = int(next_token(ckpt.params, tokens, len(context) - 1, jax.random.fold_in(key, i)))
-            ids.append(token)
-            yield tokenizer.decode(np.asarray([token], np.int32))
-
-    return characters()
+    return pieces()
 
 
-def sample_text(ckpt: Checkpoint, prompt: str, length: int, temperature: float, seed: int) -> str:
-    """The ``length`` characters after ``prompt`` (:func:`generate`, joined)."""
-    return "".join(generate(ckpt, prompt, length, temperature, seed))
+def sample_text(
+    ckpt: Checkpoint, prompt: str, max_new_tokens: int, temperature: float, seed: int, **kw
+) -> list[str]:
+    """Every sample's text after ``prompt`` (:func:`generate`, joined)."""
+    parts = list(generate(ckpt, prompt, max_new_tokens, temperature, seed, **kw))
+    return ["".join(p[i] for p in parts) for i in range(kw.get("num_samples", 1))]
 
 
 def unknown_characters(tokenizer, text: str) -> list[str]:
@@ -70,28 +102,55 @@ def unknown_characters(tokenizer, text: str) -> list[str]:
     return [c for c in dict.fromkeys(text) if tokenizer.decode(tokenizer.encode(c)) != c]
 
 
-def check_sample_args(prompt: str, length: int, temperature: float) -> None:
+def check_sample_args(
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    num_samples: int = 1,
+) -> None:
     """One-line errors for arguments that would sample nothing, garbage, or for hours."""
     if not prompt:
         raise ZooError("--prompt is empty; give at least one character to continue from")
-    if length < 1:
-        raise ZooError(f"--length must be a positive number of characters, got {length}")
-    if length > MAX_LENGTH:
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ZooError(f"--max-new-tokens must be a positive number of tokens, got {max_new_tokens}")
+    if max_new_tokens > MAX_NEW_TOKENS:
         raise ZooError(
-            f"--length {length} is over zoo sample's limit of {MAX_LENGTH:,} characters "
-            "(one model call each); continue a long text with several calls, each --prompt "
-            "ending where the last sample ended"
+            f"--max-new-tokens {max_new_tokens} is over zoo sample's limit of {MAX_NEW_TOKENS:,} tokens; "
+            "continue a long text with several calls, each --prompt ending where the last sample ended"
         )
     if not math.isfinite(temperature) or temperature < 0:
         raise ZooError(f"--temperature must be a finite number >= 0 (0 samples greedily), got {temperature}")
+    if not is_int(top_k) or top_k < 0:
+        raise ZooError(f"--top-k must be a whole number >= 0 (0 keeps every token), got {top_k}")
+    if not math.isfinite(top_p) or not 0 < top_p <= 1:
+        raise ZooError(f"--top-p must be a number in (0, 1] (1 keeps every token), got {top_p}")
+    if not is_int(num_samples) or not 1 <= num_samples <= MAX_SAMPLES:
+        raise ZooError(
+            f"--num-samples must be a whole number in [1, {MAX_SAMPLES}] (one batch), got {num_samples}"
+        )
+
+
+def _args(args) -> tuple:
+    return (args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.num_samples)
 
 
 def run_sample(args) -> int:
     from zoo.train import checkpoint
 
-    check_sample_args(args.prompt, args.length, args.temperature)
+    check_sample_args(*_args(args))
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
-    pieces = generate(ckpt, args.prompt, args.length, args.temperature, args.seed)
+    pieces = generate(
+        ckpt,
+        args.prompt,
+        args.max_new_tokens,
+        args.temperature,
+        args.seed,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        num_samples=args.num_samples,
+    )
     unknown = unknown_characters(ckpt.tokenizer, args.prompt)
     if unknown:
         warnings.warn(
@@ -99,16 +158,24 @@ def run_sample(args) -> int:
             f"{', '.join(map(repr, unknown))}; the model reads each as <unk>",
             stacklevel=1,
         )
-    if args.json:
-        emit_json({"prompt": args.prompt, "sample": "".join(pieces)})
+    if args.json or args.num_samples > 1:
+        parts = list(pieces)
+        samples = ["".join(p[i] for p in parts) for i in range(args.num_samples)]
+        if args.json:
+            emit_json({"prompt": args.prompt, "sample": samples[0], "samples": samples})
+        else:
+            sys.stdout.write(
+                "\n".join(f"--- sample {i + 1}\n{args.prompt}{s}" for i, s in enumerate(samples))
+            )
+            sys.stdout.write("\n")
         return 0
-    # Plain text as it is sampled: no wrapping, no markup, nothing held back until the end.
+    # Plain text as it is sampled: no wrapping, no markup, a few tokens at a time.
     out = sys.stdout
     out.write(args.prompt)
     out.flush()
     try:
         for piece in pieces:
-            out.write(piece)
+            out.write(piece[0])
             out.flush()
     finally:
         out.write("\n")
@@ -120,8 +187,19 @@ def add_parser(sub) -> None:
     p = sub.add_parser("sample", help="sample text from a language-model run")
     p.add_argument("checkpoint_dir")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--length", type=int, default=200, help=f"characters to sample (at most {MAX_LENGTH:,})")
-    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument(
+        "--max-new-tokens",
+        "--length",
+        dest="max_new_tokens",
+        type=int,
+        default=200,
+        help=f"new tokens to generate (at most {MAX_NEW_TOKENS:,}); a prompt longer than the model's "
+        "positions minus these is read from its last tokens. --length: the old name",
+    )
+    p.add_argument("--temperature", type=float, default=0.8, help="0 samples greedily (the argmax)")
+    p.add_argument("--top-k", type=int, default=0, help="draw from the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="draw from the smallest set of probability p")
+    p.add_argument("--num-samples", type=int, default=1, help="samples of the prompt, in one batch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_sample)
