@@ -235,7 +235,7 @@ def test_sample_warns_about_characters_outside_the_vocabulary(case, trained, cap
 def test_sample_refuses_a_length_over_its_limit_at_once(tmp_path, capsys):
     """``--length 99999999999`` ran with no output until killed; now one line, before any
     checkpoint is read, well inside a time bound (SIGALRM fails the test if it is passed)."""
-    from zoo.commands.sample import MAX_LENGTH
+    from zoo.commands.sample import MAX_NEW_TOKENS
 
     def too_slow(signum, frame):
         raise TimeoutError("zoo sample --length 99999999999 did not answer within 30 s")
@@ -249,4 +249,4 @@ def test_sample_refuses_a_length_over_its_limit_at_once(tmp_path, capsys):
         signal.signal(signal.SIGALRM, previous)
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
-    assert f"limit of {MAX_LENGTH:,} characters" in _one_line(err)
+    assert f"limit of {MAX_NEW_TOKENS:,} tokens" in _one_line(err)

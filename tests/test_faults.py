@@ -419,8 +419,8 @@ def test_freezing_everything_warns():
         ("def ", 10, float("nan"), "--temperature"),
         ("def ", 10, float("inf"), "--temperature"),
         ("def ", 10, -1.0, "--temperature"),
-        ("def ", 0, 0.8, "--length"),
-        ("def ", -5, 0.8, "--length"),
+        ("def ", 0, 0.8, "--max-new-tokens"),
+        ("def ", -5, 0.8, "--max-new-tokens"),
         ("", 10, 0.8, "--prompt is empty"),
     ],
 )
