@@ -9,6 +9,7 @@ import dataclasses
 import functools
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from zoo.generate.sampling import Sampling, filtered
 from zoo.generate.stops import config_eos
 from zoo.models import canonical, decode, hf_io
 from zoo.models.llama.config import LlamaConfig
+from zoo.models.lora import LoraSpec
+from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.transformer.config import TransformerConfig
 from zoo.train.compiles import CompileCounter
 
@@ -36,6 +39,10 @@ CONFIGS = {
         **SMALL, d_ff=64, num_kv_heads=4, attention="chunked", attention_chunk=8
     ),
     "llama-tied": LlamaConfig(**SMALL, d_ff=64, num_kv_heads=2, tie_head=True),
+    # adapters (made non-zero in `model`) on q, v and the head: ops.dense adds them
+    "llama-lora": LlamaConfig(
+        **SMALL, d_ff=64, num_kv_heads=2, lora=LoraSpec(4, 8.0, ("blocks.attn.q", "blocks.attn.v", "head"))
+    ),
     # positions past rope_original_max_len take the scaled frequencies
     "llama3-rope": LlamaConfig(
         **SMALL, d_ff=64, num_kv_heads=2, rope_scaling="llama3", rope_theta=500000.0, rope_original_max_len=8
@@ -47,7 +54,11 @@ PROMPTS = ([3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4])
 @functools.cache
 def model(name: str, backend: str) -> Model:
     cfg = CONFIGS[name]
-    return Model(cfg, backend, canonical.init_params(cfg, 0))
+    flat = flat_by_path(canonical.init_params(cfg, 0))
+    for i, path in enumerate(sorted(flat)):  # a fresh adapter's B is zero: give it weight
+        if ".lora_b" in f".{path}":
+            flat[path] = 0.1 * jax.random.normal(jax.random.key(i), flat[path].shape)
+    return Model(cfg, backend, nest_by_path(flat))
 
 
 def width(cfg) -> int:
@@ -155,7 +166,7 @@ def test_the_cache_holds_kv_heads_and_its_bytes_are_the_formula():
         cfg = CONFIGS[name]
         kv = cfg.num_kv_heads if isinstance(cfg, LlamaConfig) else cfg.num_heads
         cache = decode.init_cache(cfg, 2, 48, jnp.float32)
-        assert cache.k.shape == (cfg.num_layers, 2, 48, kv, cfg.d_head)
+        assert cache.k.shape == (cfg.num_layers, 2, kv, 48, cfg.d_head)
         per_sequence = (cache.k.nbytes + cache.v.nbytes) // 2
         assert (
             decode.cache_bytes(cfg, 48, jnp.float32)

@@ -8,7 +8,9 @@ the cache arrays, the scan over the stacked blocks with each layer's slice of th
 attention over the cache, dense or in key chunks (``cfg.attention``).
 
 The cache holds, for each layer, the keys and values of every slot written so far:
-``k``, ``v`` [L, B, T, kv_heads, head_dim]. Prompts are left-padded to one length P: row b's
+``k``, ``v`` [L, B, kv_heads, T, head_dim]: each head's keys are one contiguous [T, head_dim]
+matrix, the layout XLA's CPU dot reads fastest (one layer's attention over a batch-8, 768-slot
+cache of transformer-s: 4.2 ms in ``[B, T, kv_heads, head_dim]``, 0.7 ms here). Prompts are left-padded to one length P: row b's
 prompt fills slots [P - len_b, P), its pad slots are never read, and every row writes the same
 slot at each decode step (one ``dynamic_update_slice`` for all layers). Positions are per row:
 the token in slot s of row b sits at position ``s - (P - len_b)``.
@@ -29,7 +31,7 @@ _NEG = -1e30  # masked scores: finite, so a row with nothing to read gives zeros
 
 
 class Cache(NamedTuple):
-    """Keys and values of every layer: [L, B, T, kv_heads, head_dim] each."""
+    """Keys and values of every layer: [L, B, kv_heads, T, head_dim] each."""
 
     k: jax.Array
     v: jax.Array
@@ -97,7 +99,7 @@ def cache_dtype(params) -> jnp.dtype:
 def init_cache(cfg, batch: int, length: int, dtype) -> Cache:
     """An empty cache of ``length`` slots for ``batch`` sequences."""
     spec = cache_spec(cfg)
-    shape = (cfg.num_layers, batch, length, spec.kv_heads(cfg), spec.head_dim(cfg))
+    shape = (cfg.num_layers, batch, spec.kv_heads(cfg), length, spec.head_dim(cfg))
     return Cache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
@@ -149,9 +151,9 @@ def forward(cfg, backend: str, params, cache: Cache, tokens, positions, pad, slo
     logits = spec.head(cfg, model, h[:, -1:])[:, 0].astype(jnp.float32)
     batch, seq = tokens.shape
     shape = (cfg.num_layers, batch, seq, kv, spec.head_dim(cfg))
-    at = (0, 0, slot, 0, 0)
-    k = jax.lax.dynamic_update_slice(cache.k, k.reshape(shape).astype(cache.k.dtype), at)
-    v = jax.lax.dynamic_update_slice(cache.v, v.reshape(shape).astype(cache.v.dtype), at)
+    at = (0, 0, 0, slot, 0)
+    k = jax.lax.dynamic_update_slice(cache.k, jnp.swapaxes(k.reshape(shape), 2, 3).astype(cache.k.dtype), at)
+    v = jax.lax.dynamic_update_slice(cache.v, jnp.swapaxes(v.reshape(shape), 2, 3).astype(cache.v.dtype), at)
     return logits, Cache(k, v)
 
 
@@ -162,15 +164,15 @@ def forward(cfg, backend: str, params, cache: Cache, tokens, positions, pad, slo
 
 
 def _part(q, k, v, ok):
-    """``(m, l, acc)`` of q [B, S, KV, G, d] over keys k, v [B, T, KV, d] where ``ok``
+    """``(m, l, acc)`` of q [B, KV, G, S, d] over keys k, v [B, KV, T, d] where ``ok``
     [B, S, T]: the row max, the normaliser and the unnormalised output, float32."""
     scale = 1.0 / math.sqrt(q.shape[-1])
-    s = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) * scale
+    s = jnp.einsum("bkgsd,bktd->bkgst", q, k).astype(jnp.float32) * scale
     ok = ok[:, None, None]
     s = jnp.where(ok, s, _NEG)
     m = s.max(-1)
     p = jnp.where(ok, jnp.exp(s - m[..., None]), 0.0)
-    acc = jnp.einsum("bkgst,btkd->bkgsd", p.astype(v.dtype), v).astype(jnp.float32)
+    acc = jnp.einsum("bkgst,bktd->bkgsd", p.astype(v.dtype), v).astype(jnp.float32)
     return m, p.sum(-1), acc
 
 
@@ -182,20 +184,20 @@ def _merge(a, b):
 
 
 def _over(q, k, v, ok_fn, chunk: int):
-    """:func:`_part` over all of k, v [B, T, KV, d] (``chunk`` 0) or ``chunk`` keys at a time
+    """:func:`_part` over all of k, v [B, KV, T, d] (``chunk`` 0) or ``chunk`` keys at a time
     (a scan: no [S, T] scores built at once). ``ok_fn(start, size)`` -> [B, S, size]."""
-    seq = k.shape[1]
+    seq = k.shape[2]
     if not chunk or chunk >= seq:
         return _part(q, k, v, ok_fn(0, seq))
     chunk = math.gcd(seq, chunk)  # slots come in powers of two; a chunk that divides them
 
     def step(carry, i):
         start = i * chunk
-        kc = jax.lax.dynamic_slice_in_dim(k, start, chunk, axis=1)
-        vc = jax.lax.dynamic_slice_in_dim(v, start, chunk, axis=1)
+        kc = jax.lax.dynamic_slice_in_dim(k, start, chunk, axis=2)
+        vc = jax.lax.dynamic_slice_in_dim(v, start, chunk, axis=2)
         return _merge(carry, _part(q, kc, vc, ok_fn(start, chunk))), None
 
-    b, s, kv, g, d = q.shape
+    b, kv, g, s, d = q.shape
     init = (
         jnp.full((b, kv, g, s), _NEG, jnp.float32),
         jnp.zeros((b, kv, g, s), jnp.float32),
@@ -207,15 +209,15 @@ def _over(q, k, v, ok_fn, chunk: int):
 
 def attention(q, k, v, heads: int, kv_heads: int, *, past, pad, slot, chunk: int = 0):
     """Causal attention of the new tokens' q [B, S, H * d] over the cached keys and values
-    ``past`` (k, v [B, T, KV, d], or None) and their own k, v [B, S, KV * d].
+    ``past`` (k, v [B, KV, T, d], or None) and their own k, v [B, S, KV * d].
 
     A query at slot ``slot + i`` of row b reads the cached slots in [pad_b, slot) and the new
     slots in [max(pad_b, slot), slot + i]. Returns [B, S, H * d].
     """
     b, s, width = q.shape
     d = width // heads
-    qh = q.reshape(b, s, kv_heads, heads // kv_heads, d)
-    kh, vh = k.reshape(b, s, kv_heads, d), v.reshape(b, s, kv_heads, d)
+    qh = jnp.moveaxis(q.reshape(b, s, kv_heads, heads // kv_heads, d), 1, 3)  # [B, KV, G, S, d]
+    kh, vh = (jnp.swapaxes(x.reshape(b, s, kv_heads, d), 1, 2) for x in (k, v))  # [B, KV, S, d]
     rows = jnp.arange(s)
 
     def new_ok(start, size):
