@@ -3,7 +3,6 @@ cache, one prefill and one compiled decode loop)."""
 
 from __future__ import annotations
 
-import math
 import sys
 import warnings
 from collections.abc import Iterator
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zoo.checks import is_int
+from zoo.checks import require_int, require_number
 from zoo.errors import ZooError
 from zoo.ui import emit_json
 
@@ -113,23 +112,19 @@ def check_sample_args(
     """One-line errors for arguments that would sample nothing, garbage, or for hours."""
     if not prompt:
         raise ZooError("--prompt is empty; give at least one character to continue from")
-    if not is_int(max_new_tokens) or max_new_tokens < 1:
-        raise ZooError(f"--max-new-tokens must be a positive number of tokens, got {max_new_tokens}")
+    require_int("--max-new-tokens", max_new_tokens, lo=1, what="a positive number of tokens", error=ZooError)
     if max_new_tokens > MAX_NEW_TOKENS:
         raise ZooError(
             f"--max-new-tokens {max_new_tokens} is over zoo sample's limit of {MAX_NEW_TOKENS:,} tokens; "
             "continue a long text with several calls, each --prompt ending where the last sample ended"
         )
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ZooError(f"--temperature must be a finite number >= 0 (0 samples greedily), got {temperature}")
-    if not is_int(top_k) or top_k < 0:
-        raise ZooError(f"--top-k must be a whole number >= 0 (0 keeps every token), got {top_k}")
-    if not math.isfinite(top_p) or not 0 < top_p <= 1:
-        raise ZooError(f"--top-p must be a number in (0, 1] (1 keeps every token), got {top_p}")
-    if not is_int(num_samples) or not 1 <= num_samples <= MAX_SAMPLES:
-        raise ZooError(
-            f"--num-samples must be a whole number in [1, {MAX_SAMPLES}] (one batch), got {num_samples}"
-        )
+    what = "a finite number >= 0 (0 samples greedily)"
+    require_number("--temperature", temperature, finite=True, lo=0.0, what=what, error=ZooError)
+    require_int("--top-k", top_k, lo=0, what="a whole number >= 0 (0 keeps every token)", error=ZooError)
+    what = "a number in (0, 1] (1 keeps every token)"
+    require_number("--top-p", top_p, positive=True, hi=1.0, what=what, error=ZooError)
+    what = f"a whole number in [1, {MAX_SAMPLES}] (one batch)"
+    require_int("--num-samples", num_samples, lo=1, hi=MAX_SAMPLES, what=what, error=ZooError)
 
 
 def _args(args) -> tuple:

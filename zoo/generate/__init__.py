@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zoo.checks import is_int
+from zoo.checks import require_int
 from zoo.generate import loop
 from zoo.generate.sampling import Sampling
 from zoo.models import decode
@@ -60,8 +60,7 @@ def check_request(cfg, prompts, max_new_tokens: int) -> int:
     empty prompts, ids outside the vocabulary, and a prompt plus ``max_new_tokens`` beyond the
     positions the model can attend to."""
     spec = decode.cache_spec(cfg)
-    if not is_int(max_new_tokens) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive whole number, got {max_new_tokens!r}")
+    require_int("max_new_tokens", max_new_tokens, lo=1, what="a positive whole number")
     if not len(prompts):
         raise ValueError("no prompts: give at least one prompt of token ids")
     limit = spec.limit(cfg)
@@ -129,8 +128,7 @@ def stream(
     model = Model.of(source)
     sampling = Sampling(temperature, top_k, top_p)
     check_request(model.config, prompts, max_new_tokens)
-    if not is_int(every) or every < 1:
-        raise ValueError(f"every must be a positive whole number of steps, got {every!r}")
+    require_int("every", every, lo=1, what="a positive whole number of steps")
     stops = _stops(stop_tokens)
     state, width = _start(model, prompts, max_new_tokens, seed, keep_logits)
     shown = np.zeros(len(prompts), np.int64)

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
-from zoo.checks import is_int, is_number
+from zoo.checks import require_int, require_number
 
 
 @dataclass(frozen=True)
@@ -22,13 +21,10 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        t, k, p = self.temperature, self.top_k, self.top_p
-        if not is_number(t) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
-        if not is_int(k) or k < 0:
-            raise ValueError(f"top_k must be a whole number >= 0 (0: every token), got {k!r}")
-        if not is_number(p) or not 0 < p <= 1:
-            raise ValueError(f"top_p must be a number in (0, 1] (1: every token), got {p!r}")
+        what = "a finite number >= 0 (0: greedy)"
+        require_number("temperature", self.temperature, finite=True, lo=0.0, what=what)
+        require_int("top_k", self.top_k, lo=0, what="a whole number >= 0 (0: every token)")
+        require_number("top_p", self.top_p, positive=True, hi=1.0, what="a number in (0, 1] (1: every token)")
 
     @property
     def greedy(self) -> bool:
