@@ -123,8 +123,9 @@ def stream(
     keep_logits: bool = False,
 ) -> Iterator[tuple[list[list[int]], loop.State]]:
     """:func:`generate`, ``every`` steps at a time: yields each row's tokens new since the last
-    yield (none once it has stopped) and the loop state. The same two compiled programs: the
-    decode loop is called with a step bound ``every`` further each time."""
+    yield (none once it has stopped) and the loop state, valid until the next item (the decode
+    loop takes its buffers over). The same two compiled programs: the decode loop is called
+    with a step bound ``every`` further each time."""
     model = Model.of(source)
     sampling = Sampling(temperature, top_k, top_p)
     check_request(model.config, prompts, max_new_tokens)
