@@ -241,3 +241,31 @@ def test_a_chunked_copy_of_a_dense_config_decodes_the_same_tokens():
     assert (
         generate(Model(chunked, "eqx", m.params), PROMPTS, max_new_tokens=10, temperature=0).tokens == dense
     )
+
+
+def test_a_new_kind_generates_by_registering_its_cache():
+    """A kind (here the transformer's modules under a config class of its own) is refused
+    until it registers a cache, and then decodes the full forward's greedy tokens."""
+    from zoo.models import registry
+
+    @dataclasses.dataclass(frozen=True)
+    class ToyLM(TransformerConfig):
+        kind = "toylm"
+
+    cfg = ToyLM(**SMALL, d_ff=32)
+    classes = dict(nnx="zoo.models.transformer.nnx:Transformer", eqx="zoo.models.transformer.eqx:Transformer")
+    for cache in (None, "zoo.models.transformer.cache:CACHE"):
+        registry.register(ToyLM, **classes, presets={}, small=cfg, cache=cache)
+        try:
+            m = Model(cfg, "eqx", canonical.init_params(cfg, 0))
+            if cache is None:
+                with pytest.raises(ValueError, match="'toylm' registers no decode cache"):
+                    generate(m, PROMPTS, max_new_tokens=4)
+                continue
+            out = generate(m, PROMPTS[:1], max_new_tokens=6, temperature=0)
+            ids, apply = list(PROMPTS[0]), zoo.apply_fn(cfg, "eqx")
+            for _ in range(6):
+                ids.append(int(np.argmax(apply(m.params, jnp.asarray([ids], jnp.int32))[0, -1])))
+            assert list(out.tokens[0]) == ids[len(PROMPTS[0]) :]
+        finally:
+            registry.unregister("toylm")
