@@ -122,8 +122,8 @@ def forms() -> tuple[DatasetForm, ...]:
     the order their modules happened to be imported)."""
     global _imported
     if not _imported:
-        _imported = True
         import_forms()
+        _imported = True
     return tuple(sorted(_FORMS.values(), key=lambda f: (f.is_scheme, f.name)))
 
 
