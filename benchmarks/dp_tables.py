@@ -225,7 +225,7 @@ def cmd_cost(args) -> None:
 
     for name in args.recipes.split(","):
         recipe = recipes.load_recipe(name)
-        task = load_task(recipe.data, "classify", 0)
+        task = load_task(recipe.data, task="classify", seed=0)
         cfg = fit_model_to_task(recipe.model_config, task, recipe.model.preset, dict(recipe.model.overrides))
         batch = recipe.dp.expected_batch_size
         result = bench_dp(

@@ -42,7 +42,9 @@ OLD_TRUNCATION = 1e-9
 
 def num_examples(recipe, data) -> int:
     cfg = get_config(recipe.model.preset, **dict(recipe.model.overrides))
-    return load_task(data, cfg.task, recipe.train.seed, max_len=getattr(cfg, "max_len", None)).num_train
+    return load_task(
+        data, task=cfg.task, seed=recipe.train.seed, max_len=getattr(cfg, "max_len", None)
+    ).num_train
 
 
 def plans(name: str, epsilon: float) -> dict:

@@ -195,11 +195,11 @@ def test_what_the_canaries_do_not_explain_is_noise_of_the_claimed_scale():
 
 def test_blackbox_canaries_look_like_the_task_examples():
     recipe = recipes.load_recipe("python-docs-lm")
-    task = load_task(recipe.data, "lm", 0, max_len=64)
+    task = load_task(recipe.data, task="lm", seed=0, max_len=64)
     lm = example_canaries(task, 8, seed=0)
     assert lm["x"].shape == (8, task.seq_len) and np.array_equal(lm["x"][:, 1:], lm["y"][:, :-1])
     assert lm["x"].min() >= 0 and lm["x"].max() < task.data.vocab_size
-    digits = load_task(recipes.load_recipe("digits-mlp").data, "classify", 0)
+    digits = load_task(recipes.load_recipe("digits-mlp").data, task="classify", seed=0)
     rows = example_canaries(digits, 8, seed=0)
     assert rows["x"].shape == (8, digits.data.num_features) and rows["y"].max() < digits.data.num_classes
     assert rows["x"].min() >= digits.data.x_train.min() and rows["x"].max() <= digits.data.x_train.max()

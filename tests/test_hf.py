@@ -338,7 +338,7 @@ def test_data_vocabulary_hf_tokenizes_text_with_tokenizer_json(tmp_path):
     config = DataConfig(
         dataset=f"text:{tmp_path / 't.txt'}", vocabulary=f"hf:{FIXTURES / 'llama3-tied'}", seq_len=8
     )
-    task = load_task(config, "lm", 0)
+    task = load_task(config, task="lm", seed=0)
     ids = np.concatenate([np.asarray(task.data.x_train).ravel(), np.asarray(task.data.x_eval).ravel()])
     reference = Tokenizer.from_file(str(FIXTURES / "llama3-tied" / "tokenizer.json"))
     assert ids.tolist() == reference.encode(text, add_special_tokens=False).ids

@@ -9,8 +9,8 @@ import pytest
 import zoo
 from zoo import recipes
 from zoo.cli import main
-from zoo.data import DATASET_KINDS, DatasetError, load_dataset, register_builtin
-from zoo.data.spiral import make_spiral
+from zoo.data import DatasetError, dataset_kinds, load_dataset, register_builtin
+from zoo.data.forms.spiral import make_spiral
 from zoo.losses import per_example_loss
 from zoo.train import checkpoint
 from zoo.train.loop import train_recipe
@@ -36,13 +36,13 @@ def test_spiral_is_three_noisy_arms_from_the_origin():
 
 
 def test_spiral_is_a_registered_builtin():
-    assert "spiral" in DATASET_KINDS
+    assert "spiral" in dataset_kinds()
     with pytest.raises(DatasetError, match="supports only task='classify'"):
         load_dataset("spiral", task="lm")
     with pytest.raises(DatasetError, match="Did you mean 'spiral'"):
         load_dataset("spirals", task="classify")
     with pytest.raises(ValueError, match="taken"):
-        register_builtin("spiral", "classify", lambda: None)
+        register_builtin("spiral", "classify", lambda: None, description="a second spiral")
 
 
 @pytest.fixture(scope="session")  # built at most once per xdist worker

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from zoo.data import DATASET_KINDS, Dataset, DatasetError, load_dataset
+from zoo.data import Dataset, DatasetError, dataset_kinds, load_dataset
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_unknown_spec_suggests_close_match():
         load_dataset("digts", task="classify")
     msg = str(err.value)
     assert "'digts'" in msg and "Did you mean 'digits'" in msg
-    assert all(kind in msg for kind in DATASET_KINDS)
+    assert all(kind in msg for kind in dataset_kinds())
 
 
 def test_unknown_scheme_suggests_close_scheme():

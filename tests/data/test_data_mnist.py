@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from zoo.data import DatasetError, load_dataset
-from zoo.data import mnist as mnist_data
+from zoo.data.forms import mnist as mnist_data
 from zoo.data.idx import read_idx
 
 N_TRAIN, N_TEST = 12, 6  # tiny stand-ins for 60,000 and 10,000

@@ -603,7 +603,7 @@ def neighbour_configs(tmp_path, data: DataConfig, preset: str, rows: list[str], 
     for i, lines in enumerate((rows, [*rows, extra])):
         path = tmp_path / f"{kind}{i}.{scheme}"
         path.write_text("\n".join(lines) + "\n")
-        task = load_task(dataclasses.replace(data, dataset=f"{scheme}:{path}"), kind, 0)
+        task = load_task(dataclasses.replace(data, dataset=f"{scheme}:{path}"), task=kind, seed=0)
         configs.append(fit_model_to_task(zoo.get_config(preset), task, preset, {}))
     return configs
 

