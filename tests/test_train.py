@@ -8,6 +8,7 @@ import pytest
 
 from zoo import recipes
 from zoo.cli import main
+from zoo.commands import settings
 from zoo.errors import ZooError
 from zoo.train import checkpoint
 from zoo.train.loop import TrainingDiverged, train_recipe
@@ -16,7 +17,7 @@ QUICK = {"train.steps": 40, "train.eval_every": 20, "train.checkpoint_every": 20
 
 
 def quick(name="digits-mlp", **values):
-    return recipes.with_values(recipes.load_recipe(name), {**QUICK, **values})
+    return settings.with_values(recipes.load_recipe(name), {**QUICK, **values})
 
 
 def test_train_step_compiles_once_and_learns(tmp_path):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import jax
 
 from zoo import names
+from zoo.checks import is_int
 from zoo.errors import ZooError, choice_error
 
 cp = jax.checkpoint_policies
@@ -184,7 +185,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "m
 
 def parse_bytes(text: str | int) -> int:
     """``"256MiB"``, ``"1.5GiB"``, ``"300MB"``, ``"4096"`` or an int -> bytes (> 0)."""
-    if isinstance(text, int) and not isinstance(text, bool):
+    if is_int(text):
         value, unit = float(text), ""
     else:
         import re

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from zoo.checks import require_int
 from zoo.errors import ZooError, choice_error
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
@@ -34,9 +35,8 @@ class MeshSpec:
 
     def __post_init__(self) -> None:
         for axis in AXES:
-            size = getattr(self, axis)
-            if not isinstance(size, int) or isinstance(size, bool) or size < (0 if axis == DATA else 1):
-                raise ZooError(f"mesh.{axis} must be a positive int, got {size!r}")
+            lowest = 0 if axis == DATA else 1  # data = 0: auto
+            require_int(f"mesh.{axis}", getattr(self, axis), lo=lowest, what="a positive int", error=ZooError)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -115,13 +115,9 @@ def parse_mesh(text: str) -> MeshSpec:
 
 
 def flag_values(text: str) -> dict[str, object]:
-    """``--mesh TEXT`` as recipe field values (``mesh.data``, ``mesh.fsdp``, ``mesh.tensor``)."""
+    """``--mesh TEXT`` as the ``[mesh]`` section's field values (``data``, ``fsdp``, ``tensor``)."""
     spec = parse_mesh(text)
-    return {
-        "mesh.data": AUTO if spec.data == 0 else spec.data,
-        "mesh.fsdp": spec.fsdp,
-        "mesh.tensor": spec.tensor,
-    }
+    return {DATA: AUTO if spec.data == 0 else spec.data, FSDP: spec.fsdp, TENSOR: spec.tensor}
 
 
 def spec_from_section(section) -> MeshSpec:
