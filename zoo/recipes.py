@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from zoo.checks import is_number
+from zoo.checks import is_number, require_choice
 from zoo.configs import (
     ByteSize,
     DataConfig,
@@ -111,8 +111,7 @@ def _section(base, values: Mapping[str, object], where: str):
     fields = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in values.items():
-        if key not in fields:
-            raise choice_error(f"key in [{where}]", key, fields)
+        require_choice(f"key in [{where}]", key, fields)
         kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
     return dataclasses.replace(base, **kwargs)
 
@@ -139,8 +138,7 @@ def parse_recipe(doc: Mapping[str, object], default_name: str = "recipe") -> Rec
     name = doc.pop("name", default_name)
     description = doc.pop("description", "")
     for key in doc:
-        if key not in SECTIONS:
-            raise choice_error("recipe section", key, [*SECTIONS, "name", "description"])
+        require_choice("recipe section", key, [*SECTIONS, "name", "description"])
     sections = {"model": model_section(doc.get("model", {}))}
     for key, cls in SECTIONS.items():
         if key != "model":
@@ -156,8 +154,7 @@ def override(recipe: Recipe, changes: Mapping[str, Mapping[str, object]]) -> Rec
     :func:`dataclasses.replace`, so that its own checks see all of its new fields at once."""
     sections = {}
     for key, values in changes.items():
-        if key not in SECTIONS:
-            raise choice_error("recipe section", key, SECTIONS)
+        require_choice("recipe section", key, SECTIONS)
         if key == "model":
             sections[key] = model_section(values, recipe.model)
         else:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Iterable, Mapping
 
-from zoo.errors import ZooError, choice_error
+from zoo.checks import require_choice
+from zoo.errors import ZooError
 from zoo.recipes import SECTIONS, Recipe, override
 
 
@@ -28,8 +29,7 @@ def split_key(key: str) -> tuple[str, str]:
     section, dot, field = key.strip().partition(".")
     if not dot or not field:
         raise ZooError(f"expected section.field, got {key!r}")
-    if section not in SECTIONS:
-        raise choice_error("recipe section", section, SECTIONS)
+    require_choice("recipe section", section, SECTIONS)
     return section, field
 
 

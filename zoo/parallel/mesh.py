@@ -15,8 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from zoo.checks import require_int
-from zoo.errors import ZooError, choice_error
+from zoo.checks import require_choice, require_int
+from zoo.errors import ZooError
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 AXES = (DATA, FSDP, TENSOR)
@@ -92,8 +92,7 @@ def parse_mesh(text: str) -> MeshSpec:
     for part in filter(None, (p.strip() for p in text.split(","))):
         axis, eq, value = part.partition("=")
         axis = axis.strip()
-        if axis not in AXES:
-            raise choice_error("mesh axis", axis, AXES)
+        require_choice("mesh axis", axis, AXES)
         if not eq:
             raise ZooError(f"--mesh {text!r}: write {axis}=SIZE, e.g. data=2,fsdp=4,tensor=1")
         if axis in sizes:
