@@ -1,8 +1,10 @@
-"""Recipes: TOML files validated into frozen dataclasses. Flags override fields.
+"""Recipes: TOML files validated into frozen dataclasses; :func:`override` replaces fields.
 
 A recipe has a name, a description and sections ``model``, ``data``, ``optim``, ``train``,
 ``dp``, ``freeze``, ``lora`` and ``mesh`` (the last two left out of the resolved form while
-they are off). Unknown sections or keys, and values of the wrong type, are errors.
+they are off). Unknown sections or keys, and values of the wrong type, are errors. The
+command line's flags and ``--set`` values reach a recipe through :func:`override`, as
+``{section: {field: value}}`` (``zoo.commands.settings`` parses them).
 """
 
 from __future__ import annotations
