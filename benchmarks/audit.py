@@ -21,6 +21,7 @@ import time
 
 from zoo import recipes
 from zoo.audit.report import audit
+from zoo.commands import settings
 
 MODES = ("whitebox", "blackbox")
 
@@ -50,7 +51,7 @@ def main() -> None:
     for eps in (float(e) for e in args.epsilons.split(",")):
         for mode in MODES:
             rows = [
-                one(recipes.with_values(base, {"dp.epsilon": eps, "train.seed": s}), args.canaries, mode)
+                one(settings.with_values(base, {"dp.epsilon": eps, "train.seed": s}), args.canaries, mode)
                 for s in seeds
             ]
             worst = max(r["epsilon_lower_bound"] for r in rows)

@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from zoo import lora, recipes
+from zoo.commands import settings
 from zoo.data import Dataset, load_dataset
 from zoo.data.arrays import split_indices
 from zoo.dp import PoissonSampler, resolve_noise_multiplier
@@ -220,7 +221,7 @@ def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
     source = checkpoint.load_checkpoint(recipe.model.init_from) if recipe.model.init_from else None
     accs = []
     for seed, task in tasks.items():
-        r = recipes.with_values(recipe, {"train.seed": seed})
+        r = settings.with_values(recipe, {"train.seed": seed})
         sampler = dataclasses.replace(sampler0, seed=seed) if dp_on else None
         if recipe.lora.enabled:
             params = lora.initial_params(cfg, source.model_config, source.params, seed)
@@ -252,7 +253,7 @@ def _parse_grid(items: list[str]) -> dict[str, list]:
         key, sep, values = item.partition("=")
         if not sep:
             raise SystemExit(f"--grid expects section.field=v1,v2,...; got {item!r}")
-        grid[key.strip()] = [recipes.parse_value(v.strip()) for v in values.split(",")]
+        grid[key.strip()] = [settings.parse_value(v.strip()) for v in values.split(",")]
     return grid
 
 
@@ -261,7 +262,7 @@ def _parse_epsilons(text: str) -> list[float]:
 
 
 def _base(args):
-    return recipes.with_sets(recipes.load_recipe(args.recipe), args.set or [])
+    return settings.with_sets(recipes.load_recipe(args.recipe), args.set or [])
 
 
 def run_sweep(args) -> dict:
@@ -297,7 +298,7 @@ def run_sweep(args) -> dict:
             else:
                 values.update({"dp.epsilon": eps})
             tic = time.perf_counter()
-            accs = sweep_point(recipes.with_values(base, values), tasks)
+            accs = sweep_point(settings.with_values(base, values), tasks)
             row["val_accuracy"][str(eps)] = statistics.mean(accs)
             row["val_std"][str(eps)] = statistics.pstdev(accs)
             _say(
@@ -349,7 +350,7 @@ def run_final(args) -> dict:
                     values.update({"dp.enabled": False, "train.batch_size": base.dp.expected_batch_size})
                 else:
                     values["dp.epsilon"] = eps
-                recipe = recipes.with_values(base, values)
+                recipe = settings.with_values(base, values)
                 tic = time.perf_counter()
                 summary = train_recipe(recipe, Path(tmp) / f"{eps}-{seed}", show_progress=False)
                 _say(

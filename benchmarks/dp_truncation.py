@@ -24,6 +24,7 @@ import time
 import jax
 
 from zoo import recipes
+from zoo.commands import settings
 from zoo.dp import accounting
 from zoo.dp.sampling import PoissonSampler
 from zoo.models.registry import get_config
@@ -84,7 +85,7 @@ def step_times(name: str, rounds: int, calls: int, padded: dict[str, int]) -> di
     """Median seconds per DP step at each padded size, interleaved in one process."""
     from zoo.train.loop import build_run
 
-    recipe = recipes.with_values(recipes.load_recipe(name), {"dp.epsilon": None, "dp.noise_multiplier": 1.0})
+    recipe = settings.with_values(recipes.load_recipe(name), {"dp.epsilon": None, "dp.noise_multiplier": 1.0})
     run = build_run(recipe)
     engine = run.engine
     state, frozen = engine.init_state(run.params, 0)

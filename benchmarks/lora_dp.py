@@ -28,6 +28,7 @@ import statistics
 import tempfile
 
 from zoo import recipes
+from zoo.commands import settings
 from zoo.train.loop import train_recipe
 
 FROZEN = ("embed,pos,blocks[:-1]", "embed,pos")
@@ -57,13 +58,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     recipe = recipes.load_recipe(args.recipe)
     if args.base:
-        recipe = recipes.with_values(recipe, {"model.init_from": args.base})
+        recipe = settings.with_values(recipe, {"model.init_from": args.base})
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
     for name, values in variants(recipe, args.frozen or FROZEN, args.frozen_lr):
         accuracies, losses, summary = [], [], {}
         for seed in seeds:
-            run = recipes.with_values(recipe, {**values, "train.seed": seed, "dp.noise_seed": seed})
+            run = settings.with_values(recipe, {**values, "train.seed": seed, "dp.noise_seed": seed})
             with tempfile.TemporaryDirectory() as out:
                 summary = train_recipe(run, out, show_progress=False)
             accuracies.append(summary["eval_accuracy"])

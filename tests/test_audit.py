@@ -22,6 +22,7 @@ from zoo.audit.canaries import RAW_NORM_MULTIPLE, draw_inclusion, example_canari
 from zoo.audit.report import audit
 from zoo.audit.run import Batches, plan_audit, train_with_canaries
 from zoo.cli import main
+from zoo.commands import settings
 from zoo.dp import clipping
 from zoo.train.engine import Engine
 from zoo.train.task import load_task
@@ -31,7 +32,7 @@ STEPS = 60  # of digits-mlp-dp's 150: each included canary is still drawn ~22 ti
 
 
 def dp_recipe(**values):
-    return recipes.with_values(recipes.load_recipe("digits-mlp-dp"), {"train.steps": STEPS, **values})
+    return settings.with_values(recipes.load_recipe("digits-mlp-dp"), {"train.steps": STEPS, **values})
 
 
 def rebuilt(cls, engine):

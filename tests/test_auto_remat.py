@@ -5,6 +5,7 @@ import json
 import pytest
 
 from zoo import recipes
+from zoo.commands import settings
 from zoo.errors import ZooError
 from zoo.remat import choose_under_budget, footprint, nothing_fits, parse_bytes
 from zoo.train import auto_remat
@@ -40,7 +41,7 @@ def test_the_fastest_fitting_policy_is_chosen():
 
 
 def quick(**values):
-    return recipes.with_values(
+    return settings.with_values(
         recipes.load_recipe("digits-mlp"),
         {
             "train.steps": 3,

@@ -5,7 +5,6 @@ import itertools
 import json
 import re
 import shutil
-import warnings
 
 import dp_accounting
 import jax
@@ -19,11 +18,12 @@ from scipy import stats
 
 from zoo import recipes
 from zoo.cli import main
+from zoo.commands import settings
 from zoo.data import load_dataset
 from zoo.dp import privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, noise_key
 from zoo.train import checkpoint
-from zoo.train.loop import _warn_if_public_noise_keys, train_recipe
+from zoo.train.loop import train_recipe
 from zoo.train.run import build_run, dp_train_key, train_batch
 from zoo.train.state import TrainState, train_key
 
@@ -31,7 +31,7 @@ TARGET = 0.5  # a large noise multiplier keeps the PLD calibration quick
 
 
 def quick_dp(**values):
-    return recipes.with_values(
+    return settings.with_values(
         recipes.load_recipe("digits-mlp-dp"),
         {
             "train.steps": 4,
@@ -223,15 +223,3 @@ def test_dp_run_with_a_secret_noise_key_resumes_to_identical_params(tmp_path):
     whole = checkpoint.load_checkpoint(tmp_path / "whole").params
     resumed = checkpoint.load_checkpoint(tmp_path / "resumed").params
     jax.tree_util.tree_map(np.testing.assert_array_equal, whole, resumed)
-
-
-def test_resuming_a_checkpoint_whose_noise_keys_are_the_init_keys_warns():
-    run = build_run(quick_dp())
-    trainable, _ = run.freeze.split(run.params)
-    state = TrainState.create(trainable, run.engine.optimizer, seed=0)
-    old_root = dataclasses.replace(state, rng=jax.random.key_data(jax.random.key(0)))
-    with pytest.warns(RuntimeWarning, match="initial weights"):
-        _warn_if_public_noise_keys(old_root, 0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        _warn_if_public_noise_keys(state, 0)

@@ -21,6 +21,7 @@ from numerics import assert_bitwise_equal, assert_close
 import zoo
 from zoo import recipes
 from zoo.cli import main
+from zoo.commands import settings
 from zoo.commands.sample import check_sample_args
 from zoo.errors import ZooError
 from zoo.train import checkpoint
@@ -33,7 +34,7 @@ DP = {"dp.epsilon": 8.0, "dp.noise_seed": 0}
 
 
 def quick(name="digits-mlp", **values):
-    return recipes.with_values(recipes.load_recipe(name), {**QUICK, **values})
+    return settings.with_values(recipes.load_recipe(name), {**QUICK, **values})
 
 
 def snapshot(run_dir):
@@ -270,15 +271,13 @@ def test_refused_resume_moves_no_damaged_step(finished, tmp_path):
 
 
 @pytest.mark.xdist_group("finished-run")
-def test_steps_without_manifests_are_unverified_only_in_runs_older_than_manifests(finished, tmp_path):
+def test_steps_without_manifests_are_not_intact(finished, tmp_path):
     out = copy_run(finished[0], tmp_path / "run")
     for step in ("10", "20"):
         (out / "checkpoints" / step / checkpoint.MANIFEST).unlink()
-    with pytest.raises(ZooError, match="no intact checkpoint"):  # a new run killed before its manifest
+    with pytest.raises(ZooError, match="no intact checkpoint"):  # a run killed before its manifests
         checkpoint.load_checkpoint(out)
-    (out / "checkpoints" / checkpoint.FORMAT_MARKER).unlink()  # a run written before manifests
-    with pytest.warns(RuntimeWarning, match="unverified"):
-        assert checkpoint.load_checkpoint(out).step == 20
+    assert checkpoint.latest_step(out) is None
 
 
 @pytest.mark.xdist_group("finished-run")
@@ -384,7 +383,7 @@ def test_recipe_text_and_none_values_round_trip(tmp_path):
     path = tmp_path / "odd.toml"
     path.write_text(recipes.to_toml(recipe))
     assert recipes.load_recipe(str(path)) == recipe
-    unclipped = recipes.with_values(quick(), {"optim.grad_clip_norm": None})
+    unclipped = settings.with_values(quick(), {"optim.grad_clip_norm": None})
     assert recipes.parse_recipe(recipes.to_dict(unclipped), unclipped.name) == unclipped
     with pytest.raises(ZooError, match="grad_clip_norm = None has no TOML form"):
         recipes.to_toml(unclipped)

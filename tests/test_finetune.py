@@ -9,6 +9,7 @@ import pytest
 
 from zoo import recipes
 from zoo.cli import main
+from zoo.commands import settings
 from zoo.errors import ZooError
 from zoo.train import checkpoint
 from zoo.train.loop import train_recipe
@@ -20,13 +21,13 @@ FAST = {"train.steps": 30, "train.eval_every": 30, "train.checkpoint_every": 30}
 @pytest.fixture(scope="session")  # built at most once per xdist worker
 def pretrained(tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain")
-    recipe = recipes.with_values(recipes.load_recipe("digits-mlp-pretrain"), FAST)
+    recipe = settings.with_values(recipes.load_recipe("digits-mlp-pretrain"), FAST)
     train_recipe(recipe, out, show_progress=False)
     return out
 
 
 def finetune_recipe(source, patterns=("in_proj", "blocks[:-1]"), **values):
-    return recipes.with_values(
+    return settings.with_values(
         recipes.load_recipe("digits-mlp-finetune"),
         {**FAST, "model.init_from": str(source), "freeze.patterns": list(patterns), **values},
     )
@@ -74,7 +75,7 @@ def test_no_optimizer_state_and_no_gradient_for_frozen(pretrained):
 
 
 def test_init_from_mismatch_is_a_clear_error(pretrained):
-    bad = recipes.with_values(finetune_recipe(pretrained), {"model.preset": "mlp-s"})
+    bad = settings.with_values(finetune_recipe(pretrained), {"model.preset": "mlp-s"})
     with pytest.raises(ZooError, match=r"does not fit.*blocks.dense.w"):
         build_run(bad)
 
@@ -130,7 +131,7 @@ def test_resumed_fine_tune_takes_frozen_weights_from_its_own_checkpoint(pretrain
     killed = tmp_path / "killed"
     train_recipe(recipe, killed, show_progress=False)
     shutil.rmtree(killed / "checkpoints" / "30")
-    pretrain = recipes.with_values(recipes.load_recipe("digits-mlp-pretrain"), {**FAST, "train.steps": 60})
+    pretrain = settings.with_values(recipes.load_recipe("digits-mlp-pretrain"), {**FAST, "train.steps": 60})
     train_recipe(pretrain, source, resume=True, show_progress=False)  # the source's newest step moves on
     assert checkpoint.load_checkpoint(source).step == 60
     resumed = train_recipe(recipe, killed, resume=True, show_progress=False)
@@ -141,17 +142,19 @@ def test_resumed_fine_tune_takes_frozen_weights_from_its_own_checkpoint(pretrain
     assert whole["eval_loss"] == resumed["eval_loss"]
 
 
-def test_old_recipes_set_the_start_point_under_freeze(tmp_path):
-    """``[freeze] init_from`` (recipes and run directories from before ``model.init_from``)
-    still reads, as the model's start point."""
-    old = tmp_path / "old.toml"
-    old.write_text('[model]\npreset = "mlp-s"\n\n[freeze]\ninit_from = "runs/x"\npatterns = ["in_proj"]\n')
-    recipe = recipes.load_recipe(str(old))
+def test_the_start_point_is_model_init_from(tmp_path):
+    """``model.init_from`` reads, round-trips and is overridden; ``[freeze] init_from`` is not
+    a key (it was, before zoo's first release)."""
+    path = tmp_path / "start.toml"
+    path.write_text('[model]\npreset = "mlp-s"\ninit_from = "runs/x"\n\n[freeze]\npatterns = ["in_proj"]\n')
+    recipe = recipes.load_recipe(str(path))
     assert recipe.model.init_from == "runs/x" and recipe.freeze.patterns == ("in_proj",)
     doc = recipes.to_dict(recipe)
     assert doc["model"]["init_from"] == "runs/x" and "init_from" not in doc["freeze"]
-    assert recipes.parse_recipe(doc, "old") == recipe
-    assert recipes.with_values(recipe, {"freeze.init_from": None}).model.init_from is None
-    assert recipes.with_values(recipe, {"model.init_from": "runs/y"}).model.init_from == "runs/y"
+    assert recipes.parse_recipe(doc, "start") == recipe
+    assert settings.with_values(recipe, {"model.init_from": None}).model.init_from is None
+    assert settings.with_values(recipe, {"model.init_from": "runs/y"}).model.init_from == "runs/y"
     with pytest.raises(ZooError, match="model.init_from must be str"):
-        recipes.with_values(recipe, {"model.init_from": 3})
+        settings.with_values(recipe, {"model.init_from": 3})
+    with pytest.raises(ZooError, match=r"unknown key in \[freeze\] 'init_from'"):
+        settings.with_values(recipe, {"freeze.init_from": "runs/x"})

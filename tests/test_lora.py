@@ -12,6 +12,7 @@ from numerics import assert_bitwise_equal, assert_close
 import zoo
 from zoo import lora, recipes
 from zoo.cli import main
+from zoo.commands import settings
 from zoo.configs import LoraConfig
 from zoo.errors import ZooError
 from zoo.lora.merge import merged_weights
@@ -182,7 +183,7 @@ FAST = {"train.steps": 20, "train.eval_every": 20, "train.checkpoint_every": 20,
 def base_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("base")
     train_recipe(
-        recipes.with_values(recipes.load_recipe("digits-transformer-pretrain"), FAST),
+        settings.with_values(recipes.load_recipe("digits-transformer-pretrain"), FAST),
         out,
         show_progress=False,
     )
@@ -190,8 +191,8 @@ def base_run(tmp_path_factory):
 
 
 def lora_recipe(base, **values):
-    return recipes.with_values(
-        recipes.load_recipe("digits-transformer-dp-lora"), {**FAST, "freeze.init_from": str(base), **values}
+    return settings.with_values(
+        recipes.load_recipe("digits-transformer-dp-lora"), {**FAST, "model.init_from": str(base), **values}
     )
 
 
@@ -276,7 +277,7 @@ def test_resume_takes_the_base_from_the_reference_and_refuses_a_moved_base(base_
 @pytest.mark.xdist_group("lora-run")  # base_run is built once, on that group's worker
 def test_lora_needs_a_base_and_no_freeze_patterns(base_run):
     with pytest.raises(ZooError, match="needs|--init-from DIR"):
-        build_run(lora_recipe(base_run, **{"freeze.init_from": None}))
+        build_run(lora_recipe(base_run, **{"model.init_from": None}))
     with pytest.raises(ZooError, match="drop --freeze"):
         build_run(lora_recipe(base_run, **{"freeze.patterns": ["embed"]}))
 

@@ -8,6 +8,7 @@ import pytest
 
 from zoo import recipes
 from zoo.cli import main
+from zoo.commands import settings
 from zoo.errors import ZooError
 from zoo.train import checkpoint
 from zoo.train.loop import TrainingDiverged, train_recipe
@@ -16,7 +17,7 @@ QUICK = {"train.steps": 40, "train.eval_every": 20, "train.checkpoint_every": 20
 
 
 def quick(name="digits-mlp", **values):
-    return recipes.with_values(recipes.load_recipe(name), {**QUICK, **values})
+    return settings.with_values(recipes.load_recipe(name), {**QUICK, **values})
 
 
 def test_train_step_compiles_once_and_learns(tmp_path):
@@ -166,6 +167,37 @@ def test_recipe_unknown_key_and_bad_type(tmp_path):
     bad.write_text('name = "bad"\n[trian]\nsteps = 3\n')
     with pytest.raises(ZooError, match=r"'trian'.*Did you mean 'train'"):
         recipes.load_recipe(str(bad))
+
+
+def test_settings_are_parsed_once_into_typed_sections():
+    """``--set`` strings become typed section fields at the command line; below it, a recipe
+    changes by ``override`` or ``dataclasses.replace`` and is checked again either way."""
+    import dataclasses
+
+    from zoo.configs import ByteSize
+
+    base = recipes.load_recipe("digits-mlp")
+    recipe = settings.with_sets(
+        base, ["train.remat=auto", "train.memory_budget=1.5GiB", "data.classes=[5, 6]"]
+    )
+    assert type(recipe.train.memory_budget) is ByteSize and recipe.train.memory_budget == 3 * 2**29
+    assert recipe.data.classes == (5, 6) and recipe.optim == base.optim
+    assert recipes.parse_recipe(recipes.to_dict(recipe), recipe.name) == recipe  # bytes read back
+    off = recipes.override(recipe, {"train": {"remat": "none", "memory_budget": None}})
+    assert off.train.memory_budget is None and off.data == recipe.data
+    assert settings.parse_sets(["train.steps=2", "optim.lr=1e-3", "train.steps=3"]) == {
+        "train": {"steps": 3},
+        "optim": {"lr": 1e-3},
+    }
+    with pytest.raises(ZooError, match="memory budget 'lots' is not a size"):
+        settings.with_sets(base, ["train.remat=auto", "train.memory_budget=lots"])
+    with pytest.raises(ZooError, match=r"unknown recipe section 'trian'.*Did you mean 'train'"):
+        settings.parse_sets(["trian.steps=2"])
+    with pytest.raises(ZooError, match="expected section.field"):
+        settings.parse_sets(["steps=2"])
+    private = recipes.load_recipe("digits-mlp-dp")
+    with pytest.raises(ZooError, match="'nope'"):
+        dataclasses.replace(private, dp=dataclasses.replace(private.dp, clipping="nope"))
 
 
 def test_recipes_ship_inside_the_package():

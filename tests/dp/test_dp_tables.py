@@ -14,6 +14,7 @@ from numerics import assert_close
 import zoo
 from zoo import dp, recipes
 from zoo.bench import dp_methods
+from zoo.commands import settings
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical, registry
@@ -82,9 +83,9 @@ def test_the_engine_clips_with_a_registered_method(toy_method):
 
 def test_validation_warnings_and_the_bench_read_the_table(toy_method):
     recipe = recipes.load_recipe("digits-mlp-dp")
-    toy = recipes.with_values(recipe, {"dp.clipping": TOY})
+    toy = settings.with_values(recipe, {"dp.clipping": TOY})
     assert toy.dp.clipping == TOY
-    assert TOY in str(pytest.raises(ZooError, recipes.with_values, recipe, {"dp.clipping": "nope"}).value)
+    assert TOY in str(pytest.raises(ZooError, settings.with_values, recipe, {"dp.clipping": "nope"}).value)
     with pytest.warns(UserWarning, match=f"dp.clipping='{TOY}'"):
         _warn_unused_microbatch(
             dataclasses.replace(toy, dp=dataclasses.replace(toy.dp, microbatch_size=4)), None
@@ -97,7 +98,7 @@ def test_an_unregistered_method_is_gone_everywhere(toy_method):
     dp.unregister_clipping(TOY)
     try:
         with pytest.raises(ZooError, match=rf"unknown clipping '{TOY}'.*Valid: ghost, vmap\."):
-            recipes.with_values(recipes.load_recipe("digits-mlp-dp"), {"dp.clipping": TOY})
+            settings.with_values(recipes.load_recipe("digits-mlp-dp"), {"dp.clipping": TOY})
         assert f"zoo {TOY}" not in dp_methods.methods()
         engine, params = _engine(TOY)
         state, frozen = engine.init_state(params, 0)

@@ -308,9 +308,10 @@ def check_accountant_gets_the_samplers_q_and_t(run):
 @pytest.fixture(scope="module")
 def digits_run():
     from zoo import recipes
+    from zoo.commands import settings
     from zoo.train.run import build_run
 
-    recipe = recipes.with_values(
+    recipe = settings.with_values(
         recipes.load_recipe("digits-mlp-dp"),
         {"train.steps": 60, "dp.epsilon": None, "dp.noise_multiplier": 2.0, "model.d_hidden": 8},
     )
@@ -653,10 +654,11 @@ def audit_with_noise(tmp_path, monkeypatch, inclusion=None) -> tuple[float, np.n
     from zoo import recipes
     from zoo.audit import run as audit_run
     from zoo.audit.report import audit
+    from zoo.commands import settings
 
     if inclusion is not None:
         monkeypatch.setattr(audit_run, "draw_inclusion", lambda m, seed: inclusion)
-    recipe = recipes.with_values(
+    recipe = settings.with_values(
         recipes.load_recipe("digits-mlp-dp"),
         {"train.steps": 3, "dp.epsilon": None, "dp.noise_multiplier": 1e6, "model.d_hidden": 8},
     )

@@ -15,6 +15,7 @@ from numerics import assert_close
 from zoo import recipes
 from zoo.bench.scale import bench_scale
 from zoo.cli import main
+from zoo.commands import settings
 from zoo.train import checkpoint
 from zoo.train.run import build_run, epsilon_at
 
@@ -67,7 +68,7 @@ def test_dp_on_a_mesh_spends_the_same_epsilon(tmp_path, capsys):
     # padded batch splits over the mesh, and epsilon is the one-device accounting's, exactly.
     dp = {"train.steps": 3, "dp.noise_seed": 3}  # the default sampler, philox4x32
     eight = zoo_train(capsys, "digits-mlp-dp", tmp_path / "eight", "--mesh", "data=8", *_sets(dp))
-    one = build_run(recipes.with_values(recipes.load_recipe("digits-mlp-dp"), dp))
+    one = build_run(settings.with_values(recipes.load_recipe("digits-mlp-dp"), dp))
     assert eight["epsilon"] == epsilon_at(one, 3) and eight["sampling_prob"] == one.dp.sampler.sampling_prob
     assert eight["padded_batch_size"] % 8 == 0 and eight["compile_count"] == 1
 

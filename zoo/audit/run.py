@@ -21,7 +21,7 @@ from zoo.audit.canaries import audit_rng, draw_inclusion, example_canaries, grad
 from zoo.dp import PoissonSampler, epsilon_spent, resolve_noise_multiplier
 from zoo.dp.sampling import padded_size_for
 from zoo.errors import ZooError, choice_error
-from zoo.recipes import Recipe, with_values
+from zoo.recipes import Recipe, override
 from zoo.train.compiles import CompileCounter
 from zoo.train.engine import DPRuntime, Engine
 from zoo.train.run import Run, build_run
@@ -71,7 +71,7 @@ def check_request(recipe: Recipe, num_canaries: int, mode: str, confidence: floa
 
 def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = False) -> AuditPlan:
     """Data, model, engine and sampler of the audited run, with canaries counted in."""
-    base = build_run(with_values(recipe, {"dp.enabled": False}))
+    base = build_run(override(recipe, {"dp": {"enabled": False}}))
     included = draw_inclusion(num_canaries, recipe.train.seed)
     if included.all() or not included.any():
         side = "in" if included.all() else "out"

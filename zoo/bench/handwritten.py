@@ -98,7 +98,7 @@ def hand_written_step(cfg, optimizer):
 
 
 def bench_engine(recipe_name: str, backend: str, *, steps: int = 20, repeats: int = 7) -> dict:
-    recipe = recipes.with_values(recipes.load_recipe(recipe_name), {"model.backend": backend})
+    recipe = recipes.override(recipes.load_recipe(recipe_name), {"model": {"backend": backend}})
     run = build_run(recipe)
     batch = jax.device_put(train_batch(run, 0))
     zoo_state, frozen = run.engine.init_state(run.params, 0)

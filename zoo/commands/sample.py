@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 import warnings
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.checks import require_int, require_number
 from zoo.errors import ZooError
 from zoo.ui import emit_json
 
@@ -74,16 +74,15 @@ def check_sample_args(prompt: str, length: int, temperature: float) -> None:
     """One-line errors for arguments that would sample nothing, garbage, or for hours."""
     if not prompt:
         raise ZooError("--prompt is empty; give at least one character to continue from")
-    if length < 1:
-        raise ZooError(f"--length must be a positive number of characters, got {length}")
+    require_int("--length", length, lo=1, what="a positive number of characters", error=ZooError)
     if length > MAX_LENGTH:
         raise ZooError(
             f"--length {length} is over zoo sample's limit of {MAX_LENGTH:,} characters "
             "(one model call each); continue a long text with several calls, each --prompt "
             "ending where the last sample ended"
         )
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ZooError(f"--temperature must be a finite number >= 0 (0 samples greedily), got {temperature}")
+    what = "a finite number >= 0 (0 samples greedily)"
+    require_number("--temperature", temperature, finite=True, lo=0.0, what=what, error=ZooError)
 
 
 def run_sample(args) -> int:

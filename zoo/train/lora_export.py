@@ -9,7 +9,7 @@ from pathlib import Path
 from zoo.errors import ZooError
 from zoo.lora.merge import merged_weights
 from zoo.models import canonical
-from zoo.recipes import to_dict, with_values
+from zoo.recipes import override, to_dict
 from zoo.train import checkpoint
 
 
@@ -32,8 +32,8 @@ def export(run_dir, out_dir, *, merge: bool, step: int | None = None) -> dict:
     params, cfg, recipe = ckpt.params, ckpt.model_config, ckpt.recipe
     if merge:
         params, cfg = merged_weights(params, spec), dataclasses.replace(cfg, lora=None)
-        recipe = with_values(recipe, {"lora.rank": 0, "lora.targets": []})
-    recipe = with_values(recipe, {"model.init_from": str(out), "freeze.patterns": []})
+        recipe = override(recipe, {"lora": {"rank": 0, "targets": []}})
+    recipe = override(recipe, {"model": {"init_from": str(out)}, "freeze": {"patterns": []}})
     meta = {
         "recipe": to_dict(recipe),
         "model": checkpoint.model_meta(cfg, ckpt.backend),
