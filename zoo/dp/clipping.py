@@ -22,7 +22,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,9 @@ from zoo.errors import choice_error
 PyTree = Any
 
 __all__ = [
+    "KEEP_SUM",
     "ClipModel",
+    "ClippedSumTransform",
     "ClippingMethod",
     "clip_factor",
     "clipped_grad_sum",
@@ -116,6 +118,32 @@ def clip_factor(norms: jax.Array, l2_clip_norm: float | jax.Array) -> jax.Array:
     clip = jnp.asarray(l2_clip_norm, jnp.float32)
     safe = jnp.where(norms > 0, norms, 1.0)
     return jnp.where(norms > clip, clip / safe, 1.0)
+
+
+class ClippedSumTransform(Protocol):
+    """What the DP step does to the clipped sum before the noise, and what it reports on the
+    release (the engine's ``clipped_sum_transform``). ``zoo audit``'s white-box canaries are
+    one (:class:`zoo.audit.canaries.WhiteBoxCanaries`): they add their clipped gradients and
+    report the release projected onto them. ``batch`` is the step's batch, so the transform's
+    per-step arrays travel with it."""
+
+    def add(self, grad_sum: PyTree, plan: Any, batch: dict) -> PyTree: ...
+
+    def project(self, release: PyTree, grad_sum: PyTree, plan: Any, batch: dict) -> dict[str, jax.Array]: ...
+
+
+@dataclass(frozen=True)
+class _KeepSum:
+    """The default transform: the clipped sum as it is, nothing reported."""
+
+    def add(self, grad_sum, plan, batch):
+        return grad_sum
+
+    def project(self, release, grad_sum, plan, batch):
+        return {}
+
+
+KEEP_SUM = _KeepSum()
 
 
 def _is_static_number(x: object) -> bool:
