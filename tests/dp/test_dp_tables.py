@@ -24,17 +24,11 @@ from zoo.train.run import _warn_unused_microbatch
 TOY = "toy-half"
 
 
-def _half_clip(model, trainable, frozen, batch, *, clip_norm, microbatch_size):
+def _half_clip(model, trainable, frozen, batch, request):
     """vmap clipping at half the clip norm: a method whose result tells it ran."""
+    half = dataclasses.replace(request, clip_norm=request.clip_norm / 2)
     return dp.clipped_grad_sum(
-        model.example_loss,
-        trainable,
-        batch["x"],
-        batch["y"],
-        l2_clip_norm=clip_norm / 2,
-        example_mask=batch["mask"],
-        frozen=frozen,
-        return_losses=True,
+        model.example_loss, trainable, batch["x"], batch["y"], request=half, frozen=frozen
     )
 
 
@@ -71,7 +65,9 @@ def test_the_engine_clips_with_a_registered_method(toy_method):
         return engine.example_losses(trainable, frozen, xi[None], yi[None])[0][0]
 
     def reference(trainable, frozen):
-        return dp.clipped_grad_sum(one_example, trainable, x, batch["y"], l2_clip_norm=0.5, frozen=frozen)
+        return dp.clipped_grad_sum(
+            one_example, trainable, x, batch["y"], request=dp.ClipRequest(0.5), frozen=frozen
+        )[:2]
 
     want, want_norms = jax.jit(reference)(state.params, frozen)
     assert_close(grad_sum, want, n=8, what="toy clipped sum")

@@ -496,7 +496,10 @@ def check_precision():
         return jnp.sum(jnp.tanh(xi @ p["w"]).astype(jnp.float32))
 
     summed = reduce_dtypes(
-        lambda p: clipping.clipped_grad_sum(loss, p, x, l2_clip_norm=C, microbatch_size=2)[0], params
+        lambda p: clipping.clipped_grad_sum(loss, p, x, request=clipping.ClipRequest(C, microbatch_size=2))[
+            0
+        ],
+        params,
     )
     assert summed == {("scan", "float32")}, summed
     drawn = reduce_dtypes(

@@ -209,6 +209,7 @@ def train_with_canaries(plan: AuditPlan, progress=None, engine: Engine | None = 
         for step in range(plan.steps):
             batch, sampled = batches.at(step)
             sampled_total += sampled.astype(np.int64)
+            batch = engine.place_batch(batch)  # split over the mesh's batch axes, as in training
             if whitebox:  # the canaries drawn this step travel with its batch
                 batch = {**batch, CANARY_KEY: canaries.at_step(sampled)}
             with compiles.track():

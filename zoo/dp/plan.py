@@ -72,18 +72,6 @@ class DPPlan:
             accountant=self.accountant,
         )
 
-    def sampler_settings(self) -> dict[str, float | int | None]:
-        """The sampler's settings, as ``zoo train`` and ``zoo audit`` print them side by side."""
-        s = self.sampler
-        return {
-            "expected_batch": self.expected_batch_size,
-            "q": None if s is None else s.sampling_prob,
-            "sampled_records": None if s is None else s.num_examples,
-            "padded_batch": None if s is None else s.padded_batch_size,
-            "truncation_prob": self.truncation_prob,
-            "pad_multiple": self.pad_multiple,
-        }
-
 
 def make_plan(
     dp: DPConfig,

@@ -16,7 +16,7 @@ import optax
 
 from zoo.api import apply_fn
 from zoo.dp import ClipModel, clipping_method, privatize
-from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform
+from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform, ClipRequest
 from zoo.dp.plan import DPPlan
 from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
@@ -69,14 +69,8 @@ class Engine:
     def clipped_sum(self, state: TrainState, frozen: dict, batch: dict):
         """``(sum of clipped per-example grads, pre-clip norms, per-example losses)`` by the
         run's clipping method (a row of :data:`zoo.dp.clipping.CLIPPING`)."""
-        return clipping_method(self.dp.clipping).clip(
-            self.clip_model,
-            state.params,
-            frozen,
-            batch,
-            clip_norm=self.dp.clip_norm,
-            microbatch_size=self.dp.microbatch_size,
-        )
+        request = ClipRequest(self.dp.clip_norm, self.dp.microbatch_size, batch["mask"])
+        return clipping_method(self.dp.clipping).clip(self.clip_model, state.params, frozen, batch, request)
 
     @property
     def clip_model(self) -> ClipModel:
