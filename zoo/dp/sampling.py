@@ -119,9 +119,7 @@ class PoissonSampler:
         ``extra_rows``: rows drawn at rate ``q`` besides the sampler's own (black-box canaries).
         """
         n = require_positive_int("num_examples", num_examples)
-        expected_batch_size = require_number(
-            "expected_batch_size", expected_batch_size, positive=True, what="> 0"
-        )
+        require_number("expected_batch_size", expected_batch_size, positive=True, what="> 0")
         pop = n if population is None else require_positive_int("population", population)
         q = expected_batch_size / pop
         if not q <= 1.0:
