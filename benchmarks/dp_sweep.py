@@ -50,13 +50,15 @@ from zoo import lora, recipes
 from zoo.commands import settings
 from zoo.data import Dataset, load_dataset
 from zoo.data.arrays import split_indices
-from zoo.dp import PoissonSampler, resolve_noise_multiplier
+from zoo.dp import PoissonSampler
+from zoo.dp.plan import DPPlan, make_plan
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical
+from zoo.parallel import layout_for
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
 from zoo.train import checkpoint
-from zoo.train.engine import DPRuntime, Engine, evaluate
+from zoo.train.engine import evaluate, make_engine
 from zoo.train.loop import train_recipe
 from zoo.train.state import make_optimizer
 from zoo.train.task import Task, fit_model_to_task
@@ -155,17 +157,19 @@ def validation_tasks(
 
 # ----------------------------------------------------------------------------- sweep runs
 
-_SIGMAS: dict[tuple, float] = {}
+_PLANS: dict[tuple, DPPlan] = {}
 
 
-def _sigma(dp, n: int, steps: int) -> float:
-    key = (dp.epsilon, dp.delta, dp.expected_batch_size, n, steps, dp.accountant)
-    if key not in _SIGMAS:
-        _SIGMAS[key], _ = resolve_noise_multiplier(dp, n, steps)
-    return _SIGMAS[key]
+def _plan(recipe, n: int, layout) -> DPPlan:
+    """The DP plan ``build_run`` makes for ``recipe`` on ``n`` training rows (with seed 0's
+    sampler; each seed replaces it), calibrated once per distinct ``[dp]``, ``n`` and steps."""
+    key = (recipe.dp, n, recipe.train.steps)
+    if key not in _PLANS:
+        _PLANS[key] = make_plan(recipe.dp, n, recipe.train.steps, layout, seed=0)
+    return _PLANS[key]
 
 
-def _engine(recipe, task: Task, sigma: float | None, sampler: PoissonSampler | None):
+def _engine(recipe, task: Task):
     """The engine ``build_run`` would make for ``recipe`` on ``task``."""
     cfg = fit_model_to_task(recipe.model_config, task, recipe.model.preset, dict(recipe.model.overrides))
     if recipe.lora.enabled:  # adapters on the frozen base, as build_run makes them
@@ -173,28 +177,12 @@ def _engine(recipe, task: Task, sigma: float | None, sampler: PoissonSampler | N
         freeze = lora.freeze_plan(cfg, setup)
     else:
         freeze = resolve_freeze(canonical.canonical_shapes(cfg), recipe.freeze.patterns)
-    dp = None
-    if sigma is not None:
-        dp = DPRuntime(
-            sigma,
-            recipe.dp.clip_norm,
-            sampler.expected_batch_size,
-            recipe.dp.microbatch_size,
-            recipe.dp.clipping,
-        )
+    layout = layout_for(cfg)
+    dp = _plan(recipe, task.num_train, layout) if recipe.dp.enabled else None
     optimizer = make_optimizer(recipe.optim, recipe.train.steps, clip=dp is None)
-    return (
-        cfg,
-        freeze,
-        Engine(
-            cfg=cfg,
-            backend=recipe.model.backend,
-            stack=StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix),
-            freeze=freeze,
-            optimizer=optimizer,
-            dp=dp,
-        ),
-    )
+    stack = StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix)
+    engine = make_engine(cfg, recipe.model.backend, freeze, optimizer, stack=stack, dp=dp, layout=layout)
+    return cfg, freeze, engine
 
 
 def _batch(task: Task, recipe, sampler: PoissonSampler | None, step: int) -> dict:
@@ -209,15 +197,9 @@ def _batch(task: Task, recipe, sampler: PoissonSampler | None, step: int) -> dic
 def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
     """Validation accuracy per seed for one recipe (DP as configured), one compile for all seeds."""
     any_task = next(iter(tasks.values()))
-    n = any_task.num_train
     dp_on = recipe.dp.enabled
-    sigma, sampler0 = None, None
-    if dp_on:
-        sigma = _sigma(recipe.dp, n, recipe.train.steps)
-        sampler0 = PoissonSampler.for_expected_batch(
-            n, recipe.dp.expected_batch_size, 0, pad_to_multiple=recipe.dp.microbatch_size or 1
-        )
-    cfg, freeze, engine = _engine(recipe, any_task, sigma, sampler0)
+    cfg, freeze, engine = _engine(recipe, any_task)
+    sampler0 = engine.dp.sampler if dp_on else None
     source = checkpoint.load_checkpoint(recipe.model.init_from) if recipe.model.init_from else None
     accs = []
     for seed, task in tasks.items():

@@ -26,8 +26,10 @@ import jax
 from zoo import recipes
 from zoo.commands import settings
 from zoo.dp import accounting
+from zoo.dp.plan import make_plan
 from zoo.dp.sampling import PoissonSampler
 from zoo.models.registry import get_config
+from zoo.parallel import layout_for
 from zoo.train.task import load_task
 
 DP_RECIPES = (
@@ -56,23 +58,20 @@ def plans(name: str, epsilon: float) -> dict:
     n_before = num_examples(recipe, dataclasses.replace(recipe.data, vocabulary=None))
     n_after = num_examples(recipe, recipe.data)
     row = {"recipe": name, "epsilon": epsilon, "steps": steps}
+    cfg = get_config(recipe.model.preset, **dict(recipe.model.overrides))
     for when, n in (("before", n_before), ("after", n_after)):
         q = dp.expected_batch_size / n
-        sigma = accounting.calibrate_noise_multiplier(
-            epsilon=epsilon, delta=dp.delta, sampling_prob=q, steps=steps, accountant=dp.accountant
-        )
-        spent = accounting.epsilon_spent(
-            noise_multiplier=sigma, delta=dp.delta, sampling_prob=q, steps=steps, accountant=dp.accountant
-        )
         if when == "before":
+            sigma = accounting.calibrate_noise_multiplier(
+                epsilon=epsilon, delta=dp.delta, sampling_prob=q, steps=steps, accountant=dp.accountant
+            )
             sampler = PoissonSampler.for_expected_batch(
                 n, dp.expected_batch_size, 0, OLD_TRUNCATION, pad_to_multiple=multiple
             )
-        else:
-            budget = accounting.truncation_budget(delta=dp.delta, epsilon=spent, steps=steps)
-            sampler = PoissonSampler.for_expected_batch(
-                n, dp.expected_batch_size, 0, budget, pad_to_multiple=multiple, neighbours=True
-            )
+        else:  # the plan `zoo train` makes (zoo.dp.plan.make_plan), on one device
+            at_eps = dataclasses.replace(dp, enabled=True, epsilon=epsilon, noise_multiplier=None)
+            plan = make_plan(at_eps, n, steps, layout_for(cfg), seed=0)
+            sigma, sampler = plan.noise_multiplier, plan.sampler
         got = accounting.guaranteed_privacy(
             sampler, noise_multiplier=sigma, delta=dp.delta, steps=steps, accountant=dp.accountant
         )

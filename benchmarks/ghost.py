@@ -45,7 +45,7 @@ import optax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zoo  # noqa: E402
-from zoo.dp import clipped_grad_sum, ghost, privatize  # noqa: E402
+from zoo.dp import ClipRequest, clipped_grad_sum, ghost, privatize  # noqa: E402
 from zoo.losses import per_example_loss  # noqa: E402
 from zoo.models.canonical import init_params  # noqa: E402
 
@@ -112,25 +112,25 @@ def steps(cfg, b):
         "non-private": (non_private, sgd),
         "ghost": private(
             lambda p, x, y: ghost.ghost_clipped_grad_sum(
-                cfg, p, x, y, l2_clip_norm=CLIP, method="bookkeeping"
+                cfg, p, x, y, ClipRequest(CLIP), method="bookkeeping"
             )[0]
         ),
         "ghost-backward": private(
-            lambda p, x, y: ghost.ghost_clipped_grad_sum(cfg, p, x, y, l2_clip_norm=CLIP, method="backward")[
+            lambda p, x, y: ghost.ghost_clipped_grad_sum(cfg, p, x, y, ClipRequest(CLIP), method="backward")[
                 0
             ]
         ),
-        "vmap": private(lambda p, x, y: clipped_grad_sum(one_loss, p, x, y, l2_clip_norm=CLIP)[0]),
+        "vmap": private(lambda p, x, y: clipped_grad_sum(one_loss, p, x, y, request=ClipRequest(CLIP))[0]),
     }
     if cfg.max_len is not None:  # without a sequence axis there is one norm form only
         out["ghost-gram"] = private(
             lambda p, x, y: ghost.ghost_clipped_grad_sum(
-                cfg, p, x, y, l2_clip_norm=CLIP, method="bookkeeping", dense="gram"
+                cfg, p, x, y, ClipRequest(CLIP), method="bookkeeping", dense="gram"
             )[0]
         )
         out["ghost-materialise"] = private(
             lambda p, x, y: ghost.ghost_clipped_grad_sum(
-                cfg, p, x, y, l2_clip_norm=CLIP, method="bookkeeping", dense="materialise"
+                cfg, p, x, y, ClipRequest(CLIP), method="bookkeeping", dense="materialise"
             )[0]
         )
     if jp_clipped is not None:
@@ -151,8 +151,8 @@ def remat_steps(cfg, b, remat):
 
     def ghost_step(method):
         def step(params, opt_state, x, y, key):
-            grad_sum, _ = ghost.ghost_clipped_grad_sum(
-                cfg, params, x, y, l2_clip_norm=CLIP, remat=remat, method=method
+            grad_sum, _, _ = ghost.ghost_clipped_grad_sum(
+                cfg, params, x, y, ClipRequest(CLIP), remat=remat, method=method
             )
             grads = privatize(grad_sum, key, noise_multiplier=NOISE, l2_clip_norm=CLIP, expected_batch_size=b)
             updates, opt_state = sgd.update(grads, opt_state, params)
@@ -192,7 +192,7 @@ def stages(cfg, b):
         return _total(ghost.clip_factors(sq, keep, CLIP))
 
     def weighted(params, opt_state, x, y, key):
-        return ghost.ghost_clipped_grad_sum(cfg, params, x, y, l2_clip_norm=CLIP, method="bookkeeping")
+        return ghost.ghost_clipped_grad_sum(cfg, params, x, y, ClipRequest(CLIP), method="bookkeeping")[:2]
 
     def noised(params, opt_state, x, y, key):
         grad_sum, _ = weighted(params, opt_state, x, y, key)

@@ -31,9 +31,7 @@ from zoo.configs import OptimConfig  # noqa: E402
 from zoo.freeze import resolve_freeze  # noqa: E402
 from zoo.models import canonical  # noqa: E402
 from zoo.parallel import layout_for, parse_mesh  # noqa: E402
-from zoo.remat import get_policy  # noqa: E402
-from zoo.scan import StackPlan  # noqa: E402
-from zoo.train.engine import Engine  # noqa: E402
+from zoo.train.engine import make_engine  # noqa: E402
 from zoo.train.state import make_optimizer  # noqa: E402
 
 MESHES = ("data=8", "fsdp=8", "data=2,fsdp=2,tensor=2")
@@ -42,13 +40,8 @@ MESHES = ("data=8", "fsdp=8", "data=2,fsdp=2,tensor=2")
 def run(cfg, mesh: str, steps: int, batch: int, optim: OptimConfig, backend: str):
     params = canonical.init_params(cfg, 0)
     layout = layout_for(cfg, parse_mesh(mesh))
-    engine = Engine(
-        cfg,
-        backend,
-        StackPlan(get_policy("none")),
-        resolve_freeze(params, ()),
-        make_optimizer(optim, steps),
-        layout=layout,
+    engine = make_engine(
+        cfg, backend, resolve_freeze(params, ()), make_optimizer(optim, steps), layout=layout
     )
     state, frozen = engine.init_state(params, 0)
     losses = []

@@ -38,7 +38,7 @@ def test_positive_int_flag_type():
 
 
 def test_engine_bench_times_both_steps_in_rounds():
-    from zoo.bench.handwritten import bench_engine
+    from zoo.bench.engine import bench_engine
 
     row = bench_engine("digits-mlp", "nnx", steps=1, repeats=2)
     assert (row["repeats"], row["steps_per_repeat"]) == (2, 1)

@@ -160,7 +160,7 @@ def test_dp_step_draws_its_noise_with_the_configured_sampler():
         trainable, frozen = run.freeze.split(run.params)
         state = TrainState.create(trainable, run.engine.optimizer, seed=0)
         batch = jax.tree.map(jnp.asarray, train_batch(run, 0))
-        _, grads = run.engine._dp_grads(state, frozen, batch)
+        _, grads, _ = run.engine._dp_grads(state, frozen, batch)
         grad_sum, _, _ = run.engine.clipped_sum(state, frozen, batch)
         dp = run.engine.dp
         expected = privatize(

@@ -67,7 +67,7 @@ def test_a_zero_mesh_axis_is_refused_not_taken_for_auto(capsys, tmp_path, mesh, 
 
 def test_bench_engine_says_its_ratio_column_is_a_median_of_round_ratios(capsys, monkeypatch):
     # The figures of the issue: medians 0.404 and 0.422 ms beside a ratio of 1.163.
-    from zoo.bench import handwritten as engine  # `zoo bench engine`
+    from zoo.bench import engine  # `zoo bench engine`
 
     row = {"backend": "nnx", "zoo_step_ms": 0.404, "hand_step_ms": 0.422, "ratio": 1.163}
     monkeypatch.setattr(engine, "bench_engine", lambda *args, **kwargs: row)

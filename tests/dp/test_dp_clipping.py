@@ -7,7 +7,7 @@ import pytest
 from jax_privacy import clipping as jp_clipping
 from numerics import assert_close, tolerance
 
-from zoo.dp import clipped_grad_sum
+from zoo.dp import ClipRequest, clipped_grad_sum
 
 pytestmark = pytest.mark.numerics  # every test here compares floats from two programs
 
@@ -80,9 +80,8 @@ def cgs(loss, params, *batch, l2_clip_norm, example_mask=None, frozen=None, micr
     if key not in _JITTED:
 
         def run(p, b, c, m, f):
-            return clipped_grad_sum(
-                loss, p, *b, l2_clip_norm=c, example_mask=m, frozen=f, microbatch_size=microbatch_size
-            )
+            request = ClipRequest(c, microbatch_size, m)
+            return clipped_grad_sum(loss, p, *b, request=request, frozen=f)[:2]
 
         _JITTED[key] = jax.jit(run)
     return _JITTED[key](params, batch, jnp.float32(l2_clip_norm), example_mask, frozen)
@@ -186,7 +185,7 @@ def test_microbatching_equals_unchunked(k):
 def test_microbatch_must_divide_batch():
     loss, params, (x, y) = setup_case("mlp")
     with pytest.raises(ValueError, match=r"(?s)\b6\b.*\b4\b"):
-        clipped_grad_sum(loss, params, x[:6], y[:6], l2_clip_norm=1.0, microbatch_size=4)
+        clipped_grad_sum(loss, params, x[:6], y[:6], request=ClipRequest(1.0, microbatch_size=4))
 
 
 def test_mask_equals_running_on_subset():
@@ -248,24 +247,20 @@ def test_zero_gradient_has_no_nan():
 def test_bad_clip_norm_rejected():
     loss, params, batch = setup_case("mlp")
     with pytest.raises(ValueError, match="-1.0"):
-        clipped_grad_sum(loss, params, *batch, l2_clip_norm=-1.0)
+        clipped_grad_sum(loss, params, *batch, request=ClipRequest(-1.0))
 
 
 def test_jit_equals_eager():
     loss, params, batch = setup_case("attention", seed=4)
     clip = median_norm(loss, params, batch)
     mask = jnp.array([1, 0, 1, 1, 1, 1, 1, 0], jnp.float32)
-    eager = clipped_grad_sum(loss, params, *batch, l2_clip_norm=clip, example_mask=mask, microbatch_size=2)
+    eager = clipped_grad_sum(loss, params, *batch, request=ClipRequest(clip, 2, mask))
 
     @jax.jit
     def jitted(p, x, y, m, c):  # clip norm traced
-        return clipped_grad_sum(loss, p, x, y, l2_clip_norm=c, example_mask=m, microbatch_size=2)
+        return clipped_grad_sum(loss, p, x, y, request=ClipRequest(c, 2, m))
 
-    static = jax.jit(
-        lambda p, x, y, m: clipped_grad_sum(
-            loss, p, x, y, l2_clip_norm=clip, example_mask=m, microbatch_size=2
-        )
-    )
+    static = jax.jit(lambda p, x, y, m: clipped_grad_sum(loss, p, x, y, request=ClipRequest(clip, 2, m)))
     for out in (jitted(params, *batch, mask, jnp.float32(clip)), static(params, *batch, mask)):
         assert_close(out, eager, n=N["attention"])
 
@@ -276,7 +271,7 @@ def test_return_losses_are_the_per_example_losses(k):
     mask = jnp.array([1, 1, 0, 1, 1, 1, 0, 1], jnp.float32)
     fn = jax.jit(
         lambda p: clipped_grad_sum(
-            loss, p, x, y, l2_clip_norm=0.5, example_mask=mask, microbatch_size=k, return_losses=True
+            loss, p, x, y, request=ClipRequest(0.5, microbatch_size=k, example_mask=mask)
         )
     )
     grad_sum, norms, losses = fn(params)

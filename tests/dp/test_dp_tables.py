@@ -13,30 +13,23 @@ from numerics import assert_close
 
 import zoo
 from zoo import dp, recipes
-from zoo.bench import dp_methods
+from zoo.bench import dp_rows
 from zoo.commands import settings
+from zoo.dp.plan import fixed_batch_plan
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical, registry
-from zoo.remat import get_policy
-from zoo.scan import StackPlan
-from zoo.train.engine import DPRuntime, Engine
+from zoo.train.engine import make_engine
 from zoo.train.run import _warn_unused_microbatch
 
 TOY = "toy-half"
 
 
-def _half_clip(model, trainable, frozen, batch, *, clip_norm, microbatch_size):
+def _half_clip(model, trainable, frozen, batch, request):
     """vmap clipping at half the clip norm: a method whose result tells it ran."""
+    half = dataclasses.replace(request, clip_norm=request.clip_norm / 2)
     return dp.clipped_grad_sum(
-        model.example_loss,
-        trainable,
-        batch["x"],
-        batch["y"],
-        l2_clip_norm=clip_norm / 2,
-        example_mask=batch["mask"],
-        frozen=frozen,
-        return_losses=True,
+        model.example_loss, trainable, batch["x"], batch["y"], request=half, frozen=frozen
     )
 
 
@@ -56,8 +49,8 @@ def _engine(clipping: str):
     cfg = registry.get_kind("mlp").small
     params = canonical.init_params(cfg, 0)
     freeze = resolve_freeze(params, ())
-    runtime = DPRuntime(1.0, 1.0, 8.0, clipping=clipping)
-    engine = Engine(cfg, "nnx", StackPlan(get_policy("none"), 0), freeze, optax.sgd(0.1), dp=runtime)
+    plan = fixed_batch_plan(8, noise_multiplier=1.0, clip_norm=1.0, clipping=clipping)
+    engine = make_engine(cfg, "nnx", freeze, optax.sgd(0.1), dp=plan)
     return engine, params
 
 
@@ -73,7 +66,9 @@ def test_the_engine_clips_with_a_registered_method(toy_method):
         return engine.example_losses(trainable, frozen, xi[None], yi[None])[0][0]
 
     def reference(trainable, frozen):
-        return dp.clipped_grad_sum(one_example, trainable, x, batch["y"], l2_clip_norm=0.5, frozen=frozen)
+        return dp.clipped_grad_sum(
+            one_example, trainable, x, batch["y"], request=dp.ClipRequest(0.5), frozen=frozen
+        )[:2]
 
     want, want_norms = jax.jit(reference)(state.params, frozen)
     assert_close(grad_sum, want, n=8, what="toy clipped sum")
@@ -90,8 +85,8 @@ def test_validation_warnings_and_the_bench_read_the_table(toy_method):
         _warn_unused_microbatch(
             dataclasses.replace(toy, dp=dataclasses.replace(toy.dp, microbatch_size=4)), None
         )
-    assert f"zoo {TOY}" in dp_methods.methods()
-    assert f"zoo {TOY}" in dp_methods.default_methods()
+    assert f"zoo {TOY}" in dp_rows.methods()
+    assert f"zoo {TOY}" in dp_rows.default_methods()
 
 
 def test_an_unregistered_method_is_gone_everywhere(toy_method):
@@ -99,7 +94,7 @@ def test_an_unregistered_method_is_gone_everywhere(toy_method):
     try:
         with pytest.raises(ZooError, match=rf"unknown clipping '{TOY}'.*Valid: ghost, vmap\."):
             settings.with_values(recipes.load_recipe("digits-mlp-dp"), {"dp.clipping": TOY})
-        assert f"zoo {TOY}" not in dp_methods.methods()
+        assert f"zoo {TOY}" not in dp_rows.methods()
         engine, params = _engine(TOY)
         state, frozen = engine.init_state(params, 0)
         x = zoo.example_batch(engine.cfg, 2)

@@ -19,7 +19,7 @@ from flax import nnx
 from numerics import assert_close as assert_float_close
 
 import zoo
-from zoo.dp import clipped_grad_sum, ghost
+from zoo.dp import ClipRequest, clipped_grad_sum, ghost
 from zoo.freeze import resolve_freeze
 from zoo.losses import per_example_loss
 from zoo.models import ops, registry
@@ -100,9 +100,10 @@ def _vmap_fn(cfg, backend, plan, remat):
         return per_example_loss(apply(full, xi[None], remat), yi[None])[0]
 
     def run(params, frozen, x, y, clip, mask):
-        return clipped_grad_sum(
-            loss, params, x, y, l2_clip_norm=clip, example_mask=mask, frozen={} if frozen is None else frozen
-        )
+        request = ClipRequest(clip, example_mask=mask)
+        return clipped_grad_sum(loss, params, x, y, request=request, frozen={} if frozen is None else frozen)[
+            :2
+        ]
 
     return jit(run)
 
@@ -119,14 +120,13 @@ def _ghost_fn(cfg, plan, remat, method, dense):
             params,
             x,
             y,
-            l2_clip_norm=clip,
-            example_mask=mask,
+            ClipRequest(clip, example_mask=mask),
             frozen=frozen,
             freeze_plan=plan,
             remat=remat,
             method=method,
             dense=dense,
-        )
+        )[:2]
 
     return jit(run)
 
@@ -344,12 +344,10 @@ def test_engine_style_call_returns_losses_too():
             t,
             x,
             y,
-            l2_clip_norm=1.0,
-            example_mask=ONES,
+            ClipRequest(1.0, example_mask=ONES),
             frozen=f,
             freeze_plan=plan,
             remat=StackPlan(get_policy("none")),
-            return_losses=True,
         )
     )
     grads, norms, losses = run(trainable, frozen)
@@ -407,7 +405,7 @@ def test_a_parameter_no_op_claims_falls_back_to_vmap_with_a_warning(shifted_mlp)
     assert "['shift.b']" in ghost.unsupported_reason(cfg, x)
     with pytest.warns(UserWarning, match=r"\['shift\.b'\].*vmap path"):
         ours, norms = jit(
-            lambda p: ghost.ghost_clipped_grad_sum(cfg, p, x, y, l2_clip_norm=1.0, example_mask=ONES)
+            lambda p: ghost.ghost_clipped_grad_sum(cfg, p, x, y, ClipRequest(1.0, example_mask=ONES))[:2]
         )(params)
     ref, ref_norms = vmap_fn(cfg, "nnx")(params, None, x, y, CLIP, ONES)
     assert_close(cfg, ours, ref, norms, ref_norms)
@@ -420,8 +418,8 @@ def test_a_parameter_no_op_claims_falls_back_to_vmap_with_a_warning(shifted_mlp)
         warnings.simplefilter("error")
         ours, norms = jit(
             lambda p: ghost.ghost_clipped_grad_sum(
-                cfg, p, x, y, l2_clip_norm=1.0, example_mask=ONES, frozen=frozen, freeze_plan=plan
-            )
+                cfg, p, x, y, ClipRequest(1.0, example_mask=ONES), frozen=frozen, freeze_plan=plan
+            )[:2]
         )(trainable)
     ref, ref_norms = vmap_fn(cfg, "nnx", plan)(trainable, frozen, x, y, CLIP, ONES)
     assert_close(cfg, ours, ref, norms, ref_norms)
@@ -431,12 +429,12 @@ def test_bad_arguments():
     cfg = CONFIGS["mlp"]
     params = params_of(cfg)
     x, y = batch(cfg)
-    with pytest.raises(ValueError, match="l2_clip_norm"):
-        ghost.ghost_clipped_grad_sum(cfg, params, x, y, l2_clip_norm=0.0)
+    with pytest.raises(ValueError, match="clip_norm must be > 0"):
+        ghost.ghost_clipped_grad_sum(cfg, params, x, y, ClipRequest(0.0))
     with pytest.raises(ValueError, match="example_mask"):
-        ghost.ghost_clipped_grad_sum(cfg, params, x, y, l2_clip_norm=1.0, example_mask=np.ones(3))
+        ghost.ghost_clipped_grad_sum(cfg, params, x, y, ClipRequest(1.0, example_mask=np.ones(3)))
     with pytest.raises(ValueError, match="method"):
-        ghost.ghost_clipped_grad_sum(cfg, params, x, y, l2_clip_norm=1.0, method="twice")
+        ghost.ghost_clipped_grad_sum(cfg, params, x, y, ClipRequest(1.0), method="twice")
 
 
 def test_dense_method_rule():
@@ -469,8 +467,8 @@ def test_numpy_params_outside_jit_are_recognised(method):
     cfg = CONFIGS["mlp"]
     params = params_of(cfg)  # numpy arrays
     x, y = batch(cfg)
-    ours, norms = ghost.ghost_clipped_grad_sum(
-        cfg, params, x, y, l2_clip_norm=CLIP, example_mask=ONES, method=method
+    ours, norms, _ = ghost.ghost_clipped_grad_sum(
+        cfg, params, x, y, ClipRequest(CLIP, example_mask=ONES), method=method
     )
     ref, ref_norms = vmap_fn(cfg, "nnx")(params, None, x, y, CLIP, ONES)
     assert_close(cfg, ours, ref, norms, ref_norms)

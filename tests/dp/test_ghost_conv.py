@@ -13,7 +13,7 @@ from conftest import fast_jit, random_params, reduction_size
 from numerics import assert_close
 
 import zoo
-from zoo.dp import clipped_grad_sum, ghost
+from zoo.dp import ClipRequest, clipped_grad_sum, ghost
 from zoo.losses import per_example_loss
 from zoo.models import registry
 
@@ -40,8 +40,8 @@ def vmap_run(cfg, backend):
 
     return fast_jit(
         lambda p, x, y, clip, mask: clipped_grad_sum(
-            loss, p, x, y, l2_clip_norm=clip, example_mask=mask, frozen={}
-        )
+            loss, p, x, y, request=ClipRequest(clip, example_mask=mask), frozen={}
+        )[:2]
     )
 
 
@@ -49,8 +49,8 @@ def vmap_run(cfg, backend):
 def ghost_run(cfg, method, dense):
     return fast_jit(
         lambda p, x, y, clip, mask: ghost.ghost_clipped_grad_sum(
-            cfg, p, x, y, l2_clip_norm=clip, example_mask=mask, method=method, dense=dense
-        )
+            cfg, p, x, y, ClipRequest(clip, example_mask=mask), method=method, dense=dense
+        )[:2]
     )
 
 

@@ -10,7 +10,7 @@ from zoo.freeze import resolve_freeze
 from zoo.parallel import layout_for, parse_mesh
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
-from zoo.train.engine import Engine
+from zoo.train.engine import make_engine
 from zoo.train.state import make_optimizer
 
 BATCH = 8
@@ -29,14 +29,14 @@ def engine_for(cfg, mesh: str, *, backend="nnx", remat="none", freeze=(), dp=Non
     params = random_params(cfg, 1)
     plan = resolve_freeze(params, tuple(freeze))
     layout = layout_for(cfg, parse_mesh(mesh))
-    engine = Engine(
+    engine = make_engine(
         cfg,
         backend,
-        StackPlan(get_policy(remat), plan.frozen_prefix),
         plan,
         # SGD: an update is linear in the gradient, so rounding stays rounding. Adam's first
         # steps divide a gradient by its own size, and a near-zero entry can flip sign.
         make_optimizer(OptimConfig(name="sgd", lr=0.1, schedule="constant"), 10, clip=dp is None),
+        stack=StackPlan(get_policy(remat), plan.frozen_prefix),
         dp=dp,
         layout=layout,
     )

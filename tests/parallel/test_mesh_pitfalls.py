@@ -12,19 +12,21 @@ from numerics import assert_bitwise_equal, assert_close
 
 import zoo
 from zoo.dp import clipping as clipping_lib
-from zoo.train.engine import DPRuntime
+from zoo.dp.plan import fixed_batch_plan
 
 CFG = zoo.get_config("mlp-s", d_in=6, d_hidden=8, num_layers=1, num_classes=3)
 C, E = 1.0, 4.0
 
 
 def mesh_release(mesh: str, clipping: str):
-    engine, params = engine_for(CFG, mesh, dp=DPRuntime(1.5, C, E, clipping=clipping))
+    engine, params = engine_for(
+        CFG, mesh, dp=fixed_batch_plan(E, noise_multiplier=1.5, clip_norm=C, clipping=clipping)
+    )
     state, frozen = engine.init_state(params, 0, jax.random.key(7))
 
     def fn(state, frozen, b):
         clipped, _, _ = engine.clipped_sum(state, frozen, b)
-        _, release = engine._dp_grads(state, frozen, b)
+        _, release, _ = engine._dp_grads(state, frozen, b)
         return clipped, jax.tree.map(lambda r, s: r * E - s, release, clipped)
 
     step = jax.jit(fn, compiler_options=FAST_COMPILE)

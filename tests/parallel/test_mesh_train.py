@@ -10,8 +10,8 @@ from meshrun import BATCH, train_steps
 from numerics import assert_bitwise_equal, assert_close
 
 import zoo
+from zoo.dp.plan import fixed_batch_plan
 from zoo.models import registry
-from zoo.train.engine import DPRuntime
 
 KINDS = {kind.name: kind.small for kind in registry.kinds()}
 MESH3 = "data=2,fsdp=2,tensor=2"
@@ -77,7 +77,7 @@ def test_frozen_layers_shard_get_no_state_and_stay_bitwise():
 def test_dp_sgd_on_a_mesh_gives_the_one_device_params(kind, mesh, clipping, prng):
     # Noise from the same key stream as on one device: a mesh run without it, or with noise of
     # its own, would miss the one-device params by the noise's size (~lr), not by rounding.
-    dp = DPRuntime(1.0, 1.0, float(BATCH), clipping=clipping, noise_prng=prng)
+    dp = fixed_batch_plan(BATCH, noise_multiplier=1.0, clip_norm=1.0, clipping=clipping, noise_prng=prng)
     run = train_steps(KINDS[kind], mesh, dp=dp)
     assert_same_run(run, one_device(kind, dp=dp), KINDS[kind], f"DP {clipping} on {mesh}")
 

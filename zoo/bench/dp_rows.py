@@ -1,4 +1,4 @@
-"""The rows of ``zoo bench dp``: one step builder per DP-SGD implementation; each gets the same
+"""The rows of ``zoo bench dp`` (:mod:`zoo.bench.dp`): one step builder per DP-SGD implementation; each gets the same
 :class:`Setup`.
 
 zoo's own rows come from the clipping table (:data:`zoo.dp.clipping.CLIPPING`), read when the
@@ -17,7 +17,8 @@ import optax
 
 from zoo.dp import CLIPPING, privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
-from zoo.train.engine import DPRuntime, Engine
+from zoo.dp.plan import DPPlan, fixed_batch_plan
+from zoo.train.engine import Engine
 from zoo.train.state import TrainState
 
 BASELINE = "non-private"
@@ -35,10 +36,17 @@ class Setup:
     clip_norm: float = CLIP
     noise_multiplier: float = SIGMA
 
+    def plan(self, **settings) -> DPPlan:
+        """The DP plan of a fixed batch of ``batch_size`` with the bench's clip norm and noise
+        multiplier; ``settings`` are other ``[dp]`` fields (``clipping``, ``microbatch_size``...)."""
+        return fixed_batch_plan(
+            self.batch_size, noise_multiplier=self.noise_multiplier, clip_norm=self.clip_norm, **settings
+        )
+
     def dp_engine(self, microbatch_size: int | None) -> Engine:
         """The engine's DP step with vmap clipping (in chunks of ``microbatch_size`` if set)."""
-        runtime = DPRuntime(self.noise_multiplier, self.clip_norm, float(self.batch_size), microbatch_size)
-        return dataclasses.replace(self.engine, dp=runtime)
+        plan = self.plan(clipping="vmap", microbatch_size=microbatch_size)
+        return dataclasses.replace(self.engine, dp=plan)
 
     def one_example_loss(self, trainable, frozen, x, y):
         """Loss of one example (no leading batch axis), as the engine's DP step defines it."""
@@ -109,10 +117,8 @@ def _zoo_step(clipping: str, microbatched: bool, noise_prng: str) -> Builder:
 
     def build(setup: Setup):
         microbatch = setup.microbatch_size if microbatched else None
-        runtime = DPRuntime(
-            setup.noise_multiplier, setup.clip_norm, float(setup.batch_size), microbatch, clipping, noise_prng
-        )
-        return dataclasses.replace(setup.engine, dp=runtime).train_step_fn, setup.engine.optimizer
+        plan = setup.plan(clipping=clipping, microbatch_size=microbatch, noise_prng=noise_prng)
+        return dataclasses.replace(setup.engine, dp=plan).train_step_fn, setup.engine.optimizer
 
     return build
 
