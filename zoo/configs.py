@@ -189,7 +189,6 @@ class LoraConfig:
     rank: int = 0
     alpha: float = 16.0
     targets: tuple[str, ...] = ()
-    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
@@ -198,11 +197,6 @@ class LoraConfig:
             raise ZooError(f"lora.alpha must be > 0, got {self.alpha!r}")
         if self.rank and not self.targets:
             raise ZooError("lora.targets is empty: name the dense layers to adapt, e.g. attn.q|attn.v")
-        if self.dropout != 0:
-            raise ZooError(
-                f"lora.dropout={self.dropout!r} is not supported: zoo's models draw no dropout "
-                "randomness; use 0"
-            )
 
     @property
     def enabled(self) -> bool:
