@@ -12,7 +12,7 @@ from numerics import assert_bitwise_equal, assert_close
 
 import zoo
 from zoo.errors import ZooError
-from zoo.freeze import FreezePlan, parse_pattern, resolve_freeze
+from zoo.freeze import FreezePlan, Trainable, parse_pattern, resolve_freeze
 from zoo.jaxprs import iter_eqns
 from zoo.models.canonical import canonical_shapes, init_params
 from zoo.models.paths import flat_by_path
@@ -201,7 +201,7 @@ def test_split_merge_round_trip(params_by_cfg, cfg, patterns):
     trainable, frozen = run_compiled(plan.split, params)
 
     for path in flat_paths(trainable):
-        assert plan.is_trainable(path) != "no"
+        assert not plan.trainable(path).none
         assert path not in plan.frozen_leaves
     for path in flat_paths(frozen):
         assert path in plan.frozen_leaves or path in plan.frozen_rows
@@ -244,19 +244,27 @@ def test_fully_frozen_leaves_absent_from_trainable(params_by_cfg):
     assert set(frozen) == {"embed", "head", "blocks"} and set(frozen["blocks"]) == {"attn"}
 
 
-def test_is_trainable_strings():
+def test_trainable_is_a_typed_value_printed_as_a_table_cell():
     plan = resolve_freeze(canonical_shapes(SMALL4), ["embed", "blocks[1:3].mlp.*", "blocks.ln1"])
-    assert plan.is_trainable("embed.w") == "no"
-    assert plan.is_trainable("head.w") == "yes"
-    assert plan.is_trainable("blocks.attn.q.w") == "yes"
-    assert plan.is_trainable("blocks.ln1.b") == "no"
-    assert plan.is_trainable("blocks.mlp.up.w") == "layers 0:1,3:4 of 4"
+    assert plan.trainable("embed.w") == Trainable(whole=False)
+    assert plan.trainable("head.w") == Trainable(whole=True)
+    assert plan.trainable("blocks.attn.q.w") == Trainable(True, (0, 1, 2, 3), 4)
+    assert plan.trainable("blocks.ln1.b") == Trainable(False, (), 4)
+    partly = plan.trainable("blocks.mlp.up.w")
+    assert partly == Trainable(False, (0, 3), 4) and partly.partial and not partly.none
+    assert [str(plan.trainable(p)) for p in ("embed.w", "head.w", "blocks.attn.q.w", "blocks.ln1.b")] == [
+        "no",
+        "yes",
+        "yes",
+        "no",
+    ]
+    assert str(partly) == "layers 0:1,3:4 of 4"
     assert (
-        resolve_freeze(canonical_shapes(SMALL4), ["blocks[:2]"]).is_trainable("blocks.mlp.up.w")
+        str(resolve_freeze(canonical_shapes(SMALL4), ["blocks[:2]"]).trainable("blocks.mlp.up.w"))
         == "layers 2:4 of 4"
     )
     with pytest.raises(ZooError, match="Did you mean 'head.w'"):
-        plan.is_trainable("head.ww")
+        plan.trainable("head.ww")
 
 
 def test_merge_rejects_trees_that_do_not_fit(params_by_cfg):

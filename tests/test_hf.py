@@ -195,8 +195,8 @@ def _lora_checkpoint(tmp_path: Path):
     """The llama-kv2 fixture with trained-looking adapters, saved as a zoo checkpoint."""
     import dataclasses
 
+    from zoo.lora.adapter import LoraSpec
     from zoo.models.canonical import init_adapters
-    from zoo.models.lora import LoraSpec
     from zoo.recipes import parse_recipe, to_dict
     from zoo.train import checkpoint
     from zoo.train.hf import _recipe_dict

@@ -23,9 +23,9 @@ from safetensors.numpy import load_file
 from scipy.special import log_softmax
 
 import zoo
+from zoo.lora.adapter import LoraSpec
 from zoo.models import hf_io
 from zoo.models.canonical import init_adapters
-from zoo.models.lora import LoraSpec
 from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.train.hf import save_adapter
 

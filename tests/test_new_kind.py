@@ -111,7 +111,7 @@ FILES = {
         from zoo import names
         from zoo.models import ops
         from zoo.models.toykind.config import ToyConfig
-        from zoo.scan import scan_layers
+        from zoo.scan import Remat, scan_layers
 
 
         class Block(nnx.Module):
@@ -142,7 +142,7 @@ FILES = {
             def stack(self):
                 return ops.layer_stack(self.blocks)
 
-            def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+            def __call__(self, x: jax.Array, *, remat: Remat = "none") -> jax.Array:
                 self.cfg.check_input(x)
                 h = scan_layers(*self.stack(), ops.dense(self.in_proj, x), remat)
                 return checkpoint_name(ops.dense(self.head, h), names.LOGITS)
@@ -158,7 +158,7 @@ FILES = {
         from zoo import names
         from zoo.models import ops
         from zoo.models.toykind.config import ToyConfig
-        from zoo.scan import scan_layers
+        from zoo.scan import Remat, scan_layers
 
 
         class Block(eqx.Module):
@@ -192,7 +192,7 @@ FILES = {
             def stack(self):
                 return ops.layer_stack(self.blocks)
 
-            def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+            def __call__(self, x: jax.Array, *, remat: Remat = "none") -> jax.Array:
                 self.cfg.check_input(x)
                 h = scan_layers(*self.stack(), ops.dense(self.in_proj, x), remat)
                 return checkpoint_name(ops.dense(self.head, h), names.LOGITS)

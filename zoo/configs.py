@@ -208,18 +208,12 @@ class LoraConfig:
     rank: int = 0
     alpha: float = 16.0
     targets: tuple[str, ...] = ()
-    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         require_int("lora.rank", self.rank, lo=0, what="an int >= 0 (0: no adapters)", error=ZooError)
         require_number("lora.alpha", self.alpha, positive=True, what="> 0", error=ZooError)
         if self.rank and not self.targets:
             raise ZooError("lora.targets is empty: name the dense layers to adapt, e.g. attn.q|attn.v")
-        if self.dropout != 0:
-            raise ZooError(
-                f"lora.dropout={self.dropout!r} is not supported: zoo's models draw no dropout "
-                "randomness; use 0"
-            )
 
     @property
     def enabled(self) -> bool:

@@ -306,7 +306,7 @@ def test_lora_adapters_on_a_frozen_base(kind):
     ours, norms = run(params, frozen, x, y, clip, ONES)
     ref, ref_norms = vmap_fn(cfg, "nnx", plan)(params, frozen, x, y, clip, ONES)
     assert_close(cfg, ours, ref, norms, ref_norms)
-    assert all("lora_" in path for path in zoo.models.canonical.flat_by_path(ours))
+    assert all("lora_" in path for path in zoo.models.paths.flat_by_path(ours))
 
 
 def test_stack_plan_frozen_prefix_gets_no_gradient():

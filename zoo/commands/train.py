@@ -178,7 +178,7 @@ def print_param_table(run, out: Console) -> None:
         f"parameters of {run.recipe.model.preset}",
         ["path", "shape", "count", "trainable"],
         [
-            (path, shape, f"{count:,}", run.freeze.is_trainable(path))
+            (path, shape, f"{count:,}", str(run.freeze.trainable(path)))
             for path, shape, count in _param_rows(run.params)
         ],
         out=out,
@@ -277,7 +277,7 @@ def run_params(args) -> int:
         emit_json(
             {
                 "rows": [
-                    {"path": p, "shape": s, "count": c, "trainable": run.freeze.is_trainable(p)}
+                    {"path": p, "shape": s, "count": c, "trainable": str(run.freeze.trainable(p))}
                     for p, s, c in _param_rows(run.params)
                 ],
                 "trainable": run.freeze.trainable_count,

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.errors import ZooError, check_choice, choice_error
-from zoo.models.lora import ADAPTER_KEYS, LoraSpec
+from zoo.models import extensions
 
 BACKENDS = ("nnx", "eqx")
 TASKS = ("classify", "lm")
@@ -57,9 +57,10 @@ class ModelConfig:
 
     kind: ClassVar[str] = ""
     activation_names: ClassVar[tuple[str, ...]] = ()  # the zoo.names this model tags
-    # Low-rank adapters on some dense layers (zoo.models.lora); keyword-only, after each
-    # kind's own fields. Set by `zoo train --lora`, not by model overrides.
-    lora: LoraSpec | None = field(default=None, kw_only=True)
+    # Low-rank adapters on some dense layers: a spec opaque here (zoo.models.extensions; a
+    # zoo.lora.LoraSpec). Keyword-only, after each kind's own fields. Set by `zoo train --lora`,
+    # not by model overrides.
+    lora: extensions.Spec | None = field(default=None, kw_only=True)
 
     # --- task and inputs ---------------------------------------------------------------------
     @property
@@ -152,15 +153,11 @@ class ModelConfig:
 
 def axes_from_table(table: dict[str, tuple[str, ...]], path: tuple[str, ...], ndim: int):
     """Logical axes of a leaf from ``{dotted path without 'blocks.': axes}``; stacked leaves
-    (under ``blocks``) get ``layers`` first."""
-    adapter = next((i for i, p in enumerate(path) if p in ADAPTER_KEYS), None)
-    if adapter is not None:  # A [in, r] takes the layer's input axis, B [r, out] its output axis
-        axes = axes_from_table(table, (*path[:adapter], "w"), ndim)
-        return (
-            (*axes[:-1], "lora_rank")
-            if path[adapter] == ADAPTER_KEYS[0]
-            else (*axes[:-2], "lora_rank", axes[-1])
-        )
+    (under ``blocks``) get ``layers`` first; an extension's leaves (LoRA's adapters) take
+    theirs from the layer they extend."""
+    extended = extensions.leaf_axes(path, lambda base: axes_from_table(table, base, ndim))
+    if extended is not None:
+        return extended
     stacked = path[0] == STACK
     axes = table[".".join(path[1:] if stacked else path)]
     axes = ("layers", *axes) if stacked else axes
@@ -290,7 +287,7 @@ def config_from_dict(kind: str, fields: dict) -> ModelConfig:
     """A config of kind ``kind`` from its ``dataclasses.asdict`` form (checkpoint metadata)."""
     fields = dict(fields)
     if isinstance(fields.get("lora"), dict):
-        fields["lora"] = LoraSpec.from_dict(fields["lora"])
+        fields["lora"] = extensions.decode("lora", fields["lora"])
     return get_kind(kind).config(**fields)
 
 

@@ -18,8 +18,8 @@ import jax
 import numpy as np
 
 from zoo.errors import ZooError
+from zoo.lora.adapter import adapter_paths
 from zoo.models import hf_io
-from zoo.models.lora import adapter_paths
 from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import kind_of
 

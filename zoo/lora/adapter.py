@@ -1,4 +1,4 @@
-"""Low-rank adapters on dense layers, for both backends, on the canonical tree.
+"""The adapter op: low-rank adapters on dense layers, for both backends, on the canonical tree.
 
 A dense layer ``y = x W + b`` (``W`` [in, out]) with an adapter computes
 
@@ -10,11 +10,12 @@ canonical tree holds ``blocks.attn.q.lora_a.w`` [L, D, r] and ``blocks.attn.q.lo
 other leaf. Because each adapter half runs through :func:`zoo.models.ops.dense`, ghost clipping
 and the inspector see two ordinary dense ops: no rule of their own.
 
-A model config carries the adapters it has in its ``lora`` field (a :class:`LoraSpec`); the
-model classes know nothing of them. :func:`attach` adds them to a freshly built module
-(``zoo.models.canonical`` does so when it lays out a config), NNX by adding two
-``nnx.Linear`` children to the ``nnx.Linear`` it adapts, Equinox by swapping the
-``eqx.nn.Linear`` for a :class:`LoraLinear`.
+``zoo.models`` knows nothing of LoRA: a config's ``lora`` field holds a :class:`LoraSpec`,
+opaque there, and this module registers the rest with :mod:`zoo.models.extensions` (what
+the dense op adds, the adapter leaves' logical axes, the spec's checkpoint form) and the
+Equinox adapted Linear with the Equinox backend. :func:`attach` adds the adapters to a
+freshly built module: NNX by adding two ``nnx.Linear`` children to the ``nnx.Linear`` it
+adapts, Equinox by swapping the ``eqx.nn.Linear`` for a :class:`LoraLinear`.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from zoo.checks import require_number, require_positive_int
+from zoo.models import extensions, ops
+from zoo.models.backends import eqx as eqx_backend
+
 A, B = "lora_a", "lora_b"  # canonical names of the two halves (each a dense layer: ``.w``)
 ADAPTER_KEYS = (A, B)
-# Adapters draw their initial values from a stream of their own, so adding them to a config
-# leaves every base leaf's initial value as it was (canonical.init_params).
-INIT_STREAM = 0x4C6F5241
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,9 @@ class LoraSpec:
     """The adapters of a model config.
 
     ``targets`` are dotted canonical paths of dense layers (``blocks.attn.q``, ``head``); each
-    gets an adapter of rank ``rank``, scaled by ``alpha / rank``.
+    gets an adapter of rank ``rank``, scaled by ``alpha / rank``. ``zoo.models`` holds it as
+    an opaque extension spec (:class:`zoo.models.extensions.Spec`): :meth:`attach` and
+    :meth:`init_leaf` are what the canonical tree asks of it.
     """
 
     rank: int
@@ -47,10 +51,8 @@ class LoraSpec:
     targets: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
-            raise ValueError(f"LoRA rank must be a positive int, got {self.rank!r}")
-        if not self.alpha > 0:
-            raise ValueError(f"LoRA alpha must be > 0, got {self.alpha!r}")
+        require_positive_int("LoRA rank", self.rank)
+        require_number("LoRA alpha", self.alpha, positive=True)
         if not self.targets or len(set(self.targets)) != len(self.targets):
             raise ValueError(f"LoRA targets must be distinct dense paths, got {self.targets!r}")
 
@@ -62,6 +64,16 @@ class LoraSpec:
     def from_dict(cls, fields: dict) -> LoraSpec:
         """From the ``dataclasses.asdict`` form (checkpoint metadata; JSON lists)."""
         return cls(int(fields["rank"]), float(fields["alpha"]), tuple(fields["targets"]))
+
+    def attach(self, module, backend: str):
+        """``module`` (freshly built) with an adapter on each target (:func:`attach`)."""
+        return attach(module, backend, self)
+
+    def init_leaf(self, path: tuple[str, ...], shape: tuple[int, ...], key: jax.Array) -> jax.Array:
+        """``A`` LeCun-normal over its fan-in, ``B`` zeros: a fresh adapter adds exactly nothing."""
+        if B in path:
+            return jnp.zeros(shape, jnp.float32)
+        return shape[-2] ** -0.5 * jax.random.normal(key, shape, jnp.float32)
 
 
 def is_adapter_path(path) -> bool:
@@ -75,7 +87,7 @@ def adapter_paths(target: str) -> tuple[str, str]:
     return f"{target}.{A}.w", f"{target}.{B}.w"
 
 
-# --- Equinox: a Linear with an adapter ------------------------------------------------------
+# --- The op -------------------------------------------------------------------------------
 
 
 class LoraLinear(eqx.Module):
@@ -87,6 +99,14 @@ class LoraLinear(eqx.Module):
     lora_a: eqx.nn.Linear
     lora_b: eqx.nn.Linear
     lora_scale: float = eqx.field(static=True)
+
+
+def adapter_delta(layer, x: jax.Array) -> jax.Array | None:
+    """What a dense layer's adapter adds to its output, ``scale * (x @ A) @ B`` (None for a
+    layer without one); each half is a dense op of its own."""
+    if getattr(layer, A, None) is None:
+        return None
+    return layer.lora_scale * ops.dense(getattr(layer, B), ops.dense(getattr(layer, A), x))
 
 
 # --- Attaching adapters to a built module ---------------------------------------------------
@@ -135,18 +155,20 @@ def _attach_eqx(model: eqx.Module, spec: LoraSpec) -> eqx.Module:
     return model
 
 
-def attach(model, spec: LoraSpec | None):
-    """``model`` (NNX or Equinox, freshly built) with an adapter on each target of ``spec``."""
-    if spec is None:
-        return model
-    return _attach_nnx(model, spec) if isinstance(model, nnx.Module) else _attach_eqx(model, spec)
+_ATTACH = {"nnx": _attach_nnx, "eqx": _attach_eqx}
 
 
-# --- On canonical trees ---------------------------------------------------------------------
+def attach(model, backend: str, spec: LoraSpec | None):
+    """``model`` (``backend`` "nnx" or "eqx", freshly built) with an adapter on each target."""
+    return model if spec is None else _ATTACH[backend](model, spec)
 
 
-def init_adapter(path: tuple[str, ...], shape: tuple[int, ...], key: jax.Array) -> jax.Array:
-    """``A`` LeCun-normal over its fan-in, ``B`` zeros: a fresh adapter adds exactly nothing."""
-    if B in path:
-        return jnp.zeros(shape, jnp.float32)
-    return shape[-2] ** -0.5 * jax.random.normal(key, shape, jnp.float32)
+# --- Registration with zoo.models -------------------------------------------------------------
+# A [in, r] takes the adapted layer's input axis, B [r, out] its output axis.
+extensions.register(
+    "lora",
+    dense=adapter_delta,
+    keys={A: lambda axes: (*axes[:-1], "lora_rank"), B: lambda axes: (*axes[:-2], "lora_rank", axes[-1])},
+    decode=LoraSpec.from_dict,
+)
+eqx_backend.register_layer(LoraLinear, "dense", dict(eqx_backend.LAYERS[eqx.nn.Linear][1]))
