@@ -10,11 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE, random_params
-from numerics import assert_bitwise_equal, assert_close
 from scipy import stats
 
 import zoo
+from tests.conftest import FAST_COMPILE, random_params
+from tests.numerics import assert_bitwise_equal, assert_close
 from zoo import lora
 from zoo.configs import DataConfig, LoraConfig, OptimConfig
 from zoo.dp import accounting, clipping, ghost

@@ -70,7 +70,7 @@ def noise_key(key: jax.Array, prng: str | None = DEFAULT_NOISE_PRNG) -> jax.Arra
 def _sampling_key(key: jax.Array, partitioned: bool) -> jax.Array:
     """``key`` itself, or in a partitioned program a philox4x32 key's data under
     :mod:`zoo.dp.philox`'s twin: the same numbers, in a program Shardy can lower. On one
-    device JAX's own lowering (``lax.mulhi``) is faster (benchmarks/noise.py)."""
+    device JAX's own lowering (``lax.mulhi``) is faster (benchmarks/dp/noise.py)."""
     if partitioned and str(jax.random.key_impl(key)) == "philox4x32":
         return jax.random.wrap_key_data(jax.random.key_data(key), impl=PARTITIONABLE_PHILOX)
     return key

@@ -255,7 +255,7 @@ def save(run_dir: Path, step: int, state, params: dict, meta: dict, *, compress:
     ``compress=False`` writes ``params`` without zstd (the same layout; every reader reads
     both): tensorstore then writes from the arrays' own memory instead of holding a compressed
     copy of each, which keeps ``zoo import`` near one copy of the weights
-    (benchmarks/hf_import.py)."""
+    (benchmarks/hf/import_memory.py)."""
     main = jax.process_index() == 0  # orbax writes from every process; zoo's files from one
     problem = dir_problem(run_dir) if main and not os.path.isdir(run_dir) else None
     if problem:  # `zoo export --out`: checked here, where the export first writes

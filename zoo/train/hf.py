@@ -112,7 +112,7 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
     # Onto the device leaf by leaf: on CPU, device_put shares hf_io's 64-byte aligned buffers
     # (NumPy leaves would take orbax's copying path). Written without zstd, tensorstore writes
     # from those buffers; compressed, it holds a compressed copy of every leaf until the write
-    # ends, about one more checkpoint in memory (benchmarks/hf_import.py, docs/hf.md).
+    # ends, about one more checkpoint in memory (benchmarks/hf/import_memory.py, docs/hf.md).
     flat = flat_by_path(params)
     del params
     params = nest_by_path({path: jax.device_put(flat.pop(path)) for path in list(flat)})

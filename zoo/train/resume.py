@@ -7,7 +7,7 @@ differences: continuing would give a run that neither recipe describes, and a DP
 report an epsilon it did not spend. What may change:
 
 - ``train.remat``: a remat policy changes memory and speed, not the math (its gradients agree
-  with no remat to rounding, ``tests/test_remat_policies.py``);
+  with no remat to rounding, ``tests/test_remat.py``);
 - ``train.log_every``, ``train.eval_every``, ``train.checkpoint_every``: bookkeeping;
 - ``description``;
 - ``train.steps``, upward only. The learning-rate schedule and the DP noise multiplier keep

@@ -3,7 +3,7 @@
 Book-keeping: :func:`prepare` -> :func:`probe_pass` -> :func:`squared_norms` ->
 :func:`clip_factors` -> :func:`book_kept_sum`.
 Second backward: :func:`prepare` -> :func:`tap_pass` -> :func:`clip_factors` ->
-:func:`weighted_backward`. ``benchmarks/ghost.py`` times the stages.
+:func:`weighted_backward`. ``benchmarks/dp/ghost.py`` times the stages.
 """
 
 from __future__ import annotations
