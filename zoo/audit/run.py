@@ -25,6 +25,7 @@ from zoo.audit.canaries import (
     example_canaries,
     gradient_canaries,
 )
+from zoo.checks import require_int
 from zoo.dp import PoissonSampler
 from zoo.dp.plan import make_plan, without_noise
 from zoo.errors import ZooError, choice_error
@@ -67,8 +68,7 @@ class AuditPlan:
 def check_request(recipe: Recipe, num_canaries: int, mode: str, confidence: float, no_noise: bool) -> None:
     if mode not in MODES:
         raise choice_error("mode", mode, MODES)
-    if isinstance(num_canaries, bool) or not isinstance(num_canaries, int) or num_canaries < 2:
-        raise ZooError(f"--canaries must be an integer >= 2 (half in, half out); got {num_canaries!r}")
+    require_int("--canaries", num_canaries, lo=2, what="an integer >= 2 (half in, half out)", error=ZooError)
     if not (isinstance(confidence, float | int) and 0 < confidence < 1):
         raise ZooError(f"--confidence must be in (0, 1), e.g. 0.95; got {confidence!r}")
     if not recipe.dp.enabled and mode == "whitebox":

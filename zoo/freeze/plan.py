@@ -11,6 +11,7 @@ from types import MappingProxyType
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.checks import is_int
 from zoo.errors import ZooError
 from zoo.freeze.patterns import Pattern, parse_pattern
 from zoo.models.paths import flat_by_path, nest_by_path
@@ -261,9 +262,7 @@ def _no_match(pattern: Pattern, shapes) -> ZooError:
 
 
 def _is_shape(value) -> bool:
-    return isinstance(value, (tuple, list)) and all(
-        isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in value
-    )
+    return isinstance(value, (tuple, list)) and all(is_int(d) for d in value)
 
 
 def _shapes_of(params_or_shapes) -> dict[str, tuple[int, ...]]:

@@ -19,7 +19,8 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from zoo.errors import ZooError, check_choice, choice_error
+from zoo.checks import require_choice
+from zoo.errors import ZooError, choice_error
 from zoo.models import extensions
 
 BACKENDS = ("nnx", "eqx")
@@ -306,12 +307,12 @@ def replace_checked(cfg, **overrides):
     """`dataclasses.replace` that names an unknown field and lists the valid ones."""
     valid = [f.name for f in dataclasses.fields(cfg)]
     for key in overrides:
-        check_choice(f"override for {type(cfg).__name__}", key, valid)
+        require_choice(f"override for {type(cfg).__name__}", key, valid)
     return dataclasses.replace(cfg, **overrides)
 
 
 def check_backend(backend: str) -> str:
-    return check_choice("backend", backend, BACKENDS)
+    return require_choice("backend", backend, BACKENDS)
 
 
 def module_class(cfg: ModelConfig, backend: str):
