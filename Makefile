@@ -27,10 +27,10 @@ ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo y
 #   LoRA beyond the transformer's two-backend cell (an adapter is two more dense ops: ghost,
 #   remat and merge cells add no mechanism the re-run lacks).
 ISA_SKIP := eqx or still_catches or chunked_attention_gives or chunked_mlp_gives or through_chunked
-ISA_SKIP += or (test_lora and not (same_logits_and_grads_in_both_backends and transformer))
+ISA_SKIP += or ((test_setup.py or test_lora) and not (same_logits_and_grads_in_both_backends and transformer))
 ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-lean or minimal or offload))
-ISA_SKIP += or (test_ghost and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
-ISA_SKIP += or (test_kinds and freezing_by_path)
+ISA_SKIP += or ((test_api.py or test_conv.py or test_rules.py or test_ghost) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
+ISA_SKIP += or (test_registry.py and freezing_by_path)
 ISA_SKIP += or (converted_weights and (digits or heads or kv))
 ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matches and not gpt2) or apply_fn_read
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
@@ -47,19 +47,19 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/zoo train digits-transformer --remat full
 
-# tests/parallel needs 8 devices, and XLA takes the simulated device count only at start-up:
+# tests/e2e/parallel needs 8 devices, and XLA takes the simulated device count only at start-up:
 # that folder runs as a session of its own.
 MESH_XLA := --xla_force_host_platform_device_count=8
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/parallel
-	XLA_FLAGS="$${XLA_FLAGS:-} $(MESH_XLA)" $(BIN)/python -m pytest -q -n 2 --dist loadgroup tests/parallel
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel
+	XLA_FLAGS="$${XLA_FLAGS:-} $(MESH_XLA)" $(BIN)/python -m pytest -q -n 2 --dist loadgroup tests/e2e/parallel
 
 test-isa: $(STAMP)
 	@echo "== ISA caps to re-run: $(ISAS) (AVX2 only where the machine has AVX-512)"
 	set -e; for isa in $(ISAS); do \
 	  echo "== numerics-sensitive tests under --xla_cpu_max_isa=$$isa"; \
-	  XLA_FLAGS="$${XLA_FLAGS:-} --xla_cpu_max_isa=$$isa" $(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/parallel $(ISA_SELECT); \
+	  XLA_FLAGS="$${XLA_FLAGS:-} --xla_cpu_max_isa=$$isa" $(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel $(ISA_SELECT); \
 	done
 
 lint: $(STAMP)

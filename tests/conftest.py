@@ -67,7 +67,7 @@ def small_transformer():
     return zoo.get_config("transformer-xs", num_layers=2, d_model=32, d_ff=64, max_len=16, vocab_size=40)
 
 
-# tests/parallel runs on a mesh of 8 simulated CPU devices. `make test` gives that folder a
+# tests/e2e/parallel runs on a mesh of 8 simulated CPU devices. `make test` gives that folder a
 # pytest session of its own under XLA_FLAGS=--xla_force_host_platform_device_count=8 (the flag
 # must be set before JAX starts); in a session with fewer devices its tests skip.
 MESH_DEVICES = 8
@@ -80,5 +80,5 @@ def pytest_collection_modifyitems(config, items):
         reason=f"needs {MESH_DEVICES} devices: XLA_FLAGS=--xla_force_host_platform_device_count={MESH_DEVICES}"
     )
     for item in items:
-        if "tests/parallel/" in str(item.fspath):
+        if "tests/e2e/parallel/" in str(item.fspath):
             item.add_marker(skip)

@@ -39,5 +39,7 @@ def test_finite_refuses_inf_but_positive_alone_takes_it():
 
 def test_choice_lists_the_valid_ones():
     assert require_choice("sampler", "poisson", ["poisson"]) == "poisson"
-    with pytest.raises(ZooError, match=r"unknown clipping 'gost'\. Did you mean 'ghost'\?.*Valid: ghost, vmap"):
+    with pytest.raises(
+        ZooError, match=r"unknown clipping 'gost'\. Did you mean 'ghost'\?.*Valid: ghost, vmap"
+    ):
         require_choice("clipping", "gost", ["vmap", "ghost"])

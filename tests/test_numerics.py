@@ -4,7 +4,8 @@ import math
 
 import numpy as np
 import pytest
-from numerics import K, assert_bitwise_equal, assert_close, excess, tolerance
+
+from tests.numerics import K, assert_bitwise_equal, assert_close, excess, tolerance
 
 pytestmark = pytest.mark.numerics  # every test here compares floats from two programs
 

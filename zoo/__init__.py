@@ -12,6 +12,10 @@ from zoo.api import (
     param_table,
     to_canonical,
 )
+
+# LoRA's adapters extend zoo.models' dense op from above it (zoo.models.extensions): importing
+# them here, with the package, registers them before any submodule is used.
+from zoo.lora import adapter as _lora_adapter  # noqa: F401
 from zoo.models.registry import BACKENDS, PRESETS, get_config
 
 

@@ -10,6 +10,7 @@ from jax.experimental import checkify
 
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig, check_backend, get_config
+from zoo.scan import Remat
 
 
 def load_model(name: str | ModelConfig, backend: str = "nnx", seed: int = 0, **overrides):
@@ -82,7 +83,7 @@ def apply_fn(cfg: ModelConfig, backend: str, *, checked: bool = False):
     """
     check_backend(backend)
 
-    def apply(params: dict, x: jax.Array, remat: str = "none") -> jax.Array:
+    def apply(params: dict, x: jax.Array, remat: Remat = "none") -> jax.Array:
         return canonical.from_canonical(cfg, backend, params)(x, remat=remat)
 
     if not checked:
@@ -94,7 +95,7 @@ def apply_fn(cfg: ModelConfig, backend: str, *, checked: bool = False):
 
     compiled = jax.jit(checkify.checkify(checked_body), static_argnums=2)
 
-    def checked_apply(params: dict, x: jax.Array, remat: str = "none") -> jax.Array:
+    def checked_apply(params: dict, x: jax.Array, remat: Remat = "none") -> jax.Array:
         error, logits = compiled(params, x, remat)
         error.throw()
         return logits

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zoo.errors import ZooError, check_choice
+from zoo.checks import require_choice, require_int, require_number, require_positive_int
+from zoo.errors import ZooError
 
 ATTENTIONS = ("dense", "chunked")  # a model's attention (zoo.models.ops.attention)
 
@@ -32,9 +33,12 @@ def model_flag_overrides(args) -> dict:
 def require_positive(cfg: object, *fields: str) -> None:
     """Config validation: each field is a positive int (one ZooError line naming it)."""
     for field in fields:
-        value = getattr(cfg, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ZooError(f"{type(cfg).__name__}.{field} must be a positive int, got {value!r}")
+        require_positive_int(f"{type(cfg).__name__}.{field}", getattr(cfg, field), error=ZooError)
+
+
+class ByteSize(int):
+    """A size in bytes (> 0). Recipes and flags write it ``"256MiB"``, ``"1.5GiB"``, ``"300MB"``
+    or as a count; the recipe edge (:mod:`zoo.recipes`) parses it, once, into this int."""
 
 
 # --- Recipe sections ------------------------------------------------------------------------
@@ -49,8 +53,7 @@ DEFAULT_NOISE_PRNG = "philox4x32"  # the JAX PRNG that draws DP noise (zoo.dp.no
 class ModelSection:
     """Which preset, which backend, config field overrides (e.g. ``num_layers``), and where
     the weights start: ``init_from``, a zoo run directory (fresh weights when unset). A
-    fine-tune, a LoRA run (its base), ``zoo eval`` and ``zoo export`` all start from it.
-    Recipes written before it lived here set it as ``[freeze] init_from``; that still reads."""
+    fine-tune, a LoRA run (its base), ``zoo eval`` and ``zoo export`` all start from it."""
 
     preset: str = "mlp-s"
     backend: str = "nnx"
@@ -78,13 +81,20 @@ class DataConfig:
     vocabulary: str | None = None
 
     def __post_init__(self) -> None:
-        check_choice("data.layout", self.layout, LAYOUTS)
+        require_choice("data.layout", self.layout, LAYOUTS)
         if self.vocabulary is not None and not self.vocabulary.startswith("hf:"):  # hf:SRC: tokenizer.json
-            check_choice("data.vocabulary", self.vocabulary, ("bytes", "hf:SRC"))
-        if not 0.0 < self.eval_fraction < 1.0:
-            raise ZooError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
-        if self.seq_len is not None and self.seq_len <= 0:
-            raise ZooError(f"data.seq_len must be positive, got {self.seq_len!r}")
+            require_choice("data.vocabulary", self.vocabulary, ("bytes", "hf:SRC"))
+        below_one = math.nextafter(1.0, 0.0)
+        require_number(
+            "data.eval_fraction",
+            self.eval_fraction,
+            positive=True,
+            hi=below_one,
+            what="in (0, 1)",
+            error=ZooError,
+        )
+        if self.seq_len is not None:
+            require_positive_int("data.seq_len", self.seq_len, error=ZooError)
 
 
 @dataclass(frozen=True)
@@ -101,25 +111,35 @@ class OptimConfig:
     grad_clip_norm: float | None = 1.0
 
     def __post_init__(self) -> None:
-        check_choice("optim.name", self.name, OPTIMIZERS)
-        check_choice("optim.schedule", self.schedule, SCHEDULES)
-        if not 0 < self.lr < math.inf:
-            raise ZooError(f"optim.lr must be a finite number > 0, got {self.lr!r}")
-        if self.warmup_steps < 0:
-            raise ZooError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps!r}")
+        require_choice("optim.name", self.name, OPTIMIZERS)
+        require_choice("optim.schedule", self.schedule, SCHEDULES)
+        require_number(
+            "optim.lr", self.lr, positive=True, finite=True, what="a finite number > 0", error=ZooError
+        )
+        require_int("optim.warmup_steps", self.warmup_steps, lo=0, what=">= 0", error=ZooError)
         # By meaning: a negative end ratio drives the rate negative (the loss climbs), a
         # momentum of 1 or more never forgets a gradient, a negative decay grows the weights.
-        if not 0.0 <= self.end_lr_ratio <= 1.0:
-            raise ZooError(
-                f"optim.end_lr_ratio must be in [0, 1] (the final rate as a fraction of optim.lr), "
-                f"got {self.end_lr_ratio!r}"
+        require_number(
+            "optim.end_lr_ratio",
+            self.end_lr_ratio,
+            lo=0.0,
+            hi=1.0,
+            what="in [0, 1] (the final rate as a fraction of optim.lr)",
+            error=ZooError,
+        )
+        below_one = math.nextafter(1.0, 0.0)
+        require_number(
+            "optim.momentum", self.momentum, lo=0.0, hi=below_one, what="in [0, 1)", error=ZooError
+        )
+        require_number("optim.weight_decay", self.weight_decay, lo=0.0, what=">= 0", error=ZooError)
+        if self.grad_clip_norm is not None:
+            require_number(
+                "optim.grad_clip_norm",
+                self.grad_clip_norm,
+                positive=True,
+                what="> 0 or unset",
+                error=ZooError,
             )
-        if not 0.0 <= self.momentum < 1.0:
-            raise ZooError(f"optim.momentum must be in [0, 1), got {self.momentum!r}")
-        if not self.weight_decay >= 0.0:
-            raise ZooError(f"optim.weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
-            raise ZooError(f"optim.grad_clip_norm must be > 0 or unset, got {self.grad_clip_norm!r}")
 
 
 MAX_STEPS = 2**31 - 1  # the step counter of the training state is an int32
@@ -136,7 +156,7 @@ class TrainConfig:
     checkpoint_every: int = 200
     seed: int = 0
     remat: str = "none"  # a policy name, or "auto" with memory_budget
-    memory_budget: str | int | None = None  # "256MiB": what --remat auto must fit (temp + arguments)
+    memory_budget: ByteSize | None = None  # what --remat auto must fit (temp + arguments), in bytes
 
     def __post_init__(self) -> None:
         require_positive(
@@ -146,19 +166,18 @@ class TrainConfig:
             raise ZooError(
                 f"train.steps must be at most {MAX_STEPS:,} (an int32 step counter), got {self.steps}"
             )
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
-            raise ZooError(f"train.seed must be an int in [0, {MAX_SEED}], got {self.seed!r}")
-        from zoo.remat import AUTO, CUSTOM_PREFIX, get_policy, parse_bytes
-
+        require_int("train.seed", self.seed, lo=0, hi=MAX_SEED, error=ZooError)
         if self.memory_budget is not None:
-            parse_bytes(self.memory_budget)
+            require_positive_int("train.memory_budget (bytes)", self.memory_budget, error=ZooError)
+        from zoo.remat import AUTO, CUSTOM_PREFIX, get_policy
+
         if self.remat == AUTO:
             if self.memory_budget is None:
                 raise ZooError("--remat auto needs a budget to choose under: add --memory-budget 256MiB")
             return
         if self.memory_budget is not None:
             raise ZooError(
-                f"--memory-budget {self.memory_budget} only applies with --remat auto (the budget its "
+                f"--memory-budget {self.memory_budget:,} bytes only applies with --remat auto (the budget its "
                 f"choice must fit); train.remat is {self.remat!r}. Add --remat auto, or drop the budget "
                 "(--set train.memory_budget=none)"
             )
@@ -189,20 +208,12 @@ class LoraConfig:
     rank: int = 0
     alpha: float = 16.0
     targets: tuple[str, ...] = ()
-    dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
-            raise ZooError(f"lora.rank must be an int >= 0 (0: no adapters), got {self.rank!r}")
-        if not self.alpha > 0:
-            raise ZooError(f"lora.alpha must be > 0, got {self.alpha!r}")
+        require_int("lora.rank", self.rank, lo=0, what="an int >= 0 (0: no adapters)", error=ZooError)
+        require_number("lora.alpha", self.alpha, positive=True, what="> 0", error=ZooError)
         if self.rank and not self.targets:
             raise ZooError("lora.targets is empty: name the dense layers to adapt, e.g. attn.q|attn.v")
-        if self.dropout != 0:
-            raise ZooError(
-                f"lora.dropout={self.dropout!r} is not supported: zoo's models draw no dropout "
-                "randomness; use 0"
-            )
 
     @property
     def enabled(self) -> bool:
@@ -245,10 +256,8 @@ class MeshConfig:
     tensor: int = 1
 
     def __post_init__(self) -> None:
-        if self.data != "auto" and (
-            not isinstance(self.data, int) or isinstance(self.data, bool) or self.data < 1
-        ):
-            raise ZooError(f"mesh.data must be a positive int or 'auto', got {self.data!r}")
+        if self.data != "auto":
+            require_int("mesh.data", self.data, lo=1, what="a positive int or 'auto'", error=ZooError)
         require_positive(self, "fsdp", "tensor")
 
     @property

@@ -15,10 +15,3 @@ def choice_error(what: str, value: object, valid: Iterable[str]) -> ZooError:
     close = difflib.get_close_matches(str(value), valid, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return ZooError(f"unknown {what} {value!r}.{hint} Valid: {', '.join(valid)}.")
-
-
-def check_choice(what: str, value: str, valid: Iterable[str]) -> str:
-    valid = list(valid)
-    if value not in valid:
-        raise choice_error(what, value, valid)
-    return value

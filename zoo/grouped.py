@@ -10,7 +10,7 @@ Written as nested ``jax.checkpoint`` around nested ``lax.scan``, autodiff gets t
 right but pays twice in memory for it: every level slices its groups' parameters into a copy,
 and every level's backward stacks the parameter gradient of its sub-stack into a buffer of its
 own before the level above copies it into place: temp memory the schedule does not need
-(``benchmarks/grouped_backward.py`` measures both side by side; the table is in
+(``benchmarks/remat/grouped_backward.py`` measures both side by side; the table is in
 ``docs/remat.md``). Here the backward is written once, as a
 ``jax.custom_vjp``: each layer reads its parameters straight from the full stack by index, and
 the gradient of the whole stack is one buffer that every layer writes its slice of in place.

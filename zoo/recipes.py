@@ -1,8 +1,10 @@
-"""Recipes: TOML files validated into frozen dataclasses. Flags override fields.
+"""Recipes: TOML files validated into frozen dataclasses; :func:`override` replaces fields.
 
 A recipe has a name, a description and sections ``model``, ``data``, ``optim``, ``train``,
 ``dp``, ``freeze``, ``lora`` and ``mesh`` (the last two left out of the resolved form while
-they are off). Unknown sections or keys, and values of the wrong type, are errors.
+they are off). Unknown sections or keys, and values of the wrong type, are errors. The
+command line's flags and ``--set`` values reach a recipe through :func:`override`, as
+``{section: {field: value}}`` (``zoo.commands.settings`` parses them).
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ import json
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from zoo.checks import is_number, require_choice
 from zoo.configs import (
+    ByteSize,
     DataConfig,
     DPConfig,
     FreezeConfig,
@@ -29,6 +34,7 @@ from zoo.configs import (
 from zoo.dp import check_choices
 from zoo.errors import ZooError, choice_error
 from zoo.models.registry import check_backend, get_config
+from zoo.remat import parse_bytes
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,9 @@ class Recipe:
     freeze: FreezeConfig
     lora: LoraConfig
     mesh: MeshConfig = MeshConfig()
+
+    def __post_init__(self) -> None:
+        check_choices(self.dp)  # clipping and sampler name rows of zoo.dp's tables
 
     @property
     def model_config(self):
@@ -85,65 +94,74 @@ def _coerce(value, hint, where: str):
         if not isinstance(value, (list, tuple)):
             raise ZooError(f"{where} must be a list, got {value!r}")
         return tuple(_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(value))
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if hint is float and is_number(value):
         return float(value)
     if hint in (int, str, bool) and type(value) is hint:
         return value
     if hint is object:
         return value
+    if hint is ByteSize:  # "256MiB", "1.5GiB", "300MB" or a count: parsed here, once
+        return ByteSize(parse_bytes(value))
     name = getattr(hint, "__name__", str(hint))
     raise ZooError(f"{where} must be {name}, got {value!r} ({type(value).__name__})")
 
 
-def _section(cls: type, values: dict, where: str):
+def _section(base, values: Mapping[str, object], where: str):
+    """``base`` (a section) with ``values`` replaced, each checked against its field's type."""
+    cls = type(base)
     hints = typing.get_type_hints(cls)
     fields = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in values.items():
-        if key not in fields:
-            raise choice_error(f"key in [{where}]", key, fields)
+        require_choice(f"key in [{where}]", key, fields)
         kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
-    return cls(**kwargs)
+    return dataclasses.replace(base, **kwargs)
 
 
-def _model_section(values: dict) -> ModelSection:
+def model_section(values: Mapping[str, object], base: ModelSection | None = None) -> ModelSection:
+    """``base`` (default: the default section) with ``values`` replaced: ``preset``,
+    ``backend``, ``init_from``, and any other key a model config field override (added to
+    ``base``'s)."""
+    base = base or ModelSection()
     values = dict(values)
-    preset = values.pop("preset", ModelSection.preset)
-    backend = check_backend(values.pop("backend", ModelSection.backend))
-    init_from = _coerce(values.pop("init_from", None), str | None, "model.init_from")
+    preset = _coerce(values.pop("preset", base.preset), str, "model.preset")
+    backend = check_backend(values.pop("backend", base.backend))
+    init_from = _coerce(values.pop("init_from", base.init_from), str | None, "model.init_from")
     if "lora" in values:
         raise ZooError("model.lora is set by the [lora] section (or --lora), not as a model override")
-    get_config(preset, **values)  # validates preset and override names
-    return ModelSection(preset, backend, tuple(sorted(values.items())), init_from)
+    overrides = {**dict(base.overrides), **values}
+    get_config(preset, **overrides)  # validates preset and override names
+    return ModelSection(preset, backend, tuple(sorted(overrides.items())), init_from)
 
 
-# Keys that moved to another section: (old section, key) -> new section. Old recipe files and
-# the recipe.json of old run directories read the same; a value under the old key wins, as
-# ``with_values`` sets it there.
-_MOVED_KEYS = {("freeze", "init_from"): "model"}
-
-
-def _move_old_keys(doc: dict) -> dict:
-    doc = {k: dict(v) if isinstance(v, dict) else v for k, v in doc.items()}
-    for (old, key), new in _MOVED_KEYS.items():
-        if isinstance(doc.get(old), dict) and key in doc[old]:
-            doc.setdefault(new, {})[key] = doc[old].pop(key)
-    return doc
-
-
-def parse_recipe(doc: dict, default_name: str = "recipe") -> Recipe:
-    doc = _move_old_keys(doc)
+def parse_recipe(doc: Mapping[str, object], default_name: str = "recipe") -> Recipe:
+    """A recipe document (a TOML file's, or a run's ``recipe.json``) as a :class:`Recipe`."""
+    doc = dict(doc)
     name = doc.pop("name", default_name)
     description = doc.pop("description", "")
     for key in doc:
-        if key not in SECTIONS:
-            raise choice_error("recipe section", key, [*SECTIONS, "name", "description"])
-    sections = {"model": _model_section(doc.get("model", {}))}
+        require_choice("recipe section", key, [*SECTIONS, "name", "description"])
+    sections = {"model": model_section(doc.get("model", {}))}
     for key, cls in SECTIONS.items():
         if key != "model":
-            sections[key] = _section(cls, doc.get(key, {}), key)
-    check_choices(sections["dp"])  # clipping and sampler name rows of zoo.dp's tables
+            sections[key] = _section(cls(), doc.get(key, {}), key)
     return Recipe(name=name, description=description, **sections)
+
+
+def override(recipe: Recipe, changes: Mapping[str, Mapping[str, object]]) -> Recipe:
+    """``recipe`` with the fields in ``changes`` (``{"train": {"steps": 2}}``) replaced.
+
+    Values are checked as a recipe file's are (TOML types; ``"none"`` unsets an optional
+    field; a byte size may be written ``"256MiB"``), and each changed section is made with
+    :func:`dataclasses.replace`, so that its own checks see all of its new fields at once."""
+    sections = {}
+    for key, values in changes.items():
+        require_choice("recipe section", key, SECTIONS)
+        if key == "model":
+            sections[key] = model_section(values, recipe.model)
+        else:
+            sections[key] = _section(getattr(recipe, key), values, key)
+    return dataclasses.replace(recipe, **sections)
 
 
 def _builtin_dir():
@@ -196,7 +214,7 @@ def to_dict(recipe: Recipe) -> dict:
     for key in SECTIONS:
         section = getattr(recipe, key)
         if (key == "lora" and not section.enabled) or (key == "mesh" and section.is_default):
-            continue  # off: recipes (and the fingerprints of runs) from before LoRA read the same
+            continue  # off: the resolved form shows only the sections a run uses
         if key == "model":
             out[key] = {"preset": section.preset, "backend": section.backend, **dict(section.overrides)}
             if section.init_from is not None:
@@ -241,45 +259,6 @@ def _toml_value(value) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML form for {value!r} ({type(value).__name__})")
-
-
-def parse_value(text: str):
-    """A ``--set`` value: parsed as TOML (``3``, ``1e-3``, ``true``, ``[1, 2]``), else the bare
-    string (``--set data.dataset=digits``)."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text  # bare strings: --set data.dataset=digits
-
-
-def with_values(recipe: Recipe, values: dict[str, object]) -> Recipe:
-    """Override fields by dotted key (``{"train.steps": 10}``); the result is re-validated."""
-    doc = to_dict(recipe)
-    for key, value in values.items():
-        section, dot, field = key.partition(".")
-        if not dot or not field:
-            raise ZooError(f"expected section.field, got {key!r}")
-        if section not in SECTIONS:
-            raise choice_error("recipe section", section, SECTIONS)
-        doc.setdefault(section, {})[field] = value
-    return parse_recipe(doc, recipe.name)
-
-
-def set_values(assignments: list[str]) -> dict[str, object]:
-    """``section.field=value`` overrides as ``{"section.field": value}`` (values parsed as TOML,
-    else as strings; ``none`` unsets an optional field)."""
-    values = {}
-    for assignment in assignments:
-        key, sep, text = assignment.partition("=")
-        if not sep:
-            raise ZooError(f"--set expects section.field=value, got {assignment!r}")
-        values[key.strip()] = parse_value(text.strip())
-    return values
-
-
-def with_sets(recipe: Recipe, assignments: list[str]) -> Recipe:
-    """Apply ``section.field=value`` overrides (see :func:`set_values`)."""
-    return with_values(recipe, set_values(assignments))
 
 
 def list_recipes() -> list[Recipe]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import jax
 
 from zoo import names
-from zoo.errors import ZooError, choice_error
+from zoo.checks import is_int, require_choice
+from zoo.errors import ZooError
 
 cp = jax.checkpoint_policies
 
@@ -151,10 +152,8 @@ def parse_custom(spec: str) -> RematPolicy:
         if "=" not in item:
             raise ZooError(f"custom remat item {item!r} in {spec!r} must be NAME=device|offload|remat")
         name, placement = (part.strip() for part in item.split("=", 1))
-        if name not in names.ALL:
-            raise choice_error("activation name in custom remat spec", name, names.ALL)
-        if placement not in PLACEMENTS:
-            raise choice_error(f"placement for {name!r}", placement, PLACEMENTS)
+        require_choice("activation name in custom remat spec", name, names.ALL)
+        require_choice(f"placement for {name!r}", placement, PLACEMENTS)
         if name in saved or name in offloaded:
             raise ZooError(f"activation name {name!r} appears twice in {spec!r}")
         {"device": saved, "offload": offloaded, "remat": []}[placement].append(name)
@@ -167,8 +166,7 @@ def get_policy(name: str | RematPolicy) -> RematPolicy:
         return name
     if name.startswith(CUSTOM_PREFIX):
         return parse_custom(name)
-    if name not in POLICIES:
-        raise choice_error("remat policy", name, [*POLICIES, CUSTOM_PREFIX + "NAME=device|offload|remat,..."])
+    require_choice("remat policy", name, [*POLICIES, CUSTOM_PREFIX + "NAME=device|offload|remat,..."])
     return POLICIES[name]
 
 
@@ -184,7 +182,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "m
 
 def parse_bytes(text: str | int) -> int:
     """``"256MiB"``, ``"1.5GiB"``, ``"300MB"``, ``"4096"`` or an int -> bytes (> 0)."""
-    if isinstance(text, int) and not isinstance(text, bool):
+    if is_int(text):
         value, unit = float(text), ""
     else:
         import re

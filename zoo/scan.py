@@ -36,7 +36,12 @@ class StackPlan:
     frozen_prefix: int = 0
 
 
-def as_plan(remat: StackPlan | RematPolicy | str) -> StackPlan:
+# What a model's ``remat`` argument may be: a StackPlan, or a policy (or its name) for a
+# StackPlan with no frozen prefix.
+Remat = StackPlan | RematPolicy | str
+
+
+def as_plan(remat: Remat) -> StackPlan:
     if isinstance(remat, StackPlan):
         return remat
     return StackPlan(get_policy(remat))
@@ -114,7 +119,7 @@ def _scan(body, xs, h):
     return jax.lax.scan(lambda carry, x: body(x, carry), h, xs)
 
 
-def scan_layers(layer_fn: LayerFn, stacked_params, h, remat: StackPlan | RematPolicy | str = "none"):
+def scan_layers(layer_fn: LayerFn, stacked_params, h, remat: Remat = "none"):
     """Apply ``layer_fn`` once per layer along the leading axis of ``stacked_params``.
 
     ``remat`` names a policy (see :mod:`zoo.remat`) or gives a :class:`StackPlan`.

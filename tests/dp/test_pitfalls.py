@@ -10,21 +10,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE, random_params
-from numerics import assert_bitwise_equal, assert_close
 from scipy import stats
 
 import zoo
+from tests.conftest import FAST_COMPILE, random_params
+from tests.numerics import assert_bitwise_equal, assert_close
 from zoo import lora
 from zoo.configs import DataConfig, LoraConfig, OptimConfig
 from zoo.dp import accounting, clipping, ghost
 from zoo.dp.noise import add_gaussian_noise, noise_key
+from zoo.dp.plan import fixed_batch_plan
 from zoo.dp.sampling import PoissonSampler
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
-from zoo.train.engine import DPRuntime, Engine
+from zoo.train import engine as engine_lib
+from zoo.train.engine import Engine
 from zoo.train.state import make_optimizer
 
 CFG = zoo.get_config("mlp-s", d_in=6, d_hidden=8, num_layers=1, num_classes=3)  # an mlp-xs
@@ -56,14 +58,18 @@ def make_engine(method="vmap", sigma=SIGMA, microbatch=None, engine_cls=Engine):
         plan = lora.freeze_plan(cfg, setup)
     else:
         plan = resolve_freeze(params, freeze)
-    engine = engine_cls(
+    engine = engine_lib.make_engine(
         cfg,
         "nnx",
-        StackPlan(get_policy("none"), plan.frozen_prefix),
         plan,
         make_optimizer(OptimConfig(name="sgd", lr=0.1, schedule="constant"), 10, clip=False),
-        dp=DPRuntime(sigma, C, E, microbatch_size=microbatch or mb, clipping=kind),
+        stack=StackPlan(get_policy("none"), plan.frozen_prefix),
+        dp=fixed_batch_plan(
+            E, noise_multiplier=sigma, clip_norm=C, microbatch_size=microbatch or mb, clipping=kind
+        ),
     )
+    if engine_cls is not Engine:  # a planted bug: the same engine, one method replaced
+        engine = engine_cls(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)})
     state, frozen = engine.init_state(params, 0, jax.random.key(7))
     return engine, state, frozen
 
@@ -95,7 +101,7 @@ def release_fn(engine):
 
     def fn(state, frozen, b):
         clipped, norms, _ = engine.clipped_sum(state, frozen, b)
-        _, release = engine._dp_grads(state, frozen, b)
+        _, release, _ = engine._dp_grads(state, frozen, b)
         noise = jax.tree.map(lambda r, s: r * E - s, release, clipped)
         return clipped, norms, release, noise
 
@@ -161,9 +167,10 @@ def test_neighbour_replay_changes_only_the_clipped_sum_by_at_most_c(method):
 class RealisedNormaliser(Engine):
     """Planted: divides by the realised batch size instead of the public expected one."""
 
-    def _dp_grads(self, state, frozen, batch, canaries=None):
-        loss, grads = super()._dp_grads(state, frozen, batch)
-        return loss, jax.tree.map(lambda g: g * self.dp.expected_batch_size / batch["mask"].sum(), grads)
+    def _dp_grads(self, state, frozen, batch):
+        loss, grads, report = super()._dp_grads(state, frozen, batch)
+        scaled = jax.tree.map(lambda g: g * self.dp.expected_batch_size / batch["mask"].sum(), grads)
+        return loss, scaled, report
 
 
 def test_neighbour_replay_still_catches_a_realised_normaliser_and_skipped_clipping(monkeypatch):
@@ -308,9 +315,10 @@ def check_accountant_gets_the_samplers_q_and_t(run):
 @pytest.fixture(scope="module")
 def digits_run():
     from zoo import recipes
+    from zoo.commands import settings
     from zoo.train.run import build_run
 
-    recipe = recipes.with_values(
+    recipe = settings.with_values(
         recipes.load_recipe("digits-mlp-dp"),
         {"train.steps": 60, "dp.epsilon": None, "dp.noise_multiplier": 2.0, "model.d_hidden": 8},
     )
@@ -489,7 +497,10 @@ def check_precision():
         return jnp.sum(jnp.tanh(xi @ p["w"]).astype(jnp.float32))
 
     summed = reduce_dtypes(
-        lambda p: clipping.clipped_grad_sum(loss, p, x, l2_clip_norm=C, microbatch_size=2)[0], params
+        lambda p: clipping.clipped_grad_sum(loss, p, x, request=clipping.ClipRequest(C, microbatch_size=2))[
+            0
+        ],
+        params,
     )
     assert summed == {("scan", "float32")}, summed
     drawn = reduce_dtypes(
@@ -603,7 +614,7 @@ def neighbour_configs(tmp_path, data: DataConfig, preset: str, rows: list[str], 
     for i, lines in enumerate((rows, [*rows, extra])):
         path = tmp_path / f"{kind}{i}.{scheme}"
         path.write_text("\n".join(lines) + "\n")
-        task = load_task(dataclasses.replace(data, dataset=f"{scheme}:{path}"), kind, 0)
+        task = load_task(dataclasses.replace(data, dataset=f"{scheme}:{path}"), task=kind, seed=0)
         configs.append(fit_model_to_task(zoo.get_config(preset), task, preset, {}))
     return configs
 
@@ -653,10 +664,11 @@ def audit_with_noise(tmp_path, monkeypatch, inclusion=None) -> tuple[float, np.n
     from zoo import recipes
     from zoo.audit import run as audit_run
     from zoo.audit.report import audit
+    from zoo.commands import settings
 
     if inclusion is not None:
         monkeypatch.setattr(audit_run, "draw_inclusion", lambda m, seed: inclusion)
-    recipe = recipes.with_values(
+    recipe = settings.with_values(
         recipes.load_recipe("digits-mlp-dp"),
         {"train.steps": 3, "dp.epsilon": None, "dp.noise_multiplier": 1e6, "model.d_hidden": 8},
     )

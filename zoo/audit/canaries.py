@@ -89,6 +89,24 @@ class GradientCanaries:
         return replace(self, sampled=jnp.asarray(sampled, jnp.float32))
 
 
+CANARY_KEY = "canaries"  # where a white-box step's batch carries its GradientCanaries
+
+
+@dataclass(frozen=True)
+class WhiteBoxCanaries:
+    """The audit's transform of the clipped sum (the engine's ``clipped_sum_transform``,
+    :class:`zoo.dp.clipping.ClippedSumTransform`): the step's batch carries this step's
+    :class:`GradientCanaries` under :data:`CANARY_KEY`; their clipped gradients join the clipped
+    sum before the noise, and the step reports the release along each canary direction as
+    ``metrics["canary_projection"]`` ``[M]``."""
+
+    def add(self, grad_sum, plan, batch):
+        return batch[CANARY_KEY].add_clipped(grad_sum, plan)
+
+    def project(self, release, grad_sum, plan, batch) -> dict:
+        return {"canary_projection": batch[CANARY_KEY].project(release, grad_sum, plan)}
+
+
 def gradient_canaries(num_canaries: int, num_params: int, clip_norm: float, seed: int) -> GradientCanaries:
     """``M`` random unit directions over (a random subset of) ``num_params`` coordinates."""
     if num_params == 0:

@@ -17,13 +17,21 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from zoo.audit.canaries import audit_rng, draw_inclusion, example_canaries, gradient_canaries
-from zoo.dp import PoissonSampler, epsilon_spent, resolve_noise_multiplier
-from zoo.dp.sampling import padded_size_for
+from zoo.audit.canaries import (
+    CANARY_KEY,
+    WhiteBoxCanaries,
+    audit_rng,
+    draw_inclusion,
+    example_canaries,
+    gradient_canaries,
+)
+from zoo.checks import require_int
+from zoo.dp import PoissonSampler
+from zoo.dp.plan import make_plan, without_noise
 from zoo.errors import ZooError, choice_error
-from zoo.recipes import Recipe, with_values
+from zoo.recipes import Recipe, override
 from zoo.train.compiles import CompileCounter
-from zoo.train.engine import DPRuntime, Engine
+from zoo.train.engine import Engine
 from zoo.train.run import Run, build_run
 from zoo.train.state import make_optimizer, train_key
 
@@ -37,8 +45,12 @@ class AuditPlan:
     engine: Engine
     mode: str
     included: np.ndarray  # bool [M]
-    sampler: PoissonSampler | None  # None: a non-private recipe's uniform minibatches
     epsilon_claimed: float
+
+    @property
+    def sampler(self) -> PoissonSampler | None:
+        """The DP plan's sampler (None: a non-private recipe's uniform minibatches)."""
+        return self.engine.dp.sampler if self.engine.dp else None
 
     @property
     def num_canaries(self) -> int:
@@ -56,8 +68,7 @@ class AuditPlan:
 def check_request(recipe: Recipe, num_canaries: int, mode: str, confidence: float, no_noise: bool) -> None:
     if mode not in MODES:
         raise choice_error("mode", mode, MODES)
-    if isinstance(num_canaries, bool) or not isinstance(num_canaries, int) or num_canaries < 2:
-        raise ZooError(f"--canaries must be an integer >= 2 (half in, half out); got {num_canaries!r}")
+    require_int("--canaries", num_canaries, lo=2, what="an integer >= 2 (half in, half out)", error=ZooError)
     if not (isinstance(confidence, float | int) and 0 < confidence < 1):
         raise ZooError(f"--confidence must be in (0, 1), e.g. 0.95; got {confidence!r}")
     if not recipe.dp.enabled and mode == "whitebox":
@@ -71,7 +82,7 @@ def check_request(recipe: Recipe, num_canaries: int, mode: str, confidence: floa
 
 def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = False) -> AuditPlan:
     """Data, model, engine and sampler of the audited run, with canaries counted in."""
-    base = build_run(with_values(recipe, {"dp.enabled": False}))
+    base = build_run(override(recipe, {"dp": {"enabled": False}}))
     included = draw_inclusion(num_canaries, recipe.train.seed)
     if included.all() or not included.any():
         side = "in" if included.all() else "out"
@@ -80,34 +91,31 @@ def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = Fa
             f"{recipe.train.seed}; the audit compares included with excluded ones: use more canaries"
         )
     if not recipe.dp.enabled:
-        return AuditPlan(recipe, base, base.engine, mode, included, None, math.inf)
-    dp, steps = recipe.dp, recipe.train.steps
-    n_public = base.task.num_train + num_canaries // 2
-    q = dp.expected_batch_size / n_public
-    if no_noise:  # audit-only: clipping on, noise off, no privacy claimed
-        sigma, claimed = 0.0, math.inf
-    else:
-        sigma, _ = resolve_noise_multiplier(dp, n_public, steps)
-        claimed = epsilon_spent(
-            noise_multiplier=sigma, delta=dp.delta, sampling_prob=q, steps=steps, accountant=dp.accountant
-        )
-    # The real examples are drawn by their own sampler, the canaries by coins of their own
-    # (Batches.canaries_drawn): which real examples a step draws does not depend on which
-    # canaries are in. Black-box canaries are rows, so the padding has room for all of them.
-    rows = base.task.num_train + (num_canaries if mode == "blackbox" else 0)
-    pad = padded_size_for(rows, q)
-    multiple = dp.microbatch_size or 1
-    sampler = PoissonSampler(
-        num_examples=base.task.num_train,
-        sampling_prob=q,
-        padded_batch_size=-(-pad // multiple) * multiple,
+        return AuditPlan(recipe, base, base.engine, mode, included, math.inf)
+    # The plan of `zoo train` (one function: the same padding, truncation and mesh split),
+    # with the canaries as extra records: half of them are expected in, and the noise is
+    # calibrated for q = expected_batch_size / (N + M/2). The real examples are drawn by the
+    # plan's sampler, the canaries by coins of their own (Batches.canaries_drawn): which real
+    # examples a step draws does not depend on which canaries are in. Black-box canaries are
+    # rows, so the padding has room for all of them.
+    plan = make_plan(
+        recipe.dp,
+        base.task.num_train,
+        recipe.train.steps,
+        base.engine.layout,
         seed=recipe.train.seed,
+        canaries=num_canaries,
+        canary_rows=mode == "blackbox",
     )
-    runtime = DPRuntime(sigma, dp.clip_norm, q * n_public, dp.microbatch_size, dp.clipping, dp.noise_prng)
+    if no_noise:  # audit-only: clipping on, noise off, no privacy claimed
+        plan = without_noise(plan)
     engine = dataclasses.replace(
-        base.engine, optimizer=make_optimizer(recipe.optim, steps, clip=False), dp=runtime
+        base.engine,
+        optimizer=make_optimizer(recipe.optim, recipe.train.steps, clip=False),
+        dp=plan,
+        clipped_sum_transform=WhiteBoxCanaries() if mode == "whitebox" else base.engine.clipped_sum_transform,
     )
-    return AuditPlan(recipe, base, engine, mode, included, sampler, claimed)
+    return AuditPlan(recipe, base, engine, mode, included, plan.epsilon)
 
 
 @dataclass(frozen=True)
@@ -194,21 +202,20 @@ def train_with_canaries(plan: AuditPlan, progress=None, engine: Engine | None = 
     if whitebox:
         count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
         canaries = gradient_canaries(plan.num_canaries, count, recipe.dp.clip_norm, recipe.train.seed)
-        step_fn = jax.jit(engine.train_step_fn, donate_argnames="state")
     else:
         loss_before = canary_losses(engine, state, frozen, batches)
-        step_fn = engine.train_step
     projections, sampled_total = [], np.zeros((plan.num_canaries,), np.int64)
     with CompileCounter() as compiles:
         for step in range(plan.steps):
             batch, sampled = batches.at(step)
             sampled_total += sampled.astype(np.int64)
+            batch = engine.place_batch(batch)  # split over the mesh's batch axes, as in training
+            if whitebox:  # the canaries drawn this step travel with its batch
+                batch = {**batch, CANARY_KEY: canaries.at_step(sampled)}
             with compiles.track():
-                if whitebox:
-                    state, metrics, seen = step_fn(state, frozen, batch, canaries.at_step(sampled))
-                    projections.append(np.asarray(seen, np.float64))
-                else:
-                    state, metrics = step_fn(state, frozen, batch)
+                state, metrics = engine.train_step(state, frozen, batch)
+            if whitebox:
+                projections.append(np.asarray(metrics["canary_projection"], np.float64))
             if progress is not None:
                 progress(step + 1, float(metrics["loss"]))
     if whitebox:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 # Modules that define ``add_bench(bench_subparsers)``.
 BENCH_MODULES: tuple[str, ...] = (
     "zoo.bench.remat",
-    "zoo.bench.handwritten",  # zoo bench engine
+    "zoo.bench.engine",
     "zoo.bench.finetune",
     "zoo.bench.dp",
     "zoo.bench.scale",

@@ -47,9 +47,9 @@ import optax
 
 from zoo import bench
 from zoo.api import example_batch, example_labels
-from zoo.bench import dp_methods
+from zoo.bench import dp_rows
 from zoo.bench.common import median_ratio, memory_stats, positive_int, state_stepper, time_in_rounds
-from zoo.bench.dp_methods import (  # noqa: F401  (re-exported: the bench API)
+from zoo.bench.dp_rows import (  # noqa: F401  (re-exported: the bench API)
     BASELINE,
     CLIP,
     GHOST,
@@ -66,9 +66,7 @@ from zoo.errors import ZooError, choice_error
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig, check_backend, get_config
-from zoo.remat import get_policy
-from zoo.scan import StackPlan
-from zoo.train.engine import Engine
+from zoo.train.engine import make_engine
 from zoo.train.state import TrainState
 
 # Bench batch per preset: big enough that per-example gradients dominate the DP step, small
@@ -117,13 +115,7 @@ def _check_microbatch(k: int, batch: int) -> int:
 def _setup(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str], seed: int):
     params = canonical.init_params(cfg, seed)
     plan = resolve_freeze(params, list(freeze))
-    engine = Engine(
-        cfg=cfg,
-        backend=backend,
-        stack=StackPlan(get_policy("none"), plan.frozen_prefix),
-        freeze=plan,
-        optimizer=optax.sgd(LR, momentum=MOMENTUM),
-    )
+    engine = make_engine(cfg, backend, plan, optax.sgd(LR, momentum=MOMENTUM))
     return Setup(engine=engine, batch_size=batch, microbatch_size=microbatch), params
 
 
@@ -159,7 +151,7 @@ def bench_dp(
     backend = check_backend(backend)
     cfg, batch, seq = _config(model, batch, seq)
     microbatch = _check_microbatch(microbatch or max(1, batch // 8), batch)
-    rows = dp_methods.methods()  # the table as it is now
+    rows = dp_rows.methods()  # the table as it is now
     names = list(methods) if methods else default_methods()
     if BASELINE not in names:
         names.insert(0, BASELINE)

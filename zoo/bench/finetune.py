@@ -19,10 +19,11 @@ import numpy as np
 from zoo.api import example_batch, example_labels
 from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
 from zoo.configs import OptimConfig
+from zoo.dp.plan import fixed_batch_plan
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import get_config
-from zoo.train.engine import DPRuntime, Engine
+from zoo.train.engine import make_engine
 from zoo.train.state import make_optimizer
 from zoo.ui import emit_json, print_table
 
@@ -32,12 +33,12 @@ def _nbytes(tree) -> int:
 
 
 def _setup(cfg, backend, params, plan, policy, batch, dp=None):
-    engine = Engine(
-        cfg=cfg,
-        backend=backend,
+    engine = make_engine(
+        cfg,
+        backend,
+        plan,
+        make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000, clip=dp is None),
         stack=plan.stack_plan(policy),
-        freeze=plan,
-        optimizer=make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000, clip=dp is None),
         dp=dp,
     )
     state, frozen = engine.init_state(params, 0)
@@ -59,7 +60,7 @@ def _lora_runs(cfg, backend, params, spec: str, policy, data, batch):
     adapted = lora.adapted_config(cfg, setup)
     params = lora.initial_params(adapted, cfg, params, 0)
     plan = lora.freeze_plan(adapted, setup)
-    dp = DPRuntime(noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=float(batch), clipping="ghost")
+    dp = fixed_batch_plan(batch, noise_multiplier=1.0, clip_norm=1.0, clipping="ghost")
     return {
         "lora": _setup(adapted, backend, params, plan, policy, data),
         "dp-lora": _setup(adapted, backend, params, plan, policy, data, dp),

@@ -33,7 +33,7 @@ from zoo.models.registry import get_config, replace_checked
 from zoo.parallel import layout_for, parse_mesh
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
-from zoo.train.engine import Engine
+from zoo.train.engine import make_engine
 from zoo.train.state import make_optimizer
 from zoo.ui import emit_json, print_table
 
@@ -103,12 +103,12 @@ def _setup(cfg, backend, mesh_text, remat, params, batch):
     spec = parse_mesh(mesh_text)
     # A bench mesh may use fewer devices than there are (tensor=2 next to data=8): the first ones.
     layout = layout_for(cfg, spec, jax.devices()[: spec.devices] if spec.data else None)
-    engine = Engine(
-        cfg=cfg,
-        backend=backend,
+    engine = make_engine(
+        cfg,
+        backend,
+        resolve_freeze(params, ()),
+        make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000),
         stack=StackPlan(get_policy(remat)),
-        freeze=resolve_freeze(params, ()),
-        optimizer=make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000),
         layout=layout,
     )
     rows, ways = int(batch["x"].shape[0]), layout.spec.batch_ways

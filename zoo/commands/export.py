@@ -6,14 +6,15 @@ from zoo.ui import emit_json, print_table
 
 
 def run_export(args) -> int:
-    from zoo.train.lora_export import export  # orbax: loaded only for this verb
+    from zoo.lora.export import export
+    from zoo.train import checkpoint  # orbax: loaded only for this verb
 
     if args.format == "hf":  # a Hugging Face checkpoint directory (zoo.train.hf)
         from zoo.train.hf import export_hf
 
         result = export_hf(args.run_dir, args.out, adapter=args.adapter, step=args.step)
     else:
-        result = export(args.run_dir, args.out, merge=args.merge, step=args.step)
+        result = export(args.run_dir, args.out, merge=args.merge, step=args.step, checkpoints=checkpoint)
     if args.json:
         emit_json(result)
     else:

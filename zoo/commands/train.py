@@ -12,53 +12,64 @@ import numpy as np
 from rich.console import Console
 
 from zoo import recipes as recipe_lib
+from zoo.commands import settings
+from zoo.data.table import dataset_help
 from zoo.errors import ZooError
 from zoo.ui import console, emit_json, print_table
 
 # The training stack (orbax, datasets, the engine) is imported inside the commands that use
 # it, so that `zoo train --help` starts without it.
 
-FLAG_FIELDS = {  # flag dest -> recipe field
-    "backend": "model.backend",
-    "remat": "train.remat",
-    "memory_budget": "train.memory_budget",
-    "dataset": "data.dataset",
-    "steps": "train.steps",
-    "batch_size": "train.batch_size",
-    "lr": "optim.lr",
-    "seed": "train.seed",
-    "init_from": "model.init_from",
-    "freeze": "freeze.patterns",
+FLAG_FIELDS = {  # flag dest -> (section, field) of the recipe
+    "backend": ("model", "backend"),
+    "remat": ("train", "remat"),
+    "memory_budget": ("train", "memory_budget"),
+    "dataset": ("data", "dataset"),
+    "steps": ("train", "steps"),
+    "batch_size": ("train", "batch_size"),
+    "lr": ("optim", "lr"),
+    "seed": ("train", "seed"),
+    "init_from": ("model", "init_from"),
+    "freeze": ("freeze", "patterns"),
 }
 
 
-def resolve_recipe(args) -> recipe_lib.Recipe:
-    recipe = recipe_lib.load_recipe(args.recipe)
-    values = {
-        field: getattr(args, dest)
-        for dest, field in FLAG_FIELDS.items()
-        if getattr(args, dest, None) is not None
-    }
+def recipe_changes(args) -> dict[str, dict[str, object]]:
+    """The recipe fields that the flags and ``--set`` values of ``args`` set, parsed once, as
+    ``{section: {field: value}}``. Flags and --set land together, so that one may complete
+    another (--memory-budget with --set train.remat=auto); a --set wins over a flag."""
+    changes: dict[str, dict[str, object]] = {}
+    for dest, (section, field) in FLAG_FIELDS.items():
+        if getattr(args, dest, None) is not None:
+            changes.setdefault(section, {})[field] = getattr(args, dest)
     if getattr(args, "lora", None):
         from zoo.lora import parse_flag
 
-        values.update(parse_flag(args.lora))
+        lora = {key.removeprefix("lora."): value for key, value in parse_flag(args.lora).items()}
+        changes.setdefault("lora", {}).update(lora)
     if getattr(args, "mesh", None) is not None:  # --mesh '' is refused, not ignored
         from zoo.parallel.mesh import flag_values
 
-        values.update(flag_values(args.mesh))
-    # Flags and --set land together, so that one may complete another (--memory-budget with
-    # --set train.remat=auto); a --set wins over a flag for the same field.
-    values.update(recipe_lib.set_values(args.set or []))
-    if str(values.get("model.init_from", "")).startswith("hf:"):  # a Hugging Face checkpoint
+        changes.setdefault("mesh", {}).update(flag_values(args.mesh))
+    for section, values in settings.parse_sets(args.set or []).items():
+        changes.setdefault(section, {}).update(values)
+    return changes
+
+
+def resolve_recipe(args) -> recipe_lib.Recipe:
+    """The recipe ``args`` name, with its flags and ``--set`` values applied."""
+    recipe = recipe_lib.load_recipe(args.recipe)
+    changes = recipe_changes(args)
+    model = changes.get("model", {})
+    if str(model.get("init_from", "")).startswith("hf:"):  # a Hugging Face checkpoint
         from zoo.train.hf import import_cached
 
-        values["model.init_from"] = str(import_cached(values["model.init_from"][3:], recipe.model.backend))
-    recipe = recipe_lib.with_values(recipe, values) if values else recipe
+        model["init_from"] = str(import_cached(model["init_from"][3:], recipe.model.backend))
+    recipe = recipe_lib.override(recipe, changes) if changes else recipe
     if recipe.model.init_from:  # an import of a Hugging Face checkpoint brings its architecture
         from zoo.train.hf import with_imported_model
 
-        recipe = with_imported_model(recipe, values)
+        recipe = with_imported_model(recipe, model)
     return recipe
 
 
@@ -72,9 +83,7 @@ def add_recipe_flags(p) -> None:
         metavar="BYTES",
         help="with --remat auto: train with the fastest policy whose step fits, e.g. 256MiB",
     )
-    p.add_argument(
-        "--dataset", help="digits, python-docs, hf:NAME[:CONFIG], text:PATH, csv:PATH, parquet:PATH"
-    )
+    p.add_argument("--dataset", help=dataset_help())
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
@@ -169,7 +178,7 @@ def print_param_table(run, out: Console) -> None:
         f"parameters of {run.recipe.model.preset}",
         ["path", "shape", "count", "trainable"],
         [
-            (path, shape, f"{count:,}", run.freeze.is_trainable(path))
+            (path, shape, f"{count:,}", str(run.freeze.trainable(path)))
             for path, shape, count in _param_rows(run.params)
         ],
         out=out,
@@ -194,8 +203,8 @@ def run_eval(args) -> int:
     from zoo.train.summary import task_metrics
 
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
-    recipe = recipe_lib.with_values(
-        ckpt.recipe, {"model.init_from": str(args.checkpoint_dir), "freeze.patterns": []}
+    recipe = recipe_lib.override(
+        ckpt.recipe, {"model": {"init_from": str(args.checkpoint_dir)}, "freeze": {"patterns": []}}
     )
     run = build_run(recipe, choose_remat=False)
     state, frozen = run.engine.init_state(run.params, recipe.train.seed)
@@ -228,21 +237,12 @@ def run_eval(args) -> int:
 
 
 def _dp_guarantee(run, ckpt) -> dict:
-    """The ``(epsilon, delta)`` a DP checkpoint's parameters carry, truncation included: padded
-    as its run's summary says (runs from before truncation was accounted padded less), or as
-    the recipe pads now."""
-    import dataclasses
-
+    """The ``(epsilon, delta)`` a DP checkpoint's parameters carry, truncation included."""
     from zoo.dp.accounting import guaranteed_privacy
-    from zoo.train import runlog
 
-    sampler = run.dp.sampler
-    padded = (runlog.read_summary(ckpt.path) or {}).get("padded_batch_size")
-    if isinstance(padded, int) and padded > 0:
-        sampler = dataclasses.replace(sampler, padded_batch_size=padded)
     dp = run.recipe.dp
     return guaranteed_privacy(
-        sampler,
+        run.dp.sampler,
         noise_multiplier=run.dp.noise_multiplier,
         delta=dp.delta,
         steps=ckpt.step,
@@ -267,17 +267,17 @@ def run_params(args) -> int:
     target = Path(args.target)
     if (target / checkpoint.CHECKPOINT_DIR).exists():
         ckpt = checkpoint.load_checkpoint(target)
-        recipe = recipe_lib.with_values(ckpt.recipe, {"model.init_from": str(target)})
+        recipe = recipe_lib.override(ckpt.recipe, {"model": {"init_from": str(target)}})
     else:
         recipe = recipe_lib.load_recipe(args.target)
     if args.freeze:
-        recipe = recipe_lib.with_values(recipe, {"freeze.patterns": args.freeze})
+        recipe = recipe_lib.override(recipe, {"freeze": {"patterns": args.freeze}})
     run = build_run(recipe, choose_remat=False)
     if args.json:
         emit_json(
             {
                 "rows": [
-                    {"path": p, "shape": s, "count": c, "trainable": run.freeze.is_trainable(p)}
+                    {"path": p, "shape": s, "count": c, "trainable": str(run.freeze.trainable(p))}
                     for p, s, c in _param_rows(run.params)
                 ],
                 "trainable": run.freeze.trainable_count,

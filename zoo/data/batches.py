@@ -12,16 +12,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from zoo.checks import require_positive_int
 from zoo.data.dataset import Dataset
 from zoo.data.errors import DatasetError
 
 SPLITS = ("train", "eval")
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise DatasetError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def _split(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -35,7 +30,7 @@ def _split(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray | None]:
 def _tokens_for(ds: Dataset, split: str, seq_len: int | None) -> tuple[np.ndarray, int]:
     if seq_len is None:
         raise DatasetError(f"{ds.name!r} is an lm dataset: pass seq_len= to get token windows")
-    seq_len = _positive("seq_len", seq_len)
+    seq_len = require_positive_int("seq_len", seq_len, error=DatasetError)
     tokens, _ = _split(ds, split)
     if tokens.shape[0] < seq_len + 1:
         raise DatasetError(
@@ -63,7 +58,7 @@ def sample_batch(
     classify: rows drawn without replacement (with replacement only if batch_size > rows);
     ``seq_len`` is ignored. lm: ``batch_size`` windows starting at uniform random offsets.
     """
-    batch_size = _positive("batch_size", batch_size)
+    batch_size = require_positive_int("batch_size", batch_size, error=DatasetError)
     if ds.task == "lm":
         tokens, seq_len = _tokens_for(ds, split, seq_len)
         starts = rng.integers(0, tokens.shape[0] - seq_len, size=batch_size)
@@ -87,8 +82,10 @@ def eval_batches(
     batch is padded by repeating its first window with ``mask`` 0.
     At most ``max_batches`` batches are yielded when it is given.
     """
-    batch_size = _positive("batch_size", batch_size)
-    limit = None if max_batches is None else _positive("max_batches", max_batches)
+    batch_size = require_positive_int("batch_size", batch_size, error=DatasetError)
+    limit = (
+        None if max_batches is None else require_positive_int("max_batches", max_batches, error=DatasetError)
+    )
     if ds.task == "lm":
         tokens, seq_len = _tokens_for(ds, "eval", seq_len)
         starts = np.arange((tokens.shape[0] - 1) // seq_len) * seq_len

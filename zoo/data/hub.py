@@ -11,8 +11,8 @@ import datasets
 from datasets.exceptions import DatasetNotFoundError
 
 from zoo.data.errors import DatasetError
+from zoo.data.table import offline_forms
 
-OFFLINE_ALTERNATIVES = ("digits", "python-docs", "text:PATH[,PATH...]", "csv:PATH", "parquet:PATH")
 PROBE_TIMEOUT_S = 2.0
 _TRUE = {"1", "ON", "YES", "TRUE"}
 _NETWORK_HINTS = ("Connect", "Timeout", "Offline", "Network", "ProxyError")
@@ -61,7 +61,7 @@ def unreachable_reason(timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
 def offline_error(spec: str, reason: str) -> DatasetError:
     return DatasetError(
         f"cannot load {spec!r}: the Hugging Face Hub is not reachable ({reason}). "
-        f"Offline alternatives: {', '.join(OFFLINE_ALTERNATIVES)}."
+        f"Offline alternatives: {', '.join(offline_forms())}."
     )
 
 

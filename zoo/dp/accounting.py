@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from typing import TYPE_CHECKING
 
+from zoo.checks import is_int, is_number
 from zoo.configs import DPConfig
 from zoo.dp import bounds
 from zoo.dp.clipping import clipping_method
@@ -53,10 +53,6 @@ DEFAULT_PLD_DISCRETIZATION = 1e-4  # dp_accounting's own default
 SEARCH_PLD_DISCRETIZATION = 1e-3
 
 
-def _is_num(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def check_choices(cfg: DPConfig) -> None:
     """The named choices of an enabled config: sampler and clipping (rows of their tables,
     :data:`zoo.dp.sampling.SAMPLERS`, :data:`zoo.dp.clipping.CLIPPING`), accountant and noise
@@ -82,15 +78,11 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
     """
     if not cfg.enabled:
         return
-    if isinstance(num_examples, bool) or not isinstance(num_examples, numbers.Integral) or num_examples < 1:
+    if not is_int(num_examples) or num_examples < 1:
         raise ZooError(f"DP needs a positive number of training examples; got num_examples={num_examples!r}.")
     n = int(num_examples)
     check_choices(cfg)
-    if cfg.noise_seed is not None and not (
-        isinstance(cfg.noise_seed, numbers.Integral)
-        and not isinstance(cfg.noise_seed, bool)
-        and 0 <= cfg.noise_seed < 2**32
-    ):
+    if cfg.noise_seed is not None and not (is_int(cfg.noise_seed) and 0 <= cfg.noise_seed < 2**32):
         raise ZooError(
             f"noise_seed must be an int in [0, 2**32) (JAX keys hold 32 bits of a seed), or unset "
             f"for 64 secret bits from the OS; got noise_seed={cfg.noise_seed!r}."
@@ -103,26 +95,26 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
             " (--set dp.epsilon=none unsets a recipe's epsilon)."
         )
     if cfg.epsilon is not None and not (
-        _is_num(cfg.epsilon) and cfg.epsilon > 0 and math.isfinite(cfg.epsilon)
+        is_number(cfg.epsilon) and cfg.epsilon > 0 and math.isfinite(cfg.epsilon)
     ):
         raise ZooError(f"epsilon must be a finite number > 0; got epsilon={cfg.epsilon!r}.")
     if cfg.noise_multiplier is not None and not (
-        _is_num(cfg.noise_multiplier) and cfg.noise_multiplier > 0 and math.isfinite(cfg.noise_multiplier)
+        is_number(cfg.noise_multiplier) and cfg.noise_multiplier > 0 and math.isfinite(cfg.noise_multiplier)
     ):
         raise ZooError(
             f"noise_multiplier must be a finite number > 0 (0 gives no privacy); "
             f"got noise_multiplier={cfg.noise_multiplier!r}."
         )
-    if not (_is_num(cfg.delta) and cfg.delta > 0):
+    if not (is_number(cfg.delta) and cfg.delta > 0):
         raise ZooError(f"delta must be > 0; got delta={cfg.delta!r}.")
     if cfg.delta >= 1.0 / n:
         raise ZooError(
             f"delta={cfg.delta!r} must be < 1/num_examples = 1/{n} = {1.0 / n:.3g}; "
             "a larger delta allows releasing whole examples."
         )
-    if not (_is_num(cfg.clip_norm) and cfg.clip_norm > 0 and math.isfinite(cfg.clip_norm)):
+    if not (is_number(cfg.clip_norm) and cfg.clip_norm > 0 and math.isfinite(cfg.clip_norm)):
         raise ZooError(f"clip_norm must be a finite number > 0; got clip_norm={cfg.clip_norm!r}.")
-    if not (_is_num(cfg.expected_batch_size) and cfg.expected_batch_size > 0):
+    if not (is_number(cfg.expected_batch_size) and cfg.expected_batch_size > 0):
         raise ZooError(
             f"expected_batch_size must be > 0; got expected_batch_size={cfg.expected_batch_size!r}."
         )
@@ -134,7 +126,7 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
             "expected_batch_size or use more data."
         )
     mb = cfg.microbatch_size
-    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, numbers.Integral) or mb < 1):
+    if mb is not None and (not is_int(mb) or mb < 1):
         raise ZooError(f"microbatch_size must be a positive int or None; got microbatch_size={mb!r}.")
 
 
@@ -158,14 +150,14 @@ def _make_accountant(accountant: str, pld_discretization: float):
 
 
 def _check_common(delta: float, sampling_prob: float) -> None:
-    if not (_is_num(delta) and 0.0 < delta < 1.0):
+    if not (is_number(delta) and 0.0 < delta < 1.0):
         raise ZooError(f"delta must be in (0, 1); got delta={delta!r}.")
-    if not (_is_num(sampling_prob) and 0.0 < sampling_prob <= 1.0):
+    if not (is_number(sampling_prob) and 0.0 < sampling_prob <= 1.0):
         raise ZooError(f"sampling_prob must be in (0, 1]; got sampling_prob={sampling_prob!r}.")
 
 
 def _check_steps(steps: int) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+    if not is_int(steps) or steps < 0:
         raise ZooError(f"steps must be a non-negative int; got steps={steps!r}.")
     return int(steps)
 
@@ -188,7 +180,7 @@ def epsilon_spent(
     """Epsilon at ``delta`` after ``steps`` Poisson-subsampled Gaussian steps."""
     _check_common(delta, sampling_prob)
     steps = _check_steps(steps)
-    if not (_is_num(noise_multiplier) and noise_multiplier >= 0):
+    if not (is_number(noise_multiplier) and noise_multiplier >= 0):
         raise ZooError(f"noise_multiplier must be >= 0; got noise_multiplier={noise_multiplier!r}.")
     return _epsilon_spent(
         float(noise_multiplier), float(delta), float(sampling_prob), steps, accountant, pld_discretization
@@ -230,7 +222,7 @@ def calibrate_noise_multiplier(
     steps = _check_steps(steps)
     if steps == 0:
         raise ZooError("steps must be >= 1 to calibrate a noise multiplier; got steps=0.")
-    if not (_is_num(epsilon) and epsilon > 0 and math.isfinite(epsilon)):
+    if not (is_number(epsilon) and epsilon > 0 and math.isfinite(epsilon)):
         raise ZooError(f"epsilon must be a finite number > 0; got epsilon={epsilon!r}.")
     if accountant == "pld" and pld_discretization < SEARCH_PLD_DISCRETIZATION:
         sigma = _search_sigma(epsilon, delta, sampling_prob, steps, accountant, SEARCH_PLD_DISCRETIZATION)
@@ -278,7 +270,7 @@ def max_steps_within_budget(
 ) -> int:
     """Largest ``steps`` in ``[0, upper]`` with ``epsilon_spent(steps) <= epsilon`` (binary search)."""
     upper = _check_steps(upper)
-    if not (_is_num(epsilon) and epsilon > 0):
+    if not (is_number(epsilon) and epsilon > 0):
         raise ZooError(f"epsilon must be > 0; got epsilon={epsilon!r}.")
     spent = functools.partial(
         epsilon_spent,
@@ -331,7 +323,7 @@ TRUNCATION_SHARE = 1e-3
 def truncation_budget(*, delta: float, epsilon: float, steps: int, share: float = TRUNCATION_SHARE) -> float:
     """Per-step truncation probability ``p`` whose cost ``(1 + e^epsilon) * steps * p`` on delta
     (:func:`truncation_delta`) is ``share * delta``."""
-    if not (_is_num(epsilon) and epsilon >= 0):
+    if not (is_number(epsilon) and epsilon >= 0):
         raise ZooError(f"epsilon must be a number >= 0; got epsilon={epsilon!r}.")
     steps = max(_check_steps(steps), 1)
     return 0.0 if not epsilon < 700 else share * delta / (steps * (1.0 + math.exp(epsilon)))

@@ -19,20 +19,23 @@ recipe names a row. ``vmap`` (this module) and ``ghost`` (:mod:`zoo.dp.ghost`) a
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 
+from zoo.checks import is_number, require_positive_int
 from zoo.errors import choice_error
 
 PyTree = Any
 
 __all__ = [
+    "KEEP_SUM",
     "ClipModel",
+    "ClipRequest",
+    "ClippedSumTransform",
     "ClippingMethod",
     "clip_factor",
     "clipped_grad_sum",
@@ -56,9 +59,10 @@ class ClipModel:
     example_loss: Callable[..., jax.Array]
 
 
-# clip(model, trainable, frozen, batch, *, clip_norm, microbatch_size)
+# clip(model, trainable, frozen, batch, request: ClipRequest)
 #   -> (sum of clipped per-example grads, pre-clip norms [B], per-example losses [B])
-# ``batch`` holds ``x``, ``y`` and the 0/1 ``mask`` of padding rows.
+# ``batch`` holds ``x`` and ``y``; the request holds the clip norm, the microbatch size and the
+# 0/1 mask of the padding rows.
 ClipFn = Callable[..., tuple[PyTree, jax.Array, jax.Array]]
 
 
@@ -118,8 +122,74 @@ def clip_factor(norms: jax.Array, l2_clip_norm: float | jax.Array) -> jax.Array:
     return jnp.where(norms > clip, clip / safe, 1.0)
 
 
-def _is_static_number(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+class ClippedSumTransform(Protocol):
+    """What the DP step does to the clipped sum before the noise, and what it reports on the
+    release (the engine's ``clipped_sum_transform``). ``zoo audit``'s white-box canaries are
+    one (:class:`zoo.audit.canaries.WhiteBoxCanaries`): they add their clipped gradients and
+    report the release projected onto them. ``batch`` is the step's batch, so the transform's
+    per-step arrays travel with it."""
+
+    def add(self, grad_sum: PyTree, plan: Any, batch: dict) -> PyTree: ...
+
+    def project(self, release: PyTree, grad_sum: PyTree, plan: Any, batch: dict) -> dict[str, jax.Array]: ...
+
+
+@dataclass(frozen=True)
+class _KeepSum:
+    """The default transform: the clipped sum as it is, nothing reported."""
+
+    def add(self, grad_sum, plan, batch):
+        return grad_sum
+
+    def project(self, release, grad_sum, plan, batch):
+        return {}
+
+
+KEEP_SUM = _KeepSum()
+
+
+@dataclass(frozen=True)
+class ClipRequest:
+    """What a clipping call is asked for, checked once, when it is made.
+
+    ``clip_norm`` is the bound ``C``: each per-example gradient ``g`` is scaled by
+    ``min(1, C / ||g||)`` (global L2 norm over the differentiated leaves; a zero norm is left
+    as it is). ``float('inf')`` disables clipping. A Python number or a traced scalar (inside
+    ``jax.jit``); a static value must be > 0. ``microbatch_size``: process this many examples
+    at a time (the batch must be a multiple of it); ``None``: all at once. ``example_mask``
+    ``[B]``: examples with mask 0 (the padding of a Poisson batch) add exactly zero to the sum,
+    even with NaN or inf, and report norm and loss 0; a keep flag (``mask > 0``), not a weight.
+    """
+
+    clip_norm: float | jax.Array
+    microbatch_size: int | None = None
+    example_mask: jax.Array | None = None
+
+    def __post_init__(self):
+        if is_number(self.clip_norm) and not self.clip_norm > 0:
+            raise ValueError(
+                f"clip_norm must be > 0 (use float('inf') for no clipping); got {self.clip_norm!r}."
+            )
+        if self.microbatch_size is not None:
+            require_positive_int("microbatch_size", self.microbatch_size)
+
+    def keep(self, b: int) -> jax.Array:
+        """The keep flags ``[B]`` of a batch of ``b`` examples, after checking that the
+        microbatches and the mask fit it."""
+        k = self.microbatch_size
+        if k is not None and b % k != 0:
+            raise ValueError(
+                f"batch size {b} is not divisible by microbatch_size "
+                f"{k}; pad the batch to a multiple of "
+                f"{k} (and mask the padding) or pick another size."
+            )
+        if self.example_mask is None:
+            return jnp.ones((b,), dtype=bool)
+        if jnp.shape(self.example_mask) != (b,):
+            raise ValueError(
+                f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(self.example_mask)}."
+            )
+        return jnp.asarray(self.example_mask) > 0
 
 
 def _batch_size(batch: tuple) -> int:
@@ -143,35 +213,6 @@ def _batch_size(batch: tuple) -> int:
 def _acc_dtype(dtype) -> jnp.dtype:
     """Accumulate in at least float32 so bf16/fp16 sums do not lose mass."""
     return jnp.promote_types(dtype, jnp.float32)
-
-
-def _check_args(l2_clip_norm, microbatch_size, example_mask, b: int):
-    """``(microbatch size or None, keep flags [B])`` after checking the arguments."""
-    if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
-        raise ValueError(
-            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
-        )
-    if microbatch_size is not None:
-        if (
-            not isinstance(microbatch_size, numbers.Integral)
-            or isinstance(microbatch_size, bool)
-            or microbatch_size < 1
-        ):
-            raise ValueError(f"microbatch_size must be a positive int or None; got {microbatch_size!r}.")
-        microbatch_size = int(microbatch_size)
-        if b % microbatch_size != 0:
-            raise ValueError(
-                f"batch size {b} is not divisible by microbatch_size "
-                f"{microbatch_size}; pad the batch to a multiple of "
-                f"{microbatch_size} (and mask the padding) or pick another size."
-            )
-    if example_mask is None:
-        return microbatch_size, jnp.ones((b,), dtype=bool)
-    if jnp.shape(example_mask) != (b,):
-        raise ValueError(
-            f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
-        )
-    return microbatch_size, jnp.asarray(example_mask) > 0
 
 
 def _chunk_sum(per_example_loss, params, frozen, n_batch: int, l2_clip_norm):
@@ -210,13 +251,10 @@ def clipped_grad_sum(
     per_example_loss: Callable[..., jax.Array],
     params: PyTree,
     *batch: PyTree,
-    l2_clip_norm: float | jax.Array,
-    microbatch_size: int | None = None,
-    example_mask: jax.Array | None = None,
+    request: ClipRequest,
     frozen: PyTree | None = None,
-    return_losses: bool = False,
-) -> tuple[PyTree, jax.Array] | tuple[PyTree, jax.Array, jax.Array]:
-    """Sum of per-example clipped gradients and the pre-clip per-example norms.
+) -> tuple[PyTree, jax.Array, jax.Array]:
+    """Sum of per-example clipped gradients, the pre-clip per-example norms and losses.
 
     Args:
       per_example_loss: scalar loss of ONE example,
@@ -225,39 +263,27 @@ def clipped_grad_sum(
         ``example`` is one slice of each batch argument (no leading axis).
       params: pytree of float arrays to differentiate (any structure).
       *batch: arrays (or pytrees of arrays) sharing a leading example axis B.
-      l2_clip_norm: clip bound C. Each per-example gradient ``g`` is scaled by
-        ``min(1, C / ||g||)`` where ``||g||`` is the global L2 norm over all
-        leaves of ``params``.  A zero norm is left unchanged (no 0/0).
-        ``float('inf')`` disables clipping.  May be a Python number or a traced
-        scalar (e.g. inside ``jax.jit``).  A static value must be > 0.
-      microbatch_size: if given, process this many examples at a time with
-        ``jax.lax.scan`` over ``B // microbatch_size`` chunks (same result,
-        lower peak memory).  B must be divisible by it.
-      example_mask: optional float/bool ``[B]``; examples with mask 0 (e.g. the
-        padding slots of a Poisson batch) contribute exactly zero to the sum,
-        even if their gradient is NaN/inf, and their returned norm is 0.
-        Only 0/1 values are meaningful: the mask is used as a keep flag
-        (``mask > 0``), not as a weight.
+      request: the clip norm, the microbatch size (chunks of it are processed one after
+        another by ``jax.lax.scan``: the same result, lower peak memory) and the example
+        mask (:class:`ClipRequest`).
       frozen: optional pytree passed to the loss as a non-differentiated
         argument.  It gets no gradient, is not part of the returned pytree and
         does not enter the norm.
-      return_losses: also return the per-example losses ``[B]`` that the
-        per-example gradients were computed with (saves the caller a forward pass
-        for its metrics; masked examples report 0).
 
     Returns:
-      ``(grad_sum, norms)``: ``grad_sum`` has the structure and dtypes of
+      ``(grad_sum, norms, losses)``: ``grad_sum`` has the structure and dtypes of
       ``params`` (accumulated in at least float32); ``norms`` is float32 ``[B]``
       with the pre-clip global L2 norm of each example's gradient (0 for masked
-      examples).  With ``return_losses``, ``(grad_sum, norms, losses)``.
+      examples); ``losses`` ``[B]`` the per-example losses the gradients were computed
+      with (saves the caller a forward pass for its metrics; masked examples report 0).
 
     Examples whose gradient norm is not finite are dropped from the sum (their
     contribution is zero, which keeps the sensitivity bound) but their norm is
     still reported as inf/NaN so the caller can notice.
     """
     b = _batch_size(batch)
-    microbatch_size, keep_all = _check_args(l2_clip_norm, microbatch_size, example_mask, b)
-    chunk_sum = _chunk_sum(per_example_loss, params, frozen, len(batch), l2_clip_norm)
+    keep_all, microbatch_size = request.keep(b), request.microbatch_size
+    chunk_sum = _chunk_sum(per_example_loss, params, frozen, len(batch), request.clip_norm)
     if microbatch_size is None or microbatch_size == b:
         summed, (norms, losses) = chunk_sum(batch, keep_all)
     else:
@@ -279,23 +305,12 @@ def clipped_grad_sum(
         norms, losses = norms.reshape((b,)), losses.reshape((b,))
 
     summed = jax.tree.map(lambda s, p: s.astype(jnp.result_type(p)), summed, params)
-    return (summed, norms, losses) if return_losses else (summed, norms)
+    return summed, norms, losses
 
 
-def _vmap_clip(model: ClipModel, trainable, frozen, batch, *, clip_norm, microbatch_size):
-    def one_example(trainable, frozen, x, y):
-        return model.example_loss(trainable, frozen, x, y)
-
+def _vmap_clip(model: ClipModel, trainable, frozen, batch, request: ClipRequest):
     return clipped_grad_sum(
-        one_example,
-        trainable,
-        batch["x"],
-        batch["y"],
-        l2_clip_norm=clip_norm,
-        microbatch_size=microbatch_size,
-        example_mask=batch["mask"],
-        frozen=frozen,
-        return_losses=True,
+        model.example_loss, trainable, batch["x"], batch["y"], request=request, frozen=frozen
     )
 
 

@@ -8,12 +8,12 @@ coordinate is the (Poisson-subsampled) Gaussian mechanism that
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from zoo.checks import is_number
 from zoo.configs import DEFAULT_NOISE_PRNG
 from zoo.dp.philox import PARTITIONABLE_PHILOX
 from zoo.errors import choice_error
@@ -33,18 +33,14 @@ NOISE_PRNGS = ("philox4x32", "threefry2x32", "threefry4x32")
 NOISE_STREAM = 0x6E6F6973  # fold_in constant that separates the noise from other uses of a key
 
 
-def _static(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def _noise_std(noise_multiplier, l2_clip_norm):
-    if _static(noise_multiplier) and not noise_multiplier >= 0:
+    if is_number(noise_multiplier) and not noise_multiplier >= 0:
         raise ValueError(f"noise_multiplier must be >= 0; got {noise_multiplier!r}.")
-    if _static(l2_clip_norm) and not l2_clip_norm > 0:
+    if is_number(l2_clip_norm) and not l2_clip_norm > 0:
         raise ValueError(f"l2_clip_norm must be > 0; got {l2_clip_norm!r}.")
-    if _static(noise_multiplier) and noise_multiplier == 0:
+    if is_number(noise_multiplier) and noise_multiplier == 0:
         return 0.0  # avoid 0 * inf = NaN when clipping is disabled
-    if _static(l2_clip_norm) and l2_clip_norm == float("inf"):
+    if is_number(l2_clip_norm) and l2_clip_norm == float("inf"):
         raise ValueError(
             f"cannot add noise with noise_multiplier={noise_multiplier!r} to an "
             "unclipped sum (l2_clip_norm=inf): the sensitivity is unbounded."
@@ -74,7 +70,7 @@ def noise_key(key: jax.Array, prng: str | None = DEFAULT_NOISE_PRNG) -> jax.Arra
 def _sampling_key(key: jax.Array, partitioned: bool) -> jax.Array:
     """``key`` itself, or in a partitioned program a philox4x32 key's data under
     :mod:`zoo.dp.philox`'s twin: the same numbers, in a program Shardy can lower. On one
-    device JAX's own lowering (``lax.mulhi``) is faster (benchmarks/noise.py)."""
+    device JAX's own lowering (``lax.mulhi``) is faster (benchmarks/dp/noise.py)."""
     if partitioned and str(jax.random.key_impl(key)) == "philox4x32":
         return jax.random.wrap_key_data(jax.random.key_data(key), impl=PARTITIONABLE_PHILOX)
     return key
@@ -137,7 +133,7 @@ def privatize(
     not the realised batch size: dividing by the realised size would make the
     normaliser depend on private data (and on whether one example is present).
     """
-    if _static(expected_batch_size) and not expected_batch_size > 0:
+    if is_number(expected_batch_size) and not expected_batch_size > 0:
         raise ValueError(f"expected_batch_size must be > 0; got {expected_batch_size!r}.")
     noisy = add_gaussian_noise(
         grad_sum,

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from zoo.checks import require_int, require_number, require_positive_int
 
 __all__ = ["SAMPLERS", "PoissonSampler", "SamplerKind", "make_sampler", "padded_size_for", "register_sampler"]
 
@@ -41,20 +42,13 @@ _INT32_MAX = np.iinfo(np.int32).max
 
 
 def _check_q(q: float) -> float:
-    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not (0.0 < q <= 1.0):
-        raise ValueError(f"sampling probability q must be in (0, 1]; got {q!r}.")
-    return float(q)
-
-
-def _check_pos_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value!r}.")
-    return int(value)
+    q = require_number("sampling probability q", q, positive=True, hi=1.0, what="in (0, 1]")
+    return q
 
 
 def padded_size_for(num_examples: int, sampling_prob: float, truncation_prob: float = 1e-9) -> int:
     """Smallest ``s`` with ``P(Binomial(num_examples, sampling_prob) > s) <= truncation_prob``."""
-    n = _check_pos_int("num_examples", num_examples)
+    n = require_positive_int("num_examples", num_examples)
     q = _check_q(sampling_prob)
     if not (0.0 <= truncation_prob < 1.0):
         raise ValueError(f"truncation_prob must be in [0, 1); got {truncation_prob!r}.")
@@ -90,13 +84,12 @@ class PoissonSampler:
     seed: int
 
     def __post_init__(self):
-        n = _check_pos_int("num_examples", self.num_examples)
+        n = require_positive_int("num_examples", self.num_examples)
         if n > _INT32_MAX:
             raise ValueError(f"num_examples {n} does not fit int32 indices.")
         _check_q(self.sampling_prob)
-        _check_pos_int("padded_batch_size", self.padded_batch_size)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative int; got {self.seed!r}.")
+        require_positive_int("padded_batch_size", self.padded_batch_size)
+        require_int("seed", self.seed, lo=0, what="a non-negative int")
 
     @property
     def expected_batch_size(self) -> float:
@@ -112,30 +105,31 @@ class PoissonSampler:
         *,
         pad_to_multiple: int = 1,
         neighbours: bool = False,
+        population: int | None = None,
+        extra_rows: int = 0,
     ) -> PoissonSampler:
-        """Sampler with ``q = expected_batch_size / num_examples``.
+        """Sampler over ``num_examples`` with ``q = expected_batch_size / population``
+        (default ``population = num_examples``; the audit counts its canaries in it).
 
         ``padded_batch_size`` is the smallest size whose truncation probability
-        ``P(Binomial(N, q) > size)`` is at most ``truncation_prob``, rounded up
+        ``P(Binomial(N + extra_rows, q) > size)`` is at most ``truncation_prob``, rounded up
         to a multiple of ``pad_to_multiple`` (e.g. the clipping microbatch size).
-        ``neighbours=True`` bounds it for ``N + 1`` examples as well (the larger of
+        ``neighbours=True`` bounds it for one more example as well (the larger of
         two add/remove neighbours), as the privacy accounting of truncation needs.
+        ``extra_rows``: rows drawn at rate ``q`` besides the sampler's own (black-box canaries).
         """
-        n = _check_pos_int("num_examples", num_examples)
-        if (
-            isinstance(expected_batch_size, bool)
-            or not isinstance(expected_batch_size, numbers.Real)
-            or not expected_batch_size > 0
-        ):
-            raise ValueError(f"expected_batch_size must be > 0; got {expected_batch_size!r}.")
-        q = expected_batch_size / n
+        n = require_positive_int("num_examples", num_examples)
+        require_number("expected_batch_size", expected_batch_size, positive=True, what="> 0")
+        pop = n if population is None else require_positive_int("population", population)
+        q = expected_batch_size / pop
         if not q <= 1.0:
             raise ValueError(
                 f"sampling probability q = expected_batch_size / num_examples = "
-                f"{expected_batch_size}/{n} = {q!r} is outside (0, 1]."
+                f"{expected_batch_size}/{pop} = {q!r} is outside (0, 1]."
             )
-        m = _check_pos_int("pad_to_multiple", pad_to_multiple)
-        size = padded_size_for(n + 1 if neighbours else n, q, truncation_prob)
+        m = require_positive_int("pad_to_multiple", pad_to_multiple)
+        rows = n + require_int("extra_rows", extra_rows, lo=0) + (1 if neighbours else 0)
+        size = padded_size_for(rows, q, truncation_prob)
         size = -(-size // m) * m
         return cls(num_examples=n, sampling_prob=q, padded_batch_size=size, seed=seed)
 
@@ -150,8 +144,7 @@ class PoissonSampler:
         batch is truncated to ``P`` random examples, ``realised`` is ``P`` and a
         ``RuntimeWarning`` is issued (its cost on delta: ``zoo.dp.accounting.truncation_delta``).
         """
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-            raise ValueError(f"step must be a non-negative int; got {step!r}.")
+        require_int("step", step, lo=0, what="a non-negative int")
         rng = np.random.default_rng([int(self.seed), int(step)])
         n, p = self.num_examples, self.padded_batch_size
         drawn = int(rng.binomial(n, self.sampling_prob))
@@ -180,7 +173,8 @@ class PoissonSampler:
 @dataclass(frozen=True)
 class SamplerKind:
     """A row of the sampler table: ``make(num_examples, expected_batch_size, seed,
-    truncation_prob, pad_to_multiple)`` returns a sampler with ``batch_indices(step) -> (indices, mask,
+    truncation_prob, *, pad_to_multiple, population, extra_rows)`` (as
+    :meth:`PoissonSampler.for_expected_batch`) returns a sampler with ``batch_indices(step) -> (indices, mask,
     realised)``, ``sampling_prob``, ``padded_batch_size`` and ``expected_batch_size``.
     The accountant (:mod:`zoo.dp.accounting`) models Poisson subsampling: a sampler added here
     must draw batches that the accounting holds for."""
@@ -208,14 +202,23 @@ def make_sampler(
     truncation_prob: float,
     *,
     pad_to_multiple: int = 1,
+    population: int | None = None,
+    extra_rows: int = 0,
 ):
     """The sampler ``name`` (a row of :data:`SAMPLERS`) for a run, padded so that a draw from
     either of two neighbouring datasets is truncated with probability at most
-    ``truncation_prob`` per step."""
+    ``truncation_prob`` per step (``population``, ``extra_rows``: see
+    :meth:`PoissonSampler.for_expected_batch`)."""
     if name not in SAMPLERS:
         raise ValueError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
     return SAMPLERS[name].make(
-        num_examples, expected_batch_size, seed, truncation_prob, pad_to_multiple=pad_to_multiple
+        num_examples,
+        expected_batch_size,
+        seed,
+        truncation_prob,
+        pad_to_multiple=pad_to_multiple,
+        population=population,
+        extra_rows=extra_rows,
     )
 
 

@@ -24,6 +24,6 @@ Typical use::
 """
 
 from zoo.freeze.patterns import Pattern, parse_pattern
-from zoo.freeze.plan import STACK, FreezePlan, plan_of, resolve_freeze
+from zoo.freeze.plan import STACK, FreezePlan, Trainable, plan_of, resolve_freeze
 
-__all__ = ["STACK", "FreezePlan", "Pattern", "parse_pattern", "plan_of", "resolve_freeze"]
+__all__ = ["STACK", "FreezePlan", "Pattern", "Trainable", "parse_pattern", "plan_of", "resolve_freeze"]

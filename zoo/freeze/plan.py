@@ -11,6 +11,7 @@ from types import MappingProxyType
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.checks import is_int
 from zoo.errors import ZooError
 from zoo.freeze.patterns import Pattern, parse_pattern
 from zoo.models.paths import flat_by_path, nest_by_path
@@ -39,6 +40,39 @@ def _count(shape) -> int:
 def _span_text(rows: Sequence[int]) -> str:
     """(0, 1, 3) -> '0:2,3:4'."""
     return ",".join(f"{a}:{b}" for flag, a, b in _runs([i in rows for i in range(max(rows) + 1)]) if flag)
+
+
+@dataclass(frozen=True)
+class Trainable:
+    """How much of one canonical leaf trains (:meth:`FreezePlan.trainable`).
+
+    ``layers``: the trainable layers of a stacked leaf (every one of ``num_layers`` when it
+    trains whole; ``()`` when frozen); ``None`` for a non-stacked leaf, which trains whole or
+    not at all (``whole``). ``str()`` is what a parameter table prints: ``yes``, ``no`` or, for
+    a partly frozen stacked leaf, the trainable layers as slices (``layers 2:4 of 4``,
+    ``layers 0:1,3:4 of 4``).
+    """
+
+    whole: bool  # every scalar of the leaf trains
+    layers: tuple[int, ...] | None = None
+    num_layers: int = 0
+
+    @property
+    def none(self) -> bool:
+        """No scalar of the leaf trains."""
+        return not self.whole and not self.layers
+
+    @property
+    def partial(self) -> bool:
+        """Some layers of a stacked leaf train and some are frozen."""
+        return not self.whole and bool(self.layers)
+
+    def __str__(self) -> str:
+        if self.whole:
+            return "yes"
+        if self.none:
+            return "no"
+        return f"layers {_span_text(self.layers)} of {self.num_layers}"
 
 
 @dataclass(frozen=True)
@@ -91,19 +125,13 @@ class FreezePlan:
         frozen = set(self.frozen_rows.get(dotted_path, ()))
         return tuple(i for i in range(self.num_layers) if i not in frozen)
 
-    def is_trainable(self, dotted_path: str) -> str:
-        """For a parameter table: ``"yes"``, ``"no"``, or, for a partly frozen stacked leaf,
-        the trainable layers as slices, e.g. ``"layers 2:4 of 4"`` or ``"layers 0:1,3:4 of 4"``.
-        """
+    def trainable(self, dotted_path: str) -> Trainable:
+        """How much of one leaf trains: whole, not at all, or some layers of a stacked leaf."""
         self._check(dotted_path)
-        if dotted_path in self.frozen_leaves:
-            return "no"
         rows = self.trainable_rows(dotted_path)
-        if rows is None or len(rows) == self.num_layers:
-            return "yes"
-        if not rows:
-            return "no"
-        return f"layers {_span_text(rows)} of {self.num_layers}"
+        if rows is None:
+            return Trainable(dotted_path not in self.frozen_leaves)
+        return Trainable(len(rows) == self.num_layers, rows, self.num_layers)
 
     def frozen_count_of(self, dotted_path: str) -> int:
         """Frozen scalars in one leaf."""
@@ -165,7 +193,7 @@ class FreezePlan:
         concatenation, so the result is bitwise equal to the original and its gradient with
         respect to ``trainable`` is the corresponding rows of the full gradient."""
         t_flat, f_flat = flat_by_path(trainable), flat_by_path(frozen)
-        expected_t = {p for p in self.shapes if self.is_trainable(p) != "no"}
+        expected_t = {p for p in self.shapes if not self.trainable(p).none}
         expected_f = {p for p in self.shapes if self.frozen_count_of(p)}
         for name, got, want in (("trainable", t_flat, expected_t), ("frozen", f_flat, expected_f)):
             if set(got) != want:
@@ -234,9 +262,7 @@ def _no_match(pattern: Pattern, shapes) -> ZooError:
 
 
 def _is_shape(value) -> bool:
-    return isinstance(value, (tuple, list)) and all(
-        isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in value
-    )
+    return isinstance(value, (tuple, list)) and all(is_int(d) for d in value)
 
 
 def _shapes_of(params_or_shapes) -> dict[str, tuple[int, ...]]:

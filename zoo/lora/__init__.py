@@ -1,8 +1,16 @@
-"""LoRA fine-tuning: which dense layers get adapters, and the freeze plan that trains only them.
+"""LoRA fine-tuning in one package: the adapter op, its spec, setup, merge and export.
 
-The adapters themselves (their math, both backends, the canonical leaves) are in
-:mod:`zoo.models.lora`. Here a recipe's ``[lora]`` section (``zoo train --lora
-rank=8,alpha=16,targets=attn.q|attn.v``) is resolved against a model config:
+* :mod:`zoo.lora.adapter`: the adapters themselves (:class:`LoraSpec`, their math on both
+  backends, their canonical leaves). ``zoo.models`` never imports this package: a config's
+  ``lora`` field holds the spec opaquely and this module registers the rest with
+  :mod:`zoo.models.extensions` at import (``import zoo`` imports it).
+* :mod:`zoo.lora.setup` and :mod:`zoo.lora.flags`: a recipe's ``[lora]`` section (the
+  ``LoraConfig`` of :mod:`zoo.configs`, with the other recipe sections; ``zoo train --lora
+  rank=8,alpha=16,targets=attn.q|attn.v``) resolved against a model config;
+* :mod:`zoo.lora.merge`: adapters folded into their base weights;
+* :mod:`zoo.lora.export`: a LoRA run as a plain checkpoint (the checkpoint I/O passed in).
+
+Resolving a ``[lora]`` section:
 
 * each target pattern is matched against the config's dense layers (``blocks.attn.q``,
   ``head``...) with the rules of ``--freeze`` patterns; a pattern without a ``blocks`` prefix
@@ -12,9 +20,9 @@ rank=8,alpha=16,targets=attn.q|attn.v``) is resolved against a model config:
   the base gets the three guarantees of frozen layers: no gradient, no optimizer state, bitwise
   unchanged.
 
-Writing a LoRA run out as a plain checkpoint is checkpoint I/O: :mod:`zoo.train.lora_export`.
 """
 
+from zoo.lora.adapter import LoraSpec, adapter_paths, is_adapter_path
 from zoo.lora.flags import FLAG_KEYS, check_section, parse_flag, section_from_flag
 from zoo.lora.setup import (
     LoraSetup,
@@ -29,12 +37,15 @@ from zoo.lora.setup import (
 __all__ = [
     "FLAG_KEYS",
     "LoraSetup",
+    "LoraSpec",
+    "adapter_paths",
     "adapted_config",
     "adapters_of",
     "check_section",
     "dense_paths",
     "freeze_plan",
     "initial_params",
+    "is_adapter_path",
     "parse_flag",
     "resolve",
     "section_from_flag",

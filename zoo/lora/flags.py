@@ -6,11 +6,11 @@ from __future__ import annotations
 from zoo.configs import FreezeConfig, LoraConfig
 from zoo.errors import ZooError
 
-FLAG_KEYS = {"rank": int, "alpha": float, "targets": str, "dropout": float}
+FLAG_KEYS = {"rank": int, "alpha": float, "targets": str}
 
 
 def parse_flag(text: str) -> dict:
-    """``rank=8,alpha=16,targets=attn.q|attn.v[,dropout=0]`` -> ``{"lora.rank": 8, ...}``."""
+    """``rank=8,alpha=16,targets=attn.q|attn.v`` -> ``{"lora.rank": 8, ...}``."""
     values = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, sep, value = item.partition("=")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from zoo.models.lora import LoraSpec, adapter_paths, is_adapter_path
+from zoo.lora.adapter import LoraSpec, adapter_paths, is_adapter_path
 from zoo.models.paths import flat_by_path, nest_by_path
 
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from zoo.configs import LoraConfig
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, parse_pattern, plan_of
+from zoo.lora.adapter import LoraSpec, adapter_paths, is_adapter_path
 from zoo.models import canonical
-from zoo.models.lora import LoraSpec, adapter_paths, is_adapter_path
+from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import STACK, ModelConfig
 
 
@@ -116,13 +117,11 @@ def initial_params(cfg: ModelConfig, source_cfg: ModelConfig, source_params: dic
         )
     base = dataclasses.replace(cfg, lora=None)
     canonical.check_params(base, source_params)
-    flat = canonical.flat_by_path(source_params)
-    flat.update(canonical.flat_by_path(canonical.init_adapters(cfg, seed)))
-    return canonical.nest_by_path(flat)
+    flat = flat_by_path(source_params)
+    flat.update(flat_by_path(canonical.init_adapters(cfg, seed)))
+    return nest_by_path(flat)
 
 
 def adapters_of(params: dict) -> dict:
     """The adapter leaves of canonical params: what a LoRA run's checkpoints hold."""
-    return canonical.nest_by_path(
-        {p: x for p, x in canonical.flat_by_path(params).items() if is_adapter_path(p)}
-    )
+    return nest_by_path({p: x for p, x in flat_by_path(params).items() if is_adapter_path(p)})

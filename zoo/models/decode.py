@@ -22,10 +22,8 @@ import importlib
 import math
 from typing import NamedTuple
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 _NEG = -1e30  # masked scores: finite, so a row with nothing to read gives zeros, not NaN
 
@@ -112,12 +110,10 @@ def cache_bytes(cfg, length: int, dtype) -> int:
 
 def _layers(blocks):
     """``(merge, stacked)``: the stacked blocks' arrays (leading layer axis) and the function
-    that makes one layer's block module from its slice (NNX or Equinox)."""
-    if isinstance(blocks, nnx.Module):
-        graphdef, stacked = nnx.split(blocks)
-        return (lambda layer: nnx.merge(graphdef, layer)), stacked
-    stacked, static = eqx.partition(blocks, eqx.is_array)
-    return (lambda layer: eqx.combine(layer, static)), stacked
+    that makes one layer's block module from its slice (the backend's adapter)."""
+    from zoo.models import backends
+
+    return backends.of(blocks).layer_modules(blocks)
 
 
 def forward(cfg, backend: str, params, cache: Cache, tokens, positions, pad, slot, *, prefill: bool):

@@ -1,24 +1,23 @@
 """The op set both backends write their math over, plus input checks and attention.
 
 Parametrised ops (:func:`dense`, :func:`layer_norm`, :func:`rms_norm`, :func:`embed`,
-:func:`positions`) take the backend's layer (an NNX or Equinox ``Linear``, ``LayerNorm``,
-``RMSNorm``, ``Embed``/``Embedding``) and batched inputs, and report their output to the active
-:mod:`zoo.hooks` (ghost clipping's probes and norm taps). Everything else here is a pure
-function on arrays.
+:func:`positions`, :func:`conv`) take the backend's layer (an NNX or Equinox ``Linear``,
+``LayerNorm``, ``RMSNorm``, ``Embed``/``Embedding``, ``Conv``) and batched inputs, and report
+their output to the active :mod:`zoo.hooks` (ghost clipping's probes and norm taps). They read
+the layer's arrays through its backend's adapter (:mod:`zoo.models.backends`), as canonical
+leaves, so nothing here tells the backends apart. Everything else is a pure function on arrays.
 """
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.experimental import checkify
 
 from zoo import hooks
 from zoo.hooks import report
-from zoo.models.lora import LoraLinear
+from zoo.models import backends, extensions
 
 ACTIVATIONS = {"gelu": jax.nn.gelu, "tanh": jnp.tanh, "relu": jax.nn.relu}
 
@@ -84,51 +83,32 @@ def check_concrete_ids(x: jax.Array, vocab_size: int) -> None:
 
 # --- Parametrised ops ---------------------------------------------------------------------
 # NNX keeps arrays as they are in the canonical tree (a kernel is [in, out]); Equinox keeps a
-# Linear weight as [out, in]. Hooks find an op's site by the identity of its arrays, so only
-# untouched canonical arrays (NNX's) are recognised; ghost clipping runs the NNX model.
-
-
-def _value(param):
-    return param[...] if isinstance(param, nnx.Variable) else param
-
-
-def _linear(layer) -> dict[str, jax.Array]:
-    if isinstance(layer, nnx.Linear):
-        params = {"w": _value(layer.kernel), "b": None if layer.bias is None else _value(layer.bias)}
-    elif isinstance(layer, (eqx.nn.Linear, LoraLinear)):
-        params = {"w": layer.weight.T, "b": layer.bias}
-    else:
-        raise TypeError(f"dense() needs an nnx.Linear or eqx.nn.Linear, got {type(layer).__name__}")
-    return {k: v for k, v in params.items() if v is not None}
+# Linear weight as [out, in], and its adapter hands the op the canonical (transposed) view.
+# Hooks find an op's site by the identity of its arrays, so only untouched canonical arrays
+# (NNX's) are recognised; ghost clipping runs the NNX model.
 
 
 def dense(layer, x: jax.Array) -> jax.Array:
     """``x @ w + b`` over the last axis of ``x`` ([..., d_in] -> [..., d_out]).
 
-    A layer with a low-rank adapter (:mod:`zoo.models.lora`) adds ``scale * (x @ A) @ B``,
-    each half reported as a dense op of its own."""
-    params = _linear(layer)
+    A layer with an extension registered in :mod:`zoo.models.extensions` (a low-rank adapter,
+    :mod:`zoo.lora.adapter`) adds what the extension computes (the adapter's two halves, each
+    reported as a dense op of its own)."""
+    params, _ = backends.op_params(layer, "dense")
     z = x @ params["w"]
     if "b" in params:
         z = z + params["b"]
     z = report("dense", z, params, x)
-    if getattr(layer, "lora_a", None) is not None:
-        z = z + layer.lora_scale * dense(layer.lora_b, dense(layer.lora_a, x))
+    for extension in extensions.dense_hooks():
+        delta = extension(layer, x)
+        if delta is not None:
+            z = z + delta
     return z
 
 
 def _norm_params(layer) -> tuple[dict[str, jax.Array], float]:
-    if isinstance(layer, (nnx.LayerNorm, nnx.RMSNorm)):
-        params = {
-            "scale": _value(layer.scale),
-            "b": _value(layer.bias) if getattr(layer, "bias", None) is not None else None,
-        }
-        eps = layer.epsilon
-    elif isinstance(layer, (eqx.nn.LayerNorm, eqx.nn.RMSNorm)):
-        params, eps = {"scale": layer.weight, "b": layer.bias}, layer.eps
-    else:
-        raise TypeError(f"a norm op needs an NNX or Equinox LayerNorm/RMSNorm, got {type(layer).__name__}")
-    return {k: v for k, v in params.items() if v is not None}, eps
+    params, attrs = backends.op_params(layer, "norm")
+    return params, attrs["eps"]
 
 
 def _scale_shift(kind: str, xhat: jax.Array, params: dict) -> jax.Array:
@@ -158,19 +138,11 @@ def layer_stack(blocks):
     """``(layer_fn, stacked params)`` of a model's stacked blocks (an NNX module built under
     ``nnx.vmap`` or an Equinox module built under ``eqx.filter_vmap``): the pure per-layer
     function and the arrays that :func:`zoo.scan.scan_layers` scans over."""
-    if isinstance(blocks, nnx.Module):
-        graphdef, stacked = nnx.split(blocks)
-        return (lambda layer, h: nnx.merge(graphdef, layer)(h)), stacked
-    stacked, static = eqx.partition(blocks, eqx.is_array)
-    return (lambda layer, h: eqx.combine(layer, static)(h)), stacked
+    return backends.of(blocks).layer_stack(blocks)
 
 
 def _table(layer) -> jax.Array:
-    if isinstance(layer, nnx.Embed):
-        return _value(layer.embedding)
-    if isinstance(layer, eqx.nn.Embedding):
-        return layer.weight
-    raise TypeError(f"a table op needs an nnx.Embed or eqx.nn.Embedding, got {type(layer).__name__}")
+    return backends.op_params(layer, "table")[0]["w"]
 
 
 def embed(layer, ids: jax.Array) -> jax.Array:
@@ -199,7 +171,7 @@ def positions(layer, like: jax.Array) -> jax.Array:
 # --- Convolution and pooling --------------------------------------------------------------
 # Images are NHWC. The canonical conv kernel is ``w`` [kh, kw, in, out] (HWIO, a dense
 # weight's [in, out] after the window axes) and its bias ``b`` [out]. NNX keeps that layout;
-# Equinox keeps [out, in, kh, kw] and a bias [out, 1, 1] (zoo.models.canonical maps both).
+# Equinox keeps [out, in, kh, kw] and a bias [out, 1, 1] (its backend adapter maps both).
 
 
 def _pairs(value, n: int = 2) -> tuple:
@@ -208,22 +180,12 @@ def _pairs(value, n: int = 2) -> tuple:
 
 def _conv_geometry(layer) -> tuple[dict[str, jax.Array], tuple[int, int], tuple[tuple[int, int], ...]]:
     """``(params, strides, padding)`` of an NNX or Equinox 2-D conv, params canonical."""
-    if isinstance(layer, nnx.Conv):
-        params = {"w": _value(layer.kernel), "b": None if layer.bias is None else _value(layer.bias)}
-        strides, padding = _pairs(layer.strides), layer.padding
-    elif isinstance(layer, eqx.nn.Conv):
-        w = layer.weight
-        params = {
-            "w": jnp.transpose(w, (2, 3, 1, 0)),
-            "b": None if layer.bias is None else layer.bias[:, 0, 0],
-        }
-        strides, padding = _pairs(layer.stride), layer.padding
-    else:
-        raise TypeError(f"conv() needs an nnx.Conv or eqx.nn.Conv2d, got {type(layer).__name__}")
+    params, attrs = backends.op_params(layer, "conv")
+    padding = attrs["padding"]
     if isinstance(padding, str):
         raise TypeError(f"conv() needs explicit ((top, bottom), (left, right)) padding, got {padding!r}")
     padding = tuple(_pairs(p) for p in _pairs(padding))
-    return {k: v for k, v in params.items() if v is not None}, tuple(strides), padding
+    return params, tuple(_pairs(attrs["strides"])), padding
 
 
 def conv_patches(x: jax.Array, window: tuple[int, int], strides, padding) -> jax.Array:

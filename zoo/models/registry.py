@@ -19,8 +19,9 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from zoo.errors import ZooError, check_choice, choice_error
-from zoo.models.lora import ADAPTER_KEYS, LoraSpec
+from zoo.checks import require_choice
+from zoo.errors import ZooError, choice_error
+from zoo.models import extensions
 
 BACKENDS = ("nnx", "eqx")
 TASKS = ("classify", "lm")
@@ -57,9 +58,10 @@ class ModelConfig:
 
     kind: ClassVar[str] = ""
     activation_names: ClassVar[tuple[str, ...]] = ()  # the zoo.names this model tags
-    # Low-rank adapters on some dense layers (zoo.models.lora); keyword-only, after each
-    # kind's own fields. Set by `zoo train --lora`, not by model overrides.
-    lora: LoraSpec | None = field(default=None, kw_only=True)
+    # Low-rank adapters on some dense layers: a spec opaque here (zoo.models.extensions; a
+    # zoo.lora.LoraSpec). Keyword-only, after each kind's own fields. Set by `zoo train --lora`,
+    # not by model overrides.
+    lora: extensions.Spec | None = field(default=None, kw_only=True)
 
     # --- task and inputs ---------------------------------------------------------------------
     @property
@@ -152,15 +154,11 @@ class ModelConfig:
 
 def axes_from_table(table: dict[str, tuple[str, ...]], path: tuple[str, ...], ndim: int):
     """Logical axes of a leaf from ``{dotted path without 'blocks.': axes}``; stacked leaves
-    (under ``blocks``) get ``layers`` first."""
-    adapter = next((i for i, p in enumerate(path) if p in ADAPTER_KEYS), None)
-    if adapter is not None:  # A [in, r] takes the layer's input axis, B [r, out] its output axis
-        axes = axes_from_table(table, (*path[:adapter], "w"), ndim)
-        return (
-            (*axes[:-1], "lora_rank")
-            if path[adapter] == ADAPTER_KEYS[0]
-            else (*axes[:-2], "lora_rank", axes[-1])
-        )
+    (under ``blocks``) get ``layers`` first; an extension's leaves (LoRA's adapters) take
+    theirs from the layer they extend."""
+    extended = extensions.leaf_axes(path, lambda base: axes_from_table(table, base, ndim))
+    if extended is not None:
+        return extended
     stacked = path[0] == STACK
     axes = table[".".join(path[1:] if stacked else path)]
     axes = ("layers", *axes) if stacked else axes
@@ -294,7 +292,7 @@ def config_from_dict(kind: str, fields: dict) -> ModelConfig:
     """A config of kind ``kind`` from its ``dataclasses.asdict`` form (checkpoint metadata)."""
     fields = dict(fields)
     if isinstance(fields.get("lora"), dict):
-        fields["lora"] = LoraSpec.from_dict(fields["lora"])
+        fields["lora"] = extensions.decode("lora", fields["lora"])
     return get_kind(kind).config(**fields)
 
 
@@ -313,12 +311,12 @@ def replace_checked(cfg, **overrides):
     """`dataclasses.replace` that names an unknown field and lists the valid ones."""
     valid = [f.name for f in dataclasses.fields(cfg)]
     for key in overrides:
-        check_choice(f"override for {type(cfg).__name__}", key, valid)
+        require_choice(f"override for {type(cfg).__name__}", key, valid)
     return dataclasses.replace(cfg, **overrides)
 
 
 def check_backend(backend: str) -> str:
-    return check_choice("backend", backend, BACKENDS)
+    return require_choice("backend", backend, BACKENDS)
 
 
 def module_class(cfg: ModelConfig, backend: str):

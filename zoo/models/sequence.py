@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from zoo.checks import require_int, require_positive_int
 from zoo.configs import ATTENTIONS, require_positive
 from zoo.errors import ZooError, choice_error
 from zoo.models.ops import check_concrete_ids, check_ids_under_jit, check_length, check_token_shape
@@ -28,18 +29,14 @@ def check_attention(cfg) -> None:
 
         enable()
     chunk = cfg.attention_chunk
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-        raise ZooError(f"{type(cfg).__name__}.attention_chunk must be a positive int, got {chunk!r}")
+    require_positive_int(f"{type(cfg).__name__}.attention_chunk", chunk, error=ZooError)
 
 
 def check_mlp_chunk(cfg) -> None:
     """A config's ``mlp_chunk`` (tokens per MLP chunk, ``ops.token_chunks``) is an int >= 0."""
     chunk = cfg.mlp_chunk
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
-        raise ZooError(
-            f"{type(cfg).__name__}.mlp_chunk must be a whole number of tokens (0: the whole sequence "
-            f"at once), got {chunk!r}"
-        )
+    what = "a whole number of tokens (0: the whole sequence at once)"
+    require_int(f"{type(cfg).__name__}.mlp_chunk", chunk, lo=0, what=what, error=ZooError)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from zoo.errors import ZooError, choice_error
+from zoo.checks import require_choice, require_int
+from zoo.errors import ZooError
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 AXES = (DATA, FSDP, TENSOR)
@@ -34,9 +35,8 @@ class MeshSpec:
 
     def __post_init__(self) -> None:
         for axis in AXES:
-            size = getattr(self, axis)
-            if not isinstance(size, int) or isinstance(size, bool) or size < (0 if axis == DATA else 1):
-                raise ZooError(f"mesh.{axis} must be a positive int, got {size!r}")
+            lowest = 0 if axis == DATA else 1  # data = 0: auto
+            require_int(f"mesh.{axis}", getattr(self, axis), lo=lowest, what="a positive int", error=ZooError)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -92,8 +92,7 @@ def parse_mesh(text: str) -> MeshSpec:
     for part in filter(None, (p.strip() for p in text.split(","))):
         axis, eq, value = part.partition("=")
         axis = axis.strip()
-        if axis not in AXES:
-            raise choice_error("mesh axis", axis, AXES)
+        require_choice("mesh axis", axis, AXES)
         if not eq:
             raise ZooError(f"--mesh {text!r}: write {axis}=SIZE, e.g. data=2,fsdp=4,tensor=1")
         if axis in sizes:
@@ -115,13 +114,9 @@ def parse_mesh(text: str) -> MeshSpec:
 
 
 def flag_values(text: str) -> dict[str, object]:
-    """``--mesh TEXT`` as recipe field values (``mesh.data``, ``mesh.fsdp``, ``mesh.tensor``)."""
+    """``--mesh TEXT`` as the ``[mesh]`` section's field values (``data``, ``fsdp``, ``tensor``)."""
     spec = parse_mesh(text)
-    return {
-        "mesh.data": AUTO if spec.data == 0 else spec.data,
-        "mesh.fsdp": spec.fsdp,
-        "mesh.tensor": spec.tensor,
-    }
+    return {DATA: AUTO if spec.data == 0 else spec.data, FSDP: spec.fsdp, TENSOR: spec.tensor}
 
 
 def spec_from_section(section) -> MeshSpec:

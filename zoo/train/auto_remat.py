@@ -21,7 +21,7 @@ from pathlib import Path
 
 import jax
 
-from zoo.remat import choose_under_budget, footprint, get_policy, nothing_fits, parse_bytes, policy_names
+from zoo.remat import choose_under_budget, footprint, get_policy, nothing_fits, policy_names
 from zoo.scan import StackPlan
 from zoo.train.runlog import atomic_write
 
@@ -105,7 +105,7 @@ def measure(run, batch: dict, budget: int, policies=None) -> list[dict]:
 
 def choose(run, batch: dict) -> tuple[str, list[dict], bool]:
     """``(chosen policy, the rows it was chosen from, whether they came from the cache)``."""
-    budget = parse_bytes(run.recipe.train.memory_budget)
+    budget = run.recipe.train.memory_budget
     key = _key(run, batch, budget)
     cached = _read(key)
     if cached is not None:
@@ -125,7 +125,7 @@ def resolve(run, batch: dict, console) -> str:
     from zoo.ui import print_table
 
     chosen, rows, cached = choose(run, batch)
-    budget = parse_bytes(run.recipe.train.memory_budget)
+    budget = run.recipe.train.memory_budget
     print_table(
         f"--remat auto under {budget / 2**20:.1f} MiB: {chosen}"
         + (f" (cached in {cache_path()})" if cached else ""),

@@ -43,7 +43,6 @@ from zoo.train.runlog import atomic_write, dir_problem
 CHECKPOINT_DIR = "checkpoints"
 DAMAGED_DIR = "damaged-checkpoints"
 MANIFEST = "zoo_manifest.json"
-FORMAT_MARKER = "zoo_format.json"  # checkpoints/ of a run whose steps all carry manifests
 _MANIFEST_FORMAT = "zoo.checkpoint_manifest"
 LORA_BASE = "lora_base"  # meta key of a LoRA run's base reference
 
@@ -143,16 +142,9 @@ def saved_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def _is_legacy(run_dir: Path) -> bool:
-    # Runs written before manifests existed have no format marker; every save writes one first.
-    return bool(saved_steps(run_dir)) and not (Path(run_dir) / CHECKPOINT_DIR / FORMAT_MARKER).exists()
-
-
 def latest_step(run_dir: Path) -> int | None:
     """The newest intact step, or None. Quiet: it neither warns nor raises."""
     steps = saved_steps(run_dir)
-    if _is_legacy(run_dir):
-        return steps[-1]
     return next((s for s in reversed(steps) if step_problem(run_dir, s) is None), None)
 
 
@@ -167,14 +159,6 @@ def resolve_step(run_dir: Path, step: int | None = None) -> int:
         )
     if step is not None and step not in steps:
         raise ZooError(f"no step {step} in {where!r}; saved steps: {steps}")
-    if _is_legacy(run_dir):
-        warnings.warn(
-            f"the checkpoints in {where!r} have no checksum manifests (written by an older zoo); "
-            "loading them unverified",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return steps[-1] if step is None else step
     damaged = []
     for candidate in [step] if step is not None else reversed(steps):
         problem = step_problem(run_dir, candidate)
@@ -271,15 +255,11 @@ def save(run_dir: Path, step: int, state, params: dict, meta: dict, *, compress:
     ``compress=False`` writes ``params`` without zstd (the same layout; every reader reads
     both): tensorstore then writes from the arrays' own memory instead of holding a compressed
     copy of each, which keeps ``zoo import`` near one copy of the weights
-    (benchmarks/hf_import.py)."""
+    (benchmarks/hf/import_memory.py)."""
     main = jax.process_index() == 0  # orbax writes from every process; zoo's files from one
     problem = dir_problem(run_dir) if main and not os.path.isdir(run_dir) else None
     if problem:  # `zoo export --out`: checked here, where the export first writes
         raise ZooError(f"--out {str(run_dir)!r} cannot be written: {problem}; choose another --out")
-    marker = Path(run_dir) / CHECKPOINT_DIR / FORMAT_MARKER
-    if main and not marker.exists():
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(marker, json.dumps({"format": _MANIFEST_FORMAT, "version": 1}) + "\n")
     items = {
         "params": ocp.args.StandardSave(params),
         "meta": ocp.args.JsonSave({**meta, "step": step}),

@@ -15,43 +15,36 @@ import jax.numpy as jnp
 import optax
 
 from zoo.api import apply_fn
-from zoo.dp import ClipModel, PoissonSampler, clipping_method, privatize
-from zoo.dp.noise import DEFAULT_NOISE_PRNG
+from zoo.dp import ClipModel, clipping_method, privatize
+from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform, ClipRequest
+from zoo.dp.plan import DPPlan
 from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
 from zoo.models.registry import ModelConfig
-from zoo.parallel import Layout
+from zoo.parallel import Layout, layout_for
+from zoo.remat import get_policy
 from zoo.scan import StackPlan
 from zoo.train.state import TrainState
 
 
 @dataclass(frozen=True)
-class DPRuntime:
-    """A run's DP-SGD plan, resolved once from the recipe's ``[dp]``: what the step uses (the
-    calibrated noise multiplier, clip norm, clipping method) and, for a training run, what the
-    loop and the summary use (the sampler, the planned epsilon, delta and accountant)."""
-
-    noise_multiplier: float
-    clip_norm: float
-    expected_batch_size: float
-    microbatch_size: int | None = None
-    clipping: str = "vmap"  # "ghost": per-example norms without per-example gradients
-    noise_prng: str = DEFAULT_NOISE_PRNG
-    sampler: PoissonSampler | None = None  # draws the run's batches (None: the caller batches)
-    epsilon: float | None = None  # what the planned steps spend
-    delta: float | None = None
-    accountant: str = "pld"
-
-
-@dataclass(frozen=True)
 class Engine:
+    """A model's train and eval steps: remat, freezing and DP written once, on pytrees.
+
+    Build one with :func:`make_engine` (the one place an engine is made). ``layout`` is always
+    there (one device by default); ``dp`` is the run's :class:`zoo.dp.plan.DPPlan` (``None``:
+    no DP); ``clipped_sum_transform`` changes the clipped sum before the noise and reports on
+    the release (``zoo audit``'s canaries; by default it keeps the sum and reports nothing).
+    """
+
     cfg: ModelConfig
     backend: str
     stack: StackPlan  # the scan of the layer stack: its remat policy and frozen prefix
     freeze: FreezePlan
     optimizer: optax.GradientTransformation
-    dp: DPRuntime | None = None
-    layout: Layout | None = None  # None: one device, as zoo.parallel.layout_for(cfg) places it
+    layout: Layout
+    dp: DPPlan | None = None
+    clipped_sum_transform: ClippedSumTransform = KEEP_SUM
 
     # -- pure pieces ---------------------------------------------------------------------
     def logits(self, params: dict, x: jax.Array) -> jax.Array:
@@ -62,26 +55,22 @@ class Engine:
         return per_example_loss(logits, y), logits
 
     def _grads(self, state: TrainState, frozen: dict, batch: dict):
+        """``(loss, grads, report)``: ``report`` is what the clipped-sum transform says about
+        the step (``{}`` without DP, and by default)."""
         if self.dp is None:
 
             def loss(trainable):
                 losses, _ = self.example_losses(trainable, frozen, batch["x"], batch["y"])
                 return masked_mean(losses, batch["mask"])
 
-            return jax.value_and_grad(loss)(state.params)
+            return (*jax.value_and_grad(loss)(state.params), {})
         return self._dp_grads(state, frozen, batch)
 
     def clipped_sum(self, state: TrainState, frozen: dict, batch: dict):
         """``(sum of clipped per-example grads, pre-clip norms, per-example losses)`` by the
         run's clipping method (a row of :data:`zoo.dp.clipping.CLIPPING`)."""
-        return clipping_method(self.dp.clipping).clip(
-            self.clip_model,
-            state.params,
-            frozen,
-            batch,
-            clip_norm=self.dp.clip_norm,
-            microbatch_size=self.dp.microbatch_size,
-        )
+        request = ClipRequest(self.dp.clip_norm, self.dp.microbatch_size, batch["mask"])
+        return clipping_method(self.dp.clipping).clip(self.clip_model, state.params, frozen, batch, request)
 
     @property
     def clip_model(self) -> ClipModel:
@@ -104,28 +93,24 @@ class Engine:
             l2_clip_norm=self.dp.clip_norm,
             expected_batch_size=self.dp.expected_batch_size,
             prng=self.dp.noise_prng,
-            partitioned=self.layout is not None and self.layout.devices > 1,
+            partitioned=self.layout.devices > 1,
         )
 
-    def _dp_grads(self, state: TrainState, frozen: dict, batch: dict, canaries=None):
+    def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
+        """``(loss, noisy mean gradient, report)`` of the DP step."""
         # The logged loss comes from the clipping pass itself: no extra forward over the batch.
         grad_sum, _, losses = self.clipped_sum(state, frozen, batch)
         loss = masked_mean(losses, batch["mask"])
-        if canaries is None:
-            return loss, self.privatize(state, grad_sum)
-        grads = self.privatize(state, canaries.add_clipped(grad_sum, self.dp))
-        return loss, grads, canaries.project(grads, grad_sum, self.dp)
+        transform = self.clipped_sum_transform
+        grads = self.privatize(state, transform.add(grad_sum, self.dp, batch))
+        return loss, grads, transform.project(grads, grad_sum, self.dp, batch)
 
-    def train_step_fn(self, state: TrainState, frozen: dict, batch: dict, canaries=None):
-        """One step. ``canaries`` (``zoo audit`` only; :class:`zoo.audit.canaries.GradientCanaries`)
-        adds the clipped gradients of the white-box canaries drawn this step to the clipped
-        sum before the noise, and the step also returns the release projected onto them."""
-        if canaries is None:
-            loss, grads = self._grads(state, frozen, batch)
-            return self.apply_grads(state, loss, grads)
-        loss, grads, seen = self._dp_grads(state, frozen, batch, canaries)
+    def train_step_fn(self, state: TrainState, frozen: dict, batch: dict):
+        """One step: ``(state, metrics)``, always. The metrics hold ``loss`` and ``grad_norm``,
+        and whatever the clipped-sum transform reports (the audit's canary projections)."""
+        loss, grads, report = self._grads(state, frozen, batch)
         new_state, metrics = self.apply_grads(state, loss, grads)
-        return new_state, metrics, seen
+        return new_state, {**metrics, **report}
 
     def apply_grads(self, state: TrainState, loss: jax.Array, grads: dict):
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
@@ -135,8 +120,8 @@ class Engine:
             opt_state=opt_state,
             rng=state.rng,
         )
-        if self.layout is not None:  # the step's outputs leave as its inputs came: one compile
-            new_state = self.layout.constrain_state(new_state, self.optimizer)
+        # The step's outputs leave as its inputs came: one compile.
+        new_state = self.layout.constrain_state(new_state, self.optimizer)
         return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def eval_step_fn(self, trainable: dict, frozen: dict, batch: dict) -> dict:
@@ -166,18 +151,44 @@ class Engine:
         state = TrainState.create(trainable, self.optimizer, seed, key)
         # Commit everything (to one device, or sharded over the mesh): restored (committed) and
         # fresh (uncommitted) arrays mixed in one state would make the second step compile again.
-        if self.layout is None:
-            return jax.device_put((state, frozen), jax.devices()[0])
         return self.layout.place_state(state, frozen, self.optimizer)
 
     def place_batch(self, batch: dict):
         """A host batch as the step's input: split over the mesh's batch axes."""
-        return batch if self.layout is None else self.layout.place_batch(batch)
+        return self.layout.place_batch(batch)
 
     def place_frozen(self, frozen: dict) -> dict:
-        if self.layout is None:
-            return jax.device_put(frozen, jax.devices()[0])
         return self.layout.place_params(frozen)
+
+
+def make_engine(
+    cfg: ModelConfig,
+    backend: str,
+    freeze: FreezePlan,
+    optimizer: optax.GradientTransformation,
+    *,
+    stack: StackPlan | None = None,
+    dp: DPPlan | None = None,
+    layout: Layout | None = None,
+    clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
+) -> Engine:
+    """The one way to make an :class:`Engine`.
+
+    ``stack`` defaults to no remat with the freeze plan's frozen prefix; ``layout`` to one
+    device (:func:`zoo.parallel.layout_for`); ``dp`` (a :class:`zoo.dp.plan.DPPlan`, from
+    :func:`zoo.dp.plan.make_plan` or :func:`zoo.dp.plan.fixed_batch_plan`) makes the step
+    DP-SGD; ``clipped_sum_transform`` is the audit's hook on the clipped sum.
+    """
+    return Engine(
+        cfg=cfg,
+        backend=backend,
+        stack=stack or StackPlan(get_policy("none"), freeze.frozen_prefix),
+        freeze=freeze,
+        optimizer=optimizer,
+        layout=layout or layout_for(cfg),
+        dp=dp,
+        clipped_sum_transform=clipped_sum_transform,
+    )
 
 
 def evaluate(engine: Engine, state: TrainState, frozen: dict, batches) -> dict:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
 import numpy as np
 
 from zoo.errors import ZooError
+from zoo.lora.adapter import adapter_paths
 from zoo.models import hf_io
-from zoo.models.lora import adapter_paths
 from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import kind_of
 
@@ -77,12 +78,12 @@ def imported_model(run_dir: str | Path) -> dict | None:
     return dict(meta["recipe"]["model"]) if "hf_source" in meta else None
 
 
-def with_imported_model(recipe, given: dict):
+def with_imported_model(recipe, given: Mapping[str, object]):
     """A recipe that starts from an import trains the imported model: its ``[model]`` becomes
     the import's (an imported architecture is fixed), with the recipe's backend, the recipe's
-    own overrides when it names the same preset, and the ``model.*`` values in ``given``
+    own overrides when it names the same preset, and the ``[model]`` values in ``given``
     (flags, ``--set``) on top. Recipes ``hf-lm-lora`` and ``hf-lm-dp-lora`` rely on this."""
-    from zoo.recipes import parse_recipe, to_dict
+    from zoo.recipes import model_section
 
     start = recipe.model.init_from
     model = imported_model(start) if start else None
@@ -91,10 +92,8 @@ def with_imported_model(recipe, given: dict):
     if model["preset"] == recipe.model.preset:
         model.update(dict(recipe.model.overrides))
     model.update(backend=recipe.model.backend, init_from=start)
-    model.update({k.split(".", 1)[1]: v for k, v in given.items() if k.startswith("model.")})
-    doc = to_dict(recipe)
-    doc["model"] = model
-    return parse_recipe(doc, recipe.name)
+    model.update(given)
+    return dataclasses.replace(recipe, model=model_section(model))
 
 
 def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype: str = "float32") -> dict:
@@ -113,7 +112,7 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
     # Onto the device leaf by leaf: on CPU, device_put shares hf_io's 64-byte aligned buffers
     # (NumPy leaves would take orbax's copying path). Written without zstd, tensorstore writes
     # from those buffers; compressed, it holds a compressed copy of every leaf until the write
-    # ends, about one more checkpoint in memory (benchmarks/hf_import.py, docs/hf.md).
+    # ends, about one more checkpoint in memory (benchmarks/hf/import_memory.py, docs/hf.md).
     flat = flat_by_path(params)
     del params
     params = nest_by_path({path: jax.device_put(flat.pop(path)) for path in list(flat)})

@@ -11,13 +11,10 @@ from __future__ import annotations
 import io
 import math
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import jax
-import numpy as np
 from rich.console import Console
 
 from zoo import lora
@@ -55,19 +52,6 @@ def _meta(run: Run) -> dict:
         "tokenizer": tokenizer.to_json() if tokenizer else None,
         **({checkpoint.LORA_BASE: run.base} if run.base else {}),
     }
-
-
-def _warn_if_public_noise_keys(state: TrainState, seed: int) -> None:
-    # Checkpoints written before the step keys had a stream of their own stored key(seed),
-    # whose step keys are the keys of the initial weights.
-    if np.array_equal(np.asarray(state.rng), np.asarray(jax.random.key_data(jax.random.key(seed)))):
-        warnings.warn(
-            "this checkpoint's DP noise keys are the keys that drew its initial weights, so the "
-            "noise can be recomputed from them; the privacy claim does not hold for this run. "
-            "Start it again instead of resuming.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
 
 
 def _say(console: Console, text: str) -> None:
@@ -139,8 +123,6 @@ def _restore(run: Run, out: Path, point: ResumePoint | None, meta: dict, console
     # whose newest step may have moved on since.
     frozen = engine.place_frozen(run.freeze.split(checkpoint.restore_params(out, point.step))[1])
     say_resumed(console, out, point, run)
-    if run.dp:
-        _warn_if_public_noise_keys(state, seed)
     return state, frozen, point.step
 
 
@@ -187,7 +169,7 @@ def train(
     meta = _meta(run)
     state, frozen, start = _restore(run, out, point, meta, console)
     if main and (not point or point.changes):
-        runlog.write_json(out / runlog.RECIPE, to_dict(run.recipe))
+        runlog.write_json(out / runlog.RECIPE, meta["recipe"])
     log = runlog.MetricsLog(out / runlog.METRICS, start) if main else runlog.NullLog()
     progress = _Progress(start=start, done=start, last_saved=start)
     try:

@@ -7,7 +7,7 @@ differences: continuing would give a run that neither recipe describes, and a DP
 report an epsilon it did not spend. What may change:
 
 - ``train.remat``: a remat policy changes memory and speed, not the math (its gradients agree
-  with no remat to rounding, ``tests/test_remat_policies.py``);
+  with no remat to rounding, ``tests/test_remat.py``);
 - ``train.log_every``, ``train.eval_every``, ``train.checkpoint_every``: bookkeeping;
 - ``description``;
 - ``train.steps``, upward only. The learning-rate schedule and the DP noise multiplier keep
@@ -120,7 +120,7 @@ def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
             f"planned for {saved.train.steps} steps (checkpoint at step {step}); train.steps may "
             "only grow on resume"
         )
-    plan_steps = int(meta.get("plan_steps", saved.train.steps))
+    plan_steps = int(meta["plan_steps"])
     return ResumePoint(step=step, plan_steps=plan_steps, changes=tuple(differences(saved, recipe)), meta=meta)
 
 
@@ -177,14 +177,14 @@ def data_digest(arrays) -> str:
 def check_same_data(saved: dict, now: dict, where: str) -> None:
     """Refuse to continue on other data: fitted model sizes, tokenizer or training arrays."""
     problems = []
-    if "model" in saved and _json(saved["model"]) != _json(now["model"]):
+    if _json(saved["model"]) != _json(now["model"]):
         a, b = saved["model"]["config"], now["model"]["config"]
         problems += [
             f"model.{k}: {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
         ]
     if saved.get("tokenizer") != now.get("tokenizer"):
         problems.append("the tokenizer's vocabulary differs")
-    if saved.get("data_digest") not in (None, now.get("data_digest")):
+    if saved["data_digest"] != now["data_digest"]:
         problems.append(f"the training data differ (sha256 {saved['data_digest']} -> {now['data_digest']})")
     if problems:
         raise ZooError(

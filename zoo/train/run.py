@@ -7,7 +7,6 @@ Nothing after :func:`build_run` reads the recipe for a value the run holds.
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -16,18 +15,18 @@ import numpy as np
 from rich.console import Console
 
 from zoo import lora
-from zoo.dp import clipping_method, epsilon_spent, make_sampler, resolve_noise_multiplier
-from zoo.dp.accounting import guaranteed_privacy, truncation_budget
+from zoo.dp import clipping_method
+from zoo.dp.plan import DPPlan, make_plan
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig
-from zoo.parallel import Layout, layout_for, spec_from_section
+from zoo.parallel import layout_for, spec_from_section
 from zoo.recipes import Recipe
 from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
 from zoo.train import auto_remat, checkpoint, checks
-from zoo.train.engine import DPRuntime, Engine
+from zoo.train.engine import Engine, make_engine
 from zoo.train.state import make_optimizer, secret_train_key, train_key
 from zoo.train.task import Task, fit_model_to_task, load_task
 
@@ -46,7 +45,7 @@ class Run:
     remat: str = "none"  # what the summary reports: the policy, or "auto:<chosen>"
 
     @property
-    def dp(self) -> DPRuntime | None:
+    def dp(self) -> DPPlan | None:
         """The DP settings of the run: the engine's, one object."""
         return self.engine.dp
 
@@ -60,61 +59,15 @@ class Run:
         return self.dp.sampler.padded_batch_size if self.dp else self.recipe.train.batch_size
 
 
-def _dp_runtime(recipe: Recipe, task: Task, plan_steps: int, layout: Layout) -> DPRuntime | None:
-    dp = recipe.dp
-    if not dp.enabled:
-        return None
-    sigma, eps = resolve_noise_multiplier(dp, task.num_train, plan_steps)
-    # The padded batch splits over the mesh's batch axes (and into clipping microbatches).
-    # Padding only adds masked rows: the sample, the clipped sum and the accounting stay.
-    multiple = math.lcm(dp.microbatch_size or 1, layout.spec.batch_ways)
-    # Sized so that truncating a draw adds at most delta / 1000 (docs/dp.md, "Fixed shapes").
-    truncation = truncation_budget(delta=dp.delta, epsilon=eps, steps=plan_steps)
-    sampler = make_sampler(
-        dp.sampler,
-        task.num_train,
-        dp.expected_batch_size,
-        recipe.train.seed,
-        truncation,
-        pad_to_multiple=multiple,
-    )
-    return DPRuntime(
-        sigma,
-        dp.clip_norm,
-        sampler.expected_batch_size,
-        dp.microbatch_size,
-        dp.clipping,
-        dp.noise_prng,
-        sampler=sampler,
-        epsilon=eps,
-        delta=dp.delta,
-        accountant=dp.accountant,
-    )
-
-
 def epsilon_at(run: Run, step: int) -> float:
     """Epsilon the run has spent after ``step`` steps (at the run's delta)."""
-    if step == 0:
-        return 0.0
-    return epsilon_spent(
-        noise_multiplier=run.dp.noise_multiplier,
-        delta=run.dp.delta,
-        sampling_prob=run.dp.sampler.sampling_prob,
-        steps=step,
-        accountant=run.dp.accountant,
-    )
+    return run.dp.epsilon_at(step)
 
 
 def privacy_at(run: Run, step: int) -> dict[str, float]:
     """The ``(epsilon, delta)`` the run guarantees after ``step`` steps, Poisson truncation
-    included (:func:`zoo.dp.accounting.guaranteed_privacy`)."""
-    return guaranteed_privacy(
-        run.dp.sampler,
-        noise_multiplier=run.dp.noise_multiplier,
-        delta=run.dp.delta,
-        steps=step,
-        accountant=run.dp.accountant,
-    )
+    included (:meth:`zoo.dp.plan.DPPlan.privacy_at`)."""
+    return run.dp.privacy_at(step)
 
 
 def dp_train_key(recipe: Recipe) -> jax.Array:
@@ -173,8 +126,8 @@ def build_run(
         checks.check_start(start, source.model_config, preset_cfg, recipe.lora.enabled)
     task = load_task(
         recipe.data,
-        preset_cfg.task,
-        recipe.train.seed,
+        task=preset_cfg.task,
+        seed=recipe.train.seed,
         tokenizer=source.tokenizer if source else None,
         max_len=getattr(preset_cfg, "max_len", None),
     )
@@ -182,19 +135,23 @@ def build_run(
     cfg, params, freeze, adapters = _model_start(recipe, cfg, source)
     _warn_unused_microbatch(recipe, cfg)
     layout = layout_for(cfg, mesh)
-    dp = _dp_runtime(recipe, task, plan_steps, layout)
+    dp = (
+        make_plan(recipe.dp, task.num_train, plan_steps, layout, seed=recipe.train.seed)
+        if recipe.dp.enabled
+        else None
+    )
     if dp is None:
         layout.check_batch_rows(recipe.train.batch_size, "train.batch_size")
         if not task.is_lm:
             checks.warn_batch_over_rows(recipe.train.batch_size, task.num_train, recipe.data.dataset)
     checks.warn_long_warmup(recipe.optim, plan_steps)
     policy = "none" if recipe.train.remat == AUTO else recipe.train.remat
-    engine = Engine(
-        cfg=cfg,
-        backend=recipe.model.backend,
+    engine = make_engine(
+        cfg,
+        recipe.model.backend,
+        freeze,
+        make_optimizer(recipe.optim, plan_steps, clip=dp is None),
         stack=StackPlan(get_policy(policy), freeze.frozen_prefix),
-        freeze=freeze,
-        optimizer=make_optimizer(recipe.optim, plan_steps, clip=dp is None),
         dp=dp,
         layout=layout,
     )

@@ -61,34 +61,39 @@ class Task:
 
 
 def load_task(
-    config: DataConfig,
-    kind: str,
+    data: DataConfig,
+    *,
+    task: str,
     seed: int,
     tokenizer: CharTokenizer | None = None,
     max_len: int | None = None,
 ) -> Task:
-    data = load_dataset(
-        config.dataset,
-        task=kind,
+    """The ``[data]`` section's dataset loaded for ``task`` ("classify" or "lm": the model's
+    ``cfg.task``) and shaped for it. ``seed`` shuffles a classifier's train/eval split;
+    ``tokenizer`` is a checkpoint's (an LM keeps its vocabulary); ``max_len`` is the model's
+    context, the LM window when ``data.seq_len`` is unset."""
+    dataset = load_dataset(
+        data.dataset,
+        task=task,
         seed=seed,
-        eval_fraction=config.eval_fraction,
-        classes=config.classes,
-        text_column=config.text_column,
-        label_column=config.label_column,
-        tokenizer=declared_tokenizer(config.vocabulary, tokenizer) if kind == "lm" else tokenizer,
+        eval_fraction=data.eval_fraction,
+        classes=data.classes,
+        text_column=data.text_column,
+        label_column=data.label_column,
+        tokenizer=declared_tokenizer(data.vocabulary, tokenizer) if task == "lm" else tokenizer,
     )
-    seq_len = (config.seq_len or max_len) if data.task == "lm" else None
+    seq_len = (data.seq_len or max_len) if dataset.task == "lm" else None
     if seq_len is not None:
-        _check_windows(config.dataset, seq_len, data)
+        _check_windows(data.dataset, seq_len, dataset)
     row_shape = None
-    if config.layout == "rows":
-        if data.task == "lm" or not data.feature_shape or len(data.feature_shape) != 2:
+    if data.layout == "rows":
+        if dataset.task == "lm" or not dataset.feature_shape or len(dataset.feature_shape) != 2:
             raise ZooError(
-                f"data.layout='rows' needs 2-D image features; {config.dataset!r} has "
-                f"feature shape {data.feature_shape}"
+                f"data.layout='rows' needs 2-D image features; {data.dataset!r} has "
+                f"feature shape {dataset.feature_shape}"
             )
-        row_shape = tuple(data.feature_shape)
-    return Task(data=data, config=config, seq_len=seq_len, row_shape=row_shape)
+        row_shape = tuple(dataset.feature_shape)
+    return Task(data=dataset, config=data, seq_len=seq_len, row_shape=row_shape)
 
 
 def _check_windows(dataset: str, seq_len: int, data: Dataset) -> None:

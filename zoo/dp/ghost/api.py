@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import numbers
+import dataclasses
 import warnings
 
 import jax
 import jax.numpy as jnp
 
-from zoo.dp.clipping import ClippingMethod, clipped_grad_sum, register_clipping
+from zoo.checks import require_choice
+from zoo.dp.clipping import ClippingMethod, ClipRequest, clipped_grad_sum, register_clipping
 from zoo.dp.ghost.sites import run
 from zoo.dp.ghost.stages import (
     METHODS,
@@ -22,7 +23,7 @@ from zoo.dp.ghost.stages import (
     tap_pass,
     weighted_backward,
 )
-from zoo.errors import ZooError, check_choice
+from zoo.errors import ZooError
 from zoo.losses import per_example_loss
 from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import ModelConfig, is_config
@@ -83,10 +84,6 @@ def _resolve_freeze(params, frozen, freeze_plan):
     return full, resolve_freeze(full, sorted(f_flat))
 
 
-def _is_static_number(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def _rows(flags, x):
     """``flags`` [B] shaped to broadcast against ``x`` [B, ...]."""
     return flags.reshape((-1,) + (1,) * (x.ndim - 1))
@@ -97,26 +94,24 @@ def ghost_clipped_grad_sum(
     params: dict,
     x: jax.Array,
     y: jax.Array,
+    request: ClipRequest,
     *,
-    l2_clip_norm: float | jax.Array,
-    example_mask: jax.Array | None = None,
     frozen: dict | None = None,
     freeze_plan=None,
     remat: str | RematPolicy | StackPlan = "none",
-    method: str = "auto",
     backend: str = "nnx",
+    method: str = "auto",
     dense: str | None = None,
-    microbatch_size: int | None = None,
-    return_losses: bool = False,
 ):
-    """Sum of per-example clipped gradients and the pre-clip per-example norms, by ghost norms.
+    """Sum of per-example clipped gradients, the pre-clip norms and the losses, by ghost norms.
 
-    Same contract as :func:`zoo.dp.clipped_grad_sum` applied to
+    Same contract as :func:`zoo.dp.clipped_grad_sum` (the clip norm, microbatch size and
+    example mask come in one :class:`~zoo.dp.clipping.ClipRequest`) applied to
     ``per_example_loss(apply(merge(params, frozen), x[i:i+1]), y[i:i+1])``: ``params`` is the
     trainable tree (the whole canonical tree when nothing is frozen); ``frozen`` and
     ``freeze_plan`` (a :class:`zoo.freeze.FreezePlan`) give the rest -- without a plan the two
     trees must be disjoint leaf by leaf.  Frozen leaves and rows neither enter the norm nor get
-    a gradient.  Examples with ``example_mask`` 0 contribute exactly zero (even with NaNs) and
+    a gradient.  Examples with mask 0 contribute exactly zero (even with NaNs) and
     report norm 0; unmasked examples with a non-finite norm are dropped from the sum but their
     norm is returned.
 
@@ -129,14 +124,14 @@ def ghost_clipped_grad_sum(
 
     A model whose trainable leaves are not each claimed by exactly one op (see
     :func:`unsupported_reason`) falls back, with a warning, to ``zoo.dp.clipped_grad_sum`` on
-    ``zoo.apply_fn(cfg, backend)`` (``microbatch_size`` is passed on there; ghost clipping
-    itself needs no microbatching).
+    ``zoo.apply_fn(cfg, backend)`` (the request's microbatch size applies there; ghost
+    clipping itself needs no microbatching).
 
-    Returns ``(grad_sum, norms)``: ``grad_sum`` has the structure of ``params``; ``norms`` is
-    float32 ``[B]``.  With ``return_losses`` also the per-example losses ``[B]`` of the same
-    forward pass (the values of masked examples are unspecified).
+    Returns ``(grad_sum, norms, losses)``: ``grad_sum`` has the structure of ``params``;
+    ``norms`` is float32 ``[B]``; ``losses`` ``[B]`` the per-example losses of the same forward
+    pass (the values of masked examples are unspecified).
     """
-    keep = _check_args(method, dense, l2_clip_norm, x, y, example_mask)
+    keep = _check_args(method, dense, request, x, y)
     full, plan = _resolve_freeze(params, frozen, freeze_plan)
     reason = (
         f"ghost clipping needs a registered model config, not {type(cfg).__name__}"
@@ -148,40 +143,28 @@ def ghost_clipped_grad_sum(
     if not reason and shared_sites(gp) and choose_method(gp.policy, method) == "backward":
         reason = "a leaf read by two ops (a tied head) needs the book-keeping method, not backward"
     if reason:
-        return _fallback(
-            cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen, freeze_plan, remat, backend,
-            microbatch_size, return_losses,
-        )  # fmt: skip
+        apply = _apply_merged(cfg, backend, frozen, freeze_plan)
+        return _fallback(apply, params, x, y, request, remat, reason)
 
+    clip = request.clip_norm
     if choose_method(gp.policy, method) == "backward":
-        grads, norms, losses = _second_backward(gp, params, frozen, full, x, y, keep, l2_clip_norm, dense)
-    else:
-        losses, caps, deltas = probe_pass(gp, full, x, y)
-        sq, rules = squared_norms(gp, caps, deltas, x.shape[0], dense)
-        norms, weights, use = clip_factors(sq, keep, l2_clip_norm)
-        grads = book_kept_sum(gp, full, rules, weights, use)
-    return (grads, norms, losses) if return_losses else (grads, norms)
+        return _second_backward(gp, params, frozen, full, x, y, keep, clip, dense)
+    losses, caps, deltas = probe_pass(gp, full, x, y)
+    sq, rules = squared_norms(gp, caps, deltas, x.shape[0], dense)
+    norms, weights, use = clip_factors(sq, keep, clip)
+    return book_kept_sum(gp, full, rules, weights, use), norms, losses
 
 
-def _check_args(method, dense, l2_clip_norm, x, y, example_mask) -> jax.Array:
-    """The keep flags ``[B]`` (``example_mask > 0``, or all) after checking the arguments."""
-    check_choice("ghost clipping method", method, METHODS)
+def _check_args(method, dense, request: ClipRequest, x, y) -> jax.Array:
+    """The keep flags ``[B]`` after checking the ghost options and the batch (the request
+    checks itself: :meth:`~zoo.dp.clipping.ClipRequest.keep`)."""
+    require_choice("ghost clipping method", method, METHODS)
     if dense is not None:
-        check_choice("dense norm method", dense, ("gram", "materialise"))
-    if _is_static_number(l2_clip_norm) and not l2_clip_norm > 0:
-        raise ValueError(
-            f"l2_clip_norm must be > 0 (use float('inf') for no clipping); got {l2_clip_norm!r}."
-        )
-    b = x.shape[0]
-    if y.shape[0] != b:
+        require_choice("dense norm method", dense, ("gram", "materialise"))
+    if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
-    if example_mask is None:
-        return jnp.ones((b,), bool)
-    if jnp.shape(example_mask) != (b,):
-        raise ValueError(
-            f"example_mask must have shape ({b},) to match the batch; got {jnp.shape(example_mask)}."
-        )
-    return jnp.asarray(example_mask) > 0
+    # Ghost clipping needs no microbatches: only the vmap fallback cuts the batch into them.
+    return dataclasses.replace(request, microbatch_size=None).keep(x.shape[0])
 
 
 def _second_backward(gp, params, frozen, full, x, y, keep, l2_clip_norm, dense):
@@ -223,46 +206,30 @@ def _apply_merged(cfg, backend, frozen, freeze_plan):
     return merged
 
 
-def _fallback(
-    cfg, params, x, y, reason, l2_clip_norm, example_mask, frozen, freeze_plan, remat, backend,
-    microbatch_size, return_losses,
-):  # fmt: skip
+def _fallback(apply, params, x, y, request: ClipRequest, remat, reason: str):
+    """vmap clipping of ``apply`` (the model on the merged tree), with a warning saying why."""
     warnings.warn(
         f"ghost clipping unavailable ({reason}); using the vmap path (zoo.dp.clipped_grad_sum)", stacklevel=3
     )
-    apply = _apply_merged(cfg, backend, frozen, freeze_plan)
 
     def loss(p, fz, xi, yi):
         del fz  # the frozen tree is closed over by ``apply``
         return per_example_loss(apply(p, xi[None], remat), yi[None])[0]
 
-    return clipped_grad_sum(
-        loss,
-        params,
-        x,
-        y,
-        l2_clip_norm=l2_clip_norm,
-        example_mask=example_mask,
-        microbatch_size=microbatch_size,
-        frozen={},
-        return_losses=return_losses,
-    )
+    return clipped_grad_sum(loss, params, x, y, request=request, frozen={})
 
 
-def _ghost_clip(model, trainable, frozen, batch, *, clip_norm, microbatch_size):
+def _ghost_clip(model, trainable, frozen, batch, request: ClipRequest):
     return ghost_clipped_grad_sum(
         model.cfg,
         trainable,
         batch["x"],
         batch["y"],
-        l2_clip_norm=clip_norm,
-        example_mask=batch["mask"],
+        request,
         frozen=frozen,
         freeze_plan=model.freeze,
         remat=model.stack,
         backend=model.backend,
-        microbatch_size=microbatch_size,
-        return_losses=True,
     )
 
 

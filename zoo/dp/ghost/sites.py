@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from zoo import hooks
 from zoo.dp.ghost.rules import RULES, SHARED
 from zoo.models import canonical
+from zoo.models.paths import flat_by_path
 from zoo.models.registry import STACK
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
@@ -164,7 +165,7 @@ class _Stack(hooks.StackHooks):
 
 
 def leaf_ids(params) -> dict[int, str]:
-    return {id(v): k for k, v in canonical.flat_by_path(params).items()}
+    return {id(v): k for k, v in flat_by_path(params).items()}
 
 
 def run(cfg, params, x, plan: StackPlan, mode=None, arrays=None, specs=None):

@@ -3,7 +3,7 @@
 Book-keeping: :func:`prepare` -> :func:`probe_pass` -> :func:`squared_norms` ->
 :func:`clip_factors` -> :func:`book_kept_sum`.
 Second backward: :func:`prepare` -> :func:`tap_pass` -> :func:`clip_factors` ->
-:func:`weighted_backward`. ``benchmarks/ghost.py`` times the stages.
+:func:`weighted_backward`. ``benchmarks/dp/ghost.py`` times the stages.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.checks import require_choice
 from zoo.dp import clipping
 from zoo.dp.ghost.rules import RULES, SHARED
 from zoo.dp.ghost.sites import Site, coverage_problem, discover, run
-from zoo.errors import check_choice
 from zoo.losses import per_example_loss
 from zoo.models.canonical import canonical_shapes
 from zoo.models.paths import flat_by_path, nest_by_path
@@ -33,7 +33,7 @@ def choose_method(remat="none", method: str = "auto") -> str:
     output gradient: more temp memory than the non-private step; ``docs/ghost.md``), ``"backward"`` under a remat policy
     (taps and a second forward and backward: the non-private temp memory under that same
     policy, where book-keeping would hold all layers' activations and undo the remat)."""
-    check_choice("ghost clipping method", method, METHODS)
+    require_choice("ghost clipping method", method, METHODS)
     if method != "auto":
         return method
     return "backward" if as_plan(remat).policy.checkpoint else "bookkeeping"

@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 
 from zoo import names
+from zoo.checks import require_choice, require_int
 from zoo.configs import require_positive
-from zoo.errors import ZooError, check_choice
+from zoo.errors import ZooError
 from zoo.models.flat import FlatClassifierConfig
 from zoo.models.ops import ACTIVATIONS as ACTIVATION_FNS
 from zoo.models.ops import conv_output_size
@@ -77,10 +78,8 @@ class CNNConfig(FlatClassifierConfig):
             "d_hidden", "num_classes",
         )  # fmt: skip
         for field in ("conv1_padding", "conv2_padding", "num_layers"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ZooError(f"CNNConfig.{field} must be an int >= 0, got {value!r}")
-        check_choice("activation", self.activation, ACTIVATIONS)
+            require_int(f"CNNConfig.{field}", getattr(self, field), lo=0, what="an int >= 0", error=ZooError)
+        require_choice("activation", self.activation, ACTIVATIONS)
         sides = self.sides()
         if min(sides) < 1:
             raise ZooError(

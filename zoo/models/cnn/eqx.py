@@ -10,7 +10,7 @@ from zoo import names
 from zoo.models import ops
 from zoo.models.cnn.config import CNNConfig
 from zoo.models.mlp.eqx import Block  # the dense stack after the convs is the MLP's
-from zoo.scan import scan_layers
+from zoo.scan import Remat, scan_layers
 
 
 def _conv(cfg: CNNConfig, stage: str, d_in: int, key: jax.Array) -> eqx.nn.Conv2d:
@@ -49,7 +49,7 @@ class CNN(eqx.Module):
             return (lambda layer, h: h), {}
         return ops.layer_stack(self.blocks)
 
-    def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+    def __call__(self, x: jax.Array, *, remat: Remat = "none") -> jax.Array:
         self.cfg.check_input(x)
         cfg, act = self.cfg, ops.ACTIVATIONS[self.cfg.activation]
         h = x.reshape(x.shape[0], cfg.image_size, cfg.image_size, cfg.channels)

@@ -10,7 +10,7 @@ from jax.ad_checkpoint import checkpoint_name
 from zoo import names
 from zoo.models import ops
 from zoo.models.llama.config import LlamaConfig
-from zoo.scan import scan_layers
+from zoo.scan import Remat, scan_layers
 
 
 class Attention(nnx.Module):
@@ -95,7 +95,7 @@ class Llama(nnx.Module):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
         return ops.layer_stack(self.blocks)
 
-    def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+    def __call__(self, x: jax.Array, *, remat: Remat = "none") -> jax.Array:
         self.cfg.check_input(x)
         h = scan_layers(*self.stack(), ops.embed(self.embed, x), remat)
         h = ops.rms_norm(self.norm_f, h)

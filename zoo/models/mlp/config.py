@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from zoo import names
+from zoo.checks import require_choice
 from zoo.configs import require_positive
-from zoo.errors import ZooError, check_choice
+from zoo.errors import ZooError
 from zoo.models.flat import FlatClassifierConfig
 from zoo.models.ops import ACTIVATIONS as ACTIVATION_FNS
 from zoo.models.registry import DataFit, axes_from_table, register
@@ -44,7 +45,7 @@ class MLPConfig(FlatClassifierConfig):
 
     def __post_init__(self) -> None:
         require_positive(self, "d_in", "d_hidden", "num_layers", "num_classes")
-        check_choice("activation", self.activation, ACTIVATIONS)
+        require_choice("activation", self.activation, ACTIVATIONS)
 
     def fit_to_data(self, data: DataFit) -> dict:
         if data.task == "lm" or data.row_shape:

@@ -9,7 +9,7 @@ from jax.ad_checkpoint import checkpoint_name
 from zoo import names
 from zoo.models import ops
 from zoo.models.mlp.config import MLPConfig
-from zoo.scan import scan_layers
+from zoo.scan import Remat, scan_layers
 
 
 class Block(nnx.Module):
@@ -43,7 +43,7 @@ class MLP(nnx.Module):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
         return ops.layer_stack(self.blocks)
 
-    def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+    def __call__(self, x: jax.Array, *, remat: Remat = "none") -> jax.Array:
         self.cfg.check_input(x)
         h = ops.ACTIVATIONS[self.cfg.activation](ops.dense(self.in_proj, x))
         h = scan_layers(*self.stack(), h, remat)

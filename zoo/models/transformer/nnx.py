@@ -10,7 +10,7 @@ from jax.ad_checkpoint import checkpoint_name
 from zoo import names
 from zoo.models import ops
 from zoo.models.transformer.config import TransformerConfig
-from zoo.scan import scan_layers
+from zoo.scan import Remat, scan_layers
 
 
 class Attention(nnx.Module):
@@ -90,7 +90,7 @@ class Transformer(nnx.Module):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
         return ops.layer_stack(self.blocks)
 
-    def __call__(self, x: jax.Array, *, remat: str = "none") -> jax.Array:
+    def __call__(self, x: jax.Array, *, remat: Remat = "none") -> jax.Array:
         self.cfg.check_input(x)
         embed = ops.dense if self.cfg.takes_features else ops.embed
         h = embed(self.embed, x) + ops.positions(self.pos, x)

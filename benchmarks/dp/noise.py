@@ -1,0 +1,99 @@
+"""What the DP noise costs per sampler (docs/dp.md, "The noise sampler").
+
+Times :func:`zoo.dp.add_gaussian_noise` (jitted, per-leaf draws in the engine's order) on the
+trainable parameters of a few presets, for every sampler in ``zoo.dp.noise.NOISE_PRNGS``. The
+samplers run in interleaved rounds; each figure is the median over rounds, and the ratio is the
+median of per-round ratios to ``threefry2x32`` (JAX's default key). A ``copy`` row, the same
+tree through ``x + 0``, shows the fixed cost of one call. The ``philox4x32 partitioned`` row
+draws the same numbers through the twin in ``zoo/dp/philox.py``, which a program on a device
+mesh uses (JAX's own lowering, ``lax.mulhi``, does not partition).
+
+    .venv/bin/python benchmarks/dp/noise.py [--rounds 30] [--calls 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+
+from zoo.dp.noise import NOISE_PRNGS, add_gaussian_noise
+from zoo.models import canonical
+from zoo.models.registry import get_config
+
+PRESETS = ("mlp-s", "mlp-m", "transformer-xs")
+REFERENCE = "threefry2x32"
+PARTITIONED = "philox4x32 partitioned"
+COLUMNS = (*NOISE_PRNGS, PARTITIONED, "copy")
+
+
+def samplers():
+    fns = {
+        name: jax.jit(
+            lambda tree, key, name=name: add_gaussian_noise(
+                tree, key, noise_multiplier=1.0, l2_clip_norm=1.0, prng=name
+            )
+        )
+        for name in NOISE_PRNGS
+    }
+    fns[PARTITIONED] = jax.jit(
+        lambda tree, key: add_gaussian_noise(
+            tree, key, noise_multiplier=1.0, l2_clip_norm=1.0, prng="philox4x32", partitioned=True
+        )
+    )
+    fns["copy"] = jax.jit(lambda tree, key: jax.tree.map(lambda x: x + 0.0, tree))
+    return fns
+
+
+def time_preset(preset: str, rounds: int, calls: int) -> dict:
+    params = canonical.init_params(get_config(preset), 0)
+    count = sum(x.size for x in jax.tree.leaves(params))
+    key = jax.random.key(0)
+    fns = samplers()
+    for fn in fns.values():
+        jax.block_until_ready(fn(params, key))
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            tic = time.perf_counter()
+            for _ in range(calls):
+                out = fn(params, key)
+            jax.block_until_ready(out)
+            times[name].append((time.perf_counter() - tic) / calls * 1e3)
+    ref = times[REFERENCE]
+    return {
+        "preset": preset,
+        "params": count,
+        "leaves": len(jax.tree.leaves(params)),
+        "rows": {
+            name: {
+                "ms": statistics.median(t),
+                "ratio": statistics.median(a / b for a, b in zip(t, ref, strict=True)),
+            }
+            for name, t in times.items()
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=20, help="calls per round")
+    parser.add_argument("--presets", default=",".join(PRESETS))
+    args = parser.parse_args()
+    print(f"| preset (params, leaves) | {' | '.join(COLUMNS)} |")
+    print("|---|" + "---:|" * len(COLUMNS))
+    for preset in args.presets.split(","):
+        r = time_preset(preset, args.rounds, args.calls)
+        cells = [f"{r['rows'][n]['ms']:.3f} ms ({r['rows'][n]['ratio']:.2f}x)" for n in COLUMNS]
+        print(f"| {preset} ({r['params']:,}, {r['leaves']}) | {' | '.join(cells)} |")
+    print(
+        f"\n{jax.devices()[0].platform}; median of {args.rounds} rounds of {args.calls} calls; "
+        f"(ratio) = median per-round ratio to {REFERENCE}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""``zoo audit``: planted bugs are caught, a correct run stays under its claim, and the
+mechanics (canaries sampled like examples, clipped by the step, projections) hold.
+
+The buggy DP steps below exist only here: each one is an ``Engine`` with one piece of the
+DP step broken, handed to the audit through ``tamper`` (no recipe or flag reaches it).
+"""
+
+import dataclasses
+import json
+import math
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from dp_accounting.pld import PLDAccountant
+
+from tests.numerics import assert_close
+from zoo import recipes
+from zoo.audit.canaries import RAW_NORM_MULTIPLE, draw_inclusion, example_canaries, gradient_canaries
+from zoo.audit.report import audit
+from zoo.audit.run import Batches, plan_audit, train_with_canaries
+from zoo.cli import main
+from zoo.commands import settings
+from zoo.dp import clipping
+from zoo.train.engine import Engine
+from zoo.train.task import load_task
+
+M = 1000  # at most ~4.6 can be shown with 1000 canaries at 95%: room above the claimed 3
+STEPS = 60  # of digits-mlp-dp's 150: each included canary is still drawn ~22 times
+
+
+def dp_recipe(**values):
+    return settings.with_values(recipes.load_recipe("digits-mlp-dp"), {"train.steps": STEPS, **values})
+
+
+def rebuilt(cls, engine):
+    return cls(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)})
+
+
+@dataclasses.dataclass(frozen=True)
+class ReusedNoiseKey(Engine):
+    """Draws every step's noise from the run's root key: the same noise each step."""
+
+    def noise_key(self, state):
+        return jax.random.wrap_key_data(state.rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoNoise(Engine):
+    """Divides the clipped sum by the expected batch and adds no noise at all."""
+
+    def privatize(self, state, grad_sum):
+        return jax.tree.map(lambda g: g / self.dp.expected_batch_size, grad_sum)
+
+
+def tenth_of_the_noise(engine):
+    """The claim is made for sigma, the noise drawn for sigma / 10."""
+    dp = dataclasses.replace(engine.dp, noise_multiplier=engine.dp.noise_multiplier / 10)
+    return dataclasses.replace(engine, dp=dp)
+
+
+def no_clipping(monkeypatch):
+    """The shared clip factor (zoo.dp.clipping.clip_factor, which both clipping paths and the
+    canaries' clipping use) lets every gradient through at full size."""
+    monkeypatch.setattr(clipping, "clip_factor", lambda norms, clip: jnp.ones_like(norms))
+
+
+BUGS = {  # name -> (engine tamper, monkeypatch)
+    "noise-divided-by-10": (tenth_of_the_noise, None),
+    "clipping-skipped": (None, no_clipping),
+    "same-noise-key-every-step": (lambda engine: rebuilt(ReusedNoiseKey, engine), None),
+    "no-noise-at-all": (lambda engine: rebuilt(NoNoise, engine), None),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_whitebox_audit_catches_a_planted_bug(bug, tmp_path, monkeypatch):
+    tamper, patch = BUGS[bug]
+    if patch is not None:
+        patch(monkeypatch)
+    summary = audit(dp_recipe(), tmp_path, canaries=M, tamper=tamper, plot=False)
+    print(f"{bug}: claimed {summary['epsilon_claimed']:.2f}, bounds {summary['bounds']}")  # docs/dp.md
+    assert 2.9 < summary["epsilon_claimed"] <= 3.0
+    assert summary["epsilon_lower_bound"] > summary["epsilon_claimed"], summary
+    assert summary["compile_count"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["whitebox"])  # black-box: benchmarks/dp/audit.py, docs/dp.md
+def test_a_correct_run_stays_below_its_claim(mode, tmp_path):
+    summary = audit(dp_recipe(), tmp_path, canaries=M, mode=mode)
+    assert summary["epsilon_lower_bound"] <= summary["epsilon_claimed"], summary
+    assert (tmp_path / "audit.json").exists() and (tmp_path / "scores.png").stat().st_size > 10_000
+    saved = np.load(tmp_path / "scores.npz")
+    assert saved["included"].shape == (M,) and set(summary["bounds"]) == (
+        {"sum", "spread"} if mode == "whitebox" else {"loss_drop"}
+    )
+
+
+@pytest.mark.slow
+def test_without_noise_the_whitebox_audit_shows_epsilon_above_3(tmp_path, capsys):
+    argv = [
+        "digits-mlp-dp",
+        "--canaries",
+        str(M),
+        "--no-noise",
+        "--json",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    ]
+    code = main(["audit", *argv])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    for key in ("recipe", "mode", "canaries", "confidence", "epsilon_claimed", "epsilon_lower_bound"):
+        assert key in out
+    for key in ("delta", "steps", "method"):
+        assert key in out
+    assert out["epsilon_claimed"] == math.inf and out["noise_multiplier"] == 0.0
+    assert out["epsilon_lower_bound"] >= 3.0, out
+
+
+@pytest.mark.slow
+def test_blackbox_audit_sees_a_model_trained_without_privacy(tmp_path):
+    # digits-mlp is not DP: nothing bounds what a canary does to the model, and its
+    # mislabelled out-of-distribution points are memorised enough to show.
+    summary = audit(recipes.load_recipe("digits-mlp"), tmp_path, canaries=M, mode="blackbox", plot=False)
+    assert summary["epsilon_claimed"] == math.inf
+    assert summary["epsilon_lower_bound"] > 1.0, summary
+
+
+def test_canaries_are_sampled_like_examples_and_counted_in_the_accounting():
+    recipe = dp_recipe(**{"train.steps": 40})
+    plan = plan_audit(recipe, 400, "whitebox")
+    n_public = plan.num_real + 200
+    q = recipe.dp.expected_batch_size / n_public
+    assert plan.sampler.sampling_prob == pytest.approx(q, rel=1e-12)
+    assert plan.sampler.num_examples == plan.num_real  # canaries have coins of their own
+    # The claim is dp_accounting's epsilon for the audited run's q, sigma and steps.
+    accountant = PLDAccountant()
+    event = dp_accounting.PoissonSampledDpEvent(
+        q, dp_accounting.GaussianDpEvent(plan.engine.dp.noise_multiplier)
+    )
+    accountant.compose(dp_accounting.SelfComposedDpEvent(event, 40))
+    assert plan.epsilon_claimed == pytest.approx(accountant.get_epsilon(recipe.dp.delta), rel=1e-9)
+    assert plan.epsilon_claimed <= recipe.dp.epsilon
+    # Excluded canaries are never drawn; included ones at rate q (binomial, 6 sigma).
+    batches = Batches(plan)
+    counts = sum(batches.at(step)[1] for step in range(40))
+    assert not counts[~plan.included].any()
+    drawn, trials = counts[plan.included].sum(), plan.included.sum() * 40
+    assert abs(drawn - q * trials) < 6 * math.sqrt(trials * q * (1 - q))
+    assert np.array_equal(plan.included, draw_inclusion(400, recipe.train.seed))
+
+
+def projection_recipe():
+    # A small expected batch keeps the real examples' sum (whose float32 rounding the
+    # projections carry) near the size of one canary push; sigma is given, not calibrated.
+    values = {"train.steps": 30, "dp.expected_batch_size": 64, "dp.epsilon": None, "dp.noise_multiplier": 1.5}
+    return dp_recipe(**values)
+
+
+def pushes(plan):
+    """``[T, M]`` float64: what the canaries alone put along each direction, step by step."""
+    sampled = np.stack([Batches(plan).at(step)[1] for step in range(plan.steps)]).astype(np.float64)
+    recipe = plan.recipe
+    canaries = gradient_canaries(
+        plan.num_canaries, plan.run.freeze.trainable_count, recipe.dp.clip_norm, recipe.train.seed
+    )
+    assert canaries.raw_norm == RAW_NORM_MULTIPLE * recipe.dp.clip_norm  # the step clips it to C
+    directions = np.asarray(canaries.directions, np.float64)
+    return sampled, sampled @ (directions @ directions.T), directions.shape[1]  # C * u_j each
+
+
+@pytest.mark.numerics
+def test_noise_free_projections_are_the_clipped_canary_pushes():
+    plan = plan_audit(projection_recipe(), 200, "whitebox", no_noise=True)
+    trace = train_with_canaries(plan)
+    sampled, expected, width = pushes(plan)
+    assert_close(trace.projections, expected, n=width, what="noise-free projections")
+    assert sampled.sum() > 50 and np.array_equal(trace.sampled, sampled.sum(axis=0))
+
+
+def test_what_the_canaries_do_not_explain_is_noise_of_the_claimed_scale():
+    plan = plan_audit(projection_recipe(), 200, "whitebox")
+    noise = train_with_canaries(plan).projections - pushes(plan)[1]
+    sigma = plan.engine.dp.noise_multiplier
+    assert sigma == 1.5
+    # N(0, sigma^2) along every unit direction: mean and standard deviation, 5 standard errors.
+    assert abs(noise.mean()) < 5 * sigma / math.sqrt(noise.size)
+    assert abs(noise.std() / sigma - 1) < 5 / math.sqrt(2 * noise.size)
+
+
+def test_blackbox_canaries_look_like_the_task_examples():
+    recipe = recipes.load_recipe("python-docs-lm")
+    task = load_task(recipe.data, task="lm", seed=0, max_len=64)
+    lm = example_canaries(task, 8, seed=0)
+    assert lm["x"].shape == (8, task.seq_len) and np.array_equal(lm["x"][:, 1:], lm["y"][:, :-1])
+    assert lm["x"].min() >= 0 and lm["x"].max() < task.data.vocab_size
+    digits = load_task(recipes.load_recipe("digits-mlp").data, task="classify", seed=0)
+    rows = example_canaries(digits, 8, seed=0)
+    assert rows["x"].shape == (8, digits.data.num_features) and rows["y"].max() < digits.data.num_classes
+    assert rows["x"].min() >= digits.data.x_train.min() and rows["x"].max() <= digits.data.x_train.max()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--canaries", "1"], "--canaries must be an integer >= 2"),
+        (["--confidence", "1.0"], "--confidence must be in (0, 1)"),
+        (["--confidence", "0"], "--confidence must be in (0, 1)"),
+        (["--mode", "grey"], "unknown mode 'grey'. Valid: blackbox, whitebox"),
+    ],
+)
+def test_bad_values_are_refused_in_one_line(argv, message, capsys):
+    assert main(["audit", "digits-mlp-dp", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_canaries_that_all_fall_on_one_side_are_refused_before_training(capsys):
+    assert draw_inclusion(2, 0).all()  # seed 0 puts both of two canaries in
+    assert main(["audit", "digits-mlp-dp", "--canaries", "2", "--no-progress"]) == 2
+    assert "all 2 canaries fell in" in capsys.readouterr().err
+
+
+def test_non_finite_scores_are_refused_not_ranked():
+    from zoo.audit.score import lower_bounds
+    from zoo.errors import ZooError
+
+    included = np.arange(100) % 2 == 0
+    scores = {"sum": np.where(included, 1.0, np.nan)}
+    with pytest.raises(ZooError, match="50 of 100 canary 'sum' scores are not finite"):
+        lower_bounds(scores, included, 0.95, 1e-5)
+
+
+def test_whitebox_audit_of_a_non_dp_recipe_is_refused(capsys):
+    assert main(["audit", "digits-mlp", "--no-progress"]) == 2
+    assert "is not DP" in capsys.readouterr().err
+    assert main(["audit", "digits-mlp", "--mode", "blackbox", "--no-noise", "--no-progress"]) == 2

@@ -1,0 +1,70 @@
+"""Ghost clipping of a leaf shared by two ops: the token table read by the embedding gather and
+by a head tied to it (GPT-2, Llama 3.2). The per-example norm is ``|g_embed + g_head|^2`` with
+its cross term (``zoo.dp.ghost.rules.tied_cross``); it must equal the vmap path's on the real
+tied models, and the coverage check must still refuse any other double claim."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import zoo
+from tests.dp.ghost.test_api import B, compare
+from zoo.dp.ghost import rules, stages
+from zoo.dp.ghost.sites import Site, coverage_problem
+
+pytestmark = pytest.mark.numerics
+
+TIED = {  # a GPT-2-like transformer (attention biases, tied head) and a tied Llama
+    "gpt2-like": zoo.get_config(
+        "transformer-xs", d_model=32, d_ff=64, max_len=16, vocab_size=40, attn_bias=True, tie_head=True
+    ),
+    "llama-tied": zoo.get_config("llama-xs", d_model=32, d_ff=64, max_len=16, vocab_size=40, tie_head=True),
+}
+
+
+@pytest.mark.parametrize(
+    "name, dense", [("gpt2-like", "gram"), ("gpt2-like", "materialise"), ("llama-tied", "gram")]
+)
+def test_tied_head_matches_vmap_path(name, dense):
+    mask = np.ones(B, np.float32)
+    mask[2] = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to the vmap path
+        compare(TIED[name], dense=dense, mask=mask)
+
+
+def test_the_cross_term_is_what_makes_it_exact(monkeypatch):
+    """Without the cross term (the norms of the two ops added, as if separate leaves) the float
+    rule catches the difference."""
+    cfg = zoo.get_config("llama-xs", d_model=32, d_ff=64, max_len=16, vocab_size=41, tie_head=True)
+    monkeypatch.setitem(rules.SHARED, ("gather", "unembed"), lambda *a: 0.0 * rules.tied_cross(*a))
+    monkeypatch.setattr(stages, "SHARED", rules.SHARED)
+    with pytest.raises(AssertionError, match="norms"):
+        compare(cfg)
+
+
+def test_backward_method_falls_back_with_its_reason():
+    with pytest.warns(UserWarning, match="tied head"):
+        compare(TIED["gpt2-like"], method="backward")
+
+
+def _site(path, kind, stacked=False):
+    return Site(path, kind, ("w",), stacked, (2, 4, 8), 8)
+
+
+@pytest.mark.parametrize(
+    "sites, refused",
+    [
+        ((_site("embed", "gather"), _site("embed", "unembed")), False),
+        ((_site("embed", "unembed"), _site("embed", "gather")), True),  # not the tied order
+        ((_site("embed", "gather"), _site("embed", "gather")), True),
+        ((_site("head", "dense"), _site("head", "dense")), True),
+        ((_site("blocks.e", "gather", True), _site("blocks.e", "unembed", True)), True),
+        ((_site("embed", "gather"), _site("embed", "unembed"), _site("embed", "dense")), True),
+    ],
+)
+def test_coverage_allows_only_the_tied_pair(sites, refused):
+    paths = {f"{s.path}.w" for s in sites}
+    problem = coverage_problem(sites, (), paths)
+    assert (problem is not None) == refused, problem

@@ -1,0 +1,86 @@
+"""Issue 33, data: unreadable files name the file, where and why; directories, one-class
+data and a negative seed are refused in one line before any model is built."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.e2e.clikit import refused
+
+
+def _train(tmp_path, dataset: str, *more: str) -> list[str]:
+    return [
+        "train",
+        "digits-mlp",
+        "--dataset",
+        dataset,
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+        *more,
+    ]
+
+
+def _zero_row_parquet(path) -> None:
+    pq.write_table(pa.table({"a": pa.array([], pa.float32()), "label": pa.array([], pa.int64())}), path)
+
+
+# (file name, bytes, the words the one line must hold besides the path)
+CSV_CASES = [
+    ("binary.csv", bytes(range(256)) * 4, ["a binary file"]),
+    ("latin1.csv", "a,caf\xe9,label\n1,2,0\n".encode("latin-1"), ["not UTF-8", "0xe9", "line 1, column 6"]),
+    ("empty.csv", b"", ["the file is empty"]),
+    ("ragged.csv", b"a,b,label\n1,2,0\n3,4,1,5\n", ["ragged rows", "line 3"]),
+    ("header.csv", b"a,b,label\n", ["no rows"]),
+]
+
+
+@pytest.mark.parametrize("name, content, words", CSV_CASES, ids=[c[0] for c in CSV_CASES])
+def test_an_unreadable_csv_names_the_file_the_place_and_the_cause(tmp_path, capsys, name, content, words):
+    path = tmp_path / name
+    path.write_bytes(content)
+    line = refused(capsys, _train(tmp_path, f"csv:{path}"), str(path), *words)
+    assert "DatasetGenerationError" not in line
+
+
+def test_a_zero_row_parquet_file_is_named(tmp_path, capsys):
+    path = tmp_path / "zero.parquet"
+    _zero_row_parquet(path)
+    refused(capsys, _train(tmp_path, f"parquet:{path}"), str(path), "no rows", "a, label")
+
+
+def test_a_text_file_that_is_not_utf8_is_named_with_its_line(tmp_path, capsys):
+    good, bad = tmp_path / "good.txt", tmp_path / "bad.txt"
+    good.write_text("plain text\n" * 20)
+    bad.write_bytes("fine\n\xe9t\xe9\n".encode("latin-1"))
+    argv = ["train", "python-docs-lm", "--dataset", f"text:{good},{bad}", "--out", str(tmp_path / "r")]
+    refused(capsys, argv, str(bad), "not UTF-8", "line 2, column 1")
+
+
+def test_a_directory_is_not_called_a_missing_file(tmp_path, capsys):
+    (tmp_path / "corpus").mkdir()
+    argv = [
+        "train",
+        "python-docs-lm",
+        "--dataset",
+        f"text:{tmp_path / 'corpus'}",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    line = refused(capsys, argv, "is a directory", "name its files")
+    assert "not found" not in line
+
+
+def test_one_class_data_is_refused_instead_of_scoring_accuracy_one(tmp_path, capsys):
+    path = tmp_path / "one.csv"
+    path.write_text("a,b,label\n1,2,0\n3,4,0\n5,6,0\n")
+    refused(capsys, _train(tmp_path, f"csv:{path}"), "3 rows, all of class 0", "at least 2 classes")
+
+
+def test_a_negative_seed_blames_the_seed_not_the_split(capsys, tmp_path):
+    line = refused(
+        capsys, ["train", "digits-mlp", "--set", "train.seed=-1", "--out", str(tmp_path / "r")], "-1"
+    )
+    assert "seed must be" in line and "cannot split" not in line

@@ -1,0 +1,88 @@
+"""Issue 39, `zoo sample`: its generation flags on an imported checkpoint (greedy, top-k,
+top-p, several samples in one batch, the streamed text equal to the JSON), its EOS, and the
+arguments it refuses in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import zoo
+from tests.e2e.clikit import refused
+from zoo.cli import main
+from zoo.generate.stops import checkpoint_eos
+
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "hf" / "llama3-tied"  # it has a tokenizer.json
+PROMPT = "the quick"
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sample") / "imp"
+    assert main(["import", str(FIXTURE), "--out", str(out)]) == 0
+    return out
+
+
+def _json(capsys, *argv) -> dict:
+    capsys.readouterr()
+    assert main(["sample", *map(str, argv), "--json"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_greedy_streamed_text_equals_the_json_and_top_k_1(imported, capsys):
+    greedy = _json(capsys, imported, "--prompt", PROMPT, "--max-new-tokens", 20, "--temperature", 0)
+    assert greedy["samples"] == [greedy["sample"]] and greedy["sample"]
+    assert (
+        main(["sample", str(imported), "--prompt", PROMPT, "--max-new-tokens", "20", "--temperature", "0"])
+        == 0
+    )
+    assert capsys.readouterr() == (PROMPT + greedy["sample"] + "\n", "")
+    top1 = _json(capsys, imported, "--prompt", PROMPT, "--max-new-tokens", 20, "--top-k", 1, "--seed", 5)
+    assert top1["sample"] == greedy["sample"]
+
+
+def test_num_samples_is_one_batch_of_different_draws_and_a_seed_repeats_them(imported, capsys):
+    flags = (imported, "--prompt", PROMPT, "--max-new-tokens", 12, "--num-samples", 4, "--top-p", 0.95)
+    first = _json(capsys, *flags, "--seed", 1)
+    assert len(first["samples"]) == 4 and len(set(first["samples"])) > 1
+    assert _json(capsys, *flags, "--seed", 1) == first
+    capsys.readouterr()
+    assert main(["sample", *map(str, flags), "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- sample ") == 4 and all(PROMPT + s in out for s in first["samples"])
+
+
+def test_eos_comes_from_the_tokenizer_and_the_imported_config(imported):
+    ckpt = zoo.load_checkpoint(imported)
+    config_eos = json.loads((FIXTURE / "config.json").read_text())["eos_token_id"]
+    tokenizer_eos = ckpt.tokenizer._tokenizer.token_to_id("<eos>")
+    assert set(checkpoint_eos(ckpt)) == {config_eos, tokenizer_eos}
+
+
+@pytest.mark.parametrize(
+    "flags,fragments",
+    [
+        (["--max-new-tokens", "0"], ["--max-new-tokens must be a positive number of tokens"]),
+        (["--top-k", "-1"], ["--top-k must be a whole number >= 0"]),
+        (["--top-p", "0"], ["--top-p must be a number in (0, 1]"]),
+        (["--top-p", "1.5"], ["--top-p", "got 1.5"]),
+        (["--top-p", "nan"], ["--top-p"]),
+        (["--num-samples", "0"], ["--num-samples must be a whole number in [1, 256]"]),
+        (["--num-samples", "1000"], ["--num-samples", "one batch"]),
+        (["--temperature", "-1"], ["--temperature must be a finite number >= 0"]),
+    ],
+)
+def test_bad_generation_flags_are_refused_before_the_checkpoint_is_read(tmp_path, capsys, flags, fragments):
+    refused(capsys, ["sample", str(tmp_path), "--prompt", "x", *flags], *fragments)
+
+
+def test_new_tokens_that_leave_no_room_for_the_prompt_are_refused(imported, capsys):
+    refused(
+        capsys,
+        ["sample", str(imported), "--prompt", PROMPT, "--max-new-tokens", "1024"],
+        "--max-new-tokens 1024 leaves no room for the prompt",
+        "max_position_embeddings",
+        "at most 1023 new tokens",
+    )

@@ -1,0 +1,115 @@
+"""benchmarks/device/device_check.py at --small on CPU, so the script a lent GPU runs cannot rot.
+
+The run is all compile time (about 30 programs, ~80 s of CPU; 167 s wall at load average 10 on
+the 2-core machine); the script sets XLA's CPU optimisation level to 0 for --small, and times 3
+rounds instead of 10. Figures are not asserted beyond sanity: speed and memory claims live in
+the script's output, not in tests. Not marked ``numerics``: the float rule's comparisons here
+are remat against none, which tests/test_remat.py already re-runs under each ISA cap,
+and re-running this whole script per cap would cost minutes of CI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "device_check.py"
+SECTIONS = ("gradients", "memory", "time", "dp", "attention")
+
+
+def _run(tmp_path, *flags) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "check.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--small", "--out", str(out), *flags],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.exists(), done.stderr[-2000:]
+    return done, json.loads(out.read_text())
+
+
+def _rows(result, section):
+    body = result["sections"][section]
+    assert body["status"] == "ok", body
+    assert body["rows"], section
+    for row in body["rows"]:
+        assert row["status"] == "ok", (section, row)
+    return body["rows"]
+
+
+@pytest.mark.slow
+def test_small_run_has_every_section_and_every_gradient_passes(tmp_path):
+    done, result = _run(tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert set(result["sections"]) == set(SECTIONS)
+    assert result["mismatches"] == []
+
+    grads = _rows(result, "gradients")
+    import zoo.remat
+
+    checked = {r["variant"] for r in grads}
+    assert set(zoo.remat.policy_names()) - {"none"} <= checked
+    assert {"chunked attention + full", "mlp_chunk + full"} <= checked
+    assert {(r["model"], r["dtype"]) for r in grads} == {
+        (m, d) for m in ("transformer-s", "llama-s") for d in ("float32", "bfloat16")
+    }
+    for r in grads:
+        assert r["passed"] and 0 <= r["excess"] <= 1 and r["tolerance"] > 0, r
+
+    memory = _rows(result, "memory")
+    for r in memory:
+        assert r["analysis_bytes"] > 0 and r["temp_bytes"] > 0 and r["argument_bytes"] > 0, r
+        assert r["peak_bytes"] is None  # CPU offers no memory_stats() peak
+        assert r["loss_finite"], r
+    offload = [r for r in memory if r["policy"].startswith("offload")]
+    assert offload and all("saves_device_memory" in r and r["offload_vs"] for r in offload)
+    depths = sorted({r["num_layers"] for r in memory})
+    none = {r["num_layers"]: r["temp_bytes"] for r in memory if r["policy"] == "none"}
+    assert none[depths[-1]] > none[depths[0]]  # `none` keeps every layer's residuals
+
+    for r in _rows(result, "time"):
+        assert r["step_ms"] > 0 and r["model_flops"] > 0 and r["steps"] >= 3, r
+        assert r["ratio_to_none"] > 0 and r["mfu"] is None  # no peak FLOP/s known for a CPU
+    for r in _rows(result, "dp"):
+        assert r["ghost_over_non_private"] > 0 and r["jax_privacy_over_ghost"] > 0, r
+        assert min(r["temp_bytes"].values()) >= 0
+    assert {r["model"] for r in result["sections"]["dp"]["rows"]} == {"mlp-s", "transformer-s", "llama-s"}
+    attention = {r["attention"]: r for r in _rows(result, "attention")}
+    assert set(attention) == {"dense", "chunked"}
+    assert all(r["temp_bytes"] > 0 and r["step_ms"] > 0 for r in attention.values())
+    assert attention["chunked"]["temp_bytes"] < attention["dense"]["temp_bytes"]
+    assert math.isfinite(result["wall_s"])
+
+
+def test_a_wrong_gradient_is_the_first_line_and_fails_the_run(tmp_path):
+    done, result = _run(
+        tmp_path, "--sections", "gradients", "--variants", "full,nested", "--plant-bug", "full"
+    )
+    assert done.returncode == 1
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("GRADIENT MISMATCH") and " full: " in first, done.stdout[:2000]
+    rows = {r["variant"]: r for r in result["sections"]["gradients"]["rows"]}
+    assert not rows["full"]["passed"] and rows["full"]["excess"] > 1
+    assert rows["nested"]["passed"]  # the check is not failing everything
+    assert len(result["mismatches"]) == 1
+
+
+def test_memory_row_in_its_own_process(tmp_path):
+    """The path a GPU takes: one memory row per process (memory_stats()'s peak never resets)."""
+    spec = json.dumps({"policy": "offload-layer-input", "depth": 2})
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--small", "--memory-child", spec],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    assert row["status"] == "ok", row
+    assert row["analysis_bytes"] > 0 and row["residual_host_bytes"] > 0 and row["loss_finite"]

@@ -1,0 +1,271 @@
+"""``zoo.generate``: cached decoding gives the full forward's logits at every generated
+position (both kinds, both backends, dense and chunked attention, GQA, tied heads, Llama 3
+rope scaling), transformers' greedy tokens on the Hugging Face fixtures, each prompt's own
+tokens in a padded batch, and a bounded number of compiled programs."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import zoo
+from tests.numerics import assert_close
+from zoo.generate import Model, generate, loop, stream
+from zoo.generate.sampling import Sampling, filtered
+from zoo.generate.stops import config_eos
+from zoo.lora import LoraSpec
+from zoo.models import canonical, decode, hf_io
+from zoo.models.llama.config import LlamaConfig
+from zoo.models.paths import flat_by_path, nest_by_path
+from zoo.models.transformer.config import TransformerConfig
+from zoo.train.compiles import CompileCounter
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf"
+SMALL = dict(vocab_size=40, d_model=32, num_heads=4, num_layers=2, max_len=64)
+CONFIGS = {
+    "transformer": TransformerConfig(**SMALL, d_ff=64),
+    "transformer-chunked": TransformerConfig(**SMALL, d_ff=64, attention="chunked", attention_chunk=4),
+    "transformer-tied": TransformerConfig(**SMALL, d_ff=64, tie_head=True, attn_bias=True),
+    "llama-kv1": LlamaConfig(**SMALL, d_ff=64, num_kv_heads=1),
+    "llama-kv2": LlamaConfig(**SMALL, d_ff=64, num_kv_heads=2),
+    "llama-kv4-chunked": LlamaConfig(
+        **SMALL, d_ff=64, num_kv_heads=4, attention="chunked", attention_chunk=8
+    ),
+    "llama-tied": LlamaConfig(**SMALL, d_ff=64, num_kv_heads=2, tie_head=True),
+    # adapters (made non-zero in `model`) on q, v and the head: ops.dense adds them
+    "llama-lora": LlamaConfig(
+        **SMALL, d_ff=64, num_kv_heads=2, lora=LoraSpec(4, 8.0, ("blocks.attn.q", "blocks.attn.v", "head"))
+    ),
+    # positions past rope_original_max_len take the scaled frequencies
+    "llama3-rope": LlamaConfig(
+        **SMALL, d_ff=64, num_kv_heads=2, rope_scaling="llama3", rope_theta=500000.0, rope_original_max_len=8
+    ),
+}
+PROMPTS = ([3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4])
+
+
+@functools.cache
+def model(name: str, backend: str) -> Model:
+    cfg = CONFIGS[name]
+    flat = flat_by_path(canonical.init_params(cfg, 0))
+    for i, path in enumerate(sorted(flat)):  # a fresh adapter's B is zero: give it weight
+        if ".lora_b" in f".{path}":
+            flat[path] = 0.1 * jax.random.normal(jax.random.key(i), flat[path].shape)
+    return Model(cfg, backend, nest_by_path(flat))
+
+
+def width(cfg) -> int:
+    return max(cfg.d_model, cfg.d_ff, cfg.num_heads * cfg.d_head)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("backend", zoo.BACKENDS)
+@pytest.mark.parametrize("name", CONFIGS)
+def test_cached_logits_equal_the_full_forward_at_every_generated_position(name, backend):
+    m = model(name, backend)
+    out = generate(m, PROMPTS, max_new_tokens=12, temperature=0, keep_logits=True)
+    apply = zoo.apply_fn(m.config, backend)
+    for row, prompt in enumerate(PROMPTS):
+        new = out.tokens[row]
+        assert len(new) == 12 and out.stopped[row] == "length"
+        full = np.asarray(apply(m.params, jnp.asarray([list(prompt) + list(new)], jnp.int32)))[0]
+        expected = full[len(prompt) - 1 : len(prompt) + len(new) - 1]
+        got = out.logits[row, : len(new)]
+        assert_close(got, expected, n=max(len(prompt) + len(new), width(m.config)), what=f"{name} row {row}")
+        assert list(new) == np.argmax(got, axis=-1).tolist()  # temperature 0 is the argmax
+
+
+@pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
+def test_a_padded_batch_gives_each_prompt_its_own_tokens(name):
+    m = model(name, "nnx")
+    prompts = [PROMPTS[1], [5], PROMPTS[0], list(range(1, 30))]
+    batch = generate(m, prompts, max_new_tokens=9, temperature=0)
+    for row, prompt in enumerate(prompts):
+        assert batch.tokens[row] == generate(m, [prompt], max_new_tokens=9, temperature=0).tokens[0]
+
+
+def test_a_seed_reproduces_a_sample_and_rows_draw_alone():
+    m = model("llama-kv2", "nnx")
+    kw = dict(max_new_tokens=10, temperature=1.0, seed=3)
+    first, again = generate(m, PROMPTS, **kw), generate(m, PROMPTS, **kw)
+    assert first == again
+    assert generate(m, PROMPTS, **{**kw, "seed": 4}).tokens != first.tokens
+    assert generate(m, PROMPTS[:1], **kw).tokens[0] == first.tokens[0]  # row 0, batch or not
+    same = generate(m, [PROMPTS[0]] * 3, **kw).tokens
+    assert len(set(same)) > 1  # --num-samples: the rows of one prompt draw apart
+
+
+def test_top_k_1_and_a_tiny_top_p_are_greedy():
+    m = model("transformer", "eqx")
+    greedy = generate(m, PROMPTS, max_new_tokens=10, temperature=0).tokens
+    assert generate(m, PROMPTS, max_new_tokens=10, temperature=1.5, top_k=1, seed=1).tokens == greedy
+    assert generate(m, PROMPTS, max_new_tokens=10, temperature=1.5, top_p=1e-6, seed=1).tokens == greedy
+
+
+def test_top_k_and_top_p_keep_what_they_say():
+    logits = jnp.asarray(np.random.default_rng(0).normal(size=(3, 50)), jnp.float32)
+    kept = np.isfinite(np.asarray(filtered(logits, Sampling(1.0, top_k=7))))
+    assert (kept.sum(-1) == 7).all()
+    x = np.asarray(filtered(logits, Sampling(0.5, top_p=0.6)))
+    for row, got in zip(np.asarray(logits) / 0.5, x, strict=True):
+        p = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+        order = np.argsort(-p)
+        need = int(np.searchsorted(np.cumsum(p[order]), 0.6) + 1)  # the smallest set reaching 0.6
+        assert set(np.flatnonzero(np.isfinite(got))) == set(order[:need].tolist())
+    with pytest.raises(ValueError, match="top_p"):
+        Sampling(1.0, top_p=0)
+
+
+def test_generation_stops_at_a_stop_token_and_says_why():
+    m = model("llama-kv1", "nnx")
+    greedy = generate(m, PROMPTS, max_new_tokens=8, temperature=0)
+    stop = greedy.tokens[0][2]
+    out = generate(m, PROMPTS, max_new_tokens=8, temperature=0, stop_tokens=[stop])
+    assert out.tokens[0] == greedy.tokens[0][: greedy.tokens[0].index(stop) + 1]
+    assert out.stopped[0] == "eos"
+    row1 = greedy.tokens[1]
+    assert out.tokens[1] == (row1[: row1.index(stop) + 1] if stop in row1 else row1)
+
+
+def test_stream_yields_the_tokens_of_generate():
+    m = model("transformer", "nnx")
+    whole = generate(m, PROMPTS, max_new_tokens=11, temperature=0).tokens
+    rows = [[], []]
+    for new, _ in stream(m, PROMPTS, max_new_tokens=11, temperature=0, every=3):
+        for row, tokens in zip(rows, new, strict=True):
+            row += tokens
+    assert tuple(map(tuple, rows)) == whole
+
+
+def test_compiles_one_prefill_and_one_decode_program_per_batch_and_bucket():
+    cfg = TransformerConfig(**SMALL, d_ff=48)  # a config no other test compiles
+    m = Model(cfg, "nnx", canonical.init_params(cfg, 0))
+    with CompileCounter() as counter:
+        with counter.track():
+            generate(m, [[1, 2, 3], [4] * 7, [5] * 12], max_new_tokens=5, temperature=0)
+        assert counter.count == 2  # a batch of three prompts: one prefill, one decode loop
+        with counter.track():  # other lengths, the same buckets (P 16, new 16)
+            generate(m, [[1] * 14, [2], [3] * 9], max_new_tokens=13, temperature=0)
+            generate(m, [[1] * 10, [2] * 16, [3] * 2], max_new_tokens=16, temperature=0)
+        assert counter.count == 2
+        with counter.track():  # a longer prompt: its own bucket
+            generate(m, [[1] * 20, [2], [3]], max_new_tokens=5, temperature=0)
+        assert counter.count == 4
+    assert loop.bucket(1) == loop.bucket(16) == 16 and loop.bucket(17) == 32
+
+
+def test_the_cache_holds_kv_heads_and_its_bytes_are_the_formula():
+    for name in ("transformer", "llama-kv1", "llama-kv4-chunked"):
+        cfg = CONFIGS[name]
+        kv = cfg.num_kv_heads if isinstance(cfg, LlamaConfig) else cfg.num_heads
+        cache = decode.init_cache(cfg, 2, 48, jnp.float32)
+        assert cache.k.shape == (cfg.num_layers, 2, kv, 48, cfg.d_head)
+        per_sequence = (cache.k.nbytes + cache.v.nbytes) // 2
+        assert (
+            decode.cache_bytes(cfg, 48, jnp.float32)
+            == per_sequence
+            == 2 * cfg.num_layers * 48 * kv * cfg.d_head * 4
+        )
+
+
+@pytest.mark.parametrize(
+    "name,limit", [("transformer", "max_len=64"), ("llama-kv2", "max_len (max_position_embeddings)=64")]
+)
+def test_a_prompt_and_new_tokens_beyond_the_positions_are_refused_in_one_line(name, limit):
+    m = model(name, "nnx")
+    with pytest.raises(ValueError, match="beyond the model's") as error:
+        generate(m, [list(range(1, 40)), [1]], max_new_tokens=30)
+    text = str(error.value)
+    assert "\n" not in text and limit in text and "prompt 0 (39 tokens) + 30 new tokens = 69" in text
+    generate(m, [list(range(1, 40))], max_new_tokens=25, temperature=0)  # 64 exactly: allowed
+
+
+def test_models_that_cannot_generate_say_so():
+    with pytest.raises(ValueError, match="classify"):
+        decode.cache_spec(zoo.get_config("transformer-digits"))
+    with pytest.raises(ValueError, match="registers no decode cache"):
+        decode.cache_spec(zoo.get_config("mlp-s"))
+    m = model("transformer", "nnx")
+    for bad, match in (([[]], "non-empty"), ([[40]], "outside the vocabulary"), ([], "no prompts")):
+        with pytest.raises(ValueError, match=match):
+            generate(m, bad, max_new_tokens=2)
+
+
+def _generation_fixtures():
+    return sorted(p.name for p in FIXTURES.iterdir() if (p / "generate.safetensors").is_file())
+
+
+@functools.cache
+def _imported(name: str):
+    return hf_io.load(FIXTURES / name)
+
+
+@pytest.mark.parametrize("backend", zoo.BACKENDS)
+@pytest.mark.parametrize("name", _generation_fixtures())
+def test_greedy_tokens_equal_transformers_generate(name, backend):
+    """``generate(do_sample=False, max_new_tokens=16)`` of transformers, recorded by
+    make_fixtures.py on a short and (where it fits) a 300-token prompt; EOS from the config."""
+    cfg, params = _imported(name)
+    ref = load_file(str(FIXTURES / name / "generate.safetensors"))
+    prompts = sorted({k.split(".")[0] for k in ref})
+    assert "short" in prompts
+    for which in prompts:
+        out = generate(
+            Model(cfg, backend, params),
+            [ref[f"{which}.prompt"].tolist()],
+            max_new_tokens=16,
+            temperature=0,
+            stop_tokens=config_eos(FIXTURES / name),
+        )
+        assert list(out.tokens[0]) == ref[f"{which}.tokens"].tolist(), (name, which)
+
+
+def test_every_hf_fixture_has_generation_references_and_two_have_long_prompts():
+    names = _generation_fixtures()
+    assert {"gpt2", "llama-kv1", "llama-kv2", "llama-kv4", "llama3-tied", "llama-bf16"} <= set(names)
+    long = [n for n in names if "long.prompt" in load_file(str(FIXTURES / n / "generate.safetensors"))]
+    assert {"gpt2-long", "llama-long", "llama3-tied"} <= set(long)
+
+
+def test_a_chunked_copy_of_a_dense_config_decodes_the_same_tokens():
+    m = model("llama-kv2", "eqx")
+    chunked = dataclasses.replace(m.config, attention="chunked", attention_chunk=4)
+    dense = generate(m, PROMPTS, max_new_tokens=10, temperature=0).tokens
+    assert (
+        generate(Model(chunked, "eqx", m.params), PROMPTS, max_new_tokens=10, temperature=0).tokens == dense
+    )
+
+
+def test_a_new_kind_generates_by_registering_its_cache():
+    """A kind (here the transformer's modules under a config class of its own) is refused
+    until it registers a cache, and then decodes the full forward's greedy tokens."""
+    from zoo.models import registry
+
+    @dataclasses.dataclass(frozen=True)
+    class ToyLM(TransformerConfig):
+        kind = "toylm"
+
+    cfg = ToyLM(**SMALL, d_ff=32)
+    classes = dict(nnx="zoo.models.transformer.nnx:Transformer", eqx="zoo.models.transformer.eqx:Transformer")
+    for cache in (None, "zoo.models.transformer.cache:CACHE"):
+        registry.register(ToyLM, **classes, presets={}, small=cfg, cache=cache)
+        try:
+            m = Model(cfg, "eqx", canonical.init_params(cfg, 0))
+            if cache is None:
+                with pytest.raises(ValueError, match="'toylm' registers no decode cache"):
+                    generate(m, PROMPTS, max_new_tokens=4)
+                continue
+            out = generate(m, PROMPTS[:1], max_new_tokens=6, temperature=0)
+            ids, apply = list(PROMPTS[0]), zoo.apply_fn(cfg, "eqx")
+            for _ in range(6):
+                ids.append(int(np.argmax(apply(m.params, jnp.asarray([ids], jnp.int32))[0, -1])))
+            assert list(out.tokens[0]) == ids[len(PROMPTS[0]) :]
+        finally:
+            registry.unregister("toylm")

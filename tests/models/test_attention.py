@@ -1,0 +1,249 @@
+"""Chunked attention (zoo.models.attention) against dense attention written out in full:
+values and gradients, causal or not, with padding masks, at T not divisible by the chunk; and
+what its remat rule keeps."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import zoo
+from tests.conftest import fast_jit, labels_for, loss_of, random_params, reduction_size
+from tests.numerics import assert_close
+from zoo.dp import ClipRequest, clipped_grad_sum
+from zoo.dp.ghost import ghost_clipped_grad_sum
+from zoo.errors import ZooError
+from zoo.losses import per_example_loss
+from zoo.models import registry
+from zoo.models.attention import chunked_attention
+from zoo.models.ops import causal_attention
+from zoo.residuals.find import find_residuals
+
+
+def dense_reference(q, k, v, num_heads, num_kv_heads, causal, key_mask):
+    """softmax(q k^T / sqrt(d) + mask) v with the [T, T] scores built explicitly; a row with no
+    allowed key gives zeros."""
+    *lead, seq, width = q.shape
+    d = width // num_heads
+
+    def heads(x, n):
+        return jnp.swapaxes(x.reshape(*lead, seq, n, d), -3, -2)
+
+    qh, kh, vh = heads(q, num_heads), heads(k, num_kv_heads), heads(v, num_kv_heads)
+    kh, vh = (jnp.repeat(a, num_heads // num_kv_heads, axis=-3) for a in (kh, vh))
+    s = qh @ jnp.swapaxes(kh, -1, -2) / jnp.sqrt(jnp.float32(d))
+    ok = jnp.ones((seq, seq), bool)
+    if causal:
+        ok = jnp.tril(ok)
+    if key_mask is not None:
+        ok = ok & key_mask[..., None, None, :]
+    s = jnp.where(ok, s, -jnp.inf)
+    m = jnp.max(s, -1, keepdims=True)
+    p = jnp.where(ok, jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0)), 0.0)
+    total = p.sum(-1, keepdims=True)
+    out = (p / jnp.where(total > 0, total, 1.0)) @ vh
+    return jnp.swapaxes(out, -3, -2).reshape(*lead, seq, width)
+
+
+B, T, H, KV, D = 2, 37, 4, 2, 8
+CHUNK = 8  # 37 = 4 chunks of 8 + 5: the last chunk is padded
+
+
+def inputs(seed=0):
+    keys = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(keys[0], (B, T, H * D))
+    k = jax.random.normal(keys[1], (B, T, KV * D))
+    v = jax.random.normal(keys[2], (B, T, KV * D))
+    weights = jax.random.normal(keys[3], (B, T, H * D))  # a loss that reads every output
+    lengths = jnp.array([T, 23])
+    mask = jnp.arange(T)[None, :] < lengths[:, None]
+    return q, k, v, weights, mask
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding-mask"])
+def test_values_and_gradients_equal_dense_attention(causal, masked):
+    q, k, v, weights, mask = inputs()
+    key_mask = mask if masked else None
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v) * weights)
+
+    chunked = fast_jit(
+        jax.value_and_grad(
+            loss(
+                lambda q, k, v: chunked_attention(
+                    q, k, v, H, KV, chunk=CHUNK, causal=causal, key_mask=key_mask
+                )
+            ),
+            argnums=(0, 1, 2),
+        )
+    )
+    dense = fast_jit(
+        jax.value_and_grad(
+            loss(lambda q, k, v: dense_reference(q, k, v, H, KV, causal, key_mask)), argnums=(0, 1, 2)
+        )
+    )
+    out_c = fast_jit(
+        lambda q, k, v: chunked_attention(q, k, v, H, KV, chunk=CHUNK, causal=causal, key_mask=key_mask)
+    )(q, k, v)
+    assert_close(out_c, dense_reference(q, k, v, H, KV, causal, key_mask), n=T * D, what="output")
+    assert_close(chunked(q, k, v), dense(q, k, v), n=B * T * H * D, what="loss and grads")
+
+
+def test_causal_chunked_attention_is_the_models_dense_attention():
+    q, k, v, _, _ = inputs(1)
+    out = fast_jit(lambda q, k, v: chunked_attention(q, k, v, H, KV, chunk=CHUNK))(q, k, v)
+    assert_close(out, fast_jit(lambda q, k, v: causal_attention(q, k, v, H, KV))(q, k, v), n=T * D)
+
+
+def test_a_query_with_no_key_to_attend_to_gives_zeros_and_finite_gradients():
+    q, k, v, weights, _ = inputs(2)
+    mask = jnp.zeros((B, T), bool).at[:, 5:].set(True)  # bidirectional: rows see keys 5..T
+    mask = mask.at[1].set(False)  # example 1 has no key at all
+
+    def loss(q, k, v):
+        return jnp.sum(chunked_attention(q, k, v, H, KV, chunk=CHUNK, causal=False, key_mask=mask) * weights)
+
+    out = fast_jit(
+        lambda q, k, v: chunked_attention(q, k, v, H, KV, chunk=CHUNK, causal=False, key_mask=mask)
+    )(q, k, v)
+    assert np.all(np.asarray(out[1]) == 0)
+    grads = fast_jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+
+
+def test_the_backward_keeps_no_scores_only_qkv_output_and_log_sum_exp():
+    q, k, v, weights, _ = inputs(3)
+
+    def loss(q, k, v):
+        return jnp.sum(chunked_attention(q, k, v, H, KV, chunk=CHUNK) * weights)
+
+    found = find_residuals(loss, q, k, v)
+    sizes = sorted(int(np.prod(f.shape)) * f.count for f in found)
+    # q (B H T D), k and v chunked and repeated to H heads (B H 40 D), the output (B H T D)
+    # and the log-sum-exp (B H T); never B H T T scores or probabilities.
+    assert max(sizes) <= B * H * 40 * D
+    assert B * H * T in sizes
+    dense = find_residuals(lambda q, k, v: jnp.sum(causal_attention(q, k, v, H, KV) * weights), q, k, v)
+    assert any(int(np.prod(f.shape)) * f.count >= B * H * T * T for f in dense)
+
+
+@pytest.mark.numerics
+def test_the_custom_gradient_rule_gives_dense_values_gradients_and_the_same_residuals():
+    # The same remat rule written with jax.custom_gradient(remat=True); differentiated as it is
+    # and under jax.checkpoint (where its rem runs in the backward pass).
+    q, k, v, weights, mask = inputs(4)
+
+    def loss(rule=None):
+        def attend(q, k, v):
+            if rule is None:
+                return dense_reference(q, k, v, H, KV, True, mask)
+            return chunked_attention(q, k, v, H, KV, chunk=CHUNK, key_mask=mask, rule=rule)
+
+        return lambda q, k, v: jnp.sum(attend(q, k, v) * weights)
+
+    grad = functools.partial(jax.value_and_grad, argnums=(0, 1, 2))
+    out = fast_jit(
+        lambda q, k, v: {
+            "dense": grad(loss())(q, k, v),
+            "plain": grad(loss("custom_gradient"))(q, k, v),
+            "checkpointed": grad(jax.checkpoint(loss("custom_gradient")))(q, k, v),
+        }
+    )(q, k, v)
+    for name in ("plain", "checkpointed"):
+        assert_close(out[name], out["dense"], n=B * T * H * D, what=name)
+    sizes = sorted(int(np.prod(f.shape)) * f.count for f in find_residuals(loss("custom_gradient"), q, k, v))
+    assert max(sizes) <= B * H * 40 * D and B * H * T in sizes  # as defremat's: no [T, T]
+    with pytest.raises(
+        ValueError, match="unknown attention remat rule 'flash'; valid: defremat, custom_gradient"
+    ):
+        chunked_attention(q, k, v, H, KV, rule="flash")
+
+
+def test_compiled_temp_memory_is_a_fraction_of_dense_at_long_sequences():
+    seq, heads, d = 512, 4, 16
+    spec = jax.ShapeDtypeStruct((1, seq, heads * d), jnp.float32)
+
+    def temp(fn):
+        grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v)), argnums=(0, 1, 2)))
+        return grad.lower(spec, spec, spec).compile().memory_analysis().temp_size_in_bytes
+
+    chunked = temp(lambda q, k, v: chunked_attention(q, k, v, heads, chunk=64))
+    dense = temp(lambda q, k, v: causal_attention(q, k, v, heads))
+    assert chunked <= dense / 4, (chunked, dense)
+
+
+# --- in the models -------------------------------------------------------------------------
+
+
+def chunked_and_dense(kind):
+    dense = zoo.get_config(registry.get_kind(kind).small)
+    return zoo.get_config(dense, attention="chunked", attention_chunk=3), dense  # T=8: 3 + 3 + 2
+
+
+# Both kinds, both backends, a policy that recomputes the attention (full) and one that saves
+# its named inputs (save-attn); not every combination: the op is the same in each.
+CELLS = [("transformer", "full", "eqx"), ("llama", "save-attn", "nnx")]
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("kind, policy, backend", CELLS)
+def test_a_model_with_chunked_attention_gives_the_dense_models_loss_and_gradients(kind, policy, backend):
+    chunked, dense = chunked_and_dense(kind)
+    params = random_params(dense, 1)
+    x = zoo.example_batch(dense, 2, seed=2, seq_len=8)
+    y = labels_for(dense, x)
+    want = fast_jit(jax.value_and_grad(loss_of(dense, backend)))(params, x, y)
+    got = fast_jit(jax.value_and_grad(loss_of(chunked, backend, policy)))(params, x, y)
+    assert_close(got, want, n=reduction_size(dense, 2))
+
+
+@pytest.mark.numerics
+def test_ghost_clipping_through_chunked_attention_equals_vmap_clipping():
+    # and through a chunked MLP (mlp_chunk, zoo.models.ops.token_chunks), which runs whole
+    # under the ghost hooks
+    chunked, _ = chunked_and_dense("llama")
+    chunked = zoo.get_config(chunked, mlp_chunk=3)
+    params = random_params(chunked, 3)
+    x = zoo.example_batch(chunked, 4, seed=4, seq_len=8)
+    y = labels_for(chunked, x)
+    apply = zoo.apply_fn(chunked, "nnx")
+
+    def one(p, xi, yi):
+        return per_example_loss(apply(p, xi[None]), yi[None])[0]
+
+    want = fast_jit(lambda p: clipped_grad_sum(one, p, x, y, request=ClipRequest(0.5))[:2])(params)
+    got = fast_jit(lambda p: ghost_clipped_grad_sum(chunked, p, x, y, ClipRequest(0.5))[:2])(params)
+    assert_close(got, want, n=reduction_size(chunked, 4))
+
+
+def test_the_attention_choice_is_checked():
+    with pytest.raises(ZooError, match=r"unknown TransformerConfig.attention 'flash'.*Valid: chunked, dense"):
+        zoo.get_config("transformer-xs", attention="flash")
+    with pytest.raises(ZooError, match="attention_chunk must be a positive int"):
+        zoo.get_config("llama-xs", attention="chunked", attention_chunk=0)
+
+
+def test_a_chunked_model_compiles_its_step_once():
+    # jax_custom_vjp3 flipped during the first trace would change JAX's cache key and compile
+    # the step again on later calls (a training run did: compile_count 2); a chunked config
+    # turns it on before any trace.
+    from zoo.train.compiles import CompileCounter
+
+    jax.config.update("jax_custom_vjp3", False)
+    try:
+        cfg = zoo.get_config(registry.get_kind("transformer").small, attention="chunked", attention_chunk=8)
+        assert jax.config.jax_custom_vjp3
+        params = random_params(cfg, 0)
+        x = zoo.example_batch(cfg, 2, seed=1, seq_len=16)
+        step = fast_jit(jax.value_and_grad(loss_of(cfg, "nnx", "full")))
+        with CompileCounter() as compiles, compiles.track():
+            for _ in range(3):
+                jax.block_until_ready(step(params, x, labels_for(cfg, x)))
+        assert compiles.count == 1
+    finally:
+        jax.config.update("jax_custom_vjp3", True)

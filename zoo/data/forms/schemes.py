@@ -1,0 +1,77 @@
+"""The schemes: a spec ``SCHEME:REST`` reads the Hub (``hf:``), local files (``text:``,
+``csv:``, ``parquet:``) or a directory of idx files (``idx:``)."""
+
+from __future__ import annotations
+
+import os
+
+from zoo.data.errors import DatasetError
+from zoo.data.table import Columns, DatasetForm, Source, register_form, valid_forms
+
+
+def train_rows(loaded, spec: str):
+    """The ``train`` split of a `datasets` load (the only split when there is one)."""
+    import datasets
+
+    if isinstance(loaded, datasets.Dataset):
+        return loaded
+    if "train" in loaded:
+        return loaded["train"]
+    if len(loaded) == 1:
+        return next(iter(loaded.values()))
+    raise DatasetError(f"{spec!r} has no 'train' split. Splits: {', '.join(loaded)}.")
+
+
+def read_hub(spec: str, rest: str, columns: Columns) -> Source:
+    from zoo.data.hub import load_hub
+
+    name, _, config = rest.partition(":")
+    if not name.strip():
+        raise DatasetError(f"{spec!r} names no dataset; use hf:NAME[:CONFIG], e.g. hf:mnist")
+    rows = train_rows(load_hub(spec, name.strip(), config.strip() or None), spec)
+    return Source(rows, columns.text, columns.image, columns.label)
+
+
+def read_text(spec: str, rest: str, columns: Columns) -> Source:
+    from zoo.data.files import load_local, local_paths
+
+    paths = local_paths(spec, rest, many=True, forms=valid_forms())
+    rows = train_rows(load_local(spec, "text", paths, sample_by="document"), spec)
+    return Source(rows, "text", columns.image, columns.label)
+
+
+def read_table(spec: str, rest: str, columns: Columns) -> Source:
+    """``csv:PATH`` or ``parquet:PATH``: the builder is the scheme."""
+    from zoo.data.files import load_local, local_paths
+
+    builder = spec.partition(":")[0]
+    paths = local_paths(spec, rest, many=False, forms=valid_forms())
+    return Source(
+        train_rows(load_local(spec, builder, paths), spec), columns.text, columns.image, columns.label
+    )
+
+
+def read_idx_dir(spec: str, rest: str, columns: Columns) -> Source:
+    """The four MNIST-style idx files of a directory: the official train and test splits."""
+    from zoo.data.idx import image_rows, read_split_dir
+
+    train_x, train_y, test_x, test_y = read_split_dir(os.path.abspath(os.path.expanduser(rest.strip())))
+    return Source(
+        image_rows(train_x, train_y), "text", "image", "label", eval_rows=image_rows(test_x, test_y)
+    )
+
+
+BOTH = ("classify", "lm")
+
+
+def _scheme(name: str, usage: str, tasks: tuple[str, ...], read, description: str, offline: bool = True):
+    register_form(DatasetForm(name, usage, tasks, read, description, offline))
+
+
+_scheme("hf", "hf:NAME[:CONFIG]", BOTH, read_hub, "a Hugging Face Hub dataset, e.g. hf:mnist", offline=False)
+_scheme(
+    "text", "text:PATH[,PATH...]", ("lm",), read_text, "local text files; {stdlib} is the standard library"
+)
+_scheme("csv", "csv:PATH", BOTH, read_table, "a local CSV table with named columns")
+_scheme("parquet", "parquet:PATH", BOTH, read_table, "a local parquet table with named columns")
+_scheme("idx", "idx:DIR", ("classify",), read_idx_dir, "a directory of the four MNIST-style idx files")
