@@ -113,7 +113,8 @@ def dense(layer, x: jax.Array) -> jax.Array:
         z = z + params["b"]
     z = report("dense", z, params, x)
     if getattr(layer, "lora_a", None) is not None:
-        z = z + layer.lora_scale * dense(layer.lora_b, dense(layer.lora_a, x))
+        # float32 adapters on a bf16/fp16 base: the sum keeps the base's dtype (a scan's carry)
+        z = z + (layer.lora_scale * dense(layer.lora_b, dense(layer.lora_a, x))).astype(z.dtype)
     return z
 
 

@@ -27,6 +27,32 @@ def check_start(start: str, source_cfg: ModelConfig, cfg: ModelConfig, lora_enab
         )
 
 
+def check_vocabulary(start: str, source, vocabulary: str | None) -> None:
+    """Refuse an LM start checkpoint that carries no tokenizer (an import of a folder without
+    ``tokenizer.json``) unless ``data.vocabulary`` declares one: a vocabulary fitted on the text
+    would hand its characters the first rows of a pretrained embedding (and, under DP, read the
+    vocabulary off the private text). Only the checkpoint's metadata and the recipe are read."""
+    if source.model_config.task == "lm" and source.tokenizer is None and vocabulary is None:
+        raise ZooError(
+            f"--init-from {start!r} carries no tokenizer (its source had no tokenizer.json), so the "
+            "text's characters would become the first ids of its pretrained embedding; set "
+            'data.vocabulary = "hf:SRC" to the tokenizer.json the model was trained with'
+        )
+
+
+def check_trainable_dtype(start: str, params: dict) -> None:
+    """Refuse a float16 start checkpoint: zoo has no loss scaling, and the first step's
+    gradients through a float16 model are NaN (bfloat16 trains: its range is float32's)."""
+    import jax
+
+    if any(getattr(leaf, "dtype", None) == "float16" for leaf in jax.tree_util.tree_leaves(params)):
+        raise ZooError(
+            f"--init-from {start!r} holds float16 weights, and zoo trains them without loss "
+            "scaling (its first gradients are NaN); import the checkpoint again with --dtype "
+            "bfloat16 or float32"
+        )
+
+
 def warn_batch_over_rows(batch_size: int, rows: int, dataset: str) -> None:
     """A classifier batch larger than the training rows draws rows with replacement."""
     if batch_size > rows:

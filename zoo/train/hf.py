@@ -125,13 +125,15 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
     }
     checkpoint.save(out, 0, None, params, meta, compress=False)
     count = sum(int(x.size) for x in flat_by_path(params).values())
+    vocabulary = "" if meta["tokenizer"] else " --set data.vocabulary=hf:TOKENIZER.json"
     return {
         "out_dir": str(out),
         "from": src,
         "kind": cfg.kind,
         "dtype": dtype,
         "params": count,
-        "finetune": f"zoo train hf-lm-lora --init-from {out} --dataset text:PATH",
+        "tokenizer": "tokenizer.json" if meta["tokenizer"] else "none (no tokenizer.json in the source)",
+        "finetune": f"zoo train hf-lm-lora --init-from {out} --dataset text:PATH{vocabulary}",
     }
 
 
@@ -151,8 +153,9 @@ def _tokenizer(where: Path, cfg) -> str | None:
 
 def import_cached(src: str, backend: str = "nnx") -> Path:
     """The zoo import of ``src`` (``--init-from hf:SRC``), made once under ``$ZOO_HF_CACHE``
-    (default ``~/.cache/zoo/hf-imports``) and reused: keyed by the source's name, or a local
-    directory's absolute path."""
+    (default ``~/.cache/zoo/hf-imports``) and reused (with a warning line saying so): keyed by
+    the source's name, or a local directory's absolute path and its files' contents (JSON files
+    by their bytes, weights by size and modification time), so changed weights import anew."""
     import hashlib
 
     from zoo.train import checkpoint
@@ -160,7 +163,8 @@ def import_cached(src: str, backend: str = "nnx") -> Path:
     local = Path(src).expanduser()
     name = str(local.absolute()) if local.is_dir() else src
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name.strip("/"))[-60:]
-    digest = hashlib.sha256(f"{name}|{backend}".encode()).hexdigest()[:12]
+    key = f"{name}|{backend}" + (_content_key(local) if local.is_dir() else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     root = Path(os.environ.get("ZOO_HF_CACHE") or Path.home() / ".cache" / "zoo" / "hf-imports")
     out = root / f"{slug}-{digest}"
     if checkpoint.latest_step(out) is None:
@@ -169,7 +173,27 @@ def import_cached(src: str, backend: str = "nnx") -> Path:
 
             shutil.rmtree(out)
         import_checkpoint(src, out, backend=backend)
+    else:
+        import warnings
+
+        warnings.warn(
+            f"hf:{src}: reusing its import in {out} (the source's files are unchanged)", stacklevel=2
+        )
     return out
+
+
+def _content_key(folder: Path) -> str:
+    """What a local checkpoint folder holds: each file's name, size and modification time,
+    and the bytes of its (small) JSON files."""
+    import hashlib
+
+    parts = []
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        stat = path.stat()
+        parts.append(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
+        if path.suffix == ".json" and stat.st_size < 1 << 20:
+            parts.append(hashlib.sha256(path.read_bytes()).hexdigest())
+    return "|" + "|".join(parts)
 
 
 def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = None) -> dict:

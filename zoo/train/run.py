@@ -171,6 +171,7 @@ def build_run(
     preset_cfg = recipe.model_config
     if source is not None:
         checks.check_start(start, source.model_config, preset_cfg, recipe.lora.enabled)
+        checks.check_vocabulary(start, source, recipe.data.vocabulary)
     task = load_task(
         recipe.data,
         task=preset_cfg.task,
