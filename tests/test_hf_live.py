@@ -112,3 +112,32 @@ def test_peft_loads_the_adapter_export(models, tmp_path):
     theirs = load_file(str(tmp_path / "out.safetensors"))["logits"]
     _figures("llama LoRA: peft(adapter export) vs zoo", ours, theirs)
     assert_close(np.asarray(ours), theirs, n=max(ref["ids"].shape[1], cfg.d_ff), what="peft vs zoo")
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("head", ["tied", "untied-zero-bias"])
+def test_a_transformer_trained_in_zoo_exports_as_gpt2(tmp_path, head):
+    """Issue 41 item 6: ``python-docs-lm`` (no attention biases; written as zeros) after one
+    step, tied (``model.tie_head=true``) or untied with a zero head bias (``lm_head.weight``):
+    ``from_pretrained`` of ``zoo export --format hf`` gives zoo's logits."""
+    from safetensors.numpy import save_file
+
+    from zoo.cli import main
+
+    tiny = ["--set=model.num_layers=1", "--set=model.d_model=32", "--set=model.d_ff=64"]
+    tiny += ["--set=model.max_len=16", "--set=data.seq_len=16", "--set=train.batch_size=4"]
+    tiny += ["--set=train.eval_batches=1", "--steps=1", "--no-progress", "--json"]
+    tied = ["--set=model.tie_head=true"] if head == "tied" else []
+    assert main(["train", "python-docs-lm", "--out", str(tmp_path / "run"), *tiny, *tied]) == 0
+    ck = zoo.load_checkpoint(tmp_path / "run")
+    cfg, flat = ck.model_config, flat_by_path(ck.params)
+    if head != "tied":
+        flat["head.b"] = np.zeros_like(np.asarray(flat["head.b"]))
+    hf_io.save(cfg, nest_by_path(flat), tmp_path / "export")
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 16)).astype(np.int32)
+    save_file({"ids": ids}, str(tmp_path / "ids.safetensors"))
+    _torch("logits", tmp_path / "export", tmp_path / "ids.safetensors", tmp_path / "out.safetensors")
+    theirs = load_file(str(tmp_path / "out.safetensors"))["logits"]
+    ours = jax.jit(zoo.apply_fn(cfg, "nnx"))(nest_by_path(flat), jnp.asarray(ids))
+    _figures(f"python-docs-lm {head}: from_pretrained(export) vs zoo", ours, theirs)
+    assert_close(np.asarray(ours), theirs, n=max(16, cfg.d_ff), what=f"GPT-2 export, {head} head")

@@ -59,3 +59,30 @@ def test_training_a_float16_import_is_one_line(tmp_path, capsys):
     refused(
         capsys, [*argv, vocab, "--out", str(tmp_path / "r"), *TINY], "float16 weights", "--dtype bfloat16"
     )
+
+
+LM = ["--set=model.num_layers=1", "--set=model.d_model=32", "--set=model.d_ff=64", "--set=model.max_len=16"]
+
+
+def test_gpt2_export_of_a_trained_head_bias_or_a_classifier_is_one_line(tmp_path, capsys):
+    """Item 6: ``KeyError: 'blocks.attn.q.b'``. Missing attention biases are written as zeros
+    (tests/test_hf_live.py compares transformers' logits); what GPT-2 cannot hold is named."""
+    assert main(["train", "python-docs-lm", "--out", str(tmp_path / "lm"), *LM, *TINY]) == 0
+    argv = ["export", str(tmp_path / "lm"), "--format", "hf", "--out", str(tmp_path / "e1")]
+    capsys.readouterr()
+    refused(capsys, argv, "has a bias (head.b", "model.tie_head=true")
+    assert not (tmp_path / "e1").exists()
+    assert (
+        main(
+            ["train", "python-docs-lm", "--out", str(tmp_path / "t"), *LM, "--set=model.tie_head=true", *TINY]
+        )
+        == 0
+    )
+    assert main(["export", str(tmp_path / "t"), "--format", "hf", "--out", str(tmp_path / "e2")]) == 0
+    fields = json.loads((tmp_path / "e2" / "config.json").read_text())
+    assert fields["model_type"] == "gpt2" and fields["tie_word_embeddings"] is True
+    digits = ["--steps=1", "--no-progress", "--json", "--set=train.eval_batches=1"]
+    assert main(["train", "digits-transformer", "--out", str(tmp_path / "d"), *digits]) == 0
+    argv = ["export", str(tmp_path / "d"), "--format", "hf", "--out", str(tmp_path / "e3")]
+    capsys.readouterr()
+    refused(capsys, argv, "a classifier (num_classes=10)", "no GPT-2 form")

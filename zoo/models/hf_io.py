@@ -9,7 +9,9 @@ A kind that maps onto Hugging Face checkpoints names a module when it registers
 - ``config_from_hf(fields) -> config``: raises ValueError naming a field that changes the math
   and is not supported, with the supported values;
 - ``config_to_hf(config) -> dict``: the ``config.json`` fields;
-- ``tensors(config) -> list[Tensor]``: which checkpoint tensor holds which canonical leaves.
+- ``tensors(config) -> list[Tensor]``: which checkpoint tensor holds which canonical leaves;
+- optionally ``export_leaves(config, flat) -> flat``: the leaves an export needs that a zoo
+  model may lack (zero biases), or ValueError saying what the format cannot hold.
 
 Nothing here knows a kind: the kind is found by ``model_type`` through the registry.
 """
@@ -233,9 +235,12 @@ def save(cfg, params: dict, out: str | Path) -> dict:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out}: not empty; export into a new directory")
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = hf_tensors(cfg, flat_by_path(params))
     fields = mapping_of(cfg).config_to_hf(cfg)
+    flat = flat_by_path(params)
+    if hasattr(mapping_of(cfg), "export_leaves"):  # leaves a kind fills in (zero biases)
+        flat = mapping_of(cfg).export_leaves(cfg, flat)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = hf_tensors(cfg, flat)
     dtypes = {str(v.dtype) for v in tensors.values()}
     fields["torch_dtype"] = fields["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
