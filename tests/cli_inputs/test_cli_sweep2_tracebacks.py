@@ -86,3 +86,52 @@ def test_gpt2_export_of_a_trained_head_bias_or_a_classifier_is_one_line(tmp_path
     argv = ["export", str(tmp_path / "d"), "--format", "hf", "--out", str(tmp_path / "e3")]
     capsys.readouterr()
     refused(capsys, argv, "a classifier (num_classes=10)", "no GPT-2 form")
+
+
+@pytest.mark.parametrize("case", ["a-file", "under-a-file", "proc"])
+def test_an_hf_export_out_that_cannot_be_written_is_one_line(tmp_path, capsys, case):
+    """Item 7: NotADirectoryError / FileNotFoundError; now as the zoo-format export says it."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    out, words = {
+        "a-file": (afile, "it is a file"),
+        "under-a-file": (afile / "hf", "is a file, not a directory"),
+        "proc": (Path("/proc/zoo-x"), "/proc does not take new folders"),
+    }[case]
+    assert main(["import", str(FIXTURES / "gpt2"), "--out", str(tmp_path / "imp")]) == 0
+    capsys.readouterr()
+    argv = ["export", str(tmp_path / "imp"), "--format", "hf", "--out", str(out)]
+    refused(capsys, argv, "cannot be written", words, "choose another --out")
+    assert afile.read_text() == "keep me"
+
+
+def test_an_idx_file_shorter_than_its_header_is_one_line(tmp_path, capsys):
+    """Item 8: ``ValueError: buffer is smaller than requested size``."""
+    from zoo.data.idx import FILES
+
+    (tmp_path / "mine").mkdir()
+    for name in FILES.values():
+        (tmp_path / "mine" / name).write_bytes(bytes([0, 0, 8, 3, 0, 0]))  # 3 dims, 2 bytes of 12
+    argv = ["train", "mnist-mlp", "--dataset", f"idx:{tmp_path / 'mine'}", "--out", str(tmp_path / "r")]
+    refused(capsys, [*argv, "--steps=1"], "names 3 dimensions (16 bytes)", "only 6 bytes", "cut short")
+
+
+@pytest.mark.parametrize("missing", ["factor", "original_max_position_embeddings", "vocab_size"])
+def test_an_hf_config_missing_a_field_is_one_line(tmp_path, capsys, missing):
+    """Item 9: a ``llama3`` rope config without one of its fields (or the config without
+    ``vocab_size``) ended in ``KeyError``."""
+    import json
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "llama3-tied", src)
+    fields = json.loads((src / "config.json").read_text())
+    rope = fields.get("rope_parameters") or fields.get("rope_scaling")
+    if missing in rope:
+        del rope[missing]
+        words = ["rope_scaling of type 'llama3' lacks", missing]
+    else:
+        del fields[missing]
+        words = [f"the field {missing!r} is missing"]
+    (src / "config.json").write_text(json.dumps(fields))
+    refused(capsys, ["import", str(src), "--out", str(tmp_path / "imp")], "config.json", *words)

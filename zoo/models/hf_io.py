@@ -93,6 +93,8 @@ def read_config(src: Path):
         return module.config_from_hf(fields), fields
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from None
+    except KeyError as error:  # a field the model type needs
+        raise ValueError(f"{path}: the field {error.args[0]!r} is missing") from None
 
 
 class Source:

@@ -102,7 +102,7 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
     from zoo.recipes import parse_recipe, to_dict
     from zoo.train import checkpoint
 
-    out = Path(out)
+    out = _writable_out(out)
     if checkpoint.saved_steps(out):
         raise ZooError(f"{str(out)!r} already holds checkpoints; import into a new directory")
     where = resolve_source(src)
@@ -206,6 +206,7 @@ def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = Non
     from zoo.lora.merge import merged_weights
     from zoo.train import checkpoint
 
+    out_dir = _writable_out(out_dir)
     ckpt = checkpoint.load_checkpoint(run_dir, step)
     cfg, params = ckpt.model_config, ckpt.params
     try:
@@ -221,6 +222,20 @@ def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = Non
     except ValueError as error:
         raise ZooError(str(error)) from None
     return {"out_dir": str(out_dir), "from": str(run_dir), "step": ckpt.step, "adapter": adapter, **written}
+
+
+def _writable_out(out) -> Path:
+    """``--out`` of ``zoo import`` / ``zoo export --format hf``, refused in one line when it is
+    empty (it would be the current directory), a file, under a file, or not writable."""
+    from zoo.train.runlog import dir_problem
+
+    if not str(out).strip():
+        raise ZooError("--out is empty; name a new directory for the checkpoint")
+    out = Path(out)
+    problem = dir_problem(out)
+    if problem:
+        raise ZooError(f"--out {str(out)!r} cannot be written: {problem}; choose another --out")
+    return out
 
 
 def save_adapter(cfg, params: dict, out_dir, *, base: str) -> dict:

@@ -30,6 +30,12 @@ def _rope(fields: dict) -> dict:
     if kind not in ROPE_TYPES:
         raise ValueError(f"rope_scaling type = {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
     out = {"rope_theta": float(params["rope_theta"])}
+    needed = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [name for name in needed if kind == "llama3" and name not in params]
+    if missing:
+        raise ValueError(
+            f"rope_scaling of type 'llama3' lacks {', '.join(missing)} (it needs {', '.join(needed)})"
+        )
     if kind == "llama3":
         out |= {
             "rope_scaling": "llama3",
