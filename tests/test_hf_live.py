@@ -141,3 +141,38 @@ def test_a_transformer_trained_in_zoo_exports_as_gpt2(tmp_path, head):
     ours = jax.jit(zoo.apply_fn(cfg, "nnx"))(nest_by_path(flat), jnp.asarray(ids))
     _figures(f"python-docs-lm {head}: from_pretrained(export) vs zoo", ours, theirs)
     assert_close(np.asarray(ours), theirs, n=max(16, cfg.d_ff), what=f"GPT-2 export, {head} head")
+
+
+@pytest.mark.numerics
+def test_gpt2_adapters_export_for_peft_and_name_their_base(tmp_path):
+    """Issue 41 items 10 and 11: GPT-2's Conv1D adapters (attn.o, mlp.up, mlp.down) export with
+    ``fan_in_fan_out``, and ``AutoPeftModelForCausalLM`` finds the base from
+    ``base_model_name_or_path``, which names the Hugging Face checkpoint."""
+    from safetensors.numpy import save_file
+
+    from zoo.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy zoo\n" * 40)
+    fixtures = Path(__file__).parent / "fixtures" / "hf"
+    assert main(["import", str(fixtures / "gpt2"), "--out", str(tmp_path / "imp")]) == 0
+    tiny = ["--set=data.seq_len=16", "--set=train.batch_size=4", "--set=train.eval_batches=1"]
+    tiny += ["--steps=3", "--no-progress", "--json", "--set=optim.warmup_steps=0", "--set=optim.lr=0.05"]
+    lora = ["--lora", "rank=2,alpha=4,targets=attn.o|mlp.up|mlp.down"]
+    argv = ["train", "hf-lm-lora", "--init-from", str(tmp_path / "imp"), "--dataset", f"text:{text}"]
+    vocab = f"--set=data.vocabulary=hf:{fixtures / 'llama3-tied'}"
+    assert main([*argv, vocab, *lora, *tiny, "--out", str(tmp_path / "lora")]) == 0
+    argv = ["export", str(tmp_path / "lora"), "--format", "hf", "--adapter", "--out", str(tmp_path / "ad")]
+    assert main(argv) == 0
+    fields = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
+    assert fields["fan_in_fan_out"] and fields["base_model_name_or_path"] == str(
+        (fixtures / "gpt2").absolute()
+    )
+    ck = zoo.load_checkpoint(tmp_path / "lora")
+    ids = np.random.default_rng(0).integers(0, 64, (2, 16)).astype(np.int32)
+    save_file({"ids": ids}, str(tmp_path / "ids.safetensors"))
+    _torch("logits", "auto", tmp_path / "ids.safetensors", tmp_path / "out.safetensors", tmp_path / "ad")
+    theirs = load_file(str(tmp_path / "out.safetensors"))["logits"]
+    ours = jax.jit(zoo.apply_fn(ck.model_config, "nnx"))(ck.params, jnp.asarray(ids))
+    _figures("GPT-2 LoRA: AutoPeftModelForCausalLM(adapter export) vs zoo", ours, theirs)
+    assert_close(np.asarray(ours), theirs, n=max(16, ck.model_config.d_ff), what="peft GPT-2 vs zoo")

@@ -213,7 +213,7 @@ def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = Non
         if adapter:
             if cfg.lora is None:
                 raise ValueError(f"{run_dir}: not a LoRA run; --adapter needs adapters to export")
-            written = save_adapter(cfg, params, out_dir, base=str(run_dir))
+            written = save_adapter(cfg, params, out_dir, base=_hf_base(ckpt))
         else:
             if cfg.lora is not None:
                 params, cfg = merged_weights(params, cfg.lora), dataclasses.replace(cfg, lora=None)
@@ -238,24 +238,43 @@ def _writable_out(out) -> Path:
     return out
 
 
-def save_adapter(cfg, params: dict, out_dir, *, base: str) -> dict:
+def _hf_base(ckpt) -> str | None:
+    """The Hugging Face checkpoint a LoRA run adapts (its base's ``hf_source``: a Hub name or a
+    local folder), for ``base_model_name_or_path``; None when the base is not an import."""
+    from zoo.train import checkpoint
+
+    ref = checkpoint.restore_meta(ckpt.path, ckpt.step).get(checkpoint.LORA_BASE)
+    base = Path(ref["path"]) if ref else None
+    step = checkpoint.latest_step(base) if base is not None and base.is_dir() else None
+    source = checkpoint.restore_meta(base, step).get("hf_source") if step is not None else None
+    if not source:
+        return None
+    local = Path(source["path"])  # a Hub snapshot's folder when the source is ORG/NAME[@REV]
+    return str(local) if Path(source["source"]).expanduser().is_dir() else source["source"].split("@")[0]
+
+
+def save_adapter(cfg, params: dict, out_dir, *, base: str | None) -> dict:
     """PEFT LoRA files of the adapters of ``params``: ``lora_A.weight`` [r, in] and
-    ``lora_B.weight`` [out, r] per adapted module, scale ``lora_alpha / r``."""
+    ``lora_B.weight`` [out, r] per adapted module, scale ``lora_alpha / r``. GPT-2's Conv1D
+    modules store ``[in, out]``: the same files with ``fan_in_fan_out``. ``base`` is the
+    Hugging Face checkpoint they adapt (``base_model_name_or_path``; left out when None)."""
     from safetensors.numpy import save_file
 
     spec = cfg.lora
     base_cfg = dataclasses.replace(cfg, lora=None)
-    module_of = {}  # canonical dense path -> (PEFT module key with {i}, stacked)
+    module_of, conv1d = {}, False  # canonical dense path -> (PEFT module key with {i}, stacked)
     for t in hf_io.mapping_of(base_cfg).tensors(base_cfg):
-        if len(t.leaves) == 1 and t.leaves[0].endswith(".w") and t.key.endswith(".weight") and t.transpose:
+        if len(t.leaves) == 1 and t.leaves[0].endswith(".w") and t.key.endswith(".weight"):
             module_of[t.leaves[0][:-2]] = (t.key[: -len(".weight")], t.stacked)
+            conv1d = conv1d or (not t.transpose and t.leaves[0] not in ("embed.w", "pos.w"))
     flat = flat_by_path(params)
     tensors, modules = {}, set()
     for target in spec.targets:
         if target not in module_of:
             raise ValueError(
-                f"the adapter on {target} has no PEFT module of its own; adapter targets that export: "
-                f"{', '.join(sorted(module_of))}"
+                f"the adapter on {target} has no PEFT module of its own (it shares one with other "
+                f"weights); adapter targets that export: {', '.join(sorted(module_of))}; or export "
+                "the run merged: zoo export RUN --format hf, without --adapter"
             )
         key, stacked = module_of[target]
         a, b = (np.asarray(flat[p], np.float32) for p in adapter_paths(target))
@@ -278,10 +297,11 @@ def save_adapter(cfg, params: dict, out_dir, *, base: str) -> dict:
         "target_modules": sorted(modules),
         "lora_dropout": 0.0,
         "bias": "none",
-        "fan_in_fan_out": False,
+        "fan_in_fan_out": conv1d,
         "use_rslora": False,
-        "base_model_name_or_path": base,
         "inference_mode": True,
     }
+    if base is not None:
+        fields["base_model_name_or_path"] = base
     (out / ADAPTER_CONFIG).write_text(json.dumps(fields, indent=2) + "\n")
     return {"modules": len(tensors) // 2}
