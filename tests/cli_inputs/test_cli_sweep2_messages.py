@@ -67,3 +67,33 @@ def test_the_adapter_config_names_the_hugging_face_base(gpt2_lora, tmp_path, cap
     fields = json.loads((out / "adapter_config.json").read_text())
     assert fields["base_model_name_or_path"] == str((FIXTURES / "gpt2").absolute())
     assert fields["fan_in_fan_out"] is True and fields["target_modules"] == ["c_fc"]
+
+
+def test_an_imports_placeholder_data_does_not_leak(gpt2_lora, capsys, tmp_path):
+    """Item 12: ``zoo params`` and ``zoo eval`` of an import, and ``--resume`` on one, said
+    "'digits' supports only task='classify'" or listed the placeholder recipe's differences."""
+    import json
+    import shutil
+
+    imp = gpt2_lora / "imp"
+    capsys.readouterr()
+    assert main(["params", str(imp), "--json"]) == 0
+    table = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert table["trainable"] == sum(row["count"] for row in table["rows"]) > 0
+    assert main(["params", str(imp), "--freeze", "embed"]) == 0
+    assert "digits" not in capsys.readouterr().err
+    line = refused(capsys, ["eval", str(imp)], "is an import of a Hugging Face checkpoint", "--init-from")
+    assert "digits" not in line
+    copy = tmp_path / "imp"
+    shutil.copytree(imp, copy)
+    argv = ["train", "hf-lm-lora", "--resume", "--out", str(copy), "--dataset", f"text:{gpt2_lora / 't.txt'}"]
+    line = refused(capsys, argv, "is an import of the Hugging Face checkpoint", "no training state to resume")
+    assert "digits" not in line
+
+
+def test_sample_on_an_import_without_a_tokenizer_says_so(gpt2_lora, capsys):
+    """Item 13: it said the import "is not a language model checkpoint"."""
+    capsys.readouterr()
+    argv = ["sample", str(gpt2_lora / "imp"), "--prompt", "the", "--length", "2"]
+    line = refused(capsys, argv, "is a language model without a tokenizer", "tokenizer.json")
+    assert "not a language model" not in line

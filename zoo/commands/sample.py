@@ -33,6 +33,11 @@ def generate(ckpt: Checkpoint, prompt: str, length: int, temperature: float, see
     from zoo.api import apply_fn
 
     cfg, tokenizer = ckpt.model_config, ckpt.tokenizer
+    if cfg.task == "lm" and tokenizer is None:
+        raise ZooError(
+            f"{str(ckpt.path)!r} is a language model without a tokenizer (imported from a folder "
+            "with no tokenizer.json); `zoo sample` needs one: import again from a folder that has it"
+        )
     if tokenizer is None or cfg.task != "lm":
         raise ZooError(f"{str(ckpt.path)!r} is not a language model checkpoint; `zoo sample` needs one")
     check_sample_args(prompt, length, temperature)

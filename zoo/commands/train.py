@@ -193,6 +193,12 @@ def run_eval(args) -> int:
     from zoo.train.summary import task_metrics
 
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
+    if "hf_source" in checkpoint.restore_meta(args.checkpoint_dir, ckpt.step):
+        raise ZooError(
+            f"{args.checkpoint_dir} is an import of a Hugging Face checkpoint: it has no eval data "
+            "of its own; evaluate a run trained from it (zoo train hf-lm-lora --init-from "
+            f"{args.checkpoint_dir} --dataset text:PATH)"
+        )
     recipe = recipe_lib.with_values(
         ckpt.recipe, {"model.init_from": str(args.checkpoint_dir), "freeze.patterns": []}
     )
@@ -267,12 +273,23 @@ def run_params(args) -> int:
     if (target / checkpoint.CHECKPOINT_DIR).exists():
         ckpt = checkpoint.load_checkpoint(target)
         recipe = recipe_lib.with_values(ckpt.recipe, {"model.init_from": str(target)})
+        if "hf_source" in checkpoint.restore_meta(target, ckpt.step):  # an import: no data to read
+            from types import SimpleNamespace
+
+            from zoo.freeze import resolve_freeze
+
+            run = SimpleNamespace(recipe=recipe, params=ckpt.params)
+            run.freeze = resolve_freeze(ckpt.params, args.freeze or [])
+            return _print_params(run, args.json)
     else:
         recipe = recipe_lib.load_recipe(args.target)
     if args.freeze:
         recipe = recipe_lib.with_values(recipe, {"freeze.patterns": args.freeze})
-    run = build_run(recipe, choose_remat=False)
-    if args.json:
+    return _print_params(build_run(recipe, choose_remat=False), args.json)
+
+
+def _print_params(run, as_json: bool) -> int:
+    if as_json:
         emit_json(
             {
                 "rows": [
