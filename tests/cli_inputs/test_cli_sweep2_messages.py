@@ -97,3 +97,21 @@ def test_sample_on_an_import_without_a_tokenizer_says_so(gpt2_lora, capsys):
     argv = ["sample", str(gpt2_lora / "imp"), "--prompt", "the", "--length", "2"]
     line = refused(capsys, argv, "is a language model without a tokenizer", "tokenizer.json")
     assert "not a language model" not in line
+
+
+def test_init_from_a_lora_run_of_another_model_points_to_export_merge(gpt2_lora, capsys, tmp_path):
+    """Item 14: the same adapters over another model printed 1.9 KB of shape mismatches."""
+    argv = ["train", "hf-lm-lora", "--init-from", str(gpt2_lora / "lora"), "--dataset"]
+    argv += [f"text:{gpt2_lora / 't.txt'}", *TINY, "--out", str(tmp_path / "r")]
+    capsys.readouterr()
+    line = refused(capsys, argv, "has adapters of its own", "zoo export RUN --merge --out DIR")
+    assert len(line) < 400 and "shape" not in line
+
+
+def test_init_from_an_hf_folder_without_the_prefix_names_hf_and_import(capsys, tmp_path):
+    """Item 15: ``--init-from DIR`` of a Hugging Face folder, and ``zoo import hf:ORG/NAME``."""
+    src = str(FIXTURES / "llama-kv1")
+    argv = ["train", "python-docs-llama", "--init-from", src, "--out", str(tmp_path / "r"), "--steps=1"]
+    refused(capsys, argv, "it is a Hugging Face folder", f"hf:{src}", f"zoo import {src} --out DIR")
+    line = refused(capsys, ["import", "hf:ORG/NAME", "--out", str(tmp_path / "i")], "zoo import ORG/NAME --out DIR")
+    assert "HFValidationError" not in line

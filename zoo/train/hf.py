@@ -33,6 +33,8 @@ def resolve_source(src: str) -> Path:
     path = Path(src).expanduser()
     if path.is_dir():
         return path
+    if src.startswith("hf:"):  # --init-from's prefix; zoo import takes the source itself
+        raise ZooError(f"{src}: `zoo import` takes the source without hf: (zoo import {src[3:]} --out DIR)")
     name, _, rev = src.partition("@")
     if path.exists() or name.count("/") != 1 or src.startswith((".", "/")):
         raise ZooError(f"{src}: not a checkpoint directory (and not ORG/NAME[@REV] of the Hub)")
