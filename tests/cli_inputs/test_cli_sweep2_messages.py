@@ -113,5 +113,29 @@ def test_init_from_an_hf_folder_without_the_prefix_names_hf_and_import(capsys, t
     src = str(FIXTURES / "llama-kv1")
     argv = ["train", "python-docs-llama", "--init-from", src, "--out", str(tmp_path / "r"), "--steps=1"]
     refused(capsys, argv, "it is a Hugging Face folder", f"hf:{src}", f"zoo import {src} --out DIR")
-    line = refused(capsys, ["import", "hf:ORG/NAME", "--out", str(tmp_path / "i")], "zoo import ORG/NAME --out DIR")
+    line = refused(
+        capsys, ["import", "hf:ORG/NAME", "--out", str(tmp_path / "i")], "zoo import ORG/NAME --out DIR"
+    )
     assert "HFValidationError" not in line
+
+
+def test_a_tokenizer_larger_than_the_import_and_bytes_on_a_bpe_import(gpt2_lora, capsys, tmp_path):
+    """Item 16: "model.vocab_size=64 was set explicitly" (the user set nothing), and bytes on an
+    import called its BPE "a character vocabulary"."""
+    import json
+
+    doc = json.loads((FIXTURES / "llama3-tied" / "tokenizer.json").read_text())
+    doc["model"]["vocab"].update({f"zz{i}": 64 + i for i in range(36)})
+    (tmp_path / "big.json").write_text(json.dumps(doc))
+    argv = ["train", "hf-lm-lora", "--init-from", str(gpt2_lora / "imp"), "--dataset"]
+    argv += [f"text:{gpt2_lora / 't.txt'}", *TINY, "--out", str(tmp_path / "r")]
+    capsys.readouterr()
+    line = refused(capsys, [*argv, f"--set=data.vocabulary=hf:{tmp_path / 'big.json'}"], "has 64 rows")
+    assert "set explicitly" not in line
+    assert main(["import", str(FIXTURES / "llama3-tied"), "--out", str(tmp_path / "imp")]) == 0
+    capsys.readouterr()
+    argv[3] = str(tmp_path / "imp")
+    line = refused(
+        capsys, [*argv, "--set=data.vocabulary=bytes"], "has a tokenizer (tokenizer.json) of its own"
+    )
+    assert "character vocabulary" not in line

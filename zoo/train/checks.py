@@ -40,6 +40,17 @@ def check_vocabulary(start: str, source, vocabulary: str | None) -> None:
         )
 
 
+def check_vocab_fits(start: str, source, vocab_size: int) -> None:
+    """Refuse a tokenizer with more ids than the start checkpoint's embedding has rows (the
+    checkpoint fixes the size: it was not set by the user)."""
+    rows = getattr(source.model_config, "vocab_size", 0)
+    if source.model_config.task == "lm" and vocab_size > rows:
+        raise ZooError(
+            f"the tokenizer has {vocab_size} tokens, but the embedding of --init-from {start!r} has "
+            f"{rows} rows; use the checkpoint's own tokenizer, or a data.vocabulary of at most {rows} tokens"
+        )
+
+
 def check_trainable_dtype(start: str, params: dict) -> None:
     """Refuse a float16 start checkpoint: zoo has no loss scaling, and the first step's
     gradients through a float16 model are NaN (bfloat16 trains: its range is float32's)."""

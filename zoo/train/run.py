@@ -179,6 +179,8 @@ def build_run(
         tokenizer=source.tokenizer if source else None,
         max_len=getattr(preset_cfg, "max_len", None),
     )
+    if source is not None and task.is_lm:
+        checks.check_vocab_fits(start, source, task.data.vocab_size)
     cfg = fit_model_to_task(preset_cfg, task, recipe.model.preset, dict(recipe.model.overrides))
     cfg, params, freeze, adapters = _model_start(recipe, cfg, source)
     _warn_unused_microbatch(recipe, cfg)
