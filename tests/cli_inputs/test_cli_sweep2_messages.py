@@ -139,3 +139,10 @@ def test_a_tokenizer_larger_than_the_import_and_bytes_on_a_bpe_import(gpt2_lora,
         capsys, [*argv, "--set=data.vocabulary=bytes"], "has a tokenizer (tokenizer.json) of its own"
     )
     assert "character vocabulary" not in line
+
+
+def test_export_adapter_without_format_hf_is_refused(gpt2_lora, capsys, tmp_path):
+    """Item 17: ``--adapter`` without ``--format hf`` was ignored (exit 0, a zoo export)."""
+    argv = ["export", str(gpt2_lora / "lora"), "--adapter", "--out", str(tmp_path / "e")]
+    refused(capsys, argv, "--adapter", "add --format hf")
+    assert not (tmp_path / "e").exists()
