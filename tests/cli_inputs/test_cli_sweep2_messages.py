@@ -146,3 +146,13 @@ def test_export_adapter_without_format_hf_is_refused(gpt2_lora, capsys, tmp_path
     argv = ["export", str(gpt2_lora / "lora"), "--adapter", "--out", str(tmp_path / "e")]
     refused(capsys, argv, "--adapter", "add --format hf")
     assert not (tmp_path / "e").exists()
+
+
+def test_labels_outside_the_declared_classes_are_left_out_with_a_word(capsys, tmp_path):
+    """Item 19: rows of other labels were dropped silently."""
+    path = tmp_path / "three.csv"
+    path.write_text("a,b,label\n" + "".join(f"{i},{i % 7},{i % 3}\n" for i in range(30)))
+    argv = ["train", "digits-mlp", "--dataset", f"csv:{path}", "--set", "data.classes=[0, 1]"]
+    assert main([*argv, "--steps=1", "--no-progress", "--out", str(tmp_path / "r")]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert any("leaves out 10 of 30 rows, whose labels (2)" in line for line in warned), warned

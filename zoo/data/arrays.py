@@ -112,6 +112,16 @@ def keep_classes(
             f"{source!r} has no examples of class(es) {missing}. Labels present: {sorted(present)}."
         )
     keep = np.isin(y, wanted)
+    if not keep.all():  # a subset of the classes is a choice; say what it leaves out
+        import warnings
+
+        others = sorted(present - set(wanted))
+        shown = ", ".join(map(str, others[:10])) + (", ..." if len(others) > 10 else "")
+        warnings.warn(
+            f"{source!r}: data.classes = {list(wanted)} leaves out {int((~keep).sum()):,} of "
+            f"{len(y):,} rows, whose labels ({shown}) are not among the declared classes",
+            stacklevel=2,
+        )
     remap = np.full(max(present) + 1, -1, dtype=np.int64)
     remap[wanted] = np.arange(len(wanted))
     return x[keep], remap[y[keep]]
