@@ -156,3 +156,40 @@ def test_labels_outside_the_declared_classes_are_left_out_with_a_word(capsys, tm
     assert main([*argv, "--steps=1", "--no-progress", "--out", str(tmp_path / "r")]) == 0
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert any("leaves out 10 of 30 rows, whose labels (2)" in line for line in warned), warned
+
+
+def test_a_folder_with_only_pytorch_model_bin_names_it(capsys, tmp_path):
+    """Item 21: "model.safetensors: missing" and nothing about the .bin."""
+    import shutil
+
+    (tmp_path / "src").mkdir()
+    shutil.copy(FIXTURES / "gpt2" / "config.json", tmp_path / "src" / "config.json")
+    (tmp_path / "src" / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not read")
+    argv = ["import", str(tmp_path / "src"), "--out", str(tmp_path / "imp")]
+    refused(capsys, argv, "model.safetensors: missing", "pytorch_model.bin", "safe_serialization=True")
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_tied_llama_that_also_stores_lm_head(capsys, tmp_path, same):
+    """Item 22: a tied Llama whose file also holds ``lm_head.weight`` (equal to the embedding)
+    was refused; transformers loads it. A different one is refused, naming the tensor."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    import zoo
+
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "llama3-tied", src)
+    tensors = load_file(str(src / "model.safetensors"))
+    embed = tensors["model.embed_tokens.weight"]
+    tensors["lm_head.weight"] = embed.copy() if same else embed + 1
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    argv = ["import", str(src), "--out", str(tmp_path / "imp")]
+    if not same:
+        refused(capsys, argv, "lm_head.weight differs from the embedding", "tie_word_embeddings: true")
+        return
+    assert main(argv) == 0
+    params = zoo.load_checkpoint(tmp_path / "imp").params
+    np.testing.assert_array_equal(np.asarray(params["embed"]["w"]), embed)

@@ -10,6 +10,8 @@ A kind that maps onto Hugging Face checkpoints names a module when it registers
   and is not supported, with the supported values;
 - ``config_to_hf(config) -> dict``: the ``config.json`` fields;
 - ``tensors(config) -> list[Tensor]``: which checkpoint tensor holds which canonical leaves;
+- optionally ``tied_copies(config) -> {key: leaf}``: tensors a file may also store as copies of
+  a leaf (a tied head), read only to check that they are;
 - optionally ``export_leaves(config, flat) -> flat``: the leaves an export needs that a zoo
   model may lack (zero biases), or ValueError saying what the format cannot hold.
 
@@ -115,7 +117,14 @@ class Source:
         elif (self.src / WEIGHTS).is_file():
             self.where = {k: self.src / WEIGHTS for k in self._keys(self.src / WEIGHTS)}
         else:
-            raise ValueError(f"{self.src / WEIGHTS}: missing (and no {INDEX})")
+            pickles = sorted(p.name for p in self.src.glob("*.bin"))
+            hint = (
+                f"; {', '.join(pickles)} (PyTorch's pickle format) is not read: save the model with "
+                "transformers' save_pretrained(DIR, safe_serialization=True) and import DIR"
+                if pickles
+                else ""
+            )
+            raise ValueError(f"{self.src / WEIGHTS}: missing (and no {INDEX}){hint}")
         self.used: set[str] = set()
 
     @staticmethod
@@ -188,6 +197,14 @@ def load(src: str | Path, dtype: str = "float32"):
                     )
                 target = flat[leaf] if i is None else flat[leaf][i]
                 target[...] = part
+    for key, leaf in getattr(mapping_of(cfg), "tied_copies", lambda cfg: {})(cfg).items():
+        found = source.resolve(key)  # a tied head some files also store: used if it is a copy
+        if found is not None and found not in source.used:
+            if not np.array_equal(source.get(key).astype(np_dtype), flat[leaf]):
+                raise ValueError(
+                    f"{source.where[found]}: {key} differs from the embedding, but config.json says "
+                    "tie_word_embeddings: true"
+                )
     extra = source.unused()
     if extra:
         raise ValueError(f"{src}: tensors the {cfg.kind} mapping does not read: {', '.join(extra[:5])}")

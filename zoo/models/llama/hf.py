@@ -47,6 +47,11 @@ def _rope(fields: dict) -> dict:
     return out
 
 
+def tied_copies(cfg: LlamaConfig) -> dict[str, str]:
+    """A tied head that a file stores anyway (some Llama 3.2 exports): equal to the embedding."""
+    return {"lm_head.weight": "embed.w"} if cfg.tie_head else {}
+
+
 def config_from_hf(fields: dict) -> LlamaConfig:
     for name, allowed in _REQUIRED.items():
         if fields.get(name, allowed[0]) not in allowed:
