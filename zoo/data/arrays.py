@@ -96,10 +96,22 @@ def classify_labels(ds: datasets.Dataset, *, source: str, label_column: str) -> 
     return y, int(y.max()) + 1 if y.size else 0
 
 
+def label_names(ds: datasets.Dataset, label_column: str) -> tuple[str, ...] | None:
+    """The names of the class ids :func:`classify_labels` gives (ClassLabel names, or a string
+    column's values in sorted order); None for integer labels."""
+    feature = ds.features.get(label_column)
+    if isinstance(feature, datasets.ClassLabel):
+        return tuple(feature.names)
+    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
+        return tuple(np.unique(np.asarray(ds[label_column]).astype(str)).tolist())
+    return None
+
+
 def keep_classes(
-    x: np.ndarray, y: np.ndarray, classes: tuple[int, ...], source: str
+    x: np.ndarray, y: np.ndarray, classes: tuple[int, ...], source: str, names: tuple[str, ...] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Rows whose label is in ``classes``, relabelled to the label's index in ``classes``."""
+    """Rows whose label is in ``classes``, relabelled to the label's index in ``classes``.
+    ``names`` (string labels) are shown beside the ids in what it says."""
     wanted = [int(c) for c in classes]
     if not wanted:
         raise DatasetError("classes must name at least one class")
@@ -108,8 +120,12 @@ def keep_classes(
     present = set(np.unique(y).tolist())
     missing = [c for c in wanted if c not in present]
     if missing:
+        shown = ", ".join(
+            f"{c} ({names[c]!r})" if names and c < len(names) else str(c) for c in sorted(present)
+        )
+        ids = " (data.classes takes these ids: string labels are numbered in sorted order)" if names else ""
         raise DatasetError(
-            f"{source!r} has no examples of class(es) {missing}. Labels present: {sorted(present)}."
+            f"{source!r} has no examples of class(es) {missing}. Labels present: [{shown}]{ids}."
         )
     keep = np.isin(y, wanted)
     if not keep.all():  # a subset of the classes is a choice; say what it leaves out

@@ -17,6 +17,7 @@ from zoo.data.arrays import (
     classify_labels,
     join_text,
     keep_classes,
+    label_names,
     lm_cut,
     split_indices,
 )
@@ -74,7 +75,7 @@ def _classify(
             rows, source=spec, image_column=src.image_column, label_column=src.label_column
         )
         if classes is not None:
-            x, y = keep_classes(x, y, tuple(classes), spec)
+            x, y = keep_classes(x, y, tuple(classes), spec, label_names(rows, src.label_column))
             num_classes = len(classes)
         arrays.append((x, y))
         counts.append(num_classes)

@@ -64,6 +64,17 @@ def check_trainable_dtype(start: str, params: dict) -> None:
         )
 
 
+def warn_remat_without_stack(policy: str, cfg: ModelConfig) -> None:
+    """A remat policy acts on the scanned stack of blocks; a model without one runs the same
+    program under every policy."""
+    if policy != "none" and not getattr(cfg, "num_layers", 1):
+        warnings.warn(
+            f"train.remat={policy!r} has no effect on this {cfg.kind} model: it has no scanned stack "
+            "of blocks (num_layers=0), so every remat policy compiles the same step",
+            stacklevel=3,
+        )
+
+
 def warn_batch_over_rows(batch_size: int, rows: int, dataset: str) -> None:
     """A classifier batch larger than the training rows draws rows with replacement."""
     if batch_size > rows:

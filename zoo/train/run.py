@@ -192,6 +192,7 @@ def build_run(
             checks.warn_batch_over_rows(recipe.train.batch_size, task.num_train, recipe.data.dataset)
     checks.warn_long_warmup(recipe.optim, plan_steps)
     policy = "none" if recipe.train.remat == AUTO else recipe.train.remat
+    checks.warn_remat_without_stack(recipe.train.remat, cfg)
     engine = Engine(
         cfg=cfg,
         backend=recipe.model.backend,
