@@ -240,3 +240,33 @@ def test_string_labels_show_their_names_beside_the_ids(capsys, tmp_path):
         "Labels present: [0 ('cat'), 1 ('dog'), 2 ('emu')]",
         "numbered in sorted order",
     )
+
+
+@pytest.mark.parametrize(
+    ("vocabulary", "words"),
+    [
+        (
+            f"hf:{FIXTURES / 'gpt2' / 'config.json'}",
+            [f"{FIXTURES / 'gpt2' / 'config.json'}: not a tokenizer.json"],
+        ),
+        ("hf:", ['"hf:" names no tokenizer', "hf:FILE"]),
+    ],
+    ids=["config-json", "empty"],
+)
+def test_tokenizer_errors_name_the_file(capsys, tmp_path, vocabulary, words):
+    """Item 24: "not a tokenizer.json document" named no file; "hf:" read ./tokenizer.json."""
+    argv = ["train", "python-docs-lm", "--set", f"data.vocabulary={vocabulary}", "--steps=1"]
+    refused(capsys, [*argv, "--out", str(tmp_path / "r")], *words)
+
+
+def test_csv_column_errors_name_the_recipe_keys(capsys, tmp_path):
+    """Item 24: the csv text-column error named Python arguments (``label_column=``)."""
+    path = tmp_path / "t.csv"
+    path.write_text("a,b,label\n1,2,0\n3,4,1\n")
+    argv = ["train", "python-docs-lm", "--dataset", f"csv:{path}", "--steps=1", "--out", str(tmp_path / "r")]
+    line = refused(capsys, argv, "has no text column 'text'", "Set data.text_column to one of them")
+    assert "_column=" not in line
+    path.write_text("a,b,label\nx,2,0\ny,4,1\n")
+    argv = ["train", "digits-mlp", "--dataset", f"csv:{path}", "--steps=1", "--out", str(tmp_path / "r")]
+    line = refused(capsys, argv, "feature column 'a'", "Set data.label_column = 'a' if it is the label")
+    assert "image_column=" not in line

@@ -14,6 +14,7 @@ def require_column(ds: datasets.Dataset, column: str, source: str, role: str) ->
     if column not in ds.column_names:
         raise DatasetError(
             f"{source!r} has no {role} column {column!r}. Available columns: {', '.join(ds.column_names)}."
+            + (f" Set data.{role}_column to one of them." if role in ("text", "label") else "")
         )
 
 
@@ -63,7 +64,7 @@ def classify_features(
         if not _is_numeric(ds.features[c]):
             raise DatasetError(
                 f"{source!r}: feature column {c!r} is {ds.features[c]}, not numeric. "
-                f"Pass image_column= or label_column= if it is the image or the label."
+                f"Set data.label_column = {c!r} if it is the label."
             )
     table = ds.with_format("numpy", columns=columns)[:]
     x = np.stack([np.asarray(table[c], dtype=np.float32) for c in columns], axis=1)

@@ -60,7 +60,7 @@ def _check_two_classes(spec: str, y: np.ndarray, label_column: str) -> None:
         held = f"all of class {present[0]}" if len(present) else "no rows"
         raise DatasetError(
             f"{spec!r} has {len(y)} rows, {held}: a classifier needs at least 2 classes. "
-            f"Check label_column={label_column!r}"
+            f"Check data.label_column = {label_column!r}"
         )
 
 
