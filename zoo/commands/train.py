@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -202,7 +203,9 @@ def run_eval(args) -> int:
     recipe = recipe_lib.with_values(
         ckpt.recipe, {"model.init_from": str(args.checkpoint_dir), "freeze.patterns": []}
     )
-    run = build_run(recipe, choose_remat=False)
+    with warnings.catch_warnings():  # the training-time notices were given when it trained
+        warnings.simplefilter("ignore")
+        run = build_run(recipe, choose_remat=False)
     state, frozen = run.engine.init_state(run.params, recipe.train.seed)
     metrics = evaluate(
         run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)

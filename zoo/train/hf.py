@@ -221,6 +221,12 @@ def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = Non
                 params, cfg = merged_weights(params, cfg.lora), dataclasses.replace(cfg, lora=None)
             fields = hf_io.save(cfg, params, out_dir)
             written = {"model_type": fields["model_type"]}
+            spec = getattr(ckpt.tokenizer, "spec", None)  # an import's tokenizer.json goes along
+            if spec is not None:
+                from zoo.data.hf_tokenizer import FILE
+
+                (Path(out_dir) / FILE).write_text(spec)
+                written["tokenizer"] = FILE
     except ValueError as error:
         raise ZooError(str(error)) from None
     return {"out_dir": str(out_dir), "from": str(run_dir), "step": ckpt.step, "adapter": adapter, **written}

@@ -55,7 +55,9 @@ def tied_copies(cfg: LlamaConfig) -> dict[str, str]:
 def config_from_hf(fields: dict) -> LlamaConfig:
     for name, allowed in _REQUIRED.items():
         if fields.get(name, allowed[0]) not in allowed:
-            raise ValueError(f"{name} = {fields[name]!r} is not supported; supported: {list(allowed)}")
+            raise ValueError(
+                f"{name} = {fields[name]!r} is not supported; supported: {', '.join(map(str, allowed))}"
+            )
     heads = fields["num_attention_heads"]
     head_dim = fields.get("head_dim") or fields["hidden_size"] // heads
     return LlamaConfig(

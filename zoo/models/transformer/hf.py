@@ -29,7 +29,9 @@ def config_from_hf(fields: dict) -> TransformerConfig:
         )
     for name, allowed in _REQUIRED.items():
         if name in fields and fields[name] not in allowed:
-            raise ValueError(f"{name} = {fields[name]!r} is not supported; supported: {list(allowed)}")
+            raise ValueError(
+                f"{name} = {fields[name]!r} is not supported; supported: {', '.join(map(str, allowed))}"
+            )
     d = fields["n_embd"]
     return TransformerConfig(
         vocab_size=fields["vocab_size"],
