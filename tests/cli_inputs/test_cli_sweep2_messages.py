@@ -348,3 +348,26 @@ def test_supported_lists_read_one_way(capsys, tmp_path):
         capsys, ["import", str(tmp_path / "src"), "--out", str(tmp_path / "i")], "supported: False"
     )
     assert "[" not in line.split("supported:")[1]
+
+
+def test_piped_tables_never_break_inside_a_word_or_number():
+    """Item 25: ``zoo residuals`` (a name column with "x (constant)" cells) and ``zoo bench
+    finetune`` broke "attn_context" and numbers across lines at 80 columns."""
+    import io
+
+    from rich.console import Console
+
+    from zoo.ui import print_table
+
+    out = Console(file=io.StringIO(), width=80)
+    rows = [
+        ("attn_context", "[8,128,128]", "float32", "2.0 MiB", "device", "4", "stack"),
+        ("one_minus_square", "[8,128,512]", "float32", "8.0 MiB", "device", "4", "stack"),
+        ("iota (constant)", "[128,128]", "int32", "64.0 KiB", "device", "1", "outside"),
+        ("broadcast_in_dim", "[8,4,128,1]", "float32", "1,234,567.0 KiB", "pinned_host", "12", "stack"),
+    ]
+    title = "residuals of transformer-s under 'none' (whole model; nnx, L=4, batch 8, seq 128)"
+    print_table(title, ["name", "shape", "dtype", "bytes", "memory kind", "count", "scope"], rows, out=out)
+    text = out.file.getvalue()
+    for word in ("attn_context", "one_minus_square", "broadcast_in_dim", "1,234,567.0", "pinned_host"):
+        assert word in text, text
