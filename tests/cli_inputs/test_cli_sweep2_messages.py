@@ -371,3 +371,29 @@ def test_piped_tables_never_break_inside_a_word_or_number():
     text = out.file.getvalue()
     for word in ("attn_context", "one_minus_square", "broadcast_in_dim", "1,234,567.0", "pinned_host"):
         assert word in text, text
+
+
+def test_data_classes_takes_the_names_of_string_labels(capsys, tmp_path):
+    """Item 23: ``data.classes`` took integer ids only; a string label is listed by its name,
+    and the classes are numbered in the order listed."""
+    import json
+
+    path = tmp_path / "pets.csv"
+    names = ("dog", "cat", "emu")
+    path.write_text("a,b,label\n" + "".join(f"{i},{i % 5},{names[i % 3]}\n" for i in range(30)))
+    argv = ["train", "digits-mlp", "--dataset", f"csv:{path}", "--steps=1", "--no-progress", "--json"]
+    assert main([*argv, "--set", 'data.classes=["emu", "dog"]', "--out", str(tmp_path / "r")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["dataset"] == f"csv:{path}"
+    refused(capsys, [*argv, "--set", 'data.classes=["emu", "yak"]', "--out", str(tmp_path / "s")],
+            "names 'yak', not a label", "its labels: cat, dog, emu")  # fmt: skip
+
+
+def test_named_classes_are_numbered_in_the_order_listed():
+    import numpy as np
+
+    from zoo.data.arrays import keep_classes
+
+    y = np.array([0, 1, 2, 1, 0])  # cat, dog, emu (string labels in sorted order)
+    _, kept = keep_classes(np.arange(5)[:, None], y, ("emu", "dog"), "pets", ("cat", "dog", "emu"))
+    assert kept.tolist() == [1, 0, 1]

@@ -108,12 +108,30 @@ def label_names(ds: datasets.Dataset, label_column: str) -> tuple[str, ...] | No
     return None
 
 
+def _class_id(cls: int | str, names: tuple[str, ...] | None, source: str) -> int:
+    """A ``data.classes`` entry as a label id: an int as it is, a name by its label's id."""
+    if not isinstance(cls, str):
+        return int(cls)
+    if names is None:
+        raise DatasetError(f"data.classes names {cls!r}, but the labels of {source!r} are integers: list ids")
+    if cls not in names:
+        raise DatasetError(
+            f"data.classes names {cls!r}, not a label of {source!r}; its labels: {', '.join(names)}"
+        )
+    return names.index(cls)
+
+
 def keep_classes(
-    x: np.ndarray, y: np.ndarray, classes: tuple[int, ...], source: str, names: tuple[str, ...] | None = None
+    x: np.ndarray,
+    y: np.ndarray,
+    classes: tuple[int | str, ...],
+    source: str,
+    names: tuple[str, ...] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows whose label is in ``classes``, relabelled to the label's index in ``classes``.
-    ``names`` (string labels) are shown beside the ids in what it says."""
-    wanted = [int(c) for c in classes]
+    ``names`` (string labels) are shown beside the ids in what it says, and a class may be
+    given by its name."""
+    wanted = [_class_id(c, names, source) for c in classes]
     if not wanted:
         raise DatasetError("classes must name at least one class")
     if len(set(wanted)) != len(wanted):
@@ -124,7 +142,11 @@ def keep_classes(
         shown = ", ".join(
             f"{c} ({names[c]!r})" if names and c < len(names) else str(c) for c in sorted(present)
         )
-        ids = " (data.classes takes these ids: string labels are numbered in sorted order)" if names else ""
+        ids = (
+            " (data.classes takes these ids or the names: string labels are numbered in sorted order)"
+            if names
+            else ""
+        )
         raise DatasetError(
             f"{source!r} has no examples of class(es) {missing}. Labels present: [{shown}]{ids}."
         )
