@@ -73,7 +73,7 @@ class DataConfig:
 
     dataset: str = "digits"
     layout: str = "flat"
-    classes: tuple[int, ...] | None = None
+    classes: tuple[int | str, ...] | None = None  # label ids, or the names of string labels
     eval_fraction: float = 0.2
     seq_len: int | None = None
     text_column: str = "text"

@@ -34,7 +34,10 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[obje
         texts = [column] + [row[i] for row in cells if i < len(row)]
         longest_word = max(len(word) for text in texts for word in text.split() or [""])
         words = all(len(text.split()) <= 1 for text in texts) and longest_word <= _LONGEST_WORD
-        table.add_column(Text(column), no_wrap=words, overflow="fold")
+        # min_width: a prose column wraps between words, never inside one (up to _LONGEST_WORD)
+        table.add_column(
+            Text(column), no_wrap=words, overflow="fold", min_width=min(longest_word, _LONGEST_WORD)
+        )
         least += min(longest_word, _LONGEST_WORD) + 2  # the cell padding
     for row in cells:
         table.add_row(*(Text(cell) for cell in row))

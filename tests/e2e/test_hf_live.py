@@ -112,3 +112,67 @@ def test_peft_loads_the_adapter_export(models, tmp_path):
     theirs = load_file(str(tmp_path / "out.safetensors"))["logits"]
     _figures("llama LoRA: peft(adapter export) vs zoo", ours, theirs)
     assert_close(np.asarray(ours), theirs, n=max(ref["ids"].shape[1], cfg.d_ff), what="peft vs zoo")
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("head", ["tied", "untied-zero-bias"])
+def test_a_transformer_trained_in_zoo_exports_as_gpt2(tmp_path, head):
+    """Issue 41 item 6: ``python-docs-lm`` (no attention biases; written as zeros) after one
+    step, tied (``model.tie_head=true``) or untied with a zero head bias (``lm_head.weight``):
+    ``from_pretrained`` of ``zoo export --format hf`` gives zoo's logits."""
+    from safetensors.numpy import save_file
+
+    from zoo.cli import main
+
+    tiny = ["--set=model.num_layers=1", "--set=model.d_model=32", "--set=model.d_ff=64"]
+    tiny += ["--set=model.max_len=16", "--set=data.seq_len=16", "--set=train.batch_size=4"]
+    tiny += ["--set=train.eval_batches=1", "--steps=1", "--no-progress", "--json"]
+    tied = ["--set=model.tie_head=true"] if head == "tied" else []
+    assert main(["train", "python-docs-lm", "--out", str(tmp_path / "run"), *tiny, *tied]) == 0
+    ck = zoo.load_checkpoint(tmp_path / "run")
+    cfg, flat = ck.model_config, flat_by_path(ck.params)
+    if head != "tied":
+        flat["head.b"] = np.zeros_like(np.asarray(flat["head.b"]))
+    hf_io.save(cfg, nest_by_path(flat), tmp_path / "export")
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 16)).astype(np.int32)
+    save_file({"ids": ids}, str(tmp_path / "ids.safetensors"))
+    _torch("logits", tmp_path / "export", tmp_path / "ids.safetensors", tmp_path / "out.safetensors")
+    theirs = load_file(str(tmp_path / "out.safetensors"))["logits"]
+    ours = jax.jit(zoo.apply_fn(cfg, "nnx"))(nest_by_path(flat), jnp.asarray(ids))
+    _figures(f"python-docs-lm {head}: from_pretrained(export) vs zoo", ours, theirs)
+    assert_close(np.asarray(ours), theirs, n=max(16, cfg.d_ff), what=f"GPT-2 export, {head} head")
+
+
+@pytest.mark.numerics
+def test_gpt2_adapters_export_for_peft_and_name_their_base(tmp_path):
+    """Issue 41 items 10 and 11: GPT-2's Conv1D adapters (attn.o, mlp.up, mlp.down) export with
+    ``fan_in_fan_out``, and ``AutoPeftModelForCausalLM`` finds the base from
+    ``base_model_name_or_path``, which names the Hugging Face checkpoint."""
+    from safetensors.numpy import save_file
+
+    from zoo.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy zoo\n" * 40)
+    fixtures = Path(__file__).parent / "fixtures" / "hf"
+    assert main(["import", str(fixtures / "gpt2"), "--out", str(tmp_path / "imp")]) == 0
+    tiny = ["--set=data.seq_len=16", "--set=train.batch_size=4", "--set=train.eval_batches=1"]
+    tiny += ["--steps=3", "--no-progress", "--json", "--set=optim.warmup_steps=0", "--set=optim.lr=0.05"]
+    lora = ["--lora", "rank=2,alpha=4,targets=attn.o|mlp.up|mlp.down"]
+    argv = ["train", "hf-lm-lora", "--init-from", str(tmp_path / "imp"), "--dataset", f"text:{text}"]
+    vocab = f"--set=data.vocabulary=hf:{fixtures / 'llama3-tied'}"
+    assert main([*argv, vocab, *lora, *tiny, "--out", str(tmp_path / "lora")]) == 0
+    argv = ["export", str(tmp_path / "lora"), "--format", "hf", "--adapter", "--out", str(tmp_path / "ad")]
+    assert main(argv) == 0
+    fields = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
+    assert fields["fan_in_fan_out"] and fields["base_model_name_or_path"] == str(
+        (fixtures / "gpt2").absolute()
+    )
+    ck = zoo.load_checkpoint(tmp_path / "lora")
+    ids = np.random.default_rng(0).integers(0, 64, (2, 16)).astype(np.int32)
+    save_file({"ids": ids}, str(tmp_path / "ids.safetensors"))
+    _torch("logits", "auto", tmp_path / "ids.safetensors", tmp_path / "out.safetensors", tmp_path / "ad")
+    theirs = load_file(str(tmp_path / "out.safetensors"))["logits"]
+    ours = jax.jit(zoo.apply_fn(ck.model_config, "nnx"))(ck.params, jnp.asarray(ids))
+    _figures("GPT-2 LoRA: AutoPeftModelForCausalLM(adapter export) vs zoo", ours, theirs)
+    assert_close(np.asarray(ours), theirs, n=max(16, ck.model_config.d_ff), what="peft GPT-2 vs zoo")

@@ -9,6 +9,10 @@ def run_export(args) -> int:
     from zoo.lora.export import export
     from zoo.train import checkpoint  # orbax: loaded only for this verb
 
+    if args.adapter and args.format != "hf":
+        from zoo.errors import ZooError
+
+        raise ZooError("--adapter writes PEFT adapter files, a Hugging Face format: add --format hf")
     if args.format == "hf":  # a Hugging Face checkpoint directory (zoo.train.hf)
         from zoo.train.hf import export_hf
 

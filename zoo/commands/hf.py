@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zoo.ui import emit_json, print_table
+from zoo.ui import console, emit_json, print_table
 
 
 def run_import(args) -> int:
@@ -12,7 +12,10 @@ def run_import(args) -> int:
     if args.json:
         emit_json(result)
     else:
-        print_table(f"import of {args.source}", ["field", "value"], [(k, str(v)) for k, v in result.items()])
+        rows = [(k, str(v)) for k, v in result.items() if k != "finetune"]
+        print_table(f"import of {args.source}", ["field", "value"], rows)
+        # a command to copy: one line, never wrapped inside a table cell
+        console.print(f"fine-tune: {result['finetune']}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

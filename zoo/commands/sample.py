@@ -37,7 +37,15 @@ def prompt_ids(ckpt: Checkpoint, prompt: str, max_new_tokens: int) -> np.ndarray
             f"--max-new-tokens {max_new_tokens} leaves no room for the prompt in the model's "
             f"{spec.limit_name}={limit}; ask for at most {limit - 1} new tokens"
         )
-    return np.asarray(ckpt.tokenizer.encode(prompt), np.int32)[-room:]
+    ids = np.asarray(ckpt.tokenizer.encode(prompt), np.int32)
+    if len(ids) > room:
+        warnings.warn(
+            f"the prompt is {len(ids):,} tokens and the model's context {limit:,} ({spec.limit_name}) "
+            f"leaves {room:,} beside {max_new_tokens:,} new tokens: it sees only the prompt's last "
+            f"{room:,} tokens",
+            stacklevel=2,
+        )
+    return ids[-room:]
 
 
 def generate(
@@ -59,6 +67,11 @@ def generate(
     from zoo.generate.stops import checkpoint_eos
 
     cfg, tokenizer = ckpt.model_config, ckpt.tokenizer
+    if cfg.task == "lm" and tokenizer is None:
+        raise ZooError(
+            f"{str(ckpt.path)!r} is a language model without a tokenizer (imported from a folder "
+            "with no tokenizer.json); `zoo sample` needs one: import again from a folder that has it"
+        )
     if tokenizer is None or cfg.task != "lm":
         raise ZooError(f"{str(ckpt.path)!r} is not a language model checkpoint; `zoo sample` needs one")
     check_sample_args(prompt, max_new_tokens, temperature, top_k, top_p, num_samples)
@@ -170,12 +183,18 @@ def run_sample(args) -> int:
     out.flush()
     try:
         for piece in pieces:
-            out.write(piece[0])
+            out.write(_printable(piece[0]))
             out.flush()
     finally:
         out.write("\n")
         out.flush()
     return 0
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters (but newlines and tabs) escaped: a sampled ESC or BEL
+    would act on the terminal. ``--json`` keeps the text as sampled."""
+    return "".join(c if c in "\n\t" or c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def add_parser(sub) -> None:

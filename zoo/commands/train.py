@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -203,10 +204,18 @@ def run_eval(args) -> int:
     from zoo.train.summary import task_metrics
 
     ckpt = checkpoint.load_checkpoint(args.checkpoint_dir)
+    if "hf_source" in checkpoint.restore_meta(args.checkpoint_dir, ckpt.step):
+        raise ZooError(
+            f"{args.checkpoint_dir} is an import of a Hugging Face checkpoint: it has no eval data "
+            "of its own; evaluate a run trained from it (zoo train hf-lm-lora --init-from "
+            f"{args.checkpoint_dir} --dataset text:PATH)"
+        )
     recipe = recipe_lib.override(
         ckpt.recipe, {"model": {"init_from": str(args.checkpoint_dir)}, "freeze": {"patterns": []}}
     )
-    run = build_run(recipe, choose_remat=False)
+    with warnings.catch_warnings():  # the training-time notices were given when it trained
+        warnings.simplefilter("ignore")
+        run = build_run(recipe, choose_remat=False)
     state, frozen = run.engine.init_state(run.params, recipe.train.seed)
     metrics = evaluate(
         run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
@@ -268,12 +277,23 @@ def run_params(args) -> int:
     if (target / checkpoint.CHECKPOINT_DIR).exists():
         ckpt = checkpoint.load_checkpoint(target)
         recipe = recipe_lib.override(ckpt.recipe, {"model": {"init_from": str(target)}})
+        if "hf_source" in checkpoint.restore_meta(target, ckpt.step):  # an import: no data to read
+            from types import SimpleNamespace
+
+            from zoo.freeze import resolve_freeze
+
+            run = SimpleNamespace(recipe=recipe, params=ckpt.params)
+            run.freeze = resolve_freeze(ckpt.params, args.freeze or [])
+            return _print_params(run, args.json)
     else:
         recipe = recipe_lib.load_recipe(args.target)
     if args.freeze:
         recipe = recipe_lib.override(recipe, {"freeze": {"patterns": args.freeze}})
-    run = build_run(recipe, choose_remat=False)
-    if args.json:
+    return _print_params(build_run(recipe, choose_remat=False), args.json)
+
+
+def _print_params(run, as_json: bool) -> int:
+    if as_json:
         emit_json(
             {
                 "rows": [

@@ -14,6 +14,7 @@ def require_column(ds: datasets.Dataset, column: str, source: str, role: str) ->
     if column not in ds.column_names:
         raise DatasetError(
             f"{source!r} has no {role} column {column!r}. Available columns: {', '.join(ds.column_names)}."
+            + (f" Set data.{role}_column to one of them." if role in ("text", "label") else "")
         )
 
 
@@ -63,7 +64,7 @@ def classify_features(
         if not _is_numeric(ds.features[c]):
             raise DatasetError(
                 f"{source!r}: feature column {c!r} is {ds.features[c]}, not numeric. "
-                f"Pass image_column= or label_column= if it is the image or the label."
+                f"Set data.label_column = {c!r} if it is the label."
             )
     table = ds.with_format("numpy", columns=columns)[:]
     x = np.stack([np.asarray(table[c], dtype=np.float32) for c in columns], axis=1)
@@ -96,11 +97,41 @@ def classify_labels(ds: datasets.Dataset, *, source: str, label_column: str) -> 
     return y, int(y.max()) + 1 if y.size else 0
 
 
+def label_names(ds: datasets.Dataset, label_column: str) -> tuple[str, ...] | None:
+    """The names of the class ids :func:`classify_labels` gives (ClassLabel names, or a string
+    column's values in sorted order); None for integer labels."""
+    feature = ds.features.get(label_column)
+    if isinstance(feature, datasets.ClassLabel):
+        return tuple(feature.names)
+    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
+        return tuple(np.unique(np.asarray(ds[label_column]).astype(str)).tolist())
+    return None
+
+
+def _class_id(cls: int | str, names: tuple[str, ...] | None, source: str) -> int:
+    """A ``data.classes`` entry as a label id: an int as it is, a name by its label's id."""
+    if not isinstance(cls, str):
+        return int(cls)
+    if names is None:
+        raise DatasetError(f"data.classes names {cls!r}, but the labels of {source!r} are integers: list ids")
+    if cls not in names:
+        raise DatasetError(
+            f"data.classes names {cls!r}, not a label of {source!r}; its labels: {', '.join(names)}"
+        )
+    return names.index(cls)
+
+
 def keep_classes(
-    x: np.ndarray, y: np.ndarray, classes: tuple[int, ...], source: str
+    x: np.ndarray,
+    y: np.ndarray,
+    classes: tuple[int | str, ...],
+    source: str,
+    names: tuple[str, ...] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Rows whose label is in ``classes``, relabelled to the label's index in ``classes``."""
-    wanted = [int(c) for c in classes]
+    """Rows whose label is in ``classes``, relabelled to the label's index in ``classes``.
+    ``names`` (string labels) are shown beside the ids in what it says, and a class may be
+    given by its name."""
+    wanted = [_class_id(c, names, source) for c in classes]
     if not wanted:
         raise DatasetError("classes must name at least one class")
     if len(set(wanted)) != len(wanted):
@@ -108,10 +139,28 @@ def keep_classes(
     present = set(np.unique(y).tolist())
     missing = [c for c in wanted if c not in present]
     if missing:
+        shown = ", ".join(
+            f"{c} ({names[c]!r})" if names and c < len(names) else str(c) for c in sorted(present)
+        )
+        ids = (
+            " (data.classes takes these ids or the names: string labels are numbered in sorted order)"
+            if names
+            else ""
+        )
         raise DatasetError(
-            f"{source!r} has no examples of class(es) {missing}. Labels present: {sorted(present)}."
+            f"{source!r} has no examples of class(es) {missing}. Labels present: [{shown}]{ids}."
         )
     keep = np.isin(y, wanted)
+    if not keep.all():  # a subset of the classes is a choice; say what it leaves out
+        import warnings
+
+        others = sorted(present - set(wanted))
+        shown = ", ".join(map(str, others[:10])) + (", ..." if len(others) > 10 else "")
+        warnings.warn(
+            f"{source!r}: data.classes = {list(wanted)} leaves out {int((~keep).sum()):,} of "
+            f"{len(y):,} rows, whose labels ({shown}) are not among the declared classes",
+            stacklevel=2,
+        )
     remap = np.full(max(present) + 1, -1, dtype=np.int64)
     remap[wanted] = np.arange(len(wanted))
     return x[keep], remap[y[keep]]

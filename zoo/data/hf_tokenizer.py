@@ -37,7 +37,10 @@ class HFTokenizer:
         except OSError as error:
             raise DatasetError(f"{path}: cannot read the tokenizer ({error.strerror or error})") from None
         tok = cls(text, vocab)
-        tok._tokenizer  # noqa: B018 -- a bad file fails here, in one line
+        try:
+            tok._tokenizer  # noqa: B018 -- a bad file fails here, in one line
+        except DatasetError as error:
+            raise DatasetError(f"{path}: {error}") from None
         return tok
 
     @cached_property
@@ -53,6 +56,11 @@ class HFTokenizer:
     def from_source(cls, src: str) -> HFTokenizer:
         """``data.vocabulary = "hf:SRC"``: a ``tokenizer.json`` file, a directory holding one, or
         ``ORG/NAME[@REV]`` through ``huggingface_hub``'s cache (``HF_HUB_OFFLINE`` respected)."""
+        if not src.strip():
+            raise DatasetError(
+                'data.vocabulary = "hf:" names no tokenizer: give hf:FILE (a tokenizer.json), hf:DIR '
+                "(a folder holding one) or hf:ORG/NAME"
+            )
         path = Path(src).expanduser()
         if path.is_dir():
             path = path / FILE

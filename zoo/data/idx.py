@@ -37,6 +37,11 @@ def read_idx(path: str) -> np.ndarray:
         raise DatasetError(f"{path!r} is not an idx file of unsigned bytes (header {data[:4].hex()})")
     ndim = data[3]
     header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DatasetError(
+            f"{path!r}: its header names {ndim} dimensions ({header} bytes) but the file has only "
+            f"{len(data)} bytes; the file is cut short, download it again"
+        )
     shape = tuple(int(n) for n in np.frombuffer(data, ">u4", count=ndim, offset=4))
     if len(data) - header != int(np.prod(shape)):
         raise DatasetError(

@@ -35,8 +35,9 @@ def declared_tokenizer(vocabulary: str | None, given: CharTokenizer | None) -> C
             f"unknown data.vocabulary {vocabulary!r}. Valid: {', '.join(VOCABULARIES)}, hf:SRC."
         )
     if given is not None and not given.byte_level:
+        own = "a character vocabulary" if isinstance(given, CharTokenizer) else "a tokenizer (tokenizer.json)"
         raise DatasetError(
-            "data.vocabulary='bytes' but the checkpoint in model.init_from has a character vocabulary "
+            f"data.vocabulary='bytes' but the checkpoint in model.init_from has {own} "
             "of its own; drop data.vocabulary to keep the checkpoint's"
         )
     return CharTokenizer.utf8_bytes()

@@ -17,6 +17,7 @@ from zoo.data.arrays import (
     classify_labels,
     join_text,
     keep_classes,
+    label_names,
     lm_cut,
     split_indices,
 )
@@ -59,7 +60,7 @@ def _check_two_classes(spec: str, y: np.ndarray, label_column: str) -> None:
         held = f"all of class {present[0]}" if len(present) else "no rows"
         raise DatasetError(
             f"{spec!r} has {len(y)} rows, {held}: a classifier needs at least 2 classes. "
-            f"Check label_column={label_column!r}"
+            f"Check data.label_column = {label_column!r}"
         )
 
 
@@ -74,7 +75,7 @@ def _classify(
             rows, source=spec, image_column=src.image_column, label_column=src.label_column
         )
         if classes is not None:
-            x, y = keep_classes(x, y, tuple(classes), spec)
+            x, y = keep_classes(x, y, tuple(classes), spec, label_names(rows, src.label_column))
             num_classes = len(classes)
         arrays.append((x, y))
         counts.append(num_classes)

@@ -106,8 +106,13 @@ def freeze_plan(cfg: ModelConfig, setup: LoraSetup) -> FreezePlan:
 def initial_params(cfg: ModelConfig, source_cfg: ModelConfig, source_params: dict, seed: int) -> dict:
     """The adapted model's first params: a base checkpoint's plus fresh adapters, or, when the
     source is already a run with these very adapters (``zoo eval`` of a LoRA run), its own."""
-    if source_cfg.lora == cfg.lora:
-        canonical.check_params(cfg, source_params)
+    fits = source_cfg.lora == cfg.lora
+    if fits:
+        try:
+            canonical.check_params(cfg, source_params)
+        except ZooError:  # these adapters over another model: a LoRA run to merge first
+            fits = False
+    if fits:
         return source_params
     if source_cfg.lora is not None:
         raise ZooError(

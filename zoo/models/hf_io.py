@@ -9,7 +9,11 @@ A kind that maps onto Hugging Face checkpoints names a module when it registers
 - ``config_from_hf(fields) -> config``: raises ValueError naming a field that changes the math
   and is not supported, with the supported values;
 - ``config_to_hf(config) -> dict``: the ``config.json`` fields;
-- ``tensors(config) -> list[Tensor]``: which checkpoint tensor holds which canonical leaves.
+- ``tensors(config) -> list[Tensor]``: which checkpoint tensor holds which canonical leaves;
+- optionally ``tied_copies(config) -> {key: leaf}``: tensors a file may also store as copies of
+  a leaf (a tied head), read only to check that they are;
+- optionally ``export_leaves(config, flat) -> flat``: the leaves an export needs that a zoo
+  model may lack (zero biases), or ValueError saying what the format cannot hold.
 
 Nothing here knows a kind: the kind is found by ``model_type`` through the registry.
 """
@@ -91,6 +95,8 @@ def read_config(src: Path):
         return module.config_from_hf(fields), fields
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from None
+    except KeyError as error:  # a field the model type needs
+        raise ValueError(f"{path}: the field {error.args[0]!r} is missing") from None
 
 
 class Source:
@@ -111,7 +117,14 @@ class Source:
         elif (self.src / WEIGHTS).is_file():
             self.where = {k: self.src / WEIGHTS for k in self._keys(self.src / WEIGHTS)}
         else:
-            raise ValueError(f"{self.src / WEIGHTS}: missing (and no {INDEX})")
+            pickles = sorted(p.name for p in self.src.glob("*.bin"))
+            hint = (
+                f"; {', '.join(pickles)} (PyTorch's pickle format) is not read: save the model with "
+                "transformers' save_pretrained(DIR, safe_serialization=True) and import DIR"
+                if pickles
+                else ""
+            )
+            raise ValueError(f"{self.src / WEIGHTS}: missing (and no {INDEX}){hint}")
         self.used: set[str] = set()
 
     @staticmethod
@@ -184,6 +197,14 @@ def load(src: str | Path, dtype: str = "float32"):
                     )
                 target = flat[leaf] if i is None else flat[leaf][i]
                 target[...] = part
+    for key, leaf in getattr(mapping_of(cfg), "tied_copies", lambda cfg: {})(cfg).items():
+        found = source.resolve(key)  # a tied head some files also store: used if it is a copy
+        if found is not None and found not in source.used:
+            if not np.array_equal(source.get(key).astype(np_dtype), flat[leaf]):
+                raise ValueError(
+                    f"{source.where[found]}: {key} differs from the embedding, but config.json says "
+                    "tie_word_embeddings: true"
+                )
     extra = source.unused()
     if extra:
         raise ValueError(f"{src}: tensors the {cfg.kind} mapping does not read: {', '.join(extra[:5])}")
@@ -233,9 +254,12 @@ def save(cfg, params: dict, out: str | Path) -> dict:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out}: not empty; export into a new directory")
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = hf_tensors(cfg, flat_by_path(params))
     fields = mapping_of(cfg).config_to_hf(cfg)
+    flat = flat_by_path(params)
+    if hasattr(mapping_of(cfg), "export_leaves"):  # leaves a kind fills in (zero biases)
+        flat = mapping_of(cfg).export_leaves(cfg, flat)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = hf_tensors(cfg, flat)
     dtypes = {str(v.dtype) for v in tensors.values()}
     fields["torch_dtype"] = fields["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})

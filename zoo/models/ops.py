@@ -102,7 +102,8 @@ def dense(layer, x: jax.Array) -> jax.Array:
     for extension in extensions.dense_hooks():
         delta = extension(layer, x)
         if delta is not None:
-            z = z + delta
+            # float32 adapters on a bf16 base: the sum keeps the base's dtype (a scan's carry)
+            z = z + delta.astype(z.dtype)
     return z
 
 

@@ -154,8 +154,14 @@ def resolve_step(run_dir: Path, step: int | None = None) -> int:
     where = str(run_dir)
     steps = saved_steps(run_dir)
     if not steps:
+        hf = (Path(run_dir) / "config.json").is_file()  # a Hugging Face checkpoint folder
         raise ZooError(
             f"no checkpoint under {where!r}: expected {CHECKPOINT_DIR}/<step>/ written by `zoo train --out DIR`"
+            + (
+                f"; it is a Hugging Face folder: use hf:{where}, or `zoo import {where} --out DIR`"
+                if hf
+                else ""
+            )
         )
     if step is not None and step not in steps:
         raise ZooError(f"no step {step} in {where!r}; saved steps: {steps}")

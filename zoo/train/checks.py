@@ -27,6 +27,54 @@ def check_start(start: str, source_cfg: ModelConfig, cfg: ModelConfig, lora_enab
         )
 
 
+def check_vocabulary(start: str, source, vocabulary: str | None) -> None:
+    """Refuse an LM start checkpoint that carries no tokenizer (an import of a folder without
+    ``tokenizer.json``) unless ``data.vocabulary`` declares one: a vocabulary fitted on the text
+    would hand its characters the first rows of a pretrained embedding (and, under DP, read the
+    vocabulary off the private text). Only the checkpoint's metadata and the recipe are read."""
+    if source.model_config.task == "lm" and source.tokenizer is None and vocabulary is None:
+        raise ZooError(
+            f"--init-from {start!r} carries no tokenizer (its source had no tokenizer.json), so the "
+            "text's characters would become the first ids of its pretrained embedding; set "
+            'data.vocabulary = "hf:SRC" to the tokenizer.json the model was trained with'
+        )
+
+
+def check_vocab_fits(start: str, source, vocab_size: int) -> None:
+    """Refuse a tokenizer with more ids than the start checkpoint's embedding has rows (the
+    checkpoint fixes the size: it was not set by the user)."""
+    rows = getattr(source.model_config, "vocab_size", 0)
+    if source.model_config.task == "lm" and vocab_size > rows:
+        raise ZooError(
+            f"the tokenizer has {vocab_size} tokens, but the embedding of --init-from {start!r} has "
+            f"{rows} rows; use the checkpoint's own tokenizer, or a data.vocabulary of at most {rows} tokens"
+        )
+
+
+def check_trainable_dtype(start: str, params: dict) -> None:
+    """Refuse a float16 start checkpoint: zoo has no loss scaling, and the first step's
+    gradients through a float16 model are NaN (bfloat16 trains: its range is float32's)."""
+    import jax
+
+    if any(getattr(leaf, "dtype", None) == "float16" for leaf in jax.tree_util.tree_leaves(params)):
+        raise ZooError(
+            f"--init-from {start!r} holds float16 weights, and zoo trains them without loss "
+            "scaling (its first gradients are NaN); import the checkpoint again with --dtype "
+            "bfloat16 or float32"
+        )
+
+
+def warn_remat_without_stack(policy: str, cfg: ModelConfig) -> None:
+    """A remat policy acts on the scanned stack of blocks; a model without one runs the same
+    program under every policy."""
+    if policy != "none" and not getattr(cfg, "num_layers", 1):
+        warnings.warn(
+            f"train.remat={policy!r} has no effect on this {cfg.kind} model: it has no scanned stack "
+            "of blocks (num_layers=0), so every remat policy compiles the same step",
+            stacklevel=3,
+        )
+
+
 def warn_batch_over_rows(batch_size: int, rows: int, dataset: str) -> None:
     """A classifier batch larger than the training rows draws rows with replacement."""
     if batch_size > rows:

@@ -192,7 +192,8 @@ def make_engine(
 
 
 def evaluate(engine: Engine, state: TrainState, frozen: dict, batches) -> dict:
-    """Mean loss and accuracy over fixed-shape eval batches (padding masked out)."""
+    """Mean loss and accuracy over fixed-shape eval batches (padding masked out), and how many
+    examples (LM: windows) they held."""
     totals = {"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0}
     for batch in batches:
         out = engine.eval_step(state.params, frozen, engine.place_batch(batch))
@@ -203,5 +204,5 @@ def evaluate(engine: Engine, state: TrainState, frozen: dict, batches) -> dict:
     return {
         "eval_loss": loss,
         "eval_accuracy": totals["correct_sum"] / count,
-        "eval_bits_per_char": loss / float(jnp.log(2.0)),
+        "eval_count": totals["count"],  # examples, or LM windows (zoo.train.summary.task_metrics)
     }

@@ -34,6 +34,8 @@ def resolve_source(src: str) -> Path:
     path = Path(src).expanduser()
     if path.is_dir():
         return path
+    if src.startswith("hf:"):  # --init-from's prefix; zoo import takes the source itself
+        raise ZooError(f"{src}: `zoo import` takes the source without hf: (zoo import {src[3:]} --out DIR)")
     name, _, rev = src.partition("@")
     if path.exists() or name.count("/") != 1 or src.startswith((".", "/")):
         raise ZooError(f"{src}: not a checkpoint directory (and not ORG/NAME[@REV] of the Hub)")
@@ -101,7 +103,7 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
     from zoo.recipes import parse_recipe, to_dict
     from zoo.train import checkpoint
 
-    out = Path(out)
+    out = _writable_out(out)
     if checkpoint.saved_steps(out):
         raise ZooError(f"{str(out)!r} already holds checkpoints; import into a new directory")
     where = resolve_source(src)
@@ -124,13 +126,15 @@ def import_checkpoint(src: str, out: str | Path, *, backend: str = "nnx", dtype:
     }
     checkpoint.save(out, 0, None, params, meta, compress=False)
     count = sum(int(x.size) for x in flat_by_path(params).values())
+    vocabulary = "" if meta["tokenizer"] else " --set data.vocabulary=hf:TOKENIZER.json"
     return {
         "out_dir": str(out),
         "from": src,
         "kind": cfg.kind,
         "dtype": dtype,
         "params": count,
-        "finetune": f"zoo train hf-lm-lora --init-from {out} --dataset text:PATH",
+        "tokenizer": "tokenizer.json" if meta["tokenizer"] else "none (no tokenizer.json in the source)",
+        "finetune": f"zoo train hf-lm-lora --init-from {out} --dataset text:PATH{vocabulary}",
     }
 
 
@@ -150,8 +154,9 @@ def _tokenizer(where: Path, cfg) -> str | None:
 
 def import_cached(src: str, backend: str = "nnx") -> Path:
     """The zoo import of ``src`` (``--init-from hf:SRC``), made once under ``$ZOO_HF_CACHE``
-    (default ``~/.cache/zoo/hf-imports``) and reused: keyed by the source's name, or a local
-    directory's absolute path."""
+    (default ``~/.cache/zoo/hf-imports``) and reused (with a warning line saying so): keyed by
+    the source's name, or a local directory's absolute path and its files' contents (JSON files
+    by their bytes, weights by size and modification time), so changed weights import anew."""
     import hashlib
 
     from zoo.train import checkpoint
@@ -159,7 +164,8 @@ def import_cached(src: str, backend: str = "nnx") -> Path:
     local = Path(src).expanduser()
     name = str(local.absolute()) if local.is_dir() else src
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name.strip("/"))[-60:]
-    digest = hashlib.sha256(f"{name}|{backend}".encode()).hexdigest()[:12]
+    key = f"{name}|{backend}" + (_content_key(local) if local.is_dir() else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     root = Path(os.environ.get("ZOO_HF_CACHE") or Path.home() / ".cache" / "zoo" / "hf-imports")
     out = root / f"{slug}-{digest}"
     if checkpoint.latest_step(out) is None:
@@ -168,7 +174,27 @@ def import_cached(src: str, backend: str = "nnx") -> Path:
 
             shutil.rmtree(out)
         import_checkpoint(src, out, backend=backend)
+    else:
+        import warnings
+
+        warnings.warn(
+            f"hf:{src}: reusing its import in {out} (the source's files are unchanged)", stacklevel=2
+        )
     return out
+
+
+def _content_key(folder: Path) -> str:
+    """What a local checkpoint folder holds: each file's name, size and modification time,
+    and the bytes of its (small) JSON files."""
+    import hashlib
+
+    parts = []
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        stat = path.stat()
+        parts.append(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
+        if path.suffix == ".json" and stat.st_size < 1 << 20:
+            parts.append(hashlib.sha256(path.read_bytes()).hexdigest())
+    return "|" + "|".join(parts)
 
 
 def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = None) -> dict:
@@ -181,41 +207,81 @@ def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = Non
     from zoo.lora.merge import merged_weights
     from zoo.train import checkpoint
 
+    out_dir = _writable_out(out_dir)
     ckpt = checkpoint.load_checkpoint(run_dir, step)
     cfg, params = ckpt.model_config, ckpt.params
     try:
         if adapter:
             if cfg.lora is None:
                 raise ValueError(f"{run_dir}: not a LoRA run; --adapter needs adapters to export")
-            written = save_adapter(cfg, params, out_dir, base=str(run_dir))
+            written = save_adapter(cfg, params, out_dir, base=_hf_base(ckpt))
         else:
             if cfg.lora is not None:
                 params, cfg = merged_weights(params, cfg.lora), dataclasses.replace(cfg, lora=None)
             fields = hf_io.save(cfg, params, out_dir)
             written = {"model_type": fields["model_type"]}
+            spec = getattr(ckpt.tokenizer, "spec", None)  # an import's tokenizer.json goes along
+            if spec is not None:
+                from zoo.data.hf_tokenizer import FILE
+
+                (Path(out_dir) / FILE).write_text(spec)
+                written["tokenizer"] = FILE
     except ValueError as error:
         raise ZooError(str(error)) from None
     return {"out_dir": str(out_dir), "from": str(run_dir), "step": ckpt.step, "adapter": adapter, **written}
 
 
-def save_adapter(cfg, params: dict, out_dir, *, base: str) -> dict:
+def _writable_out(out) -> Path:
+    """``--out`` of ``zoo import`` / ``zoo export --format hf``, refused in one line when it is
+    empty (it would be the current directory), a file, under a file, or not writable."""
+    from zoo.train.runlog import dir_problem
+
+    if not str(out).strip():
+        raise ZooError("--out is empty; name a new directory for the checkpoint")
+    out = Path(out)
+    problem = dir_problem(out)
+    if problem:
+        raise ZooError(f"--out {str(out)!r} cannot be written: {problem}; choose another --out")
+    return out
+
+
+def _hf_base(ckpt) -> str | None:
+    """The Hugging Face checkpoint a LoRA run adapts (its base's ``hf_source``: a Hub name or a
+    local folder), for ``base_model_name_or_path``; None when the base is not an import."""
+    from zoo.train import checkpoint
+
+    ref = checkpoint.restore_meta(ckpt.path, ckpt.step).get(checkpoint.LORA_BASE)
+    base = Path(ref["path"]) if ref else None
+    step = checkpoint.latest_step(base) if base is not None and base.is_dir() else None
+    source = checkpoint.restore_meta(base, step).get("hf_source") if step is not None else None
+    if not source:
+        return None
+    local = Path(source["path"])  # a Hub snapshot's folder when the source is ORG/NAME[@REV]
+    return str(local) if Path(source["source"]).expanduser().is_dir() else source["source"].split("@")[0]
+
+
+def save_adapter(cfg, params: dict, out_dir, *, base: str | None) -> dict:
     """PEFT LoRA files of the adapters of ``params``: ``lora_A.weight`` [r, in] and
-    ``lora_B.weight`` [out, r] per adapted module, scale ``lora_alpha / r``."""
+    ``lora_B.weight`` [out, r] per adapted module, scale ``lora_alpha / r``. GPT-2's Conv1D
+    modules store ``[in, out]``: the same files with ``fan_in_fan_out``. ``base`` is the
+    Hugging Face checkpoint they adapt (``base_model_name_or_path``; left out when None)."""
     from safetensors.numpy import save_file
 
     spec = cfg.lora
     base_cfg = dataclasses.replace(cfg, lora=None)
-    module_of = {}  # canonical dense path -> (PEFT module key with {i}, stacked)
+    module_of, conv1d = {}, False  # canonical dense path -> (PEFT module key with {i}, stacked)
     for t in hf_io.mapping_of(base_cfg).tensors(base_cfg):
-        if len(t.leaves) == 1 and t.leaves[0].endswith(".w") and t.key.endswith(".weight") and t.transpose:
+        if len(t.leaves) == 1 and t.leaves[0].endswith(".w") and t.key.endswith(".weight"):
             module_of[t.leaves[0][:-2]] = (t.key[: -len(".weight")], t.stacked)
+            conv1d = conv1d or (not t.transpose and t.leaves[0] not in ("embed.w", "pos.w"))
     flat = flat_by_path(params)
     tensors, modules = {}, set()
     for target in spec.targets:
         if target not in module_of:
             raise ValueError(
-                f"the adapter on {target} has no PEFT module of its own; adapter targets that export: "
-                f"{', '.join(sorted(module_of))}"
+                f"the adapter on {target} has no PEFT module of its own (it shares one with other "
+                f"weights); adapter targets that export: {', '.join(sorted(module_of))}; or export "
+                "the run merged: zoo export RUN --format hf, without --adapter"
             )
         key, stacked = module_of[target]
         a, b = (np.asarray(flat[p], np.float32) for p in adapter_paths(target))
@@ -238,10 +304,11 @@ def save_adapter(cfg, params: dict, out_dir, *, base: str) -> dict:
         "target_modules": sorted(modules),
         "lora_dropout": 0.0,
         "bias": "none",
-        "fan_in_fan_out": False,
+        "fan_in_fan_out": conv1d,
         "use_rslora": False,
-        "base_model_name_or_path": base,
         "inference_mode": True,
     }
+    if base is not None:
+        fields["base_model_name_or_path"] = base
     (out / ADAPTER_CONFIG).write_text(json.dumps(fields, indent=2) + "\n")
     return {"modules": len(tensors) // 2}

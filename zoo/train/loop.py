@@ -103,6 +103,10 @@ def train_recipe(
     if finished is not None:
         return finished
     run = build_run(recipe, point.plan_steps if point else None, console=console)
+    if recipe.model.init_from:  # zoo has no loss scaling for float16
+        from zoo.train import checks
+
+        checks.check_trainable_dtype(recipe.model.init_from, run.params)
     if on_built is not None:
         on_built(run)
     return train(

@@ -105,6 +105,12 @@ def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
             f"and an export has no training state to resume. Train from its weights with "
             f"--init-from {where}, or resume the run it came from"
         )
+    if meta.get("hf_source"):  # `zoo import`: weights only, and a placeholder [data]
+        raise ZooError(
+            f"--resume: {where!r} is an import of the Hugging Face checkpoint "
+            f"{meta['hf_source'].get('source')}, with no training state to resume. Train from it "
+            f"with --init-from {where} and a new --out"
+        )
     saved = parse_recipe(meta["recipe"], meta["recipe"].get("name", "recipe"))
     step = int(meta["step"])
     refused = differences(saved, recipe, ignore=(*FREE_FIELDS, STEPS))

@@ -124,6 +124,7 @@ def build_run(
     preset_cfg = recipe.model_config
     if source is not None:
         checks.check_start(start, source.model_config, preset_cfg, recipe.lora.enabled)
+        checks.check_vocabulary(start, source, recipe.data.vocabulary)
     task = load_task(
         recipe.data,
         task=preset_cfg.task,
@@ -131,6 +132,8 @@ def build_run(
         tokenizer=source.tokenizer if source else None,
         max_len=getattr(preset_cfg, "max_len", None),
     )
+    if source is not None and task.is_lm:
+        checks.check_vocab_fits(start, source, task.data.vocab_size)
     cfg = fit_model_to_task(preset_cfg, task, recipe.model.preset, dict(recipe.model.overrides))
     cfg, params, freeze, adapters = _model_start(recipe, cfg, source)
     _warn_unused_microbatch(recipe, cfg)
@@ -146,6 +149,7 @@ def build_run(
             checks.warn_batch_over_rows(recipe.train.batch_size, task.num_train, recipe.data.dataset)
     checks.warn_long_warmup(recipe.optim, plan_steps)
     policy = "none" if recipe.train.remat == AUTO else recipe.train.remat
+    checks.warn_remat_without_stack(recipe.train.remat, cfg)
     engine = make_engine(
         cfg,
         recipe.model.backend,

@@ -54,6 +54,16 @@ class Task:
             return {"x": window[:, :-1], "y": window[:, 1:], "mask": mask}
         return {"x": self.shape_x(self.data.x_train[indices]), "y": self.data.y_train[indices], "mask": mask}
 
+    def eval_chars(self, windows: int) -> int:
+        """Characters of the eval text that the first ``windows`` eval windows predict: their
+        targets are one span of tokens. A byte vocabulary counts the bytes that begin a UTF-8
+        character; other tokenizers decode the span (a character vocabulary: one per token)."""
+        ids = np.asarray(self.data.x_eval[1 : 1 + windows * self.seq_len], np.int64)
+        tokenizer = self.data.tokenizer
+        if getattr(tokenizer, "byte_level", False):  # id = byte + 1; 0 (<unk>) counts as one
+            return int((((ids - 1) & 0xC0) != 0x80).sum())
+        return len(tokenizer.decode(ids))
+
     def eval_batches(self, batch_size: int, max_batches: int) -> Iterator[dict[str, np.ndarray]]:
         limit = max_batches if self.is_lm else None
         for batch in eval_batches(self.data, batch_size, seq_len=self.seq_len, max_batches=limit):

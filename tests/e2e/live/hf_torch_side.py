@@ -52,7 +52,13 @@ def make(out: Path) -> None:
 
 
 def logits(src: str, ids_file: str, out: str, adapter: str | None = None) -> None:
-    model = AutoModelForCausalLM.from_pretrained(src).float().eval()
+    if src == "auto":  # the adapter's own base_model_name_or_path (AutoPeftModelForCausalLM)
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(adapter).float().eval()
+        adapter = None
+    else:
+        model = AutoModelForCausalLM.from_pretrained(src).float().eval()
     if adapter:
         from peft import PeftModel
 

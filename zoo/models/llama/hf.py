@@ -30,6 +30,12 @@ def _rope(fields: dict) -> dict:
     if kind not in ROPE_TYPES:
         raise ValueError(f"rope_scaling type = {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
     out = {"rope_theta": float(params["rope_theta"])}
+    needed = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [name for name in needed if kind == "llama3" and name not in params]
+    if missing:
+        raise ValueError(
+            f"rope_scaling of type 'llama3' lacks {', '.join(missing)} (it needs {', '.join(needed)})"
+        )
     if kind == "llama3":
         out |= {
             "rope_scaling": "llama3",
@@ -41,10 +47,17 @@ def _rope(fields: dict) -> dict:
     return out
 
 
+def tied_copies(cfg: LlamaConfig) -> dict[str, str]:
+    """A tied head that a file stores anyway (some Llama 3.2 exports): equal to the embedding."""
+    return {"lm_head.weight": "embed.w"} if cfg.tie_head else {}
+
+
 def config_from_hf(fields: dict) -> LlamaConfig:
     for name, allowed in _REQUIRED.items():
         if fields.get(name, allowed[0]) not in allowed:
-            raise ValueError(f"{name} = {fields[name]!r} is not supported; supported: {list(allowed)}")
+            raise ValueError(
+                f"{name} = {fields[name]!r} is not supported; supported: {', '.join(map(str, allowed))}"
+            )
     heads = fields["num_attention_heads"]
     head_dim = fields.get("head_dim") or fields["hidden_size"] // heads
     return LlamaConfig(

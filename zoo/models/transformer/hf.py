@@ -29,7 +29,9 @@ def config_from_hf(fields: dict) -> TransformerConfig:
         )
     for name, allowed in _REQUIRED.items():
         if name in fields and fields[name] not in allowed:
-            raise ValueError(f"{name} = {fields[name]!r} is not supported; supported: {list(allowed)}")
+            raise ValueError(
+                f"{name} = {fields[name]!r} is not supported; supported: {', '.join(map(str, allowed))}"
+            )
     d = fields["n_embd"]
     return TransformerConfig(
         vocab_size=fields["vocab_size"],
@@ -45,10 +47,11 @@ def config_from_hf(fields: dict) -> TransformerConfig:
 
 
 def config_to_hf(cfg: TransformerConfig) -> dict:
-    if not cfg.tie_head or not cfg.attn_bias:
+    if cfg.is_classifier or cfg.takes_features:
+        what = f"a classifier (num_classes={cfg.num_classes})" if cfg.is_classifier else "a model of features"
         raise ValueError(
-            "a transformer exports as GPT-2 only with tie_head=True and attn_bias=True "
-            f"(got tie_head={cfg.tie_head}, attn_bias={cfg.attn_bias})"
+            f"this transformer is {what}; GPT-2 is a language model over token ids, so it has no "
+            "GPT-2 form (export it with --format zoo)"
         )
     return {
         "architectures": ["GPT2LMHeadModel"],
@@ -61,17 +64,36 @@ def config_to_hf(cfg: TransformerConfig) -> dict:
         "n_inner": cfg.d_ff,
         "activation_function": "gelu_new",
         "layer_norm_epsilon": cfg.ln_eps,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": cfg.tie_head,  # untied: lm_head.weight (export_leaves)
         "scale_attn_weights": True,
         "bos_token_id": None,
         "eos_token_id": None,
     }
 
 
+def export_leaves(cfg: TransformerConfig, flat: dict) -> dict:
+    """The leaves GPT-2 expects, from a transformer trained in zoo: zero attention biases when
+    it has none (``attn_bias=False``: the same math). An untied head exports as ``lm_head``
+    only without a bias: GPT-2's head has none, so a trained ``head.b`` is refused."""
+    import numpy as np
+
+    out = dict(flat)
+    if not cfg.attn_bias:
+        for name in ("q", "k", "v", "o"):
+            w = np.asarray(flat[f"blocks.attn.{name}.w"])
+            out[f"blocks.attn.{name}.b"] = np.zeros((w.shape[0], w.shape[-1]), w.dtype)
+    if "head.b" in flat and np.any(np.asarray(flat["head.b"]) != 0):
+        raise ValueError(
+            "the model's LM head has a bias (head.b, nonzero after training) and GPT-2's LM head has none, "
+            "so GPT-2 cannot give its logits; train with model.tie_head=true to export as GPT-2"
+        )
+    return out
+
+
 def tensors(cfg: TransformerConfig) -> list[Tensor]:
-    del cfg
     h = "transformer.h.{i}."
-    return [
+    head = [] if cfg.tie_head else [Tensor("lm_head.weight", ("head.w",), transpose=True)]
+    return head + [
         Tensor("transformer.wte.weight", ("embed.w",)),
         Tensor("transformer.wpe.weight", ("pos.w",)),
         Tensor(h + "ln_1.weight", ("blocks.ln1.scale",)),
