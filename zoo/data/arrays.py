@@ -156,9 +156,12 @@ def keep_classes(
 
         others = sorted(present - set(wanted))
         shown = ", ".join(map(str, others[:10])) + (", ..." if len(others) > 10 else "")
+        from zoo.data.errors import DataDependentWarning
+
         warnings.warn(
             f"{source!r}: data.classes = {list(wanted)} leaves out {int((~keep).sum()):,} of "
             f"{len(y):,} rows, whose labels ({shown}) are not among the declared classes",
+            DataDependentWarning,
             stacklevel=2,
         )
     remap = np.full(max(present) + 1, -1, dtype=np.int64)

@@ -15,6 +15,7 @@ import numpy as np
 from rich.console import Console
 
 from zoo import lora
+from zoo.data.errors import DataDependentWarning
 from zoo.dp import clipping_method
 from zoo.dp.plan import DPPlan, make_plan
 from zoo.errors import ZooError
@@ -125,13 +126,16 @@ def build_run(
     if source is not None:
         checks.check_start(start, source.model_config, preset_cfg, recipe.lora.enabled)
         checks.check_vocabulary(start, source, recipe.data.vocabulary)
-    task = load_task(
-        recipe.data,
-        task=preset_cfg.task,
-        seed=recipe.train.seed,
-        tokenizer=source.tokenizer if source else None,
-        max_len=getattr(preset_cfg, "max_len", None),
-    )
+    with warnings.catch_warnings():
+        if recipe.dp.enabled:  # a notice that depends on the records is a release too
+            warnings.simplefilter("ignore", DataDependentWarning)
+        task = load_task(
+            recipe.data,
+            task=preset_cfg.task,
+            seed=recipe.train.seed,
+            tokenizer=source.tokenizer if source else None,
+            max_len=getattr(preset_cfg, "max_len", None),
+        )
     if source is not None and task.is_lm:
         checks.check_vocab_fits(start, source, task.data.vocab_size)
     cfg = fit_model_to_task(preset_cfg, task, recipe.model.preset, dict(recipe.model.overrides))

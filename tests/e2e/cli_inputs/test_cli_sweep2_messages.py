@@ -158,6 +158,20 @@ def test_labels_outside_the_declared_classes_are_left_out_with_a_word(capsys, tm
     assert any("leaves out 10 of 30 rows, whose labels (2)" in line for line in warned), warned
 
 
+def test_under_dp_the_left_out_labels_are_not_released(capsys, tmp_path):
+    """Item 19 under DP: whether the notice is given, and its counts, depend on the records, so
+    a DP run gives it for neither neighbour (one with a row of another label, one without)."""
+    seen = []
+    for extra in ("", "29,1,2\n"):
+        path = tmp_path / f"d{len(seen)}.csv"
+        path.write_text("a,b,label\n" + "".join(f"{i},{i % 7},{i % 2}\n" for i in range(29)) + extra)
+        argv = ["train", "digits-mlp-dp", "--dataset", f"csv:{path}", "--set", "data.classes=[0, 1]"]
+        argv += ["--set", "dp.expected_batch_size=8", "--set", "train.eval_batches=1"]
+        assert main([*argv, "--steps=1", "--no-progress", "--out", str(tmp_path / f"r{len(seen)}")]) == 0
+        seen.append([line for line in capsys.readouterr().err.splitlines() if "leaves out" in line])
+    assert seen == [[], []], seen
+
+
 def test_a_folder_with_only_pytorch_model_bin_names_it(capsys, tmp_path):
     """Item 21: "model.safetensors: missing" and nothing about the .bin."""
     import shutil
