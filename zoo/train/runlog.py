@@ -34,12 +34,13 @@ def atomic_write(path: Path, text: str) -> None:
         os.close(fd)
 
 
-def dir_problem(out: Path) -> str | None:
+def dir_problem(out: Path, retries: int = 3) -> str | None:
     """Why ``out`` cannot be a directory zoo writes into, or None. Tried, not guessed: the
     missing folders are made and a temporary file written in ``out``, then all of it removed,
     so a run refused later leaves nothing behind."""
     out = Path(os.path.abspath(out))
     missing, parent = [], out
+    made = []  # only the folders this call made are removed: many processes may probe at once
     try:
         while not os.path.exists(parent) and parent != parent.parent:  # False, not raised, for a long name
             missing.append(parent)
@@ -47,13 +48,21 @@ def dir_problem(out: Path) -> str | None:
         if not os.path.isdir(parent):
             return "it is a file" if parent == out else f"{parent} is a file, not a directory"
         for folder in reversed(missing):
-            folder.mkdir()
+            try:
+                folder.mkdir()
+                made.append(folder)
+            except FileExistsError:
+                pass
         with tempfile.TemporaryFile(dir=out):
             pass
+    except FileNotFoundError as error:  # another process removed its probe folders: try again
+        if retries:
+            return dir_problem(out, retries - 1)
+        return _os_reason(error, parent, out)
     except OSError as error:
         return _os_reason(error, parent, out)
     finally:
-        for folder in missing:
+        for folder in reversed(made):  # innermost first
             with contextlib.suppress(OSError):
                 folder.rmdir()
     return None
