@@ -69,6 +69,9 @@ class DataConfig:
     tokens of W features. ``classes`` keeps and remaps a subset of labels (5..9 -> 0..4).
     ``seq_len`` is the LM context (default: the model's ``max_len``). ``vocabulary = "bytes"``
     is a fixed byte-level vocabulary (unset: every character of the text, refused under DP).
+    ``image_max`` is the value images are divided by (unset: the format's own range).
+    ``dp_pca = K`` projects a classifier's features onto K principal directions fitted before
+    training (``zoo.dp.pca``: with DP, from part of the budget, ``dp.pca_epsilon``).
     """
 
     dataset: str = "digits"
@@ -79,9 +82,15 @@ class DataConfig:
     text_column: str = "text"
     label_column: str = "label"
     vocabulary: str | None = None
+    image_max: float | None = None
+    dp_pca: int | None = None
 
     def __post_init__(self) -> None:
         require_choice("data.layout", self.layout, LAYOUTS)
+        if self.image_max is not None:
+            require_number("data.image_max", self.image_max, positive=True, finite=True, error=ZooError)
+        if self.dp_pca is not None:
+            require_positive_int("data.dp_pca", self.dp_pca, error=ZooError)
         if self.vocabulary is not None and not self.vocabulary.startswith("hf:"):  # hf:SRC: tokenizer.json
             require_choice("data.vocabulary", self.vocabulary, ("bytes", "hf:SRC"))
         below_one = math.nextafter(1.0, 0.0)
@@ -244,6 +253,7 @@ class DPConfig:
     # None: the noise keys come from 64 bits of OS entropy, kept only in the checkpoint's
     # state. An int makes the run repeatable, and the noise only as secret as that int.
     noise_seed: int | None = None
+    pca_epsilon: float | None = None  # with data.dp_pca: what the projection alone spends, at delta
 
 
 @dataclass(frozen=True)

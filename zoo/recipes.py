@@ -31,7 +31,7 @@ from zoo.configs import (
     OptimConfig,
     TrainConfig,
 )
-from zoo.dp import check_choices
+from zoo.dp import check_choices, check_pca
 from zoo.errors import ZooError, choice_error
 from zoo.models.registry import check_backend, get_config
 from zoo.remat import parse_bytes
@@ -52,6 +52,7 @@ class Recipe:
 
     def __post_init__(self) -> None:
         check_choices(self.dp)  # clipping and sampler name rows of zoo.dp's tables
+        check_pca(self.dp, self.data.dp_pca)  # dp.pca_epsilon exactly with data.dp_pca
 
     @property
     def model_config(self):

@@ -29,6 +29,7 @@ Three subcommands, run from the repository root with the project venv:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -54,6 +55,7 @@ ROW_SETS = {"mnist-mlp-dp@8": ("train.steps=4000",)}
 OPACUS = [(1.19, 94.63), (3.01, 96.78), (7.10, 97.09)]  # examples/mnist_README.md, mean of 10 runs
 ABADI = [(0.5, 90.0), (2.0, 95.0), (8.0, 97.0)]  # Abadi et al. 2016, MLP, delta 1e-5
 RESULTS = Path("benchmarks/dp/results/mnist_tables.jsonl")
+SWEEP_RESULTS = Path("benchmarks/dp/results/mnist_sweep.jsonl")
 
 
 def row_key(recipe: str, eps: float | None) -> str:
@@ -110,6 +112,62 @@ def cmd_train(args) -> None:
             print(json.dumps(result), flush=True)
             with open(args.results, "a") as f:
                 f.write(json.dumps(result) + "\n")
+
+
+def cmd_sweep(args) -> None:
+    """Every point of the grid (``--grid KEY=V1,V2``, their product) at every epsilon and seed,
+    on ``mnist-val`` (train on the first 50,000 training images, score on the last 10,000: the
+    test set is never read); one JSON line per run in ``--results``."""
+    grids = [(key, values.split(",")) for key, _, values in (g.partition("=") for g in args.grid or [])]
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    for point in itertools.product(*[[f"{k}={v}" for v in vs] for k, vs in grids]):
+        for eps in [float(e) for e in args.epsilons.split(",")]:
+            for seed in [int(s) for s in args.seeds.split(",")]:
+                sets = [
+                    "data.dataset=mnist-val",
+                    f"train.seed={seed}",
+                    f"dp.epsilon={eps}",
+                    f"dp.noise_seed={seed}",
+                ]
+                sets += list(args.set or []) + list(point)
+                out = f"/tmp/zoo-dp-sweep/{args.recipe}-{abs(hash(tuple(sets)))}"
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "zoo.cli",
+                    "train",
+                    args.recipe,
+                    "--json",
+                    "--no-progress",
+                    "--out",
+                    out,
+                ]
+                for s in sets:
+                    cmd += ["--set", s]
+                tic = time.perf_counter()
+                stdout, stderr, code, _ = _run_child(cmd)
+                if code:
+                    print(
+                        json.dumps({"point": point, "epsilon": eps, "seed": seed, "error": stderr[-300:]}),
+                        flush=True,
+                    )
+                    continue
+                summary = json.loads(stdout.strip().splitlines()[-1])
+                result = {
+                    "recipe": args.recipe,
+                    "point": list(point),
+                    "set": list(args.set or []),
+                    "epsilon": eps,
+                    "seed": seed,
+                    "val_accuracy": summary.get("eval_accuracy"),
+                    "epsilon_spent": summary.get("epsilon"),
+                    "noise_multiplier": summary.get("noise_multiplier"),
+                    "pca_noise_multiplier": summary.get("pca_noise_multiplier"),
+                    "wall_s": round(time.perf_counter() - tic, 1),
+                }
+                print(json.dumps(result), flush=True)
+                with open(args.results, "a") as f:
+                    f.write(json.dumps(result) + "\n")
 
 
 def _elapsed_s(text: str) -> float:
@@ -272,6 +330,14 @@ def main(argv=None) -> None:
     tb.add_argument("--results", type=Path, default=RESULTS)
     tb.add_argument("--plot", help="where to draw accuracy against epsilon (PNG)")
     tb.set_defaults(func=cmd_table)
+    w = sub.add_parser("sweep", help="a grid on mnist-val (validation: the test set is never read)")
+    w.add_argument("--recipe", default="mnist-mlp-dp")
+    w.add_argument("--epsilons", default="2")
+    w.add_argument("--seeds", default="0")
+    w.add_argument("--grid", action="append", help="SECTION.FIELD=V1,V2,... (repeatable: their product)")
+    w.add_argument("--set", action="append", help="extra SECTION.FIELD=VALUE for every run")
+    w.add_argument("--results", type=Path, default=SWEEP_RESULTS)
+    w.set_defaults(func=cmd_sweep)
     a = sub.add_parser("add-log")
     a.add_argument("row", help="RECIPE@EPSILON, or RECIPE for a row without DP")
     a.add_argument("seed", type=int)

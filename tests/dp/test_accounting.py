@@ -87,9 +87,9 @@ def test_a_coarse_sigma_that_fails_the_fine_grid_is_searched_again_there(monkeyp
     search = accounting._search_sigma
     grids = []
 
-    def too_small_on_the_coarse_grid(epsilon, delta, q, steps, accountant, grid, lower=0.0):
+    def too_small_on_the_coarse_grid(epsilon, delta, q, steps, accountant, grid, lower=0.0, pca=None):
         grids.append(grid)
-        sigma = search(epsilon, delta, q, steps, accountant, grid, lower)
+        sigma = search(epsilon, delta, q, steps, accountant, grid, lower, pca=pca)
         return 0.99 * sigma if grid == accounting.SEARCH_PLD_DISCRETIZATION else sigma
 
     monkeypatch.setattr(accounting, "_search_sigma", too_small_on_the_coarse_grid)

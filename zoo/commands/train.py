@@ -246,17 +246,9 @@ def run_eval(args) -> int:
 
 
 def _dp_guarantee(run, ckpt) -> dict:
-    """The ``(epsilon, delta)`` a DP checkpoint's parameters carry, truncation included."""
-    from zoo.dp.accounting import guaranteed_privacy
-
-    dp = run.recipe.dp
-    return guaranteed_privacy(
-        run.dp.sampler,
-        noise_multiplier=run.dp.noise_multiplier,
-        delta=dp.delta,
-        steps=ckpt.step,
-        accountant=dp.accountant,
-    )
+    """The ``(epsilon, delta)`` a DP checkpoint's parameters carry, truncation (and a DP-PCA
+    projection) included."""
+    return run.dp.privacy_at(ckpt.step)
 
 
 def _positive(text: str) -> int:

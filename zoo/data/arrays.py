@@ -23,9 +23,13 @@ def _is_numeric(feature: object) -> bool:
     return isinstance(feature, datasets.Value) and dtype.startswith(_NUMERIC)
 
 
-def _to_unit_range(x: np.ndarray) -> np.ndarray:
-    """Images as float32 in [0, 1]: values already <= 1 are kept, 8-bit ranges divide by 255."""
+def _to_unit_range(x: np.ndarray, image_max: float | None = None) -> np.ndarray:
+    """Images as float32 in [0, 1]: divided by ``image_max`` (``data.image_max``) when it is
+    declared; else values already <= 1 are kept and 8-bit ranges divide by 255 (read off the
+    pixels: a run without DP only; under DP, ``zoo.data.declared``)."""
     x = x.astype(np.float32)
+    if image_max is not None:
+        return x / np.float32(image_max)
     top = float(x.max()) if x.size else 0.0
     if top > 1.0:
         x /= 255.0 if top <= 255.0 else top
@@ -44,19 +48,21 @@ def _stack_images(column: np.ndarray, source: str, image_column: str) -> np.ndar
 
 
 def classify_features(
-    ds: datasets.Dataset, *, source: str, image_column: str, label_column: str
+    ds: datasets.Dataset, *, source: str, image_column: str, label_column: str, image_max: float | None = None
 ) -> tuple[np.ndarray, tuple[int, ...] | None]:
     """float32 ``[N, F]`` features and the per-example shape (None for tabular columns).
 
-    With an ``image_column`` the images are flattened and scaled to [0, 1]; otherwise every
-    column except ``label_column`` must be numeric and becomes one feature.
+    With an ``image_column`` the images are flattened and scaled to [0, 1] (by ``image_max``
+    when given); otherwise every column except ``label_column`` must be numeric and becomes
+    one feature.
     """
     if image_column in ds.column_names:
         raw = ds.with_format("numpy", columns=[image_column])[:][image_column]
         images = _stack_images(np.asarray(raw), source, image_column)
         if images.ndim < 2:
             raise DatasetError(f"{source!r}: column {image_column!r} holds scalars, not images")
-        return _to_unit_range(images).reshape(len(images), -1), tuple(int(d) for d in images.shape[1:])
+        shape = tuple(int(d) for d in images.shape[1:])
+        return _to_unit_range(images, image_max).reshape(len(images), -1), shape
     columns = [c for c in ds.column_names if c != label_column]
     if not columns:
         raise DatasetError(f"{source!r} has no feature columns besides the label column {label_column!r}")
@@ -183,14 +189,20 @@ def split_indices(n: int, eval_fraction: float, seed: int, source: str) -> tuple
     return train, test
 
 
-def join_text(ds: datasets.Dataset, *, source: str, text_column: str, separator: str) -> str:
-    """All rows of ``text_column`` joined with ``separator`` (None rows are skipped)."""
+def join_text(
+    ds: datasets.Dataset, *, source: str, text_column: str, separator: str, private: bool = False
+) -> str:
+    """All rows of ``text_column`` joined with ``separator`` (None rows are skipped).
+
+    A column of another type is refused, unless ``private`` (a DP run): a CSV column's type is
+    read off its values, so one record could decide it; there, every value is its text."""
     require_column(ds, text_column, source, "text")
     feature = ds.features[text_column]
-    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+    text = isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+    if not (text or private):
         raise DatasetError(f"{source!r}: text column {text_column!r} is {feature}, not text")
     rows = ds.select_columns([text_column])[:][text_column]
-    return separator.join(r for r in rows if r is not None)
+    return separator.join(str(r) for r in rows if r is not None)
 
 
 def lm_cut(n: int, eval_fraction: float, source: str) -> int:

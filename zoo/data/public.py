@@ -62,3 +62,10 @@ def check_public_domain(data: DataConfig, task: str, *, checkpoint: str | None =
             "record with a new label changes the model; list them in the recipe, e.g. "
             "data.classes = [0, 1, ..., 9]"
         )
+    if task == "classify" and (
+        len({str(c) for c in data.classes}) != len(data.classes) or len(data.classes) < 2
+    ):
+        raise ZooError(
+            f"data.classes = {list(data.classes)} must list at least 2 classes, each once: a DP run "
+            "trains one output per listed class"
+        )

@@ -22,6 +22,7 @@ from zoo.data.arrays import (
     split_indices,
 )
 from zoo.data.dataset import TASKS, Dataset
+from zoo.data.declared import classify_declared
 from zoo.data.errors import DatasetError
 from zoo.data.table import Columns, Source, lookup
 from zoo.data.tokenizer import CharTokenizer
@@ -65,14 +66,23 @@ def _check_two_classes(spec: str, y: np.ndarray, label_column: str) -> None:
 
 
 def _classify(
-    spec: str, src: Source, seed: int, eval_fraction: float, classes: tuple[int, ...] | None
+    spec: str,
+    src: Source,
+    seed: int,
+    eval_fraction: float,
+    classes: tuple[int, ...] | None,
+    image_max: float | None = None,
 ) -> Dataset:
     parts = [src.rows] if src.eval_rows is None else [src.rows, src.eval_rows]
     arrays, counts = [], []
     for rows in parts:
         y, num_classes = classify_labels(rows, source=spec, label_column=src.label_column)
         x, feature_shape = classify_features(
-            rows, source=spec, image_column=src.image_column, label_column=src.label_column
+            rows,
+            source=spec,
+            image_column=src.image_column,
+            label_column=src.label_column,
+            image_max=image_max,
         )
         if classes is not None:
             x, y = keep_classes(x, y, tuple(classes), spec, label_names(rows, src.label_column))
@@ -98,8 +108,12 @@ def _classify(
     )
 
 
-def _lm(spec: str, src: Source, eval_fraction: float, tokenizer: CharTokenizer | None) -> Dataset:
-    text = join_text(src.rows, source=spec, text_column=src.text_column, separator=src.separator)
+def _lm(
+    spec: str, src: Source, eval_fraction: float, tokenizer: CharTokenizer | None, private: bool = False
+) -> Dataset:
+    text = join_text(
+        src.rows, source=spec, text_column=src.text_column, separator=src.separator, private=private
+    )
     tok = tokenizer if tokenizer is not None else CharTokenizer.fit(text)
     ids = tok.encode(text)
     cut = lm_cut(len(ids), eval_fraction, spec)
@@ -119,11 +133,16 @@ def load_dataset(
     image_column: str = "image",
     label_column: str = "label",
     tokenizer: CharTokenizer | None = None,
+    image_max: float | None = None,
+    private: bool = False,
 ) -> Dataset:
     """Load ``spec`` (a form of :func:`zoo.data.table.dataset_kinds`) for ``task`` ("classify" or "lm").
 
     classify: rows are split with `datasets`' ``train_test_split(test_size=eval_fraction, seed=seed)``;
     ``classes`` keeps only those original labels and renumbers them 0..len(classes)-1 in order.
+    ``image_max`` divides images (default: their format's range). ``private`` (a DP run):
+    nothing that sets the model's shape, the printed text or whether the load succeeds is read
+    off the records (:mod:`zoo.data.declared`).
     lm: the text is joined, tokenized per character (``tokenizer`` if given, else one fitted on the
     whole text) and the last ``eval_fraction`` of the tokens is the eval split (``seed`` is unused).
     """
@@ -137,5 +156,6 @@ def load_dataset(
         raise DatasetError(f"{spec!r} supports only task={only!r}, not {task!r}")
     src = form.read(spec, rest, Columns(text_column, image_column, label_column))
     if task == "classify":
-        return _classify(spec, src, seed, eval_fraction, classes)
-    return _lm(spec, src, eval_fraction, tokenizer)
+        classify = classify_declared if private else _classify
+        return classify(spec, src, seed, eval_fraction, classes, image_max)
+    return _lm(spec, src, eval_fraction, tokenizer, private)

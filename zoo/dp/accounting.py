@@ -21,9 +21,7 @@ from typing import TYPE_CHECKING
 from zoo.checks import is_int, is_number
 from zoo.configs import DPConfig
 from zoo.dp import bounds
-from zoo.dp.clipping import clipping_method
-from zoo.dp.noise import NOISE_PRNGS
-from zoo.dp.sampling import SAMPLERS
+from zoo.dp.validate import ACCOUNTANTS, check_choices, check_pca, validate
 from zoo.errors import ZooError, choice_error
 
 if TYPE_CHECKING:
@@ -35,7 +33,9 @@ __all__ = [
     "ACCOUNTANTS",
     "DPConfig",
     "check_choices",
+    "check_pca",
     "validate",
+    "calibrate_gaussian",
     "calibrate_noise_multiplier",
     "epsilon_spent",
     "guaranteed_privacy",
@@ -45,89 +45,11 @@ __all__ = [
     "resolve_noise_multiplier",
 ]
 
-ACCOUNTANTS = ("pld", "rdp")
 DEFAULT_PLD_DISCRETIZATION = 1e-4  # dp_accounting's own default
 # The calibration searches with a coarser grid. A pessimistic PLD on any grid is an upper
 # bound on epsilon, so the sigma it finds meets the budget, only slightly above the sigma the
 # default grid finds, and it finds it sooner (the comparison is in docs/dp.md).
 SEARCH_PLD_DISCRETIZATION = 1e-3
-
-
-def check_choices(cfg: DPConfig) -> None:
-    """The named choices of an enabled config: sampler and clipping (rows of their tables,
-    :data:`zoo.dp.sampling.SAMPLERS`, :data:`zoo.dp.clipping.CLIPPING`), accountant and noise
-    PRNG. Recipes are checked with it when they are read."""
-    if not cfg.enabled:
-        return
-    if cfg.sampler not in SAMPLERS:
-        raise ZooError(
-            f"DP-SGD requires a sampler the accountant models ({', '.join(SAMPLERS)}: "
-            f"Poisson subsampling); got sampler={cfg.sampler!r}."
-        )
-    if cfg.accountant not in ACCOUNTANTS:
-        raise choice_error("accountant", cfg.accountant, ACCOUNTANTS)
-    clipping_method(cfg.clipping)
-    if cfg.noise_prng not in NOISE_PRNGS:
-        raise choice_error("noise_prng", cfg.noise_prng, NOISE_PRNGS)
-
-
-def validate(cfg: DPConfig, num_examples: int) -> None:
-    """Raise :class:`zoo.errors.ZooError` (a ``ValueError``) saying what is wrong.
-
-    A disabled config (``enabled=False``) is not checked: its DP fields are unused.
-    """
-    if not cfg.enabled:
-        return
-    if not is_int(num_examples) or num_examples < 1:
-        raise ZooError(f"DP needs a positive number of training examples; got num_examples={num_examples!r}.")
-    n = int(num_examples)
-    check_choices(cfg)
-    if cfg.noise_seed is not None and not (is_int(cfg.noise_seed) and 0 <= cfg.noise_seed < 2**32):
-        raise ZooError(
-            f"noise_seed must be an int in [0, 2**32) (JAX keys hold 32 bits of a seed), or unset "
-            f"for 64 secret bits from the OS; got noise_seed={cfg.noise_seed!r}."
-        )
-    if (cfg.epsilon is None) == (cfg.noise_multiplier is None):
-        raise ZooError(
-            "set exactly one of epsilon (target budget; the noise multiplier is "
-            "calibrated) and noise_multiplier (epsilon is then reported); got "
-            f"epsilon={cfg.epsilon!r}, noise_multiplier={cfg.noise_multiplier!r}"
-            " (--set dp.epsilon=none unsets a recipe's epsilon)."
-        )
-    if cfg.epsilon is not None and not (
-        is_number(cfg.epsilon) and cfg.epsilon > 0 and math.isfinite(cfg.epsilon)
-    ):
-        raise ZooError(f"epsilon must be a finite number > 0; got epsilon={cfg.epsilon!r}.")
-    if cfg.noise_multiplier is not None and not (
-        is_number(cfg.noise_multiplier) and cfg.noise_multiplier > 0 and math.isfinite(cfg.noise_multiplier)
-    ):
-        raise ZooError(
-            f"noise_multiplier must be a finite number > 0 (0 gives no privacy); "
-            f"got noise_multiplier={cfg.noise_multiplier!r}."
-        )
-    if not (is_number(cfg.delta) and cfg.delta > 0):
-        raise ZooError(f"delta must be > 0; got delta={cfg.delta!r}.")
-    if cfg.delta >= 1.0 / n:
-        raise ZooError(
-            f"delta={cfg.delta!r} must be < 1/num_examples = 1/{n} = {1.0 / n:.3g}; "
-            "a larger delta allows releasing whole examples."
-        )
-    if not (is_number(cfg.clip_norm) and cfg.clip_norm > 0 and math.isfinite(cfg.clip_norm)):
-        raise ZooError(f"clip_norm must be a finite number > 0; got clip_norm={cfg.clip_norm!r}.")
-    if not (is_number(cfg.expected_batch_size) and cfg.expected_batch_size > 0):
-        raise ZooError(
-            f"expected_batch_size must be > 0; got expected_batch_size={cfg.expected_batch_size!r}."
-        )
-    q = cfg.expected_batch_size / n
-    if not (0.0 < q <= 1.0):
-        raise ZooError(
-            f"sampling rate q = expected_batch_size / num_examples = "
-            f"{cfg.expected_batch_size}/{n} = {q:.6g} is outside (0, 1]; lower "
-            "expected_batch_size or use more data."
-        )
-    mb = cfg.microbatch_size
-    if mb is not None and (not is_int(mb) or mb < 1):
-        raise ZooError(f"microbatch_size must be a positive int or None; got microbatch_size={mb!r}.")
 
 
 def _dp_accounting():
@@ -162,10 +84,18 @@ def _check_steps(steps: int) -> int:
     return int(steps)
 
 
-def _dpsgd_event(noise_multiplier: float, sampling_prob: float, steps: int) -> DpEvent:
+def _dpsgd_event(
+    noise_multiplier: float, sampling_prob: float, steps: int, pca: float | None = None
+) -> DpEvent:
+    """``steps`` Poisson-subsampled Gaussian steps, after one Gaussian release of noise
+    multiplier ``pca`` when the run fits a DP-PCA projection first (:mod:`zoo.dp.pca`)."""
     dp_accounting = _dp_accounting()
     step = dp_accounting.PoissonSampledDpEvent(sampling_prob, dp_accounting.GaussianDpEvent(noise_multiplier))
-    return dp_accounting.SelfComposedDpEvent(step, steps)
+    sgd = dp_accounting.SelfComposedDpEvent(step, steps)
+    if pca is None:
+        return sgd
+    first = dp_accounting.GaussianDpEvent(pca)
+    return dp_accounting.ComposedDpEvent([first, sgd]) if steps else first
 
 
 def epsilon_spent(
@@ -176,27 +106,42 @@ def epsilon_spent(
     steps: int,
     accountant: str = "pld",
     pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+    pca_noise_multiplier: float | None = None,
 ) -> float:
-    """Epsilon at ``delta`` after ``steps`` Poisson-subsampled Gaussian steps."""
+    """Epsilon at ``delta`` after ``steps`` Poisson-subsampled Gaussian steps (composed with
+    the DP-PCA's Gaussian release of ``pca_noise_multiplier``, when given)."""
     _check_common(delta, sampling_prob)
     steps = _check_steps(steps)
-    if not (is_number(noise_multiplier) and noise_multiplier >= 0):
-        raise ZooError(f"noise_multiplier must be >= 0; got noise_multiplier={noise_multiplier!r}.")
+    for name, value in (
+        ("noise_multiplier", noise_multiplier),
+        ("pca_noise_multiplier", pca_noise_multiplier),
+    ):
+        if value is not None and not (is_number(value) and value >= 0):
+            raise ZooError(f"{name} must be >= 0; got {name}={value!r}.")
+    pca = None if pca_noise_multiplier is None else float(pca_noise_multiplier)
     return _epsilon_spent(
-        float(noise_multiplier), float(delta), float(sampling_prob), steps, accountant, pld_discretization
+        float(noise_multiplier),
+        float(delta),
+        float(sampling_prob),
+        steps,
+        accountant,
+        pld_discretization,
+        pca,
     )
 
 
 # Both are pure functions of a few numbers and take seconds (a PLD composition; a search over
 # them): a run asks the same question at every eval, on resume and for its summary.
 @functools.lru_cache(maxsize=256)
-def _epsilon_spent(noise_multiplier, delta, sampling_prob, steps, accountant, pld_discretization) -> float:
-    if steps == 0:
+def _epsilon_spent(
+    noise_multiplier, delta, sampling_prob, steps, accountant, pld_discretization, pca=None
+) -> float:
+    if steps == 0 and pca is None:
         return 0.0
-    if noise_multiplier == 0:
+    if (steps and noise_multiplier == 0) or pca == 0:
         return math.inf
     acc = _make_accountant(accountant, pld_discretization)()
-    acc.compose(_dpsgd_event(noise_multiplier, sampling_prob, steps))
+    acc.compose(_dpsgd_event(noise_multiplier, sampling_prob, steps, pca))
     return float(acc.get_epsilon(delta))
 
 
@@ -209,8 +154,10 @@ def calibrate_noise_multiplier(
     steps: int,
     accountant: str = "pld",
     pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+    pca_noise_multiplier: float | None = None,
 ) -> float:
-    """A noise multiplier whose epsilon after ``steps`` is <= ``epsilon``: the smallest one
+    """A noise multiplier whose epsilon after ``steps`` (composed with a DP-PCA release of
+    ``pca_noise_multiplier``, when given) is <= ``epsilon``: the smallest one
     (to ~1e-6) on the PLD grid :data:`SEARCH_PLD_DISCRETIZATION`, whose pessimistic epsilon
     bounds the one on the finer ``pld_discretization`` grid from above; the result is then
     checked on the finer grid (and searched there again in the unlikely case it fails).
@@ -224,36 +171,63 @@ def calibrate_noise_multiplier(
         raise ZooError("steps must be >= 1 to calibrate a noise multiplier; got steps=0.")
     if not (is_number(epsilon) and epsilon > 0 and math.isfinite(epsilon)):
         raise ZooError(f"epsilon must be a finite number > 0; got epsilon={epsilon!r}.")
+    pca = pca_noise_multiplier
     if accountant == "pld" and pld_discretization < SEARCH_PLD_DISCRETIZATION:
-        sigma = _search_sigma(epsilon, delta, sampling_prob, steps, accountant, SEARCH_PLD_DISCRETIZATION)
-        spent = epsilon_spent(
-            noise_multiplier=sigma,
-            delta=delta,
-            sampling_prob=sampling_prob,
-            steps=steps,
-            accountant=accountant,
-            pld_discretization=pld_discretization,
+        sigma = _search_sigma(
+            epsilon, delta, sampling_prob, steps, accountant, SEARCH_PLD_DISCRETIZATION, pca=pca
         )
+        spent = _epsilon_spent(sigma, delta, sampling_prob, steps, accountant, pld_discretization, pca)
         if spent <= epsilon:
             return sigma
         # Too little noise on the fine grid: the answer there lies above the coarse sigma.
-        return _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization, sigma)
-    return _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization)
+        return _search_sigma(
+            epsilon, delta, sampling_prob, steps, accountant, pld_discretization, sigma, pca=pca
+        )
+    return _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization, pca=pca)
 
 
-def _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization, lower=0.0) -> float:
+def _search_sigma(
+    epsilon, delta, sampling_prob, steps, accountant, pld_discretization, lower=0.0, pca=None
+) -> float:
     make_acc = _make_accountant(accountant, pld_discretization)
     q = float(sampling_prob)
     dp_accounting = _dp_accounting()
     if not lower:  # zoo.dp.bounds: search only where the accountant answers in seconds
-        spent = lambda s: _epsilon_spent(s, delta, q, steps, accountant, pld_discretization)  # noqa: E731
+        spent = lambda s: _epsilon_spent(s, delta, q, steps, accountant, pld_discretization, pca)  # noqa: E731
         bounds.check_in_range(epsilon, delta, steps, spent)
     sigma = dp_accounting.calibrate_dp_mechanism(
         bounds.with_deadline(make_acc),
-        lambda s: _dpsgd_event(s, q, steps),
+        lambda s: _dpsgd_event(s, q, steps, pca),
         float(epsilon),
         float(delta),
         bracket_interval=dp_accounting.LowerEndpointAndGuess(lower, 1.05 * lower if lower else 1.0),
+    )
+    return float(sigma)
+
+
+@functools.lru_cache(maxsize=64)
+def calibrate_gaussian(
+    *,
+    epsilon: float,
+    delta: float,
+    accountant: str = "pld",
+    pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+) -> float:
+    """The smallest noise multiplier (to ~1e-6) whose one Gaussian release of sensitivity 1 is
+    ``(epsilon, delta)``-DP: the DP-PCA's noise for its share ``dp.pca_epsilon``."""
+    if not (is_number(epsilon) and epsilon > 0 and math.isfinite(epsilon)):
+        raise ZooError(f"epsilon must be a finite number > 0; got epsilon={epsilon!r}.")
+    _check_common(delta, 1.0)
+    dp_accounting = _dp_accounting()
+    make_acc = _make_accountant(accountant, pld_discretization)
+    spent = lambda s: make_acc().compose(dp_accounting.GaussianDpEvent(s)).get_epsilon(delta)  # noqa: E731
+    bounds.check_in_range(epsilon, delta, 1, spent)  # one release
+    sigma = dp_accounting.calibrate_dp_mechanism(
+        make_acc,
+        dp_accounting.GaussianDpEvent,
+        float(epsilon),
+        float(delta),
+        bracket_interval=dp_accounting.LowerEndpointAndGuess(bounds.SIGMA_MIN, 1.0),
     )
     return float(sigma)
 
@@ -292,8 +266,12 @@ def max_steps_within_budget(
     return lo
 
 
-def resolve_noise_multiplier(cfg: DPConfig, num_examples: int, steps: int) -> tuple[float, float]:
-    """``(noise_multiplier, epsilon)`` for a validated, enabled config run for ``steps`` steps.
+def resolve_noise_multiplier(
+    cfg: DPConfig, num_examples: int, steps: int, pca_noise_multiplier: float | None = None
+) -> tuple[float, float]:
+    """``(noise_multiplier, epsilon)`` for a validated, enabled config run for ``steps`` steps
+    (after a DP-PCA release of ``pca_noise_multiplier``, when given: the epsilon is the two
+    composed, and a calibrated noise multiplier is DP-SGD's share of ``cfg.epsilon``).
 
     With ``cfg.epsilon`` set the noise multiplier is calibrated to it (and the
     returned epsilon is what that multiplier actually spends, <= target); with
@@ -302,16 +280,12 @@ def resolve_noise_multiplier(cfg: DPConfig, num_examples: int, steps: int) -> tu
     if not cfg.enabled:
         raise ZooError("resolve_noise_multiplier needs a config with enabled=True.")
     validate(cfg, num_examples)
-    q = cfg.expected_batch_size / num_examples
+    common = {"delta": cfg.delta, "sampling_prob": cfg.expected_batch_size / num_examples, "steps": steps}
+    common.update(accountant=cfg.accountant, pca_noise_multiplier=pca_noise_multiplier)
     sigma = cfg.noise_multiplier
     if sigma is None:
-        sigma = calibrate_noise_multiplier(
-            epsilon=cfg.epsilon, delta=cfg.delta, sampling_prob=q, steps=steps, accountant=cfg.accountant
-        )
-    eps = epsilon_spent(
-        noise_multiplier=sigma, delta=cfg.delta, sampling_prob=q, steps=steps, accountant=cfg.accountant
-    )
-    return float(sigma), eps
+        sigma = calibrate_noise_multiplier(epsilon=cfg.epsilon, **common)
+    return float(sigma), epsilon_spent(noise_multiplier=sigma, **common)
 
 
 # Fixed-shape Poisson batches drop records when a draw exceeds the padded size. That event is
@@ -351,24 +325,36 @@ def truncation_delta(
 
 
 def guaranteed_privacy(
-    sampler: PoissonSampler, *, noise_multiplier: float, delta: float, steps: int, accountant: str = "pld"
+    sampler: PoissonSampler,
+    *,
+    noise_multiplier: float,
+    delta: float,
+    steps: int,
+    accountant: str = "pld",
+    pca_noise_multiplier: float | None = None,
 ) -> dict[str, float]:
     """The ``(epsilon, delta)`` a DP-SGD run with this fixed-shape ``sampler`` guarantees after
-    ``steps`` steps.
+    ``steps`` steps (after a DP-PCA release of ``pca_noise_multiplier``, when given).
 
     ``epsilon`` is accounted at the accountant's ``delta`` (:func:`epsilon_spent`);
     ``delta_truncation`` is what truncating the Poisson draws to the sampler's padded size adds
     (:func:`truncation_delta`), and ``delta`` is the sum of the two: the run is
     ``(epsilon, delta)``-DP. Keys: ``epsilon``, ``delta``, ``delta_accountant``,
-    ``delta_truncation``.
+    ``delta_truncation``; with DP-PCA also ``epsilon_pca`` and ``epsilon_sgd``, each part
+    alone at the same delta (the parts do not add up: ``epsilon`` is their composition).
     """
+    common = {"delta": delta, "sampling_prob": sampler.sampling_prob, "accountant": accountant}
     eps = epsilon_spent(
-        noise_multiplier=noise_multiplier,
-        delta=delta,
-        sampling_prob=sampler.sampling_prob,
-        steps=steps,
-        accountant=accountant,
+        noise_multiplier=noise_multiplier, steps=steps, pca_noise_multiplier=pca_noise_multiplier, **common
     )
+    parts = {}
+    if pca_noise_multiplier is not None:
+        parts = {
+            "epsilon_pca": epsilon_spent(
+                noise_multiplier=0.0, steps=0, pca_noise_multiplier=pca_noise_multiplier, **common
+            ),
+            "epsilon_sgd": epsilon_spent(noise_multiplier=noise_multiplier, steps=steps, **common),
+        }
     extra = truncation_delta(
         num_examples=sampler.num_examples,
         sampling_prob=sampler.sampling_prob,
@@ -376,4 +362,10 @@ def guaranteed_privacy(
         steps=steps,
         epsilon=eps,
     )
-    return {"epsilon": eps, "delta": delta + extra, "delta_accountant": delta, "delta_truncation": extra}
+    return {
+        "epsilon": eps,
+        "delta": delta + extra,
+        "delta_accountant": delta,
+        "delta_truncation": extra,
+        **parts,
+    }

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 from zoo.checks import require_int, require_number, require_positive_int
 from zoo.configs import DPConfig
-from zoo.dp.accounting import epsilon_spent, guaranteed_privacy, resolve_noise_multiplier, truncation_budget
+from zoo.dp.accounting import (
+    calibrate_gaussian,
+    epsilon_spent,
+    guaranteed_privacy,
+    resolve_noise_multiplier,
+    truncation_budget,
+)
 from zoo.dp.sampling import PoissonSampler, make_sampler
 from zoo.parallel.layout import Layout
 
@@ -48,10 +54,13 @@ class DPPlan:
     epsilon: float | None = None  # what the planned steps spend (None without a sampler)
     pad_multiple: int = 1  # lcm(microbatch size, the layout's batch ways)
     truncation_prob: float | None = None  # per-step bound the padding is sized for
+    # The DP-PCA's Gaussian release before the first step (zoo.dp.pca; data.dp_pca), or None.
+    pca_noise_multiplier: float | None = None
 
     def epsilon_at(self, steps: int) -> float:
-        """Epsilon spent after ``steps`` steps at the plan's ``delta`` (0 before the first)."""
-        if steps == 0:
+        """Epsilon spent after ``steps`` steps at the plan's ``delta`` (before the first: 0, or
+        the DP-PCA's)."""
+        if steps == 0 and self.pca_noise_multiplier is None:
             return 0.0
         return epsilon_spent(
             noise_multiplier=self.noise_multiplier,
@@ -59,17 +68,19 @@ class DPPlan:
             sampling_prob=self.sampler.sampling_prob,
             steps=steps,
             accountant=self.accountant,
+            pca_noise_multiplier=self.pca_noise_multiplier,
         )
 
     def privacy_at(self, steps: int) -> dict[str, float]:
         """The ``(epsilon, delta)`` guaranteed after ``steps`` steps, the Poisson truncation
-        included (:func:`zoo.dp.accounting.guaranteed_privacy`)."""
+        included (:func:`zoo.dp.accounting.guaranteed_privacy`; with DP-PCA, each part too)."""
         return guaranteed_privacy(
             self.sampler,
             noise_multiplier=self.noise_multiplier,
             delta=self.delta,
             steps=steps,
             accountant=self.accountant,
+            pca_noise_multiplier=self.pca_noise_multiplier,
         )
 
 
@@ -100,7 +111,8 @@ def make_plan(
     require_positive_int("num_records", num_records)
     canaries = require_int("canaries", canaries, lo=0, what="an int >= 0")
     accounted = num_records + canaries // 2
-    sigma, epsilon = resolve_noise_multiplier(dp, accounted, steps)
+    pca = pca_noise_multiplier(dp)
+    sigma, epsilon = resolve_noise_multiplier(dp, accounted, steps, pca)
     multiple = math.lcm(dp.microbatch_size or 1, layout.spec.batch_ways)
     truncation = truncation_budget(delta=dp.delta, epsilon=epsilon, steps=steps)
     sampler = make_sampler(
@@ -126,7 +138,17 @@ def make_plan(
         epsilon=epsilon,
         pad_multiple=multiple,
         truncation_prob=truncation,
+        pca_noise_multiplier=pca,
     )
+
+
+def pca_noise_multiplier(dp: DPConfig) -> float | None:
+    """The DP-PCA's noise multiplier: the one whose Gaussian release alone spends
+    ``dp.pca_epsilon`` at ``dp.delta`` (None without DP-PCA). DP-SGD's is then calibrated for
+    what the two spend composed (:func:`zoo.dp.accounting.resolve_noise_multiplier`)."""
+    if dp.pca_epsilon is None:
+        return None
+    return calibrate_gaussian(epsilon=dp.pca_epsilon, delta=dp.delta, accountant=dp.accountant)
 
 
 def without_noise(plan: DPPlan) -> DPPlan:

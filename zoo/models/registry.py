@@ -144,6 +144,18 @@ class ModelConfig:
         stack axis, then per-leaf names (``embed``, ``mlp``, ``heads``, ``vocab``...)."""
         raise NotImplementedError
 
+    # --- a fixed input projection (data.dp_pca) -------------------------------------------------
+    @property
+    def input_projection(self) -> tuple[str, ...] | None:
+        """Canonical path of the model's fixed input projection: a leaf fitted before training
+        (``zoo.dp.pca``) and never trained; None when it has none."""
+        return None
+
+    def with_input_projection(self, width: int) -> ModelConfig:
+        """This config reading its input through a fixed ``[d_in, width]`` projection (its
+        leaf at :attr:`input_projection`). ValueError for a kind that has none."""
+        raise ValueError(f"a {self.kind} model has no fixed input projection")
+
     # --- fine-tuning -------------------------------------------------------------------------
     def frozen_prefix(self) -> tuple[str, ...]:
         """Freeze patterns (``zoo.freeze``) of a frozen prefix, what ``zoo bench finetune``

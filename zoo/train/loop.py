@@ -18,7 +18,6 @@ from pathlib import Path
 from rich.console import Console
 
 from zoo import lora
-from zoo.data.public import check_public_domain
 from zoo.errors import ZooError
 from zoo.parallel.distributed import is_main_process
 from zoo.recipes import Recipe, to_dict
@@ -164,8 +163,6 @@ def train(
             f"the run was built for {run.plan_steps} planned steps, its checkpoint for "
             f"{point.plan_steps}: build it with build_run(recipe, point.plan_steps)"
         )
-    if run.dp:  # nothing the model's shape depends on may come from the private data
-        check_public_domain(run.recipe.data, run.task.data.task, checkpoint=run.recipe.model.init_from)
     console, show_progress = _quiet_unless_main(console, show_progress)
     main = is_main_process()
     out = Path(out_dir)

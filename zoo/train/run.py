@@ -16,6 +16,7 @@ from rich.console import Console
 
 from zoo import lora
 from zoo.data.errors import DataDependentWarning
+from zoo.data.public import check_public_domain
 from zoo.dp import clipping_method
 from zoo.dp.plan import DPPlan, make_plan
 from zoo.errors import ZooError
@@ -26,7 +27,7 @@ from zoo.parallel import layout_for, spec_from_section
 from zoo.recipes import Recipe
 from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
-from zoo.train import auto_remat, checkpoint, checks
+from zoo.train import auto_remat, checkpoint, checks, projection
 from zoo.train.engine import Engine, make_engine
 from zoo.train.state import make_optimizer, secret_train_key, train_key
 from zoo.train.task import Task, fit_model_to_task, load_task
@@ -126,6 +127,8 @@ def build_run(
     if source is not None:
         checks.check_start(start, source.model_config, preset_cfg, recipe.lora.enabled)
         checks.check_vocabulary(start, source, recipe.data.vocabulary)
+    if recipe.dp.enabled:  # the model's domain is declared, not read off the records
+        check_public_domain(recipe.data, preset_cfg.task, checkpoint=start)
     with warnings.catch_warnings():
         if recipe.dp.enabled:  # a notice that depends on the records is a release too
             warnings.simplefilter("ignore", DataDependentWarning)
@@ -135,10 +138,12 @@ def build_run(
             seed=recipe.train.seed,
             tokenizer=source.tokenizer if source else None,
             max_len=getattr(preset_cfg, "max_len", None),
+            private=recipe.dp.enabled,
         )
     if source is not None and task.is_lm:
         checks.check_vocab_fits(start, source, task.data.vocab_size)
     cfg = fit_model_to_task(preset_cfg, task, recipe.model.preset, dict(recipe.model.overrides))
+    cfg = projection.projected_config(cfg, recipe.data, source)
     cfg, params, freeze, adapters = _model_start(recipe, cfg, source)
     _warn_unused_microbatch(recipe, cfg)
     layout = layout_for(cfg, mesh)
@@ -147,6 +152,8 @@ def build_run(
         if recipe.dp.enabled
         else None
     )
+    if cfg.input_projection is not None and source is None:  # data.dp_pca: fitted once, here
+        params = projection.fit(cfg, params, task.data.x_train, dp, dp_train_key(recipe) if dp else None)
     if dp is None:
         layout.check_batch_rows(recipe.train.batch_size, "train.batch_size")
         if not task.is_lm:
@@ -200,7 +207,7 @@ def _model_start(recipe: Recipe, cfg: ModelConfig, source):
     if adapters is not None:
         freeze = lora.freeze_plan(cfg, adapters)
     else:
-        freeze = resolve_freeze(params, recipe.freeze.patterns)
+        freeze = resolve_freeze(params, (*recipe.freeze.patterns, *projection.fixed_patterns(cfg)))
         _warn_if_nothing_trains(freeze, recipe.freeze.patterns)
     return cfg, params, freeze, adapters
 

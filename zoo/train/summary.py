@@ -97,4 +97,8 @@ def summarize(
             padded_batch_size=run.dp.sampler.padded_batch_size,
             planned_steps=run.plan_steps,
         )
+        if run.dp.pca_noise_multiplier is not None:  # data.dp_pca: its part of the budget
+            summary.update(
+                pca_noise_multiplier=run.dp.pca_noise_multiplier, pca_epsilon=recipe.dp.pca_epsilon
+            )
     return summary

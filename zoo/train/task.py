@@ -77,11 +77,13 @@ def load_task(
     seed: int,
     tokenizer: CharTokenizer | None = None,
     max_len: int | None = None,
+    private: bool = False,
 ) -> Task:
     """The ``[data]`` section's dataset loaded for ``task`` ("classify" or "lm": the model's
     ``cfg.task``) and shaped for it. ``seed`` shuffles a classifier's train/eval split;
     ``tokenizer`` is a checkpoint's (an LM keeps its vocabulary); ``max_len`` is the model's
-    context, the LM window when ``data.seq_len`` is unset."""
+    context, the LM window when ``data.seq_len`` is unset. ``private``: a DP run's load, which
+    reads nothing off the records that shapes the model or what is printed (zoo.data.declared)."""
     dataset = load_dataset(
         data.dataset,
         task=task,
@@ -91,6 +93,8 @@ def load_task(
         text_column=data.text_column,
         label_column=data.label_column,
         tokenizer=declared_tokenizer(data.vocabulary, tokenizer) if task == "lm" else tokenizer,
+        image_max=data.image_max,
+        private=private,
     )
     seq_len = (data.seq_len or max_len) if dataset.task == "lm" else None
     if seq_len is not None:

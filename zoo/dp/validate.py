@@ -1,0 +1,123 @@
+"""Checks of the ``[dp]`` section (:class:`zoo.configs.DPConfig`): its named choices, its numbers
+against the number of records, and the DP-PCA budget against the ``[data]`` section. Each
+failure is one :class:`zoo.errors.ZooError` line naming the value."""
+
+from __future__ import annotations
+
+import math
+
+from zoo.checks import is_int, is_number
+from zoo.configs import DPConfig
+from zoo.dp.clipping import clipping_method
+from zoo.dp.noise import NOISE_PRNGS
+from zoo.dp.sampling import SAMPLERS
+from zoo.errors import ZooError, choice_error
+
+__all__ = ["ACCOUNTANTS", "check_choices", "check_pca", "validate"]
+
+ACCOUNTANTS = ("pld", "rdp")
+
+
+def check_choices(cfg: DPConfig) -> None:
+    """The named choices of an enabled config: sampler and clipping (rows of their tables,
+    :data:`zoo.dp.sampling.SAMPLERS`, :data:`zoo.dp.clipping.CLIPPING`), accountant and noise
+    PRNG. Recipes are checked with it when they are read."""
+    if not cfg.enabled:
+        return
+    if cfg.sampler not in SAMPLERS:
+        raise ZooError(
+            f"DP-SGD requires a sampler the accountant models ({', '.join(SAMPLERS)}: "
+            f"Poisson subsampling); got sampler={cfg.sampler!r}."
+        )
+    if cfg.accountant not in ACCOUNTANTS:
+        raise choice_error("accountant", cfg.accountant, ACCOUNTANTS)
+    clipping_method(cfg.clipping)
+    if cfg.noise_prng not in NOISE_PRNGS:
+        raise choice_error("noise_prng", cfg.noise_prng, NOISE_PRNGS)
+
+
+def validate(cfg: DPConfig, num_examples: int) -> None:
+    """Raise :class:`zoo.errors.ZooError` (a ``ValueError``) saying what is wrong.
+
+    A disabled config (``enabled=False``) is not checked: its DP fields are unused.
+    """
+    if not cfg.enabled:
+        return
+    if not is_int(num_examples) or num_examples < 1:
+        raise ZooError(f"DP needs a positive number of training examples; got num_examples={num_examples!r}.")
+    n = int(num_examples)
+    check_choices(cfg)
+    if cfg.noise_seed is not None and not (is_int(cfg.noise_seed) and 0 <= cfg.noise_seed < 2**32):
+        raise ZooError(
+            f"noise_seed must be an int in [0, 2**32) (JAX keys hold 32 bits of a seed), or unset "
+            f"for 64 secret bits from the OS; got noise_seed={cfg.noise_seed!r}."
+        )
+    if (cfg.epsilon is None) == (cfg.noise_multiplier is None):
+        raise ZooError(
+            "set exactly one of epsilon (target budget; the noise multiplier is "
+            "calibrated) and noise_multiplier (epsilon is then reported); got "
+            f"epsilon={cfg.epsilon!r}, noise_multiplier={cfg.noise_multiplier!r}"
+            " (--set dp.epsilon=none unsets a recipe's epsilon)."
+        )
+    if cfg.epsilon is not None and not (
+        is_number(cfg.epsilon) and cfg.epsilon > 0 and math.isfinite(cfg.epsilon)
+    ):
+        raise ZooError(f"epsilon must be a finite number > 0; got epsilon={cfg.epsilon!r}.")
+    if cfg.noise_multiplier is not None and not (
+        is_number(cfg.noise_multiplier) and cfg.noise_multiplier > 0 and math.isfinite(cfg.noise_multiplier)
+    ):
+        raise ZooError(
+            f"noise_multiplier must be a finite number > 0 (0 gives no privacy); "
+            f"got noise_multiplier={cfg.noise_multiplier!r}."
+        )
+    if not (is_number(cfg.delta) and cfg.delta > 0):
+        raise ZooError(f"delta must be > 0; got delta={cfg.delta!r}.")
+    if cfg.delta >= 1.0 / n:
+        raise ZooError(
+            f"delta={cfg.delta!r} must be < 1/num_examples = 1/{n} = {1.0 / n:.3g}; "
+            "a larger delta allows releasing whole examples."
+        )
+    if not (is_number(cfg.clip_norm) and cfg.clip_norm > 0 and math.isfinite(cfg.clip_norm)):
+        raise ZooError(f"clip_norm must be a finite number > 0; got clip_norm={cfg.clip_norm!r}.")
+    if not (is_number(cfg.expected_batch_size) and cfg.expected_batch_size > 0):
+        raise ZooError(
+            f"expected_batch_size must be > 0; got expected_batch_size={cfg.expected_batch_size!r}."
+        )
+    q = cfg.expected_batch_size / n
+    if not (0.0 < q <= 1.0):
+        raise ZooError(
+            f"sampling rate q = expected_batch_size / num_examples = "
+            f"{cfg.expected_batch_size}/{n} = {q:.6g} is outside (0, 1]; lower "
+            "expected_batch_size or use more data."
+        )
+    mb = cfg.microbatch_size
+    if mb is not None and (not is_int(mb) or mb < 1):
+        raise ZooError(f"microbatch_size must be a positive int or None; got microbatch_size={mb!r}.")
+
+
+def check_pca(cfg: DPConfig, dp_pca: int | None) -> None:
+    """An enabled config spends ``cfg.pca_epsilon`` on DP-PCA exactly when the data section
+    asks for a projection (``data.dp_pca``), and less than the whole ``cfg.epsilon``. Without
+    DP, ``data.dp_pca`` is plain PCA and ``pca_epsilon`` is unused."""
+    if not cfg.enabled:
+        return
+    if dp_pca and cfg.pca_epsilon is None:
+        raise ZooError(
+            f"data.dp_pca = {dp_pca} under DP needs its share of the budget: set dp.pca_epsilon "
+            "(the epsilon the projection alone spends, at dp.delta), e.g. dp.pca_epsilon = 0.1"
+        )
+    if cfg.pca_epsilon is None:
+        return
+    if not dp_pca:
+        raise ZooError(
+            f"dp.pca_epsilon = {cfg.pca_epsilon!r} is set, but data.dp_pca is not: there is no "
+            "projection to spend it on; set data.dp_pca = K or unset dp.pca_epsilon"
+        )
+    eps = cfg.pca_epsilon
+    if not (is_number(eps) and eps > 0 and math.isfinite(eps)):
+        raise ZooError(f"dp.pca_epsilon must be a finite number > 0; got dp.pca_epsilon={eps!r}.")
+    if cfg.epsilon is not None and is_number(cfg.epsilon) and not eps < cfg.epsilon:
+        raise ZooError(
+            f"dp.pca_epsilon = {eps!r} must be below dp.epsilon = {cfg.epsilon!r}: it is the "
+            "projection's share of the run's budget, and DP-SGD needs the rest"
+        )
