@@ -31,8 +31,8 @@ from zoo.train.resume import (
     finished_summary,
     preflight,
 )
-from zoo.train.run import Run, build_run, dp_train_key, epsilon_at, train_batch
-from zoo.train.state import TrainState
+from zoo.train.run import Run, build_run, dp_train_key, epsilon_at, train_batch, with_batch_seed
+from zoo.train.state import TrainState, key_bytes
 from zoo.train.summary import last_logged_loss, run_evaluation, say_resumed, summarize
 
 
@@ -40,13 +40,14 @@ class TrainingDiverged(ZooError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
-def _meta(run: Run) -> dict:
+def _meta(run: Run, state: TrainState) -> dict:
     tokenizer = run.task.data.tokenizer
+    key = key_bytes(state.rng) if run.dp else None  # under DP, a digest only the run can make
     return {
         "recipe": to_dict(run.recipe),
         "fingerprint": fingerprint(run.recipe),
         "plan_steps": run.plan_steps,
-        "data_digest": data_digest((run.task.data.x_train, run.task.data.y_train)),
+        "data_digest": data_digest((run.task.data.x_train, run.task.data.y_train), key),
         "model": checkpoint.model_meta(run.cfg, run.engine.backend),
         "tokenizer": tokenizer.to_json() if tokenizer else None,
         **({checkpoint.LORA_BASE: run.base} if run.base else {}),
@@ -113,20 +114,22 @@ def train_recipe(
     )
 
 
-def _restore(run: Run, out: Path, point: ResumePoint | None, meta: dict, console: Console):
-    """``(state, frozen, start step)``: fresh, or the resume point's checkpoint."""
+def _restore(run: Run, out: Path, point: ResumePoint | None, console: Console):
+    """``(state, frozen, start step, checkpoint metadata)``: fresh, or the resume point's."""
     engine, seed = run.engine, run.recipe.train.seed
     state, frozen = engine.init_state(run.params, seed, dp_train_key(run.recipe) if run.dp else None)
     if not point:
-        return state, frozen, 0
+        return state, frozen, 0, _meta(run, state)
+    check_same_data(point.meta, _meta(run, state), str(out), arrays=False)  # the state fits
+    state = checkpoint.restore_state(out, point.step, state)
+    meta = _meta(run, state)  # under DP the digest is keyed with the run's own (restored) key
     check_same_data(point.meta, meta, str(out))
     checkpoint.quarantine_after(out, point.step)
-    state = checkpoint.restore_state(out, point.step, state)
     # Frozen weights come from the run's own checkpoint, not again from the start checkpoint,
     # whose newest step may have moved on since.
     frozen = engine.place_frozen(run.freeze.split(checkpoint.restore_params(out, point.step))[1])
     say_resumed(console, out, point, run)
-    return state, frozen, point.step
+    return state, frozen, point.step, meta
 
 
 @dataclass
@@ -167,8 +170,8 @@ def train(
     main = is_main_process()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = _meta(run)
-    state, frozen, start = _restore(run, out, point, meta, console)
+    state, frozen, start, meta = _restore(run, out, point, console)
+    run = with_batch_seed(run, state.rng)
     if main and (not point or point.changes):
         runlog.write_json(out / runlog.RECIPE, meta["recipe"])
     log = runlog.MetricsLog(out / runlog.METRICS, start) if main else runlog.NullLog()
@@ -210,20 +213,23 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
             tic = time.perf_counter()
             with compiles.track():
                 state, metrics = engine.train_step(state, frozen, engine.place_batch(batch))
-            loss = float(metrics["loss"])
+            # Under DP the batch's loss (no noise) is not released; the noisy gradient's norm is.
+            loss = None if run.dp else float(metrics["loss"])
+            grad_norm = float(metrics["grad_norm"])
             if step > progress.start:  # the first step includes compilation
                 progress.timed_seconds += time.perf_counter() - tic
-                progress.timed_examples += int(batch["mask"].sum())
-            if not math.isfinite(loss):
-                _diverged(loss, step, progress.last_saved, out)
+                # under DP every padded row (the realised batch size is not released)
+                progress.timed_examples += batch["mask"].size if run.dp else int(batch["mask"].sum())
+            watched = (loss, "loss") if loss is not None else (grad_norm, "the noisy gradient's norm")
+            if not math.isfinite(watched[0]):
+                _diverged(*watched, step, progress.last_saved, out)
             done = progress.done = step + 1
-            progress.loss = loss
-            bar_view.update(bar, completed=done, loss=f"{loss:.4f}", rate=f"{progress.rate:,.0f}")
+            progress.loss = float("nan") if loss is None else loss
+            shown = "-" if loss is None else f"{loss:.4f}"
+            bar_view.update(bar, completed=done, loss=shown, rate=f"{progress.rate:,.0f}")
             if done % cadence.log_every == 0 or done == steps:
-                grad_norm = float(metrics["grad_norm"])
-                log.write(
-                    {"step": done, "loss": loss, "grad_norm": grad_norm, "examples_per_sec": progress.rate}
-                )
+                losses = {} if loss is None else {"loss": loss}
+                log.write({"step": done, **losses, "grad_norm": grad_norm, "examples_per_sec": progress.rate})
             if done % cadence.eval_every == 0 or done == steps:
                 progress.eval_metrics = run_evaluation(run, state, frozen)
                 if run.dp:
@@ -237,10 +243,10 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
     return state
 
 
-def _diverged(loss: float, step: int, last_saved: int, out: Path):
+def _diverged(value: float, what: str, step: int, last_saved: int, out: Path):
     raise TrainingDiverged(
-        f"loss became {loss} at step {step + 1}; stopped. The last good checkpoint "
+        f"{what} became {value} at step {step + 1}; stopped. The last good checkpoint "
         f"is step {last_saved} in {str(out)!r}"
         if last_saved
-        else f"loss became {loss} at step {step + 1}; stopped before any checkpoint"
+        else f"{what} became {value} at step {step + 1}; stopped before any checkpoint"
     )

@@ -29,7 +29,7 @@ from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
 from zoo.train import auto_remat, checkpoint, checks, projection
 from zoo.train.engine import Engine, make_engine
-from zoo.train.state import make_optimizer, secret_train_key, train_key
+from zoo.train.state import batch_seed, make_optimizer, secret_train_key, train_key
 from zoo.train.task import Task, fit_model_to_task, load_task
 
 
@@ -70,6 +70,18 @@ def privacy_at(run: Run, step: int) -> dict[str, float]:
     """The ``(epsilon, delta)`` the run guarantees after ``step`` steps, Poisson truncation
     included (:meth:`zoo.dp.plan.DPPlan.privacy_at`)."""
     return run.dp.privacy_at(step)
+
+
+def with_batch_seed(run: Run, rng: jax.Array) -> Run:
+    """Under DP, ``run`` drawing its Poisson batches from a seed of its own under the root key
+    ``rng`` (``TrainState.rng``: secret unless ``dp.noise_seed`` pins it), so that which records
+    a step reads is as secret as its noise; a resumed run draws the same batches. A run without
+    DP is returned as it is (its batches follow ``train.seed``)."""
+    if run.dp is None:
+        return run
+    sampler = dataclasses.replace(run.dp.sampler, seed=batch_seed(rng))
+    engine = dataclasses.replace(run.engine, dp=dataclasses.replace(run.dp, sampler=sampler))
+    return dataclasses.replace(run, engine=engine)
 
 
 def dp_train_key(recipe: Recipe) -> jax.Array:

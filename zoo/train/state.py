@@ -24,6 +24,31 @@ def train_key(seed: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), TRAIN_RNG_STREAM)
 
 
+# Under DP the Poisson batches are drawn from a seed of their own under the run's root key, as
+# secret as the noise (``batch_seed``): subsampling amplifies privacy only when which records a
+# step reads is hidden. At or above 2**31, so no step's fold_in(root, step) meets it.
+BATCH_STREAM = 0xD7CA0002
+
+
+def batch_seed(rng: jax.Array) -> int:
+    """A 64-bit sampler seed from a run's root key data ``rng`` (``TrainState.rng``)."""
+    key = jax.random.fold_in(jax.random.wrap_key_data(_local(rng)), BATCH_STREAM)
+    high, low = (int(b) for b in np.asarray(jax.random.bits(key, (2,), jnp.uint32)))
+    return high << 32 | low
+
+
+def key_bytes(rng: jax.Array) -> bytes:
+    """The bytes of a run's root key data ``rng``: the key of what it must keep secret (a DP
+    run's digest of its training data, ``zoo.train.resume.data_digest``)."""
+    return np.asarray(_local(rng)).tobytes()
+
+
+def _local(rng: jax.Array):
+    """``rng`` as this process holds it (a replicated array's local copy)."""
+    shards = getattr(rng, "addressable_shards", None)
+    return rng if not shards else shards[0].data
+
+
 def secret_train_key() -> jax.Array:
     """A root of per-step keys from 64 bits of OS entropy.
 

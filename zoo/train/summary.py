@@ -72,7 +72,7 @@ def summarize(
         "model": recipe.model.preset,
         "dataset": recipe.data.dataset,
         "steps": steps,
-        "train_loss": loss,
+        **({} if run.dp else {"train_loss": loss}),  # under DP the batches' loss is not released
         "examples_per_sec": rate,
         "compile_count": compile_count,
         "out_dir": str(out),

@@ -44,7 +44,8 @@ def test_lora_on_a_half_precision_import_trains(tmp_path, capsys, dtype, recipe,
     capsys.readouterr()
     assert main([*argv, vocab, "--backend", backend, "--out", str(tmp_path / "r"), *TINY]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert np.isfinite(summary["eval_loss"]) and np.isfinite(summary["train_loss"])
+    assert np.isfinite(summary["eval_loss"]) and np.isfinite(summary.get("train_loss", 0.0))
+    assert ("train_loss" in summary) != ("epsilon" in summary)  # DP releases no batch loss
 
 
 def test_training_a_float16_import_is_one_line(tmp_path, capsys):
