@@ -203,3 +203,89 @@ def test_validation_errors_name_the_value(changes, needles):
 def test_validation_num_examples():
     with pytest.raises(ValueError, match="num_examples=0"):
         validate(GOOD, 0)
+
+
+# -- DP-PCA composed with DP-SGD ----------------------------------------------------------------
+def composed_reference(pca_sigma, sigma, q, steps, accountant):
+    """The run's epsilon built here from dp_accounting's events: one Gaussian release (the
+    projection), then ``steps`` Poisson-subsampled Gaussian steps."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+    from dp_accounting.rdp import RdpAccountant
+
+    step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+    event = dp_accounting.ComposedDpEvent(
+        [dp_accounting.GaussianDpEvent(pca_sigma), dp_accounting.SelfComposedDpEvent(step, steps)]
+    )
+    accountant = PLDAccountant() if accountant == "pld" else RdpAccountant()
+    return accountant.compose(event).get_epsilon(DELTA)
+
+
+def check_composed(accountant):
+    from zoo.dp.accounting import _epsilon_spent
+
+    _epsilon_spent.cache_clear()
+    for pca_sigma, sigma, q, steps in ((8.0, 1.2, 0.01, 300), (3.0, 0.9, 0.05, 50)):
+        got = epsilon_spent(
+            noise_multiplier=sigma, delta=DELTA, sampling_prob=q, steps=steps, accountant=accountant,
+            pca_noise_multiplier=pca_sigma,
+        )  # fmt: skip
+        assert got == pytest.approx(composed_reference(pca_sigma, sigma, q, steps, accountant), rel=1e-9)
+        alone = epsilon_spent(
+            noise_multiplier=sigma, delta=DELTA, sampling_prob=q, steps=steps, accountant=accountant
+        )
+        assert got > alone  # the projection costs something
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_the_composed_epsilon_is_dp_accountings_composition(accountant):
+    check_composed(accountant)
+
+
+def test_the_composition_check_still_catches_a_dropped_projection(monkeypatch):
+    from zoo.dp import accounting
+
+    original = accounting._dpsgd_event
+    monkeypatch.setattr(accounting, "_dpsgd_event", lambda s, q, steps, pca=None: original(s, q, steps))
+    with pytest.raises(AssertionError):
+        check_composed("rdp")
+    accounting._epsilon_spent.cache_clear()
+
+
+def test_the_projections_noise_meets_its_share_and_sgd_is_calibrated_for_the_rest():
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    from zoo.dp.accounting import calibrate_gaussian
+
+    pca_sigma = calibrate_gaussian(epsilon=0.2, delta=DELTA)
+    alone = PLDAccountant().compose(dp_accounting.GaussianDpEvent(pca_sigma)).get_epsilon(DELTA)
+    assert 0.2 * (1 - 1e-3) <= alone <= 0.2  # meets its share, and only just
+    cfg = DPConfig(enabled=True, epsilon=2.0, delta=DELTA, expected_batch_size=512, pca_epsilon=0.2)
+    sigma, eps = resolve_noise_multiplier(cfg, 60000, 500, pca_noise_multiplier=pca_sigma)
+    assert eps == pytest.approx(composed_reference(pca_sigma, sigma, 512 / 60000, 500, "pld"), rel=1e-9)
+    assert 2.0 * (1 - 1e-2) <= eps <= 2.0
+    plain, _ = resolve_noise_multiplier(dataclasses.replace(cfg, pca_epsilon=None), 60000, 500)
+    assert sigma > plain  # the projection's share leaves DP-SGD less
+
+
+def test_the_summary_parts_are_each_mechanism_alone():
+    from zoo.dp.accounting import guaranteed_privacy
+    from zoo.dp.sampling import PoissonSampler
+
+    sampler = PoissonSampler.for_expected_batch(5000, 100, 0, 1e-12)
+    got = guaranteed_privacy(sampler, noise_multiplier=1.0, delta=DELTA, steps=100, pca_noise_multiplier=6.0)
+    q = sampler.sampling_prob
+    assert got["epsilon"] == pytest.approx(composed_reference(6.0, 1.0, q, 100, "pld"), rel=1e-9)
+    assert got["epsilon_sgd"] == pytest.approx(
+        epsilon_spent(noise_multiplier=1.0, delta=DELTA, sampling_prob=q, steps=100)
+    )
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    gaussian = PLDAccountant().compose(dp_accounting.GaussianDpEvent(6.0)).get_epsilon(DELTA)
+    assert got["epsilon_pca"] == pytest.approx(gaussian, rel=1e-9)
+    assert (
+        max(got["epsilon_pca"], got["epsilon_sgd"]) < got["epsilon"] < got["epsilon_pca"] + got["epsilon_sgd"]
+    )
+    assert "epsilon_pca" not in guaranteed_privacy(sampler, noise_multiplier=1.0, delta=DELTA, steps=100)

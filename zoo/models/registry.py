@@ -154,7 +154,7 @@ class ModelConfig:
     def with_input_projection(self, width: int) -> ModelConfig:
         """This config reading its input through a fixed ``[d_in, width]`` projection (its
         leaf at :attr:`input_projection`). ValueError for a kind that has none."""
-        raise ValueError(f"a {self.kind} model has no fixed input projection")
+        raise ValueError(f"a {self.kind} model has no fixed input projection (`zoo models` lists the kinds)")
 
     # --- fine-tuning -------------------------------------------------------------------------
     def frozen_prefix(self) -> tuple[str, ...]:

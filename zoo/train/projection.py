@@ -42,7 +42,7 @@ def projected_config(cfg: ModelConfig, data: DataConfig, source) -> ModelConfig:
     try:
         return cfg.with_input_projection(width)
     except ValueError as error:
-        raise ZooError(f"data.dp_pca = {width}: {error}; it applies to the mlp kind") from None
+        raise ZooError(f"data.dp_pca = {width}: {error}") from None
 
 
 def fixed_patterns(cfg: ModelConfig) -> tuple[str, ...]:
