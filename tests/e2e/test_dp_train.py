@@ -223,3 +223,59 @@ def test_dp_run_with_a_secret_noise_key_resumes_to_identical_params(tmp_path):
     whole = checkpoint.load_checkpoint(tmp_path / "whole").params
     resumed = checkpoint.load_checkpoint(tmp_path / "resumed").params
     jax.tree_util.tree_map(np.testing.assert_array_equal, whole, resumed)
+
+
+def batch_seeds(tmp_path, monkeypatch, runs=2, **values) -> list[int]:
+    """The sampler seed each of ``runs`` trainings of the same recipe drew its batches with."""
+    from zoo.train import loop
+
+    seen, original = [], loop.train_batch
+    monkeypatch.setattr(
+        loop, "train_batch", lambda run, step: seen.append(run.dp.sampler.seed) or original(run, step)
+    )
+    fast = {"dp.epsilon": None, "dp.noise_multiplier": 5.0}  # no calibration
+    recipe = quick_dp(
+        **{"train.steps": 1, "train.eval_every": 1, "train.checkpoint_every": 1, **fast, **values}
+    )
+    for i in range(runs):
+        train_recipe(recipe, tmp_path / f"r{i}", show_progress=False)
+    return seen
+
+
+def check_batches_are_secret(tmp_path, monkeypatch) -> None:
+    """Which records a step reads is as secret as its noise: not the public train.seed's draws,
+    different for two runs of one recipe, and the noise seed's own when dp.noise_seed pins it."""
+    from zoo.train.state import batch_seed
+
+    secret = batch_seeds(tmp_path / "secret", monkeypatch)
+    assert len(set(secret)) == 2 and quick_dp().train.seed not in secret, secret
+    pinned = batch_seeds(tmp_path / "pinned", monkeypatch, **{"dp.noise_seed": 9})
+    assert pinned == [batch_seed(jax.random.key_data(train_key(9)))] * 2, pinned
+
+
+def test_dp_batches_are_drawn_from_the_secret_root_key(tmp_path, monkeypatch):
+    check_batches_are_secret(tmp_path, monkeypatch)
+
+
+def test_the_batch_check_still_catches_batches_drawn_from_train_seed(tmp_path, monkeypatch):
+    from zoo.train import loop
+
+    monkeypatch.setattr(loop, "with_batch_seed", lambda run, rng: run)  # planted: the old sampler seed
+    with pytest.raises(AssertionError):
+        check_batches_are_secret(tmp_path, monkeypatch)
+
+
+@pytest.mark.xdist_group("dp-train-run")  # dp_run is built once, on one worker
+def test_the_checkpoints_data_digest_is_keyed_with_the_runs_secret_under_dp(dp_run, tmp_path):
+    """Every checkpoint carries a digest of the training data. An unkeyed one would tell two
+    neighbouring datasets apart with certainty; a DP run's is keyed with its root key."""
+    from zoo.train.resume import data_digest
+
+    recipe, _, out = dp_run
+    saved = checkpoint.restore_meta(out, checkpoint.latest_step(out))["data_digest"]
+    task = build_run(recipe, choose_remat=False).task.data
+    arrays = (task.x_train, task.y_train)
+    assert saved != data_digest(arrays)  # not the plain sha256 anyone can recompute
+    state = checkpoint.restore_state(out, checkpoint.latest_step(out), None)
+    assert saved == data_digest(arrays, key=np.asarray(state["rng"]).tobytes())
+    assert data_digest(arrays, key=b"another key") != saved
