@@ -24,6 +24,7 @@ KINDS = {kind.name: kind.small for kind in registry.kinds()}
 SIZES = [
     *[pytest.param(cfg, {}, id=name) for name, cfg in KINDS.items()],
     pytest.param("mlp-m", {"num_layers": 3}, id="mlp-m-3"),
+    pytest.param("mlp-s", {"num_layers": 0, "d_pca": 5}, id="mlp-projected-no-stack"),
     pytest.param(
         "transformer-xs",
         {"num_layers": 3, "d_model": 32, "num_heads": 2, "d_ff": 48, "max_len": 12},
