@@ -82,8 +82,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         require_choice("data.layout", self.layout, LAYOUTS)
-        if self.vocabulary is not None and not self.vocabulary.startswith("hf:"):  # hf:SRC: tokenizer.json
-            require_choice("data.vocabulary", self.vocabulary, ("bytes", "hf:SRC"))
+        if self.vocabulary is not None and not self.vocabulary.startswith(("hf:", "char:", "ids:")):
+            # hf:SRC a tokenizer.json, char:FILE its characters, ids:N ids with no text (zoo.data.vocabulary)
+            require_choice("data.vocabulary", self.vocabulary, ("bytes", "hf:SRC", "char:FILE", "ids:N"))
         below_one = math.nextafter(1.0, 0.0)
         require_number(
             "data.eval_fraction",

@@ -25,6 +25,7 @@ from zoo.data.dataset import TASKS, Dataset
 from zoo.data.errors import DatasetError
 from zoo.data.table import Columns, Source, lookup
 from zoo.data.tokenizer import CharTokenizer
+from zoo.data.tokens.store import TokenSource
 
 MAX_SEED = 2**32 - 1  # the largest seed `datasets`' train_test_split (numpy's legacy seeding) takes
 
@@ -136,6 +137,8 @@ def load_dataset(
         only = form.tasks[0] if len(form.tasks) == 1 else form.tasks
         raise DatasetError(f"{spec!r} supports only task={only!r}, not {task!r}")
     src = form.read(spec, rest, Columns(text_column, image_column, label_column))
+    if isinstance(src, TokenSource):  # ids on disk, read by index (zoo.data.tokens)
+        return Dataset.from_store(spec, src.open(tokenizer, eval_fraction))
     if task == "classify":
         return _classify(spec, src, seed, eval_fraction, classes)
     return _lm(spec, src, eval_fraction, tokenizer)

@@ -24,15 +24,17 @@ from zoo.parallel.distributed import is_main_process
 from zoo.recipes import Recipe, to_dict
 from zoo.train import checkpoint, runlog
 from zoo.train.compiles import CompileCounter
+from zoo.train.prefetch import Prefetch
 from zoo.train.resume import (
     ResumePoint,
     check_same_data,
-    data_digest,
+    check_store_unchanged,
+    dataset_digest,
     fingerprint,
     finished_summary,
     preflight,
 )
-from zoo.train.run import Run, build_run, dp_train_key, epsilon_at, train_batch
+from zoo.train.run import Run, build_run, dp_train_key, epsilon_at, local_batch
 from zoo.train.state import TrainState
 from zoo.train.summary import last_logged_loss, run_evaluation, say_resumed, summarize
 
@@ -47,7 +49,7 @@ def _meta(run: Run) -> dict:
         "recipe": to_dict(run.recipe),
         "fingerprint": fingerprint(run.recipe),
         "plan_steps": run.plan_steps,
-        "data_digest": data_digest((run.task.data.x_train, run.task.data.y_train)),
+        "data_digest": dataset_digest(run.task.data),
         "model": checkpoint.model_meta(run.cfg, run.engine.backend),
         "tokenizer": tokenizer.to_json() if tokenizer else None,
         **({checkpoint.LORA_BASE: run.base} if run.base else {}),
@@ -121,6 +123,7 @@ def _restore(run: Run, out: Path, point: ResumePoint | None, meta: dict, console
     if not point:
         return state, frozen, 0
     check_same_data(point.meta, meta, str(out))
+    check_store_unchanged(run.task.data, str(out))
     checkpoint.quarantine_after(out, point.step)
     state = checkpoint.restore_state(out, point.step, state)
     # Frozen weights come from the run's own checkpoint, not again from the start checkpoint,
@@ -165,7 +168,13 @@ def train(
             f"{point.plan_steps}: build it with build_run(recipe, point.plan_steps)"
         )
     if run.dp:  # nothing the model's shape depends on may come from the private data
-        check_public_domain(run.recipe.data, run.task.data.task, checkpoint=run.recipe.model.init_from)
+        store = run.task.data.store
+        check_public_domain(
+            run.recipe.data,
+            run.task.data.task,
+            checkpoint=run.recipe.model.init_from,
+            store_vocabulary=store.vocabulary if store is not None else None,
+        )
     console, show_progress = _quiet_unless_main(console, show_progress)
     main = is_main_process()
     out = Path(out_dir)
@@ -204,19 +213,22 @@ def train(
 def _steps(run, out, state, frozen, meta, log, progress, console, show_progress, compiles) -> TrainState:
     """Steps ``progress.start .. run.steps``: log, evaluate and checkpoint on the cadence."""
     engine, cadence, steps = run.engine, run.recipe.train, run.steps
-    with runlog.progress_bar(console) as bar_view:
+    rows = engine.layout.local_rows(run.batch_rows)  # this process reads only its rows
+    prefetch = Prefetch(lambda step: local_batch(run, step, rows), range(progress.start, steps))
+    with runlog.progress_bar(console) as bar_view, prefetch:
         bar = bar_view.add_task(
             run.recipe.name, total=steps, completed=progress.start, loss="-", rate="-", visible=show_progress
         )
-        for step in range(progress.start, steps):
-            batch = train_batch(run, step)
+        for step, (batch, examples) in prefetch:
             tic = time.perf_counter()
             with compiles.track():
-                state, metrics = engine.train_step(state, frozen, engine.place_batch(batch))
+                state, metrics = engine.train_step(
+                    state, frozen, engine.layout.place_local(batch, run.batch_rows)
+                )
             loss = float(metrics["loss"])
             if step > progress.start:  # the first step includes compilation
                 progress.timed_seconds += time.perf_counter() - tic
-                progress.timed_examples += int(batch["mask"].sum())
+                progress.timed_examples += examples
             if not math.isfinite(loss):
                 _diverged(loss, step, progress.last_saved, out)
             done = progress.done = step + 1

@@ -180,6 +180,27 @@ def data_digest(arrays) -> str:
     return digest.hexdigest()[:16]
 
 
+def dataset_digest(dataset) -> str:
+    """What tells a run's training data from other data: a token store's digest (its files'
+    checksums, taken when written: nothing is read), else :func:`data_digest` of the arrays."""
+    store = dataset.store
+    return store.digest if store is not None else data_digest((dataset.x_train, dataset.y_train))
+
+
+def check_store_unchanged(dataset, where: str) -> None:
+    """On resume, read a token store's files again: refuse one whose bytes no longer match the
+    checksums it was opened with (changed in place since the run started)."""
+    if dataset.store is None:
+        return
+    try:
+        dataset.store.verify()
+    except ZooError as error:  # a DatasetError naming the file
+        raise ZooError(
+            f"--resume would continue {where!r} on other data than its checkpoints saw: {error}; "
+            "start a new run with another --out"
+        ) from None
+
+
 def check_same_data(saved: dict, now: dict, where: str) -> None:
     """Refuse to continue on other data: fitted model sizes, tokenizer or training arrays."""
     problems = []
