@@ -67,7 +67,8 @@ def _paths(spec: str, rest: str, suffix: str | None) -> list[Path]:
                 if not any(d.startswith(".") for d in Path(top).relative_to(path).parts)
             )
             if not inside:
-                raise DatasetError(f"{spec!r}: the directory {part!r} holds no {suffix or ''} files")
+                kind = f"{suffix} files" if suffix else "files"
+                raise DatasetError(f"{spec!r}: the directory {part!r} holds no {kind}")
             found += inside
         elif path.is_file():
             found.append(path)
