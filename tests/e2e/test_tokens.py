@@ -3,6 +3,7 @@ resume onto the same windows, a store changed under a run, and DP over windows."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -22,7 +23,8 @@ from zoo.data.public import check_public_domain
 from zoo.data.tokenizer import CharTokenizer
 from zoo.errors import ZooError
 from zoo.train.loop import train_recipe
-from zoo.train.run import build_run, train_batch
+from zoo.train.run import build_run, local_batch, train_batch
+from zoo.train.task import fit_model_to_task, load_task
 
 SEQ = 16
 TINY = {
@@ -191,3 +193,31 @@ def test_the_public_vocabulary_rule_holds_with_stores(store, tmp_path):
     other = {"data.dataset": f"tokens:{store}", "data.vocabulary": f"char:{tmp_path / 'chars.txt'}"}
     with pytest.raises(DatasetError, match="written with the vocabulary 'bytes', which gives other ids"):
         build_run(recipe("python-docs-lm-dp", **DP, **other))
+
+
+LM_RECIPES = [r.name for r in recipes.list_recipes() if r.model_config.task == "lm"]
+
+
+@pytest.mark.parametrize("name", LM_RECIPES)
+def test_every_lm_recipe_reads_a_store(store, name):
+    """The data side of every shipped LM recipe (its [data] section, its model's context and
+    vocabulary fit) on a store; the runs themselves are the kinds' (tests/e2e/test_every_command.py)."""
+    shipped = recipes.load_recipe(name)
+    data = dataclasses.replace(shipped.data, dataset=f"tokens:{store}")
+    task = load_task(data, task="lm", seed=0, max_len=shipped.model_config.max_len)
+    cfg = fit_model_to_task(shipped.model_config, task, shipped.model.preset, {})
+    batch = task.train_batch(0, 4, seed=0)
+    assert batch["x"].shape == (4, task.seq_len) and batch["x"].dtype == np.int32
+    assert cfg.vocab_size == 257 and task.num_train == (task.data.num_train - 1) // task.seq_len
+
+
+@pytest.mark.parametrize("dp", [False, True])
+def test_a_process_share_of_a_batch_is_those_rows_of_the_whole(store, dp):
+    name = "python-docs-lm-dp" if dp else "python-docs-lm"
+    run = build_run(recipe(name, **DP, **{"data.dataset": f"tokens:{store}"}), choose_remat=False)
+    for step in range(3):
+        whole, count = local_batch(run, step, slice(None))
+        part, same = local_batch(run, step, slice(8, 24))
+        assert count == same == int(whole["mask"].sum()) and set(part) == set(whole)
+        for key in whole:
+            assert part[key].tolist() == whole[key][8:24].tolist(), key
