@@ -26,6 +26,8 @@ from zoo.train.loop import train_recipe
 from zoo.train.run import build_run, local_batch, train_batch
 from zoo.train.task import fit_model_to_task, load_task
 
+pytestmark = pytest.mark.xdist_group("tokens")  # the module's store and finished run are built once
+
 SEQ = 16
 TINY = {
     "model.num_layers": 1,

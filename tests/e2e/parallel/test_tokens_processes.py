@@ -3,14 +3,13 @@ the same mesh: the same losses, and each process reads only its own rows of ever
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.e2e.parallel.processes import run_processes
 from tests.numerics import assert_close
 from zoo.cli import main
 
@@ -46,15 +45,9 @@ def counting(tokens, starts, length, vocab_size):
 batches.read_windows = counting
 from zoo.cli import main
 code = main(sys.argv[2:])
-Path(sys.argv[1]).write_text(json.dumps(rows))
+Path(sys.argv[1] + sys.argv[sys.argv.index("--process-id") + 1]).write_text(json.dumps(rows))
 sys.exit(code)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def losses(run_dir: Path) -> np.ndarray:
@@ -86,42 +79,21 @@ def store(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.numerics
 def test_two_processes_read_their_own_rows_and_train_like_one(store, tmp_path):
     one = tmp_path / "one"
     assert main(["train", "python-docs-lm", "--dataset", f"tokens:{store}", "--out", str(one), *FLAGS]) == 0
     # XLA's fast compile level: it changes rounding only, inside the float rule (tests/conftest.py)
     flags = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
-    env = {**os.environ, "XLA_FLAGS": flags}
-    port, two = _free_port(), tmp_path / "two"
+    # XLA's fast compile level: it changes rounding only, inside the float rule (tests/conftest.py)
+    flags = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+    two = tmp_path / "two"
     argv = ["train", "python-docs-lm", "--dataset", f"tokens:{store}", "--out", str(two), *FLAGS]
-    cluster = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                COUNTING,
-                str(tmp_path / f"rows{i}.json"),
-                *argv,
-                *cluster,
-                "--process-id",
-                str(i),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        results = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
-    summary = json.loads(results[0][0].strip().splitlines()[-1])
+    command = [sys.executable, "-c", COUNTING, str(tmp_path / "rows"), *argv]
+    results = run_processes(command, 2, {**os.environ, "XLA_FLAGS": flags}, timeout=240)
+    assert [code for code, _, _ in results] == [0, 0], results[0][2][-2000:] + results[1][2][-2000:]
+    summary = json.loads(results[0][1].strip().splitlines()[-1])
     assert (summary["devices"], summary["compile_count"]) == (8, 1)
     for i in range(2):  # 2 steps, each process its half of the 16 rows
-        assert json.loads((tmp_path / f"rows{i}.json").read_text()) == [BATCH // 2] * 2
+        assert json.loads((tmp_path / f"rows{i}").read_text()) == [BATCH // 2] * 2
     assert_close(losses(two), losses(one), n=N, what="two processes vs one")
