@@ -101,6 +101,23 @@ def test_a_bpe_tokenizer_encodes_each_document_on_its_own(tmp_path):
         assert (store.train if split == "train" else store.eval).tolist() == expected
 
 
+def test_a_long_document_goes_to_a_bpe_tokenizer_in_line_aligned_parts(tmp_path, monkeypatch):
+    from zoo.data.tokens import build
+    from zoo.data.tokens.documents import cut
+
+    monkeypatch.setattr(build, "BPE_PART", 12)
+    paths = write_corpus(tmp_path / "corpus", documents=4)
+    tokenize(f"text:{tmp_path / 'corpus'}", tmp_path / "store", f"hf:{FIXTURE}", eval_fraction=0.25)
+    reference = Tokenizer.from_file(str(FIXTURE))
+    expected = []
+    for i, path in enumerate(split_paths(paths, 0.25)["train"]):
+        parts = cut(path.read_text(encoding="utf-8"), 12)
+        assert i or len(parts) > 2  # the parts are cut where a line ends, or at 12 characters
+        ids = [reference.encode(part, add_special_tokens=False).ids for part in parts]
+        expected += (reference.encode("\n", add_special_tokens=False).ids if i else []) + sum(ids, [])
+    assert open_store(tmp_path / "store").train.tolist() == expected
+
+
 def test_the_eval_split_is_every_kth_document_first_included():
     held = eval_documents(0.1)
     assert [i for i in range(35) if held(i)] == [0, 10, 20, 30]

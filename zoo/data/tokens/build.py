@@ -8,8 +8,9 @@ document (the first included) goes to eval, so the eval split holds whole docume
 ``ceil(documents * eval_fraction)`` of them.
 
 A per-character vocabulary (``bytes``, ``char:FILE``) gives the ids of the joined text whatever
-the pieces. A BPE tokenizer encodes each document on its own, and a document longer than a
-piece in line-aligned pieces (``documents.cut``).
+the pieces. A BPE tokenizer encodes each document on its own, a document longer than
+``BPE_PART`` characters in line-aligned parts (``documents.cut``), the parts of a batch on the
+library's threads.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ import numpy as np
 
 from zoo.data.errors import DatasetError
 from zoo.data.table import ROW_SEPARATOR
-from zoo.data.tokens.documents import PIECE_CHARS, Piece, open_documents
+from zoo.data.tokens.documents import PIECE_CHARS, Piece, cut, open_documents
 from zoo.data.tokens.store import META
 from zoo.data.tokens.writer import StoreWriter
 from zoo.data.vocabulary import resolve
 
 BATCH_CHARS = 1 << 23  # characters encoded at once
+BPE_PART = 1 << 16  # characters a BPE tokenizer encodes as one item of a batch
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,14 @@ def eval_documents(fraction: float) -> Callable[[int], bool]:
 
 
 def _encode(tokenizer, texts: list[str]) -> list[np.ndarray]:
-    batch = getattr(tokenizer, "encode_batch", None)  # a Hugging Face tokenizer's threads
-    return batch(texts) if batch is not None else [tokenizer.encode(t) for t in texts]
+    """The ids of each text. A Hugging Face tokenizer encodes a batch on its own threads, one
+    item per thread: each text goes in line-aligned parts of at most ``BPE_PART`` characters."""
+    batch = getattr(tokenizer, "encode_batch", None)
+    if batch is None:
+        return [tokenizer.encode(t) for t in texts]
+    parts = [cut(t, BPE_PART) for t in texts]
+    ids = iter(batch([p for text in parts for p in text]))
+    return [np.concatenate([next(ids) for _ in text]) for text in parts]
 
 
 def tokenize(
