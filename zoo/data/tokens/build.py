@@ -33,6 +33,7 @@ from zoo.data.tokens.writer import StoreWriter
 from zoo.data.vocabulary import resolve
 
 BATCH_CHARS = 1 << 23  # characters encoded at once
+BPE_BATCH_CHARS = 1 << 20  # ... by a BPE tokenizer: its encodings hold about 100 bytes a token
 BPE_PART = 1 << 16  # characters a BPE tokenizer encodes as one item of a batch
 
 
@@ -76,8 +77,8 @@ def tokenize(
     *,
     eval_fraction: float = 0.1,
     text_column: str = "text",
-    piece_chars: int = PIECE_CHARS,
-    batch_chars: int = BATCH_CHARS,
+    piece_chars: int | None = None,
+    batch_chars: int | None = None,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> dict:
     """Write the store of ``source`` (``text:``, ``parquet:``, ``hf:``) through ``vocabulary``
@@ -87,6 +88,9 @@ def tokenize(
             "--vocabulary ids:N has no text form to tokenize with; use bytes, hf:SRC or char:FILE"
         )
     tokenizer = resolve(vocabulary)
+    bpe = hasattr(tokenizer, "encode_batch")  # a Hugging Face tokenizer: smaller batches
+    piece_chars = piece_chars or (BPE_BATCH_CHARS if bpe else PIECE_CHARS)
+    batch_chars = batch_chars or (BPE_BATCH_CHARS if bpe else BATCH_CHARS)
     held_out = eval_documents(eval_fraction)
     stream = open_documents(source, text_column=text_column, piece_chars=piece_chars)
     about = {"source": source, "eval_fraction": eval_fraction, "text_column": text_column}
