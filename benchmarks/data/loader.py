@@ -80,7 +80,10 @@ def grain_rows(run, batches: int) -> dict:
     tokens, seq, size = run.task.data.x_train, run.task.seq_len, run.recipe.train.batch_size
     vocab = run.task.data.vocab_size
     starts = np.concatenate(
-        [np.random.default_rng([run.recipe.train.seed, s]).integers(0, tokens.shape[0] - seq, size) for s in range(batches)]
+        [
+            np.random.default_rng([run.recipe.train.seed, s]).integers(0, tokens.shape[0] - seq, size)
+            for s in range(batches)
+        ]
     )
 
     class Windows:  # Grain's random-access source: one window per record
@@ -110,7 +113,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round and stepper")
     parser.add_argument("--grain", action="store_true")
     args = parser.parse_args()
-    recipe = settings.with_values(recipes.load_recipe("python-docs-lm"), {"data.dataset": f"tokens:{args.store}"})
+    recipe = settings.with_values(
+        recipes.load_recipe("python-docs-lm"), {"data.dataset": f"tokens:{args.store}"}
+    )
     run = build_run(recipe, choose_remat=False)
     tokens_per_batch = run.batch_rows * run.task.seq_len
     rate = loader_rate(run, 2000)

@@ -38,6 +38,34 @@ print(json.dumps({"code": code, "seconds": seconds, "peak_rss_mb": peak / 1024})
 """
 
 
+LIBRARY = """
+import json, sys, time
+from pathlib import Path
+from tokenizers import Tokenizer
+from zoo.data.tokens.documents import cut
+tok = Tokenizer.from_file(sys.argv[1])
+tic, tokens, parts = time.perf_counter(), 0, []
+for path in sorted(Path(sys.argv[2]).glob("*.txt")):
+    parts += cut(path.read_text(encoding="utf-8"), 1 << 16)
+    if len(parts) >= 16 or path == sorted(Path(sys.argv[2]).glob("*.txt"))[-1]:
+        tokens += sum(len(e.ids) for e in tok.encode_batch_fast(parts, add_special_tokens=False))
+        parts = []
+seconds = time.perf_counter() - tic
+print(json.dumps({"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_rss_mb": 0}))
+"""
+
+
+def library(tokenizer: Path, folder: Path) -> dict:
+    """The tokenizers library alone on the same text, in the same parts and batches: the
+    ceiling of ``zoo tokenize`` with that tokenizer."""
+    done = subprocess.run(
+        [sys.executable, "-c", LIBRARY, str(tokenizer), str(folder)], capture_output=True, text=True
+    )
+    if done.returncode:
+        raise SystemExit(done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def train_bpe(files: list[Path], out: Path, size: int = 32_000) -> Path:
     """A byte-level BPE of ``size`` tokens trained on ``files`` (written once)."""
     if out.exists():
@@ -92,7 +120,12 @@ def main() -> None:
         result = row(f"text:{root / f'corpus-{mb:g}mb'}", vocabulary, root / "tokenized")
         results.append((mb, vocabulary, result))
         print(json.dumps({"mb": mb, "vocabulary": vocabulary, **result}), flush=True)
-    print(f"\n{'corpus MB':>9} {'vocabulary':<44} {'tokens':>14} {'seconds':>8} {'tokens/s':>12} {'MB/s':>6} {'peak RSS MB':>11}")
+        if vocabulary.startswith("hf:"):  # the library alone, right after, on the same text
+            alone = library(Path(vocabulary[3:]), root / f"corpus-{mb:g}mb")
+            results.append((mb, f"(tokenizers alone) {Path(vocabulary[3:]).name}", alone))
+    print(
+        f"\n{'corpus MB':>9} {'vocabulary':<44} {'tokens':>14} {'seconds':>8} {'tokens/s':>12} {'MB/s':>6} {'peak RSS MB':>11}"
+    )
     for mb, vocabulary, r in results:
         print(
             f"{mb:>9,.0f} {vocabulary[-44:]:<44} {r['tokens']:>14,} {r['seconds']:>8.1f} "

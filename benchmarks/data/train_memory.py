@@ -111,7 +111,9 @@ def main() -> None:
         if "error" in r:
             print(f"{path:<18} {mb:>9,.0f}  failed: {r['error']}")
             continue
-        print(f"{path:<18} {mb:>9,.0f} {r['data_s']:>7.2f} {r['first_step_s']:>12.1f} {r['peak_rss_mb']:>11,.0f}")
+        print(
+            f"{path:<18} {mb:>9,.0f} {r['data_s']:>7.2f} {r['first_step_s']:>12.1f} {r['peak_rss_mb']:>11,.0f}"
+        )
     if args.clean:
         shutil.rmtree(root, ignore_errors=True)
 

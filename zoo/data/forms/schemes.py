@@ -43,8 +43,8 @@ def read_text(spec: str, rest: str, columns: Columns) -> Source:
     from zoo.data.files import load_local, local_paths
 
     paths = local_paths(spec, rest, many=True, forms=valid_forms())
-    warnings.warn(IN_MEMORY.format(spec=spec), stacklevel=2)
     rows = train_rows(load_local(spec, "text", paths, sample_by="document"), spec)
+    warnings.warn(IN_MEMORY.format(spec=spec), stacklevel=2)
     return Source(rows, "text", columns.image, columns.label)
 
 
