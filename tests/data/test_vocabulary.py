@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from zoo.commands.sample import unknown_characters
 from zoo.configs import DataConfig
 from zoo.data.errors import DatasetError
 from zoo.data.hf_tokenizer import HFTokenizer, tokenizer_from_json
@@ -50,7 +51,9 @@ def test_an_empty_char_file_is_refused(tmp_path):
 
 def test_id_vocabulary_round_trips_through_text_and_checkpoint_json():
     ids = IdVocabulary(1000)
-    assert ids.encode("3 999\n 0").tolist() == [3, 999, 0] and ids.decode(np.array([5, 6])) == "5 6"
+    assert ids.encode("3 999\n 0").tolist() == [3, 999, 0]
+    assert ids.decode(np.array([5, 6])) + ids.decode([7]) == "5 6 7 "  # streamed pieces concatenate
+    assert unknown_characters(ids, "5 6 7") == []
     assert tokenizer_from_json(ids.to_json()) == ids and not ids.has_text
     with pytest.raises(DatasetError, match=r"ids must lie in \[0, 1000\)"):
         ids.encode("1000")

@@ -17,7 +17,7 @@ MAX_IDS = 2**32  # a uint32 id
 @dataclass(frozen=True)
 class IdVocabulary:
     """``size`` ids with no text form: ``decode`` writes the ids in decimal, ``encode`` reads
-    them back (a prompt for ``zoo sample`` is written the same way)."""
+    them back (a prompt for ``zoo sample`` is written the same way: ``--prompt "12 7 301"``)."""
 
     size: int
 
@@ -51,7 +51,8 @@ class IdVocabulary:
         return ids.astype(np.int32)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        return " ".join(str(int(i)) for i in np.asarray(ids).ravel())
+        """Each id in decimal followed by a space, so that decoded pieces concatenate."""
+        return "".join(f"{int(i)} " for i in np.asarray(ids).ravel())
 
     def to_json(self) -> str:
         return json.dumps({"format": ID_FORMAT, "size": self.size})
