@@ -141,8 +141,13 @@ def main() -> None:
         times = time_in_rounds(rows, args.rounds, args.steps)
     base, on = statistics.median(times["precomputed"]), statistics.median(times["loader on"])
     ratio = median_ratio(times["loader on"], times["precomputed"])
+    per_round = [t / b for t, b in zip(times["loader on"], times["precomputed"], strict=True)]
+    quartiles = statistics.quantiles(per_round, n=4)
     print(f"step, batches made beforehand: {base * 1e3:.1f} ms ({1 / base:,.1f} batches/s consumed)")
-    print(f"step, loader on:               {on * 1e3:.1f} ms; median per-round ratio {ratio:.4f}")
+    print(
+        f"step, loader on:               {on * 1e3:.1f} ms; median per-round ratio {ratio:.4f} "
+        f"(quartiles {quartiles[0]:.3f} to {quartiles[2]:.3f} over {args.rounds} rounds)"
+    )
     print(f"loader / consumption: {rate * base:,.0f}x")
     if args.grain:
         found = grain_rows(run, 500)
