@@ -69,9 +69,18 @@ def steppers(run, steps: int) -> dict:
         while True:
             yield from made
 
-    prefetch = Prefetch(lambda step: local_batch(run, step % steps, rows)[0], range(10**9))
+    def make(step: int):  # on the prefetch thread: its CPU time is the loader's cost to a step
+        tic = time.thread_time()
+        batch = local_batch(run, step % steps, rows)[0]
+        LOADER_CPU.append(time.thread_time() - tic)
+        return batch
+
+    prefetch = Prefetch(make, range(10**9))
     on = (batch for _, batch in prefetch)
     return {"precomputed": stepper("precomputed", cycle()), "loader on": stepper("loader on", on)}, prefetch
+
+
+LOADER_CPU: list[float] = []  # CPU seconds of each batch the prefetch thread made
 
 
 def grain_rows(run, batches: int) -> dict:
@@ -149,6 +158,8 @@ def main() -> None:
         f"(quartiles {quartiles[0]:.3f} to {quartiles[2]:.3f} over {args.rounds} rounds)"
     )
     print(f"loader / consumption: {rate * base:,.0f}x")
+    cpu = statistics.median(LOADER_CPU)
+    print(f"loader thread: {cpu * 1e3:.3f} ms of CPU per batch, {cpu / base:.2%} of a step")
     if args.grain:
         found = grain_rows(run, 500)
         print(
