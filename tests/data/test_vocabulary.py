@@ -69,7 +69,7 @@ def test_the_recipe_field_takes_every_form_and_a_checkpoint_keeps_its_own(tmp_pa
     (tmp_path / "c.txt").write_text("ab")
     char = resolve(f"char:{tmp_path / 'c.txt'}")
     assert declared_tokenizer(f"char:{tmp_path / 'c.txt'}", char) == char
-    with pytest.raises(DatasetError, match="has a character vocabulary; drop data.vocabulary"):
+    with pytest.raises(DatasetError, match="has a character vocabulary of its own; drop data.vocabulary"):
         declared_tokenizer("ids:3", char)
     assert check_form("ids:3") == "ids:3"
     assert same_ids(HFTokenizer("{}", 10), HFTokenizer("{}", 20)) and not same_ids(char, IdVocabulary(3))

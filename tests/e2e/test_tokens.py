@@ -86,20 +86,22 @@ def test_zoo_tokenize_then_zoo_train_on_the_store(store, tmp_path, capsys):
     assert math.isfinite(summary["eval_bits_per_char"])
 
 
-def test_a_raw_bin_of_the_in_memory_ids_trains_bitwise_like_the_in_memory_run(tmp_path):
+def test_a_raw_bin_of_the_in_memory_ids_trains_bitwise_like_the_in_memory_run(tmp_path, capsys):
     paths = write_corpus(tmp_path / "corpus", documents=6)
     text = "text:" + ",".join(map(str, paths))
-    with pytest.warns(UserWarning, match="tokenized in memory"):
-        ds = load_dataset(text, task="lm", tokenizer=CharTokenizer.utf8_bytes(), eval_fraction=0.2)
+    ds = load_dataset(text, task="lm", tokenizer=CharTokenizer.utf8_bytes(), eval_fraction=0.2)
     np.concatenate([ds.x_train, ds.x_eval]).astype(np.uint16).tofile(tmp_path / "all.bin")
     both = {"data.vocabulary": "bytes", "data.eval_fraction": 0.2}
     memory = train_recipe(recipe(**both, **{"data.dataset": text}), tmp_path / "mem", show_progress=False)
+    said = capsys.readouterr().err
+    assert said.count("is read and tokenized in memory") == 1  # the one line text: says, once it trains
     disk = train_recipe(
         recipe(**both, **{"data.dataset": f"bin:{tmp_path / 'all.bin'}"}),
         tmp_path / "bin",
         show_progress=False,
     )
     # The same program on the same batches: the windows read from disk are the ones in memory.
+    assert "tokenized in memory" not in capsys.readouterr().err
     assert_bitwise_equal(losses(tmp_path / "bin"), losses(tmp_path / "mem"))
     assert disk["eval_loss"] == memory["eval_loss"]
 

@@ -45,6 +45,7 @@ class Dataset:
     feature_shape: tuple[int, ...] | None = None
     tokenizer: CharTokenizer | None = None
     store: object | None = None  # the zoo.data.tokens.TokenStore the lm splits are mapped from
+    notice: str | None = None  # one line a run says about its data when it starts (Source.notice)
 
     @classmethod
     def from_store(cls, name: str, store) -> Dataset:

@@ -35,10 +35,13 @@ def declared_tokenizer(vocabulary: str | None, given: CharTokenizer | None) -> C
         return HFTokenizer.from_source(vocabulary[3:])
     declared = resolve(vocabulary)
     if given is not None and not same_ids(given, declared):
-        own = "a character vocabulary" if isinstance(given, CharTokenizer) else "a tokenizer of its own"
+        if isinstance(given, CharTokenizer):
+            own = "a character vocabulary"
+        else:
+            own = "a tokenizer (tokenizer.json)" if hasattr(given, "spec") else "a vocabulary of ids"
         raise DatasetError(
-            f"data.vocabulary={vocabulary!r} but the checkpoint in model.init_from has {own}; "
-            "drop data.vocabulary to keep the checkpoint's"
+            f"data.vocabulary={vocabulary!r} but the checkpoint in model.init_from has {own} "
+            "of its own; drop data.vocabulary to keep the checkpoint's"
         )
     return declared
 

@@ -105,7 +105,14 @@ def _lm(spec: str, src: Source, eval_fraction: float, tokenizer: CharTokenizer |
     ids = tok.encode(text)
     cut = lm_cut(len(ids), eval_fraction, spec)
     return Dataset(
-        name=spec, task="lm", x_train=ids[:cut], y_train=None, x_eval=ids[cut:], y_eval=None, tokenizer=tok
+        name=spec,
+        task="lm",
+        x_train=ids[:cut],
+        y_train=None,
+        x_eval=ids[cut:],
+        y_eval=None,
+        tokenizer=tok,
+        notice=src.notice,
     )
 
 

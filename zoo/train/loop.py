@@ -181,6 +181,8 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     meta = _meta(run)
     state, frozen, start = _restore(run, out, point, meta, console)
+    if run.task.data.notice:  # e.g. text: is tokenized in memory; said once the run is accepted
+        _say(console, run.task.data.notice)
     if main and (not point or point.changes):
         runlog.write_json(out / runlog.RECIPE, meta["recipe"])
     log = runlog.MetricsLog(out / runlog.METRICS, start) if main else runlog.NullLog()

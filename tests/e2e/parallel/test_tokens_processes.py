@@ -86,11 +86,15 @@ def test_two_processes_read_their_own_rows_and_train_like_one(store, tmp_path):
     # 4 devices each, at XLA's fast compile level (it changes rounding only, inside the float
     # rule: tests/conftest.py); an instruction-set cap of this session goes along (make test-isa)
     kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    flags = " ".join([*kept, "--xla_force_host_platform_device_count=4", "--xla_backend_optimization_level=0"])
+    flags = " ".join(
+        [*kept, "--xla_force_host_platform_device_count=4", "--xla_backend_optimization_level=0"]
+    )
     # 4 devices each, at XLA's fast compile level (it changes rounding only, inside the float
     # rule: tests/conftest.py); an instruction-set cap of this session goes along (make test-isa)
     kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    flags = " ".join([*kept, "--xla_force_host_platform_device_count=4", "--xla_backend_optimization_level=0"])
+    flags = " ".join(
+        [*kept, "--xla_force_host_platform_device_count=4", "--xla_backend_optimization_level=0"]
+    )
     two = tmp_path / "two"
     argv = ["train", "python-docs-lm", "--dataset", f"tokens:{store}", "--out", str(two), *FLAGS]
     command = [sys.executable, "-c", COUNTING, str(tmp_path / "rows"), *argv]

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 
 from zoo.data.errors import DatasetError
 from zoo.data.table import Columns, DatasetForm, Source, register_form, valid_forms
@@ -33,7 +32,7 @@ def read_hub(spec: str, rest: str, columns: Columns) -> Source:
     return Source(rows, columns.text, columns.image, columns.label)
 
 
-IN_MEMORY = (  # the same line for every corpus: under DP, no notice may depend on the records
+IN_MEMORY = (  # the same line for every corpus: under DP no notice may depend on the records
     "{spec} is read and tokenized in memory (several times its size in RAM); a corpus over about "
     "100 MB trains from a token store instead: zoo tokenize SRC --out DIR, then tokens:DIR (docs/data.md)"
 )
@@ -44,8 +43,7 @@ def read_text(spec: str, rest: str, columns: Columns) -> Source:
 
     paths = local_paths(spec, rest, many=True, forms=valid_forms())
     rows = train_rows(load_local(spec, "text", paths, sample_by="document"), spec)
-    warnings.warn(IN_MEMORY.format(spec=spec), stacklevel=2)
-    return Source(rows, "text", columns.image, columns.label)
+    return Source(rows, "text", columns.image, columns.label, notice=IN_MEMORY.format(spec=spec))
 
 
 def read_table(spec: str, rest: str, columns: Columns) -> Source:
