@@ -14,8 +14,9 @@ The run is ``python-docs-lm`` (transformer-s, batch 32 x 64 tokens) on the store
 - step, loader on: the same steps with each batch made by the loop's background thread
   (``zoo.train.prefetch.Prefetch``), as ``zoo train`` runs them.
 
-The two step rows run in interleaved rounds (``zoo.bench.common.time_in_rounds``); the figure
-is the median over rounds of their ratio. With ``--grain`` (Grain installed beside the venv,
+The step rows run in interleaved rounds (``zoo.bench.common.time_in_rounds``); the figure is
+the median over rounds of their ratio, beside a control: a second row of batches made
+beforehand, against the first (what the machine's noise alone gives). With ``--grain`` (Grain installed beside the venv,
 e.g. ``pip install --target /tmp/grain-site --no-deps grain==0.2.18 array_record==0.8.6
 portpicker==1.6.0``), a ``grain.MapDataset`` over the same windows, batched and read on
 Grain's threads, is timed against zoo's gather of the same windows (pages in memory for both;
@@ -77,7 +78,9 @@ def steppers(run, steps: int) -> dict:
 
     prefetch = Prefetch(make, range(10**9))
     on = (batch for _, batch in prefetch)
-    return {"precomputed": stepper("precomputed", cycle()), "loader on": stepper("loader on", on)}, prefetch
+    rows = {"precomputed": stepper("precomputed", cycle()), "loader on": stepper("loader on", on)}
+    rows["precomputed again"] = stepper("precomputed again", cycle())  # the control: A against A
+    return rows, prefetch
 
 
 LOADER_CPU: list[float] = []  # CPU seconds of each batch the prefetch thread made
@@ -157,6 +160,8 @@ def main() -> None:
         f"step, loader on:               {on * 1e3:.1f} ms; median per-round ratio {ratio:.4f} "
         f"(quartiles {quartiles[0]:.3f} to {quartiles[2]:.3f} over {args.rounds} rounds)"
     )
+    control = median_ratio(times["precomputed again"], times["precomputed"])
+    print(f"control, a second precomputed row: median per-round ratio {control:.4f}")
     print(f"loader / consumption: {rate * base:,.0f}x")
     cpu = statistics.median(LOADER_CPU)
     print(f"loader thread: {cpu * 1e3:.3f} ms of CPU per batch, {cpu / base:.2%} of a step")

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 DEPTH = 2  # batches made ahead
+CLOSE_WAIT_S = 30.0
 
 
 class _Failed:
@@ -33,25 +35,18 @@ class Prefetch:
         self._thread = threading.Thread(target=self._work, name="zoo-prefetch", daemon=True)
         self._thread.start()
 
-    def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     def _work(self) -> None:
+        # No polling: the thread sleeps in put() while the queue is full (close() empties it).
+        # A thread that woke on a timer would take a core from the step's own threads.
         for step in self.steps:
             if self._stop.is_set():
                 return
             try:
                 item = (step, self.make(step))
             except BaseException as error:  # handed to the loop, which raises it
-                self._put(_Failed(error))
-                return
-            if not self._put(item):
+                item = _Failed(error)
+            self._queue.put(item)
+            if isinstance(item, _Failed):
                 return
 
     def __iter__(self) -> Iterator[tuple[int, object]]:
@@ -62,8 +57,15 @@ class Prefetch:
             yield item
 
     def close(self) -> None:
+        """Stop the thread: it finishes the batch it is making, if any, and ends."""
         self._stop.set()
-        self._thread.join(timeout=10)
+        deadline = time.monotonic() + CLOSE_WAIT_S  # a batch stuck on the disk: leave the daemon
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            try:
+                self._queue.get_nowait()  # room for a put the thread may be waiting in
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=0.01)
 
     def __enter__(self) -> Prefetch:
         return self
