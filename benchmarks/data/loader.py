@@ -78,9 +78,9 @@ def steppers(run, steps: int) -> dict:
 
     prefetch = Prefetch(make, range(10**9))
     on = (batch for _, batch in prefetch)
-    rows = {"precomputed": stepper("precomputed", cycle()), "loader on": stepper("loader on", on)}
-    rows["precomputed again"] = stepper("precomputed again", cycle())  # the control: A against A
-    return rows, prefetch
+    timed = {"precomputed": stepper("precomputed", cycle()), "loader on": stepper("loader on", on)}
+    timed["precomputed again"] = stepper("precomputed again", cycle())  # the control: A against A
+    return timed, prefetch
 
 
 LOADER_CPU: list[float] = []  # CPU seconds of each batch the prefetch thread made
