@@ -64,7 +64,7 @@ class Task:
         """Characters of the eval text that the first ``windows`` eval windows predict: their
         targets are one span of tokens. A byte vocabulary counts the bytes that begin a UTF-8
         character; other tokenizers decode the span (a character vocabulary: one per token)."""
-        ids = np.asarray(self.data.x_eval[1 : 1 + windows * self.seq_len], np.int64)
+        ids = np.array(self.data.x_eval[1 : 1 + windows * self.seq_len], np.int64)  # a copy
         tokenizer = self.data.tokenizer
         ids[ids >= tokenizer.vocab_size] = 0  # as the batches read them (zoo.data.batches.read_windows)
         if not getattr(tokenizer, "has_text", True):  # ids:N: one character per token
