@@ -20,7 +20,8 @@ beforehand, against the first (what the machine's noise alone gives). With ``--g
 e.g. ``pip install --target /tmp/grain-site --no-deps grain==0.2.18 array_record==0.8.6
 portpicker==1.6.0``), a ``grain.MapDataset`` over the same windows, batched and read on
 Grain's threads, is timed against zoo's gather of the same windows (pages in memory for both;
-three alternating passes each, medians), and ``import grain`` is timed.
+three alternating passes each, medians), and ``import grain`` is timed. Last, the seconds of
+the checksum pass a resumed run makes over the store (``TokenStore.verify``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -165,6 +167,10 @@ def main() -> None:
     print(f"loader / consumption: {rate * base:,.0f}x")
     cpu = statistics.median(LOADER_CPU)
     print(f"loader thread: {cpu * 1e3:.3f} ms of CPU per batch, {cpu / base:.2%} of a step")
+    store, tic = run.task.data.store, time.perf_counter()
+    store.verify()  # what a resume reads: every file again, for its sha256
+    size = sum(Path(path).stat().st_size for path in store.checksums) / 1e9
+    print(f"resume's checksum pass: {time.perf_counter() - tic:.1f} s for the store's {size:.1f} GB")
     if args.grain:
         found = grain_rows(run, 500)
         print(
