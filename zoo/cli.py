@@ -29,6 +29,7 @@ COMMAND_MODULES = {
     "zoo.commands.audit": ("audit",),
     "zoo.commands.export": ("export",),
     "zoo.commands.hf": ("import",),
+    "zoo.commands.tokens": ("tokenize",),
 }
 
 

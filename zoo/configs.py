@@ -91,8 +91,9 @@ class DataConfig:
             require_number("data.image_max", self.image_max, positive=True, finite=True, error=ZooError)
         if self.dp_pca is not None:
             require_positive_int("data.dp_pca", self.dp_pca, error=ZooError)
-        if self.vocabulary is not None and not self.vocabulary.startswith("hf:"):  # hf:SRC: tokenizer.json
-            require_choice("data.vocabulary", self.vocabulary, ("bytes", "hf:SRC"))
+        if self.vocabulary is not None and not self.vocabulary.startswith(("hf:", "char:", "ids:")):
+            # hf:SRC a tokenizer.json, char:FILE its characters, ids:N ids with no text (zoo.data.vocabulary)
+            require_choice("data.vocabulary", self.vocabulary, ("bytes", "hf:SRC", "char:FILE", "ids:N"))
         below_one = math.nextafter(1.0, 0.0)
         require_number(
             "data.eval_fraction",

@@ -75,9 +75,12 @@ def test_the_module_is_found_and_its_rows_listed_with_the_shipped_ones(toy):
     rows = table.forms()  # the names, then the schemes, each in name order
     names = [f.usage for f in rows if not f.is_scheme]
     assert names == sorted(names) and names[0] == "digits" and names[-1] == "toyset"
-    assert [f.name for f in rows if f.is_scheme] == ["csv", "hf", "idx", "parquet", "text", "toyrows"]
-    assert table.dataset_kinds() == (*names, "csv:PATH", "hf:NAME[:CONFIG]", "idx:DIR", "parquet:PATH",
-                                     "text:PATH[,PATH...]", "toyrows:N")  # fmt: skip
+    assert [f.name for f in rows if f.is_scheme] == [
+        "bin", "csv", "hf", "idx", "parquet", "text", "tokens", "toyrows"
+    ]  # fmt: skip
+    assert table.dataset_kinds() == (*names, "bin:PATH[,EVAL_PATH]", "csv:PATH", "hf:NAME[:CONFIG]",
+                                     "idx:DIR", "parquet:PATH", "text:PATH[,PATH...]", "tokens:DIR",
+                                     "toyrows:N")  # fmt: skip
 
 
 def test_the_rows_show_in_the_cli_help_and_the_unknown_dataset_error(toy, capsys):

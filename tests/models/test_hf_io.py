@@ -342,5 +342,5 @@ def test_data_vocabulary_hf_tokenizes_text_with_tokenizer_json(tmp_path):
     ids = np.concatenate([np.asarray(task.data.x_train).ravel(), np.asarray(task.data.x_eval).ravel()])
     reference = Tokenizer.from_file(str(FIXTURES / "llama3-tied" / "tokenizer.json"))
     assert ids.tolist() == reference.encode(text, add_special_tokens=False).ids
-    with pytest.raises(ZooError, match="bytes, hf:SRC"):
+    with pytest.raises(ZooError, match="bytes, char:FILE, hf:SRC, ids:N"):
         DataConfig(vocabulary="words")

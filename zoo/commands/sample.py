@@ -110,7 +110,9 @@ def sample_text(
 
 def unknown_characters(tokenizer, text: str) -> list[str]:
     """The distinct characters of ``text`` that ``tokenizer`` does not know (they encode to
-    ``<unk>``), in order of first appearance."""
+    ``<unk>``), in order of first appearance; none for a vocabulary of ids (``ids:N``)."""
+    if not getattr(tokenizer, "has_text", True):  # the prompt is ids in decimal, checked by encode
+        return []
     return [c for c in dict.fromkeys(text) if tokenizer.decode(tokenizer.encode(c)) != c]
 
 

@@ -40,9 +40,18 @@ def _tokens_for(ds: Dataset, split: str, seq_len: int | None) -> tuple[np.ndarra
     return tokens, seq_len
 
 
-def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
-    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
-    window = tokens[idx]
+def read_windows(tokens: np.ndarray, starts: np.ndarray, length: int, vocab_size: int) -> np.ndarray:
+    """int32 ``[len(starts), length]``: the ``length`` tokens from each start. ``tokens`` may be
+    a memmap (only these windows' pages are read); an id past the vocabulary (a raw ``.bin``
+    written with another) is read as 0, ``<unk>``."""
+    window = tokens[np.asarray(starts, np.int64)[:, None] + np.arange(length)[None, :]].astype(np.int32)
+    if window.size and window.max() >= vocab_size:
+        window[window >= vocab_size] = 0
+    return window
+
+
+def _windows(ds: Dataset, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+    window = read_windows(tokens, starts, seq_len + 1, ds.vocab_size)
     return {
         "x": np.ascontiguousarray(window[:, :-1]),
         "y": np.ascontiguousarray(window[:, 1:]),
@@ -51,24 +60,31 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, 
 
 
 def sample_batch(
-    ds: Dataset, split: str, batch_size: int, rng: np.random.Generator, seq_len: int | None = None
+    ds: Dataset,
+    split: str,
+    batch_size: int,
+    rng: np.random.Generator,
+    seq_len: int | None = None,
+    rows: slice = slice(None),
 ) -> dict[str, np.ndarray]:
     """One random batch from ``split`` ("train" or "eval"); ``mask`` is all ones.
 
     classify: rows drawn without replacement (with replacement only if batch_size > rows);
     ``seq_len`` is ignored. lm: ``batch_size`` windows starting at uniform random offsets.
+    ``rows``: only these rows of the batch are read (one process's share), the same rows as
+    the whole batch's.
     """
     batch_size = require_positive_int("batch_size", batch_size, error=DatasetError)
     if ds.task == "lm":
         tokens, seq_len = _tokens_for(ds, split, seq_len)
-        starts = rng.integers(0, tokens.shape[0] - seq_len, size=batch_size)
-        return _windows(tokens, starts, seq_len)
+        starts = rng.integers(0, tokens.shape[0] - seq_len, size=batch_size)[rows]
+        return _windows(ds, tokens, starts, seq_len)
     x, y = _split(ds, split)
     n = x.shape[0]
     if n == 0:
         raise DatasetError(f"the {split} split of {ds.name!r} is empty")
-    idx = rng.choice(n, batch_size, replace=batch_size > n)
-    return {"x": x[idx], "y": y[idx], "mask": np.ones(batch_size, np.float32)}
+    idx = rng.choice(n, batch_size, replace=batch_size > n)[rows]
+    return {"x": x[idx], "y": y[idx], "mask": np.ones(len(idx), np.float32)}
 
 
 def eval_batches(
@@ -89,7 +105,7 @@ def eval_batches(
     if ds.task == "lm":
         tokens, seq_len = _tokens_for(ds, "eval", seq_len)
         starts = np.arange((tokens.shape[0] - 1) // seq_len) * seq_len
-        rows, make = len(starts), lambda idx: _windows(tokens, starts[idx], seq_len)
+        rows, make = len(starts), lambda idx: _windows(ds, tokens, starts[idx], seq_len)
     else:
         rows = ds.num_eval
         make = lambda idx: {"x": ds.x_eval[idx], "y": ds.y_eval[idx]}  # noqa: E731

@@ -10,6 +10,7 @@ from zoo.data.errors import DatasetError
 from zoo.data.tokenizer import CharTokenizer
 
 TASKS = ("classify", "lm")
+TOKEN_DTYPES = (np.dtype(np.int32), np.dtype(np.uint16), np.dtype(np.uint32))
 
 
 def _frozen(a: np.ndarray | None) -> np.ndarray | None:
@@ -28,8 +29,10 @@ class Dataset:
     ``[N]`` in ``[0, num_classes)``; ``feature_shape`` is the unflattened shape of one example
     (e.g. ``(8, 8)``) or None for tabular data; ``tokenizer`` is None.
 
-    lm: ``x_*`` int32 ``[T]`` token ids (one contiguous stream per split), ``y_*`` None,
+    lm: ``x_*`` ``[T]`` token ids (one contiguous stream per split), ``y_*`` None,
     ``num_classes``/``feature_shape`` None, ``tokenizer`` the vocabulary that produced the ids.
+    The ids are int32 in memory, or uint16/uint32 memory-mapped from a token store (``store``,
+    :mod:`zoo.data.tokens`): read them by window (``zoo.data.batches``), never whole.
     """
 
     name: str
@@ -41,6 +44,13 @@ class Dataset:
     num_classes: int | None = None
     feature_shape: tuple[int, ...] | None = None
     tokenizer: CharTokenizer | None = None
+    store: object | None = None  # the zoo.data.tokens.TokenStore the lm splits are mapped from
+    notice: str | None = None  # one line a run says about its data when it starts (Source.notice)
+
+    @classmethod
+    def from_store(cls, name: str, store) -> Dataset:
+        """The lm dataset whose splits are ``store`` 's memory-mapped ids."""
+        return cls(name, "lm", store.train, None, store.eval, None, tokenizer=store.tokenizer, store=store)
 
     def __post_init__(self) -> None:
         for field in ("x_train", "y_train", "x_eval", "y_eval"):
@@ -69,8 +79,10 @@ class Dataset:
 
     def _check_lm(self) -> None:
         for x, y, split in ((self.x_train, self.y_train, "train"), (self.x_eval, self.y_eval, "eval")):
-            if x.dtype != np.int32 or x.ndim != 1:
-                raise DatasetError(f"{split} tokens must be int32 [T], got {x.dtype} {x.shape}")
+            if x.dtype not in TOKEN_DTYPES or x.ndim != 1:
+                raise DatasetError(
+                    f"{split} tokens must be int32 (or uint16/uint32) [T], got {x.dtype} {x.shape}"
+                )
             if y is not None:
                 raise DatasetError(f"lm datasets have no {split} labels (targets are shifted inputs)")
         if self.tokenizer is None:

@@ -94,6 +94,11 @@ class HFTokenizer:
         """int32 ``[n]`` ids, without special tokens added."""
         return np.asarray(self._tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
 
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """:meth:`encode` of each text, encoded on the library's threads."""
+        found = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)  # no offsets
+        return [np.asarray(e.ids, np.int32) for e in found]
+
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         ids = np.asarray(ids)
         if ids.ndim != 1:
@@ -107,6 +112,7 @@ class HFTokenizer:
 def tokenizer_from_json(text: str):
     """The tokenizer a checkpoint's metadata holds: an :class:`HFTokenizer` or a
     :class:`~zoo.data.tokenizer.CharTokenizer`."""
+    from zoo.data.ids import ID_FORMAT, IdVocabulary
     from zoo.data.tokenizer import CharTokenizer
 
     try:
@@ -115,4 +121,6 @@ def tokenizer_from_json(text: str):
         doc = None
     if isinstance(doc, dict) and doc.get("format") == FORMAT:
         return HFTokenizer(doc["tokenizer"], int(doc.get("vocab", 0)))
+    if isinstance(doc, dict) and doc.get("format") == ID_FORMAT:  # ids:N, no text form
+        return IdVocabulary.from_json(doc)
     return CharTokenizer.from_json(text)

@@ -26,6 +26,7 @@ from zoo.data.declared import classify_declared
 from zoo.data.errors import DatasetError
 from zoo.data.table import Columns, Source, lookup
 from zoo.data.tokenizer import CharTokenizer
+from zoo.data.tokens.store import TokenSource
 
 MAX_SEED = 2**32 - 1  # the largest seed `datasets`' train_test_split (numpy's legacy seeding) takes
 
@@ -118,7 +119,14 @@ def _lm(
     ids = tok.encode(text)
     cut = lm_cut(len(ids), eval_fraction, spec)
     return Dataset(
-        name=spec, task="lm", x_train=ids[:cut], y_train=None, x_eval=ids[cut:], y_eval=None, tokenizer=tok
+        name=spec,
+        task="lm",
+        x_train=ids[:cut],
+        y_train=None,
+        x_eval=ids[cut:],
+        y_eval=None,
+        tokenizer=tok,
+        notice=src.notice,
     )
 
 
@@ -155,6 +163,8 @@ def load_dataset(
         only = form.tasks[0] if len(form.tasks) == 1 else form.tasks
         raise DatasetError(f"{spec!r} supports only task={only!r}, not {task!r}")
     src = form.read(spec, rest, Columns(text_column, image_column, label_column))
+    if isinstance(src, TokenSource):  # ids on disk, read by index (zoo.data.tokens)
+        return Dataset.from_store(spec, src.open(tokenizer, eval_fraction))
     if task == "classify":
         classify = classify_declared if private else _classify
         return classify(spec, src, seed, eval_fraction, classes, image_max)

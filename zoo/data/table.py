@@ -49,6 +49,7 @@ class Source:
     label_column: str
     separator: str = ROW_SEPARATOR
     eval_rows: datasets.Dataset | None = None  # an official test split: eval there, not on a slice of rows
+    notice: str | None = None  # the line a run says about these rows (text: is tokenized in memory)
 
 
 Reader = Callable[[str, str, Columns], Source]  # (the whole spec, the part after "SCHEME:", columns)

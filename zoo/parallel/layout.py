@@ -99,6 +99,24 @@ class Layout:
                 out[key] = jax.make_array_from_process_local_data(sharding, value[rows], value.shape)
         return out
 
+    def local_rows(self, rows: int) -> slice:
+        """The rows of a ``rows``-row batch that this process's devices hold (all of them on
+        one process): the only rows it needs to read."""
+        if self.is_single or jax.process_count() == 1:
+            return slice(0, rows)
+        return process_rows(self.batch_sharding(), (rows,))
+
+    def place_local(self, local: dict, rows: int):
+        """A batch of ``rows`` rows from this process's share of it (``local_rows``), as global
+        arrays split over data x fsdp (``jax.make_array_from_process_local_data``)."""
+        if self.is_single or jax.process_count() == 1:
+            return self.place_batch(local)
+        sharding = self.batch_sharding()
+        return {
+            key: jax.make_array_from_process_local_data(sharding, value, (rows, *np.shape(value)[1:]))
+            for key, value in local.items()
+        }
+
     # -- pinning (inside jit) ------------------------------------------------------------
     def constrain_state(self, state, optimizer):
         if self.is_single:

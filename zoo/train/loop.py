@@ -23,15 +23,17 @@ from zoo.parallel.distributed import is_main_process
 from zoo.recipes import Recipe, to_dict
 from zoo.train import checkpoint, runlog
 from zoo.train.compiles import CompileCounter
+from zoo.train.prefetch import Prefetch
 from zoo.train.resume import (
     ResumePoint,
     check_same_data,
-    data_digest,
+    check_store_unchanged,
+    dataset_digest,
     fingerprint,
     finished_summary,
     preflight,
 )
-from zoo.train.run import Run, build_run, dp_train_key, epsilon_at, train_batch, with_batch_seed
+from zoo.train.run import Run, build_run, dp_train_key, epsilon_at, local_batch, with_batch_seed
 from zoo.train.state import TrainState, key_bytes
 from zoo.train.summary import last_logged_loss, run_evaluation, say_resumed, summarize
 
@@ -47,7 +49,7 @@ def _meta(run: Run, state: TrainState) -> dict:
         "recipe": to_dict(run.recipe),
         "fingerprint": fingerprint(run.recipe),
         "plan_steps": run.plan_steps,
-        "data_digest": data_digest((run.task.data.x_train, run.task.data.y_train), key),
+        "data_digest": dataset_digest(run.task.data, key),
         "model": checkpoint.model_meta(run.cfg, run.engine.backend),
         "tokenizer": tokenizer.to_json() if tokenizer else None,
         **({checkpoint.LORA_BASE: run.base} if run.base else {}),
@@ -124,6 +126,7 @@ def _restore(run: Run, out: Path, point: ResumePoint | None, console: Console):
     state = checkpoint.restore_state(out, point.step, state)
     meta = _meta(run, state)  # under DP the digest is keyed with the run's own (restored) key
     check_same_data(point.meta, meta, str(out))
+    check_store_unchanged(run.task.data, str(out))
     checkpoint.quarantine_after(out, point.step)
     # Frozen weights come from the run's own checkpoint, not again from the start checkpoint,
     # whose newest step may have moved on since.
@@ -172,6 +175,8 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     state, frozen, start, meta = _restore(run, out, point, console)
     run = with_batch_seed(run, state.rng)
+    if run.task.data.notice:  # e.g. text: is tokenized in memory; said once the run is accepted
+        _say(console, run.task.data.notice)
     if main and (not point or point.changes):
         runlog.write_json(out / runlog.RECIPE, meta["recipe"])
     log = runlog.MetricsLog(out / runlog.METRICS, start) if main else runlog.NullLog()
@@ -204,22 +209,25 @@ def train(
 def _steps(run, out, state, frozen, meta, log, progress, console, show_progress, compiles) -> TrainState:
     """Steps ``progress.start .. run.steps``: log, evaluate and checkpoint on the cadence."""
     engine, cadence, steps = run.engine, run.recipe.train, run.steps
-    with runlog.progress_bar(console) as bar_view:
+    rows = engine.layout.local_rows(run.batch_rows)  # this process reads only its rows
+    prefetch = Prefetch(lambda step: local_batch(run, step, rows), range(progress.start, steps))
+    with runlog.progress_bar(console) as bar_view, prefetch:
         bar = bar_view.add_task(
             run.recipe.name, total=steps, completed=progress.start, loss="-", rate="-", visible=show_progress
         )
-        for step in range(progress.start, steps):
-            batch = train_batch(run, step)
+        for step, (batch, examples) in prefetch:
             tic = time.perf_counter()
             with compiles.track():
-                state, metrics = engine.train_step(state, frozen, engine.place_batch(batch))
+                state, metrics = engine.train_step(
+                    state, frozen, engine.layout.place_local(batch, run.batch_rows)
+                )
             # Under DP the batch's loss (no noise) is not released; the noisy gradient's norm is.
             loss = None if run.dp else float(metrics["loss"])
             grad_norm = float(metrics["grad_norm"])
             if step > progress.start:  # the first step includes compilation
                 progress.timed_seconds += time.perf_counter() - tic
                 # under DP every padded row (the realised batch size is not released)
-                progress.timed_examples += batch["mask"].size if run.dp else int(batch["mask"].sum())
+                progress.timed_examples += run.batch_rows if run.dp else examples
             watched = (loss, "loss") if loss is not None else (grad_norm, "the noisy gradient's norm")
             if not math.isfinite(watched[0]):
                 _diverged(*watched, step, progress.last_saved, out)

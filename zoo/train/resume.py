@@ -183,6 +183,32 @@ def data_digest(arrays, key: bytes | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
+def dataset_digest(dataset, key: bytes | None = None) -> str:
+    """What tells a run's training data from other data: a token store's digest (its files'
+    checksums, taken when written: nothing is read), else :func:`data_digest` of the arrays.
+    With ``key`` (under DP) keyed, as :func:`data_digest` explains."""
+    store = dataset.store
+    if store is None:
+        return data_digest((dataset.x_train, dataset.y_train), key)
+    if key is None:
+        return store.digest
+    return hashlib.blake2b(store.digest.encode(), key=key[:64]).hexdigest()[:16]
+
+
+def check_store_unchanged(dataset, where: str) -> None:
+    """On resume, read a token store's files again: refuse one whose bytes no longer match the
+    checksums it was opened with (changed in place since the run started)."""
+    if dataset.store is None:
+        return
+    try:
+        dataset.store.verify()
+    except ZooError as error:  # a DatasetError naming the file
+        raise ZooError(
+            f"--resume would continue {where!r} on other data than its checkpoints saw: {error}; "
+            "start a new run with another --out"
+        ) from None
+
+
 def check_same_data(saved: dict, now: dict, where: str, *, arrays: bool = True) -> None:
     """Refuse to continue on other data: fitted model sizes, tokenizer or (``arrays``) training
     arrays."""

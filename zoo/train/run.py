@@ -226,7 +226,14 @@ def _model_start(recipe: Recipe, cfg: ModelConfig, source):
 
 def train_batch(run: Run, step: int) -> dict[str, np.ndarray]:
     """The host batch of ``step``: a function of (seed, step) only, so resume replays it."""
+    return local_batch(run, step, slice(None))[0]
+
+
+def local_batch(run: Run, step: int, rows: slice) -> tuple[dict[str, np.ndarray], int]:
+    """``rows`` of ``step`` 's batch (one process's share: only they are read), and how many
+    real examples the whole batch holds."""
     if run.dp is None:
-        return run.task.train_batch(step, run.recipe.train.batch_size, run.recipe.train.seed)
-    indices, mask, _ = run.dp.sampler.batch_indices(step)
-    return run.task.examples(indices, mask)
+        batch_size = run.recipe.train.batch_size
+        return run.task.train_batch(step, batch_size, run.recipe.train.seed, rows), batch_size
+    indices, mask, realised = run.dp.sampler.batch_indices(step)
+    return run.task.examples(indices[rows], mask[rows]), realised

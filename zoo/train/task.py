@@ -13,6 +13,7 @@ import numpy as np
 
 from zoo.configs import DataConfig
 from zoo.data import CharTokenizer, Dataset, eval_batches, load_dataset, sample_batch
+from zoo.data.batches import read_windows
 from zoo.data.public import declared_tokenizer
 from zoo.errors import ZooError
 from zoo.models.registry import DataFit, ModelConfig, get_config
@@ -41,16 +42,21 @@ class Task:
     def shape_x(self, x: np.ndarray) -> np.ndarray:
         return x.reshape(x.shape[0], *self.row_shape) if self.row_shape else x
 
-    def train_batch(self, step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
+    def train_batch(
+        self, step: int, batch_size: int, seed: int, rows: slice = slice(None)
+    ) -> dict[str, np.ndarray]:
+        """The batch of ``step`` (its ``rows`` only: one process's share), a function of
+        ``(seed, step)``. An LM reads ``batch_size`` windows at uniform random offsets."""
         rng = np.random.default_rng([seed, step])
-        batch = sample_batch(self.data, "train", batch_size, rng, seq_len=self.seq_len)
+        batch = sample_batch(self.data, "train", batch_size, rng, seq_len=self.seq_len, rows=rows)
         return {**batch, "x": self.shape_x(batch["x"])}
 
     def examples(self, indices: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-        """Training examples by index (for Poisson-sampled DP batches)."""
+        """Training examples by index (for Poisson-sampled DP batches). An LM's example ``i``
+        is the window of ``seq_len + 1`` tokens from ``i * seq_len``: the record DP counts."""
         if self.is_lm:
             starts = indices.astype(np.int64) * self.seq_len
-            window = self.data.x_train[starts[:, None] + np.arange(self.seq_len + 1)]
+            window = read_windows(self.data.x_train, starts, self.seq_len + 1, self.data.vocab_size)
             return {"x": window[:, :-1], "y": window[:, 1:], "mask": mask}
         return {"x": self.shape_x(self.data.x_train[indices]), "y": self.data.y_train[indices], "mask": mask}
 
@@ -58,8 +64,11 @@ class Task:
         """Characters of the eval text that the first ``windows`` eval windows predict: their
         targets are one span of tokens. A byte vocabulary counts the bytes that begin a UTF-8
         character; other tokenizers decode the span (a character vocabulary: one per token)."""
-        ids = np.asarray(self.data.x_eval[1 : 1 + windows * self.seq_len], np.int64)
+        ids = np.array(self.data.x_eval[1 : 1 + windows * self.seq_len], np.int64)  # a copy
         tokenizer = self.data.tokenizer
+        ids[ids >= tokenizer.vocab_size] = 0  # as the batches read them (zoo.data.batches.read_windows)
+        if not getattr(tokenizer, "has_text", True):  # ids:N: one character per token
+            return int(ids.size)
         if getattr(tokenizer, "byte_level", False):  # id = byte + 1; 0 (<unk>) counts as one
             return int((((ids - 1) & 0xC0) != 0x80).sum())
         return len(tokenizer.decode(ids))

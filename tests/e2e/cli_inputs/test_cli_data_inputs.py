@@ -84,3 +84,47 @@ def test_a_negative_seed_blames_the_seed_not_the_split(capsys, tmp_path):
         capsys, ["train", "digits-mlp", "--set", "train.seed=-1", "--out", str(tmp_path / "r")], "-1"
     )
     assert "seed must be" in line and "cannot split" not in line
+
+
+@pytest.mark.parametrize(
+    ("make", "flags", "words"),
+    [
+        (None, ["text:/no/such/dir", "--vocabulary", "bytes"], ["file not found", "/no/such/dir"]),
+        ("corpus", ["--vocabulary", "words"], ["unknown vocabulary 'words'", "bytes, hf:SRC, char:FILE"]),
+        ("corpus", ["--vocabulary", "ids:300"], ["ids:N has no text form"]),
+        (
+            "corpus",
+            ["--vocabulary", "bytes", "--eval-fraction", "1.5"],
+            ["--eval-fraction must be in (0, 1)"],
+        ),
+        ("one", ["--vocabulary", "bytes"], ["train split would hold no tokens", "1 documents"]),
+        ("latin", ["--vocabulary", "bytes"], ["not UTF-8", "latin.txt"]),
+    ],
+)
+def test_zoo_tokenize_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, capsys, make, flags, words):
+    (tmp_path / "corpus").mkdir()
+    if make == "corpus":
+        for i in range(3):
+            (tmp_path / "corpus" / f"{i}.txt").write_text(f"document {i}\n")
+    elif make == "one":
+        (tmp_path / "corpus" / "only.txt").write_text("one document\n")
+    elif make == "latin":
+        (tmp_path / "corpus" / "latin.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    source = [] if make is None else [f"text:{tmp_path / 'corpus'}"]
+    argv = ["tokenize", *source, *flags, "--out", str(tmp_path / "store"), "--no-progress"]
+    refused(capsys, argv, *words)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]  # no store, no partial folder
+
+
+def test_a_token_store_that_is_not_there_is_refused_before_any_model_is_built(tmp_path, capsys):
+    (tmp_path / "half").mkdir()  # what a killed zoo tokenize leaves at most: no store.json
+    argv = [
+        "train",
+        "python-docs-lm",
+        "--dataset",
+        f"tokens:{tmp_path / 'half'}",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    refused(capsys, argv, "no store.json", "zoo tokenize")
+    refused(capsys, [*argv[:3], f"bin:{tmp_path / 'x.bin'}", *argv[4:]], "without their vocabulary")

@@ -4,13 +4,12 @@ two processes against one, and ``zoo bench scale``."""
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests.e2e.parallel.processes import run_processes
 from tests.numerics import assert_close
 from zoo import recipes
 from zoo.bench.scale import bench_scale
@@ -93,17 +92,11 @@ def test_bad_meshes_are_refused_in_one_line(tmp_path, capsys, flags, match):
     assert code != 0 and re.search(match, err[-1]), err[-1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.xdist_group("eight")
 def test_two_processes_train_like_one(eight, tmp_path):
     """2 processes x 4 devices against 1 process x 8 devices, on the same mesh."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    port, out = _free_port(), tmp_path / "two"
+    out = tmp_path / "two"
     cmd = [
         sys.executable,
         "-m",
@@ -117,25 +110,11 @@ def test_two_processes_train_like_one(eight, tmp_path):
         "--mesh",
         MESH,
     ]
-    procs = [
-        subprocess.Popen(
-            [*cmd, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        results = [p.communicate(timeout=180) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
-    summary = json.loads(results[0][0].strip().splitlines()[-1])
+    results = run_processes(cmd, 2, env)
+    assert [code for code, _, _ in results] == [0, 0], results[0][2][-2000:] + results[1][2][-2000:]
+    summary = json.loads(results[0][1].strip().splitlines()[-1])
     assert (summary["devices"], summary["compile_count"]) == (8, 1)
-    assert not any(line.startswith("{") for line in results[1][0].splitlines())  # only process 0 reports
+    assert not any(line.startswith("{") for line in results[1][1].splitlines())  # only process 0 reports
     assert_close(losses(out), losses(eight[0]), n=N, what="two processes vs one")
     assert checkpoint.step_problem(out, 4) is None  # one sharded checkpoint, written by both
 

@@ -32,12 +32,18 @@ def read_hub(spec: str, rest: str, columns: Columns) -> Source:
     return Source(rows, columns.text, columns.image, columns.label)
 
 
+IN_MEMORY = (  # the same line for every corpus: under DP no notice may depend on the records
+    "{spec} is read and tokenized in memory (several times its size in RAM); a corpus over about "
+    "100 MB trains from a token store instead: zoo tokenize SRC --out DIR, then tokens:DIR (docs/data.md)"
+)
+
+
 def read_text(spec: str, rest: str, columns: Columns) -> Source:
     from zoo.data.files import load_local, local_paths
 
     paths = local_paths(spec, rest, many=True, forms=valid_forms())
     rows = train_rows(load_local(spec, "text", paths, sample_by="document"), spec)
-    return Source(rows, "text", columns.image, columns.label)
+    return Source(rows, "text", columns.image, columns.label, notice=IN_MEMORY.format(spec=spec))
 
 
 def read_table(spec: str, rest: str, columns: Columns) -> Source:

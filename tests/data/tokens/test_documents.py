@@ -1,0 +1,39 @@
+"""``zoo.data.tokens.documents``: sources streamed in pieces of bounded size."""
+
+from __future__ import annotations
+
+import pytest
+
+from zoo.data.errors import DatasetError
+from zoo.data.tokens.documents import cut, open_documents
+
+
+def test_cut_keeps_the_text_and_ends_pieces_after_a_newline():
+    text = "line one\nline two is longer\n\nx" + "y" * 30
+    pieces = cut(text, 12)
+    assert "".join(pieces) == text and all(len(p) <= 12 for p in pieces)
+    assert pieces[:3] == ["line one\n", "line two is ", "longer\n\n"]  # no newline in reach: cut at 12
+    assert cut("", 5) == [""] and cut("abc", 5) == ["abc"]
+
+
+@pytest.mark.parametrize("limit", [1, 3, 8, 64])
+def test_a_file_streams_as_cut_of_the_whole_file(tmp_path, limit):
+    text = "".join(f"row {i} " * (i % 5) + "\n" * (i % 3) for i in range(40))
+    (tmp_path / "a.txt").write_text(text)
+    (tmp_path / "b.txt").write_text("")
+    stream = open_documents(f"text:{tmp_path}", piece_chars=limit)
+    pieces = list(stream.pieces)
+    assert [p.text for p in pieces] == cut(text, limit) + [""]  # the empty file is an empty document
+    assert [p.starts_document for p in pieces] == [True] + [False] * (len(pieces) - 2) + [True]
+    assert stream.total == len(text.encode()) and pieces[-1].done == stream.total
+
+
+def test_a_directory_is_walked_in_name_order_without_hidden_files(tmp_path):
+    for name in ("b.txt", "a/z.txt", "a/y.txt", ".hidden/c.txt", "a/.d.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    texts = [p.text for p in open_documents(f"text:{tmp_path}").pieces]
+    assert texts == ["a/y.txt", "a/z.txt", "b.txt"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="the directory .*empty' holds no files"):
+        open_documents(f"text:{tmp_path / 'empty'}")

@@ -1,0 +1,124 @@
+"""``zoo.data.tokens.store``: raw ``.bin`` files and stores read back window for window, by
+memory map; sizes, vocabularies and checksums checked."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from zoo.data import load_dataset
+from zoo.data.batches import read_windows
+from zoo.data.errors import DataDependentWarning, DatasetError
+from zoo.data.ids import IdVocabulary
+from zoo.data.tokens import dtype_for, open_store
+from zoo.data.tokens.build import tokenize
+from zoo.data.tokens.store import META, file_sha256
+
+
+def test_the_dtype_is_uint16_while_every_id_fits():
+    assert [dtype_for(n).name for n in (257, 65_536, 65_537, 128_256)] == [
+        "uint16",
+        "uint16",
+        "uint32",
+        "uint32",
+    ]
+
+
+@pytest.mark.parametrize("vocab", [50_257, 100_000])
+def test_a_raw_bin_written_by_numpy_is_read_back_window_for_window(tmp_path, vocab):
+    ids = np.random.default_rng(0).integers(0, vocab, 5_003).astype(dtype_for(vocab))
+    ids.tofile(tmp_path / "train.bin")  # nanoGPT's prepare.py: arr.tofile()
+    ds = load_dataset(
+        f"bin:{tmp_path / 'train.bin'}", task="lm", tokenizer=IdVocabulary(vocab), eval_fraction=0.1
+    )
+    assert isinstance(ds.store.train, np.memmap) and ds.x_train.dtype == ids.dtype
+    cut = 5_003 - round(5_003 * 0.1)  # the in-memory path's cut: the last eval_fraction of the tokens
+    assert (ds.num_train, ds.num_eval) == (cut, 5_003 - cut)
+    length = 65
+    for split, tokens in (("train", ids[:cut]), ("eval", ids[cut:])):
+        starts = np.arange(0, len(tokens) - length + 1, 7)
+        windows = read_windows(ds.x_train if split == "train" else ds.x_eval, starts, length, vocab)
+        assert windows.dtype == np.int32
+        for start, window in zip(starts, windows, strict=True):
+            assert window.tolist() == tokens[start : start + length].tolist()
+
+
+def test_a_train_and_an_eval_file(tmp_path):
+    train, held = np.arange(300, dtype=np.uint16) % 257, np.arange(40, dtype=np.uint16)
+    train.tofile(tmp_path / "train.bin")
+    held.tofile(tmp_path / "val.bin")
+    spec = f"bin:{tmp_path / 'train.bin'},{tmp_path / 'val.bin'}"
+    ds = load_dataset(spec, task="lm", tokenizer=IdVocabulary(257))
+    assert ds.x_train.tolist() == train.tolist() and ds.x_eval.tolist() == held.tolist()
+
+
+def test_bad_bins_are_refused_in_one_line(tmp_path):
+    path = tmp_path / "odd.bin"
+    path.write_bytes(b"\x01\x00\x02")
+    with pytest.raises(DatasetError, match="3 bytes is not a whole number of uint16 ids"):
+        load_dataset(f"bin:{path}", task="lm", tokenizer=IdVocabulary(300))
+    with pytest.raises(DatasetError, match="without their vocabulary; declare it with data.vocabulary"):
+        load_dataset(f"bin:{path}", task="lm")
+    with pytest.raises(DatasetError, match="file not found"):
+        load_dataset(f"bin:{tmp_path / 'none.bin'}", task="lm", tokenizer=IdVocabulary(300))
+    with pytest.raises(DatasetError, match="supports only task='lm'"):
+        load_dataset(f"bin:{path}", task="classify")
+
+
+def test_ids_past_the_vocabulary_read_as_unknown_with_a_data_dependent_notice(tmp_path):
+    ids = np.array([1, 2, 300, 4, 5, 6, 7, 8, 9, 10], np.uint16)
+    ids.tofile(tmp_path / "t.bin")
+    with pytest.warns(DataDependentWarning, match="ids up to 300 but the vocabulary has 257"):
+        ds = load_dataset(
+            f"bin:{tmp_path / 't.bin'}", task="lm", tokenizer=IdVocabulary(257), eval_fraction=0.2
+        )
+    assert read_windows(ds.x_train, np.array([0]), 5, 257).tolist() == [[1, 2, 0, 4, 5]]
+
+
+def test_a_store_maps_its_splits_and_reads_only_its_metadata(tmp_path, monkeypatch):
+    (tmp_path / "c").mkdir()
+    for i in range(4):
+        (tmp_path / "c" / f"{i}.txt").write_text(f"document {i} " * 20)
+    tokenize(f"text:{tmp_path / 'c'}", tmp_path / "s", "bytes", eval_fraction=0.25)
+    read = []
+    real = file_sha256
+    monkeypatch.setattr("zoo.data.tokens.store.file_sha256", lambda p: read.append(p) or real(p))
+    store = open_store(tmp_path / "s")
+    assert read == [] and isinstance(store.train, np.memmap) and isinstance(store.eval, np.memmap)
+    store.verify()  # reads every file, and they match
+    assert len(read) == 5
+
+
+def test_a_changed_byte_is_found_by_verify(tmp_path):
+    (tmp_path / "c").mkdir()
+    for i in range(4):
+        (tmp_path / "c" / f"{i}.txt").write_text(f"document {i} " * 20)
+    tokenize(f"text:{tmp_path / 'c'}", tmp_path / "s", "bytes", eval_fraction=0.25)
+    store = open_store(tmp_path / "s")
+    data = bytearray((tmp_path / "s" / "train.bin").read_bytes())
+    data[10] ^= 1  # same size: only the checksum tells
+    (tmp_path / "s" / "train.bin").write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=r"train.bin: its sha256 is \w+, not the \w+ recorded"):
+        store.verify()
+    (tmp_path / "s" / "eval.bin").write_bytes(b"\x01\x00")  # cut short: refused when opened
+    with pytest.raises(DatasetError, match="eval.bin: 2 bytes, but the store records"):
+        open_store(tmp_path / "s")
+
+
+def test_a_damaged_store_json_is_named(tmp_path):
+    (tmp_path / "c").mkdir()
+    for i in range(3):
+        (tmp_path / "c" / f"{i}.txt").write_text("text " * 10)
+    tokenize(f"text:{tmp_path / 'c'}", tmp_path / "s", "bytes", eval_fraction=0.4)
+    meta = json.loads((tmp_path / "s" / META).read_text())
+    del meta["splits"]
+    (tmp_path / "s" / META).write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match="store.json: incomplete or damaged"):
+        open_store(tmp_path / "s")
+    (tmp_path / "s" / META).write_text("{}")
+    with pytest.raises(DatasetError, match="not a token store"):
+        open_store(tmp_path / "s")
+    with pytest.raises(DatasetError, match="no store.json"):
+        open_store(tmp_path / "c")

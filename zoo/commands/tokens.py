@@ -1,0 +1,95 @@
+"""``zoo tokenize SRC --out DIR --vocabulary V``: write a token store, streamed in bounded memory."""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from zoo.data.tokens.documents import SCHEMES
+from zoo.data.vocabulary import FORMS
+from zoo.ui import emit_json, err_console
+
+
+def _progress_bar(show: bool) -> Progress:
+    return Progress(
+        TextColumn("tokenize"),
+        BarColumn(),
+        TextColumn("{task.fields[read]}"),
+        TextColumn("{task.fields[tokens]} tokens"),
+        TextColumn("{task.fields[rate]} tokens/s"),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=not show,
+        transient=False,
+    )
+
+
+def _read(unit: str, done: int, total: int | None) -> str:
+    if unit == "bytes":
+        shown = f"{done / 1e6:,.1f}" + (f"/{total / 1e6:,.1f}" if total else "")
+        return f"{shown} MB"
+    return f"{done:,}" + (f"/{total:,}" if total else "") + " rows"
+
+
+def run_tokenize(args) -> int:
+    from zoo.data.tokens.build import tokenize
+
+    with _progress_bar(args.progress) as progress:
+        bar = progress.add_task("tokenize", total=None, read="-", tokens="0", rate="-")
+
+        def show(p) -> None:
+            rate = p.tokens / p.seconds if p.seconds else 0.0
+            progress.update(
+                bar,
+                completed=p.done,
+                total=p.total,
+                read=_read(p.unit, p.done, p.total),
+                tokens=f"{p.tokens:,}",
+                rate=f"{rate:,.0f}",
+            )
+
+        meta = tokenize(
+            args.source,
+            args.out,
+            args.vocabulary,
+            eval_fraction=args.eval_fraction,
+            text_column=args.text_column,
+            on_progress=show,
+        )
+    splits = meta["splits"]
+    line = (
+        f"wrote {args.out}: {splits['train']['tokens']:,} train tokens in {splits['train']['documents']:,} "
+        f"documents, {splits['eval']['tokens']:,} eval tokens in {splits['eval']['documents']:,} "
+        f"({meta['dtype']}, {meta['vocab_size']:,} ids); train on it with --dataset tokens:{args.out}"
+    )
+    err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if args.json:
+        emit_json({"out": str(args.out), **meta})
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "tokenize",
+        help="write a token store (tokens:DIR) from a text source, streamed in bounded memory",
+        description=(
+            "Tokenize SRC once into a token store that training reads by index (data.dataset = "
+            "tokens:DIR). The store appears at --out only when complete."
+        ),
+    )
+    p.add_argument("source", metavar="SRC", help=f"the text to tokenize: {', '.join(SCHEMES)}")
+    p.add_argument("--out", required=True, help="the store's directory (must not exist, or be empty)")
+    p.add_argument(
+        "--vocabulary",
+        required=True,
+        help=f"a declared vocabulary: {', '.join(f for f in FORMS if f != 'ids:N')} (never fitted on the text)",
+    )
+    p.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=0.1,
+        help="hold out every 1/F-th document, the first included, as the eval split (default 0.1)",
+    )
+    p.add_argument("--text-column", default="text", help="parquet: and hf: sources: the column of text")
+    p.add_argument("--json", action="store_true", help="print store.json as a last JSON line")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=run_tokenize)

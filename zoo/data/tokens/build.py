@@ -1,0 +1,127 @@
+"""``zoo tokenize``'s work: a text source streamed through a declared vocabulary into a token
+store, in bounded memory.
+
+Pieces of documents (:mod:`zoo.data.tokens.documents`) are gathered into batches of about
+``batch_chars`` characters, encoded together (a Hugging Face tokenizer encodes a batch on
+several threads) and appended to the store's train or eval split. Every ``1/eval_fraction``-th
+document (the first included) goes to eval, so the eval split holds whole documents and
+``ceil(documents * eval_fraction)`` of them.
+
+A per-character vocabulary (``bytes``, ``char:FILE``) gives the ids of the joined text whatever
+the pieces. A BPE tokenizer encodes each document on its own, a document longer than
+``BPE_PART`` characters in line-aligned parts (``documents.cut``), the parts of a batch on the
+library's threads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from zoo.data.errors import DatasetError
+from zoo.data.table import ROW_SEPARATOR
+from zoo.data.tokens.documents import PIECE_CHARS, Piece, cut, open_documents
+from zoo.data.tokens.store import META
+from zoo.data.tokens.writer import StoreWriter
+from zoo.data.vocabulary import resolve
+
+BATCH_CHARS = 1 << 23  # characters encoded at once
+BPE_BATCH_CHARS = 1 << 20  # ... by a BPE tokenizer: its encodings hold about 100 bytes a token
+BPE_PART = 1 << 16  # characters a BPE tokenizer encodes as one item of a batch
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a tokenize run is: ``done`` of ``total`` ``unit`` s of the source (None:
+    unknown), the documents and tokens written, and the seconds since it began."""
+
+    unit: str
+    done: int
+    total: int | None
+    documents: int
+    tokens: int
+    seconds: float
+
+
+def eval_documents(fraction: float) -> Callable[[int], bool]:
+    """Whether document ``i`` (from 0) is held out: every ``1/fraction``-th, the first
+    included, ``ceil(n * fraction)`` of the first ``n``."""
+    f = Fraction(fraction).limit_denominator(1_000_000)
+    if not 0 < f < 1:
+        raise DatasetError(f"--eval-fraction must be in (0, 1), got {fraction!r}")
+    return lambda i: math.ceil((i + 1) * f) > math.ceil(i * f)
+
+
+def _encode(tokenizer, texts: list[str]) -> list[np.ndarray]:
+    """The ids of each text. A Hugging Face tokenizer encodes a batch on its own threads, one
+    item per thread: each text goes in line-aligned parts of at most ``BPE_PART`` characters."""
+    batch = getattr(tokenizer, "encode_batch", None)
+    if batch is None:
+        return [tokenizer.encode(t) for t in texts]
+    parts = [cut(t, BPE_PART) for t in texts]
+    ids = iter(batch([p for text in parts for p in text]))
+    return [np.concatenate([next(ids) for _ in text]) for text in parts]
+
+
+def tokenize(
+    source: str,
+    out: str | Path,
+    vocabulary: str,
+    *,
+    eval_fraction: float = 0.1,
+    text_column: str = "text",
+    piece_chars: int | None = None,
+    batch_chars: int | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> dict:
+    """Write the store of ``source`` (``text:``, ``parquet:``, ``hf:``) through ``vocabulary``
+    (``bytes``, ``hf:SRC``, ``char:FILE``) at ``out``; returns its ``store.json``."""
+    if vocabulary.startswith("ids:"):
+        raise DatasetError(
+            "--vocabulary ids:N has no text form to tokenize with; use bytes, hf:SRC or char:FILE"
+        )
+    tokenizer = resolve(vocabulary)
+    bpe = hasattr(tokenizer, "encode_batch")  # a Hugging Face tokenizer: smaller batches
+    piece_chars = piece_chars or (BPE_BATCH_CHARS if bpe else PIECE_CHARS)
+    batch_chars = batch_chars or (BPE_BATCH_CHARS if bpe else BATCH_CHARS)
+    held_out = eval_documents(eval_fraction)
+    stream = open_documents(source, text_column=text_column, piece_chars=piece_chars)
+    about = {"source": source, "eval_fraction": eval_fraction, "text_column": text_column}
+    began = time.perf_counter()
+    with StoreWriter(out, tokenizer, vocabulary, separator=ROW_SEPARATOR, about=about) as writer:
+        documents, pending, size = 0, [], 0
+        for piece in stream.pieces:
+            pending.append(piece)
+            size += len(piece.text)
+            if size >= batch_chars:
+                documents = _flush(writer, tokenizer, pending, documents, held_out)
+                pending, size = [], 0
+                _report(on_progress, stream, piece, writer, documents, began)
+        if pending:
+            documents = _flush(writer, tokenizer, pending, documents, held_out)
+            _report(on_progress, stream, pending[-1], writer, documents, began)
+        stored = writer.finish()
+    return json.loads((stored / META).read_text())
+
+
+def _flush(writer: StoreWriter, tokenizer, pieces: list[Piece], documents: int, held_out) -> int:
+    """Encode ``pieces`` and append them; returns the documents seen so far."""
+    for piece, ids in zip(pieces, _encode(tokenizer, [p.text for p in pieces]), strict=True):
+        documents += piece.starts_document
+        writer.add("eval" if held_out(documents - 1) else "train", ids, piece.starts_document)
+    return documents
+
+
+def _report(on_progress, stream, piece: Piece, writer: StoreWriter, documents: int, began: float) -> None:
+    if on_progress is not None:
+        tokens = sum(c["tokens"] for c in writer.counts().values())
+        on_progress(
+            Progress(stream.unit, piece.done, stream.total, documents, tokens, time.perf_counter() - began)
+        )
