@@ -15,10 +15,10 @@ the wall clock: on a machine shared with other jobs it moves much less from roun
   gradient, (clipping, noise,) SGD with momentum.
 * The book-keeping ghost step cut into prefixes, each reduced to one scalar so that all of its
   work is done: ``forward`` (the model alone), ``+ hooks`` (the forward under ghost clipping's
-  probe hooks: the probes added and each op's input kept, a conv's input windows included),
-  ``+ activation backward`` (``probe_pass``), ``+ norms`` (``squared_norms`` and the clip
-  factors), ``+ clipped sum`` (``book_kept_sum``). The step minus the last prefix is the noise
-  and the update. Differences of medians are the parts' costs (noisy when small).
+  probe hooks: the probes added and each op's input kept), ``+ activation backward``
+  (``probe_pass``), ``+ norms`` (``squared_norms`` and the clip factors), ``+ clipped sum``
+  (``book_kept_sum``), ``+ noise`` (``privatize``). The step minus the last prefix is the
+  update. Differences of medians are the parts' costs (noisy when small).
 * Per site, each alone on inputs computed beforehand: ``norm SITE`` (the rule built from the
   op's input and output gradient, and its squared norms) and ``sum SITE`` (its share of the
   clipped sum, from the built rule).
@@ -44,8 +44,8 @@ from zoo import recipes
 from zoo.api import example_batch, example_labels
 from zoo.bench.common import state_stepper
 from zoo.bench.dp import GHOST, _compile, _fresh_state, _setup
-from zoo.bench.dp_rows import BASELINE, CLIP, methods
-from zoo.dp import ghost
+from zoo.bench.dp_rows import BASELINE, CLIP, SIGMA, methods
+from zoo.dp import ghost, privatize
 from zoo.dp.ghost.rules import RULES
 from zoo.losses import per_example_loss
 from zoo.models.registry import get_config
@@ -70,41 +70,52 @@ def _total(tree) -> jax.Array:
     return sum(jnp.sum(jnp.asarray(leaf, jnp.float32)) for leaf in jax.tree.leaves(tree))
 
 
-def prefixes(cfg, x, y):
-    """The book-keeping ghost step's prefixes: ``name -> fn(params) -> scalar``."""
-    gp = ghost.prepare(cfg, x)
-    keep = jnp.ones((x.shape[0],), bool)
+def prefixes(cfg, shape):
+    """The book-keeping ghost step's prefixes: ``name -> fn(params, x, y, mask, key) -> scalar``
+    for inputs ``x`` of ``shape``. Everything is an argument, as in the engine's step (a
+    constant batch would let XLA fold whatever depends on the data alone)."""
+    gp = ghost.prepare(cfg, jax.ShapeDtypeStruct(shape, jnp.float32))
 
-    def forward(p):
+    def forward(p, x, y, mask, key):
         return _total(per_example_loss(ghost.ghost_forward(cfg, p, x)[0], y))
 
-    def hooked(p):
+    def hooked(p, x, y, mask, key):
         probes = {s.key: jnp.zeros(((cfg.num_layers,) if s.stacked else ()) + s.shape) for s in gp.active}
         logits, caps = ghost.ghost_forward(cfg, p, x, probes)
         return _total((per_example_loss(logits, y), caps))
 
-    def norms(p):
+    def norms(p, x, y, mask, key):
         _, caps, deltas = ghost.probe_pass(gp, p, x, y)
         sq, rules = ghost.squared_norms(gp, caps, deltas, x.shape[0])
-        return ghost.clip_factors(sq, keep, CLIP), rules
+        return ghost.clip_factors(sq, mask > 0, CLIP), rules
 
-    def clipped(p):
-        (_, weights, use), rules = norms(p)
-        return _total(ghost.book_kept_sum(gp, p, rules, weights, use))
+    def clipped(p, x, y, mask, key):
+        (_, weights, use), rules = norms(p, x, y, mask, key)
+        return ghost.book_kept_sum(gp, p, rules, weights, use)
+
+    def noised(p, x, y, mask, key):
+        return privatize(
+            clipped(p, x, y, mask, key),
+            key,
+            noise_multiplier=SIGMA,
+            l2_clip_norm=CLIP,
+            expected_batch_size=x.shape[0],
+        )
 
     return {
         "forward": forward,
         "+ hooks": hooked,
-        "+ activation backward": lambda p: _total(ghost.probe_pass(gp, p, x, y)),
-        "+ norms": lambda p: _total(norms(p)[0]),
-        "+ clipped sum": clipped,
+        "+ activation backward": lambda p, x, y, *_: _total(ghost.probe_pass(gp, p, x, y)),
+        "+ norms": lambda *a: _total(norms(*a)[0]),
+        "+ clipped sum": lambda *a: _total(clipped(*a)),
+        "+ noise": lambda *a: _total(noised(*a)),
     }
 
 
 def site_parts(cfg, params, x, y):
     """``name -> (fn, args)`` for each top-level site's norm and clipped sum, alone."""
     gp = ghost.prepare(cfg, x)
-    _, caps, deltas = jax.jit(lambda p: ghost.probe_pass(gp, p, x, y))(params)
+    _, caps, deltas = jax.jit(lambda p, x, y: ghost.probe_pass(gp, p, x, y))(params, x, y)
     weights = jnp.full((x.shape[0],), 0.5, jnp.float32)
     use = jnp.ones((x.shape[0],), bool)
     parts = {}
@@ -139,7 +150,9 @@ def measure(cfg, batch: int, rounds: int, ops: int, clock: str = "wall") -> dict
         compiled[name] = _compile(step, state, frozen, data)
         run = {"state": state}
         steppers[f"{name} step"] = state_stepper(compiled[name], run, frozen, data)
-    programs = {n: (f, (params,)) for n, f in prefixes(cfg, data["x"], data["y"]).items()}
+    key = jax.random.key(0)
+    args = (params, data["x"], data["y"], data["mask"], key)
+    programs = {n: (f, args) for n, f in prefixes(cfg, data["x"].shape).items()}
     programs.update(site_parts(cfg, params, data["x"], data["y"]))
     for name, (fn, args) in programs.items():
         c = jax.jit(fn).lower(*args).compile()
