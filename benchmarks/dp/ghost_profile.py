@@ -20,8 +20,9 @@ the wall clock: on a machine shared with other jobs it moves much less from roun
   (``book_kept_sum``), ``+ noise`` (``privatize``). The step minus the last prefix is the
   update. Differences of medians are the parts' costs (noisy when small).
 * Per site, each alone on inputs computed beforehand: ``norm SITE`` (the rule built from the
-  op's input and output gradient, and its squared norms) and ``sum SITE`` (its share of the
-  clipped sum, from the built rule).
+  op's input and output gradient, and its squared norms), ``sum SITE`` (its share of the
+  clipped sum, from the built rule) and ``weight gradient SITE`` (the op's plain weight
+  gradient, what the non-private step's backward computes for it: the yardstick of the two).
 
 ``--ops N`` adds XLA's own per-operation profile of the two steps (``jax.profiler``): the N
 operations with the most time, summed over XLA's CPU threads and divided by the calls.
@@ -113,7 +114,9 @@ def prefixes(cfg, shape):
 
 
 def site_parts(cfg, params, x, y):
-    """``name -> (fn, args)`` for each top-level site's norm and clipped sum, alone."""
+    """``name -> (fn, args)`` for each top-level site's norm and clipped sum, alone, and its
+    plain weight gradient (``sum_i a_i^T delta_i``, by the Gram form's contraction: what a
+    non-private backward computes for the op)."""
     gp = ghost.prepare(cfg, x)
     _, caps, deltas = jax.jit(lambda p, x, y: ghost.probe_pass(gp, p, x, y))(params, x, y)
     weights = jnp.full((x.shape[0],), 0.5, jnp.float32)
@@ -129,12 +132,16 @@ def site_parts(cfg, params, x, y):
         def summed(rule):
             return _total(rule.grad(weights, use))
 
+        def plain(a, d, s=site):
+            return _total(RULES[s.kind](a, d, s.leaves, s.rows, "gram").grad(jnp.ones_like(weights), use))
+
         a, d = caps.get(site.key), deltas[site.key]
         rule = jax.jit(lambda a, d, s=site: RULES[s.kind](a, d, s.leaves, s.rows))(a, d)
         method = rule.static[0] if isinstance(rule.static, tuple) and rule.static else ""
         label = f"{site.key} ({site.kind}{', ' + method if isinstance(method, str) and method else ''})"
         parts[f"norm {label}"] = (norm, (a, d))
         parts[f"sum {label}"] = (summed, (rule,))
+        parts[f"weight gradient {site.key}"] = (plain, (a, d))
     return parts
 
 
