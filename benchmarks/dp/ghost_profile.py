@@ -18,7 +18,9 @@ the wall clock: on a machine shared with other jobs it moves much less from roun
   probe hooks: the probes added and each op's input kept), ``+ activation backward``
   (``probe_pass``), ``+ norms`` (``squared_norms`` and the clip factors), ``+ clipped sum``
   (``book_kept_sum``), ``+ noise`` (``privatize``). The step minus the last prefix is the
-  update. Differences of medians are the parts' costs (noisy when small).
+  update. Differences of medians are the parts' costs (noisy when small). Beside them, the
+  other method's clipped sum and noise (``method="backward"``: norm taps in one backward pass,
+  then a second forward and backward of the weighted loss).
 * Per site, each alone on inputs computed beforehand: ``norm SITE`` (the rule built from the
   op's input and output gradient, and its squared norms), ``sum SITE`` (its share of the
   clipped sum, from the built rule) and ``weight gradient SITE`` (the op's plain weight
@@ -46,7 +48,7 @@ from zoo.api import example_batch, example_labels
 from zoo.bench.common import state_stepper
 from zoo.bench.dp import GHOST, _compile, _fresh_state, _setup
 from zoo.bench.dp_rows import BASELINE, CLIP, SIGMA, methods
-from zoo.dp import ghost, privatize
+from zoo.dp import ClipRequest, ghost, privatize
 from zoo.dp.ghost.rules import RULES
 from zoo.losses import per_example_loss
 from zoo.models.registry import get_config
@@ -103,7 +105,18 @@ def prefixes(cfg, shape):
             expected_batch_size=x.shape[0],
         )
 
+    def second_backward(p, x, y, mask, key):
+        grads = ghost.ghost_clipped_grad_sum(
+            cfg, p, x, y, ClipRequest(CLIP, example_mask=mask), method="backward"
+        )
+        return _total(
+            privatize(
+                grads[0], key, noise_multiplier=SIGMA, l2_clip_norm=CLIP, expected_batch_size=x.shape[0]
+            )
+        )
+
     return {
+        "second backward instead (taps, then a weighted backward; + noise)": second_backward,
         "forward": forward,
         "+ hooks": hooked,
         "+ activation backward": lambda p, x, y, *_: _total(ghost.probe_pass(gp, p, x, y)),
@@ -244,7 +257,7 @@ def report(title: str, result: dict) -> str:
     ]
     prev = 0.0
     for row, t in result["rows"].items():
-        stage = row.startswith(("forward", "+ "))
+        stage = row.startswith(("forward", "+ "))  # the prefixes, in order
         part = f"{t['median_ms'] - prev:+.2f}" if stage and row != "forward" else ""
         prev = t["median_ms"] if stage else prev
         lo, hi = t["spread"]
