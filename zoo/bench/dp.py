@@ -224,6 +224,7 @@ def _timed_rows(runs: dict, data, microbatch: int, rounds: int, steps_per_round:
                 "temp_bytes": run["temp"],
                 "temp_ratio": round(run["temp"] / base_temp, 3) if base_temp else None,
                 "compile_s": round(run["compile_s"], 3),
+                "round_ms": [round(1e3 * t, 3) for t in times[name]],  # per round: for other ratios
             }
         )
     return rows

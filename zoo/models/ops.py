@@ -10,6 +10,9 @@ leaves, so nothing here tells the backends apart. Everything else is a pure func
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -189,39 +192,34 @@ def _conv_geometry(layer) -> tuple[dict[str, jax.Array], tuple[int, int], tuple[
     return params, tuple(_pairs(attrs["strides"])), padding
 
 
-def conv_patches(x: jax.Array, window: tuple[int, int], strides, padding) -> jax.Array:
-    """The input windows a conv reads: x [B, H, W, C] -> [B, H', W', kh, kw, C], so that the
-    conv is ``patches . w`` over the last three axes (what ghost clipping's conv rule reads).
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["x"], meta_fields=["window", "strides", "padding"]
+)
+@dataclass(frozen=True)
+class ConvInput:
+    """What a conv op hands its hooks as its input: the image ``x`` [B, H, W, C] it read and
+    its geometry (kernel window, strides, explicit padding), so that a norm rule can cut the
+    input windows itself (ghost clipping's conv rule, :mod:`zoo.dp.ghost.conv`). A pytree:
+    ``x`` is its one array."""
 
-    Strided slices, one per kernel offset: no arithmetic (``lax.conv_general_dilated_patches``
-    is a conv with an identity kernel, which costs K times the conv's own multiply-adds)."""
-    (kh, kw), (sh, sw) = window, strides
-    x = jnp.pad(x, ((0, 0), *padding, (0, 0)))
-    oh, ow = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
-    rows = [
-        jnp.stack(
-            [x[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw, :] for j in range(kw)],
-            axis=3,
-        )
-        for i in range(kh)
-    ]  # kh x [B, H', W', kw, C]
-    return jnp.stack(rows, axis=3)
+    x: jax.Array
+    window: tuple[int, int]
+    strides: tuple[int, int]
+    padding: tuple[tuple[int, int], tuple[int, int]]
 
 
 def conv(layer, x: jax.Array) -> jax.Array:
     """2-D convolution of NHWC ``x`` with the layer's kernel, strides and explicit padding, plus
     its bias: [B, H, W, in] -> [B, H', W', out].
 
-    Under active hooks (ghost clipping) the op hands them its input windows
-    (:func:`conv_patches`): a conv is a dense op over the H' x W' output positions of those
-    windows, which is how its norm rule works."""
+    The hooks get the input and the geometry (:class:`ConvInput`): a conv is a dense op over
+    the H' x W' output positions of its input windows, which is how its norm rule works."""
     params, strides, padding = _conv_geometry(layer)
     w = params["w"]
     z = jax.lax.conv_general_dilated(x, w, strides, padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
     if "b" in params:
         z = z + params["b"]
-    inputs = conv_patches(x, w.shape[:2], strides, padding) if hooks.current() is not None else None
-    return report("conv", z, params, inputs)
+    return report("conv", z, params, ConvInput(x, tuple(w.shape[:2]), strides, padding))
 
 
 def max_pool(x: jax.Array, window: int, stride: int) -> jax.Array:
