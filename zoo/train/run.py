@@ -23,6 +23,7 @@ from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig
 from zoo.parallel import layout_for, spec_from_section
+from zoo.precision import Precision
 from zoo.recipes import Recipe
 from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
@@ -162,6 +163,7 @@ def build_run(
         stack=StackPlan(get_policy(policy), freeze.frozen_prefix),
         dp=dp,
         layout=layout,
+        precision=Precision(recipe.train.precision),
     )
     base = (
         checkpoint.base_reference(source)

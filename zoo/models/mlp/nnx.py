@@ -47,4 +47,4 @@ class MLP(nnx.Module):
         self.cfg.check_input(x)
         h = ops.ACTIVATIONS[self.cfg.activation](ops.dense(self.in_proj, x))
         h = scan_layers(*self.stack(), h, remat)
-        return checkpoint_name(ops.dense(self.head, h), names.LOGITS)
+        return checkpoint_name(ops.head(self.head, h), names.LOGITS)
