@@ -346,14 +346,17 @@ def causal_attention(
         kh, vh = (jnp.repeat(a, num_heads // num_kv_heads, axis=-3) for a in (kh, vh))
     scores = heads(q, num_heads) @ jnp.swapaxes(kh, -1, -2) / jnp.sqrt(d_head).astype(q.dtype)
     causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-
-    def probabilities(s):  # the scores may be bf16; the softmax is float32
-        s = s.astype(jnp.float32)
-        s = jnp.where(causal, s, jnp.finfo(s.dtype).min)
-        return jax.nn.softmax(s, axis=-1).astype(vh.dtype)
-
-    context = in_float32(probabilities, scores, "f32_softmax") @ vh
+    probs = in_float32(lambda s: _causal_softmax(s, causal), scores, "f32_softmax")
+    context = probs @ vh
     return jnp.swapaxes(context, -3, -2).reshape(*lead, seq, width)
+
+
+def _causal_softmax(scores: jax.Array, causal: jax.Array) -> jax.Array:
+    """softmax over the last axis with the causal mask, in float32 (the scores may be bf16),
+    returned in the scores' dtype."""
+    s = scores.astype(jnp.float32)
+    s = jnp.where(causal, s, jnp.finfo(s.dtype).min)
+    return jax.nn.softmax(s, axis=-1).astype(scores.dtype)
 
 
 def rotary(x: jax.Array, num_heads: int, theta: float, freq=None) -> jax.Array:
