@@ -49,3 +49,23 @@ def test_the_flag_sets_the_precision_and_a_bad_one_is_one_line(tmp_path, capsys)
         main([*argv, "--precision", "bf16"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "invalid choice: 'bf16'" in err and "bfloat16" in err
+
+
+@pytest.mark.xdist_group("hf")
+@pytest.mark.parametrize(
+    "recipe, flags", [("hf-lm-lora-bf16", []), ("hf-lm-dp-lora", ["--precision", "bfloat16"])]
+)
+def test_lora_trains_on_a_bf16_import_in_bf16(tmp_path, capsys, recipe, flags):
+    """An imported bf16 checkpoint trains LoRA (and DP-LoRA) under the bf16 policy: the base is
+    held as it is (tests/train/test_engine.py reads the step: never widened)."""
+    from tests.e2e.cli_inputs.test_cli_sweep2_tracebacks import FIXTURES, TINY
+
+    (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy zoo\n" * 40)
+    imp = tmp_path / "imp"
+    assert main(["import", str(FIXTURES / "llama-bf16"), "--out", str(imp), "--dtype", "bfloat16"]) == 0
+    argv = ["train", recipe, "--init-from", str(imp), "--dataset", f"text:{tmp_path / 't.txt'}", *flags]
+    vocab = f"--set=data.vocabulary=hf:{FIXTURES / 'llama3-tied'}"
+    capsys.readouterr()
+    assert main([*argv, vocab, "--out", str(tmp_path / "r"), *TINY]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["precision"] == "bfloat16" and math.isfinite(summary["eval_loss"])
