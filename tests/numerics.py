@@ -69,14 +69,8 @@ def bf16_excess(actual, expected, *, n: int) -> float:
 def assert_close_bf16(actual, expected, *, n: int, what: str = "") -> None:
     """Assert a bf16-compute result ``actual`` agrees with the float32 one ``expected`` under
     the bf16 rule above (``n``: the size of the largest reduction behind the values)."""
-    ratio, where, tol = worst(actual, expected, 1, None, _bf16_k(n))
-    _log(ratio)
-    if not ratio <= 1.0:
-        label = f"{what}: " if what else ""
-        raise AssertionError(
-            f"{label}{where} exceeds the bf16 rule's {tol:.3g} "
-            f"(K={K:g} x (2^-8 + eps32 x sqrt(n={n})) x tree scale) by {ratio:.3g}x"
-        )
+    rule = f"bf16 rule's {{tol:.3g}} (K={K:g} x (2^-8 + eps32 x sqrt(n={n})) x tree scale)"
+    _check(worst(actual, expected, 1, None, _bf16_k(n)), rule, what)
 
 
 def assert_close(actual, expected, *, n: int, dtype=None, k: float = K, what: str = "") -> None:
@@ -86,14 +80,17 @@ def assert_close(actual, expected, *, n: int, dtype=None, k: float = K, what: st
     ``n`` is the size of the largest reduction behind the values. Raises ``AssertionError``
     naming the worst element, the tolerance and their ratio.
     """
-    ratio, where, tol = worst(actual, expected, n, dtype, k)
+    rule = f"float rule's {{tol:.3g}} (K={k:g} x eps x sqrt(n={n}) x tree scale)"
+    _check(worst(actual, expected, n, dtype, k), rule, what)
+
+
+def _check(found, rule: str, what: str) -> None:
+    """Log the worst ratio of ``found`` (``worst``'s answer) and raise naming it if it is > 1."""
+    ratio, where, tol = found
     _log(ratio)
     if not ratio <= 1.0:
         label = f"{what}: " if what else ""
-        raise AssertionError(
-            f"{label}{where} exceeds the float rule's {tol:.3g} "
-            f"(K={k:g} x eps x sqrt(n={n}) x tree scale) by {ratio:.3g}x"
-        )
+        raise AssertionError(f"{label}{where} exceeds the {rule.format(tol=tol)} by {ratio:.3g}x")
 
 
 def assert_bitwise_equal(actual, expected) -> None:
