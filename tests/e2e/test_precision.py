@@ -69,3 +69,29 @@ def test_lora_trains_on_a_bf16_import_in_bf16(tmp_path, capsys, recipe, flags):
     assert main([*argv, vocab, "--out", str(tmp_path / "r"), *TINY]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["precision"] == "bfloat16" and math.isfinite(summary["eval_loss"])
+
+
+def test_a_bf16_run_with_frozen_layers_resumes_bitwise(tmp_path):
+    """Frozen leaves are held (and saved) in bf16; a resumed bf16 run ends on the params of the
+    uninterrupted one, bit for bit."""
+    from tests.numerics import assert_bitwise_equal
+    from zoo import recipes
+    from zoo.commands import settings
+    from zoo.train import checkpoint
+
+    def recipe(steps):
+        values = {
+            "train.steps": steps,
+            "train.checkpoint_every": 2,
+            "train.eval_every": 2,
+            "train.eval_batches": 1,
+        }
+        values |= {"train.precision": "bfloat16", "freeze.patterns": ["in_proj"]}
+        return settings.with_values(recipes.load_recipe("digits-mlp"), values)
+
+    train_recipe(recipe(4), tmp_path / "whole", show_progress=False)
+    train_recipe(recipe(2), tmp_path / "parts", show_progress=False)
+    train_recipe(recipe(4), tmp_path / "parts", resume=True, show_progress=False)
+    whole, parts = (checkpoint.load_checkpoint(tmp_path / d).params for d in ("whole", "parts"))
+    assert str(parts["in_proj"]["w"].dtype) == "bfloat16" and str(parts["head"]["w"].dtype) == "float32"
+    assert_bitwise_equal(parts, whole)
