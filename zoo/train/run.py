@@ -52,6 +52,11 @@ class Run:
         return self.engine.dp
 
     @property
+    def precision(self) -> Precision:
+        """The precision policy of the run: the engine's, one object."""
+        return self.engine.precision
+
+    @property
     def steps(self) -> int:
         return self.recipe.train.steps
 
