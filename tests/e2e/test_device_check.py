@@ -1,7 +1,7 @@
 """benchmarks/device/device_check.py at --small on CPU, so the script a lent GPU runs cannot rot.
 
-The run is all compile time (about 30 programs, ~80 s of CPU; 167 s wall at load average 10 on
-the 2-core machine); the script sets XLA's CPU optimisation level to 0 for --small, and times 3
+The run is all compile time (about 45 programs with the float32 and bf16 memory, time and DP
+rows; ~145 s of CPU, 788 s wall at load average 10 on the 2-core machine); the script sets XLA's CPU optimisation level to 0 for --small, and times 3
 rounds instead of 10. Figures are not asserted beyond sanity: speed and memory claims live in
 the script's output, not in tests. Not marked ``numerics``: the float rule's comparisons here
 are remat against none, which tests/test_remat.py already re-runs under each ISA cap,
