@@ -150,7 +150,8 @@ def dp_cost(size: dict, say=None) -> list[dict]:
 def dp_bf16(size: dict, say=None) -> list[dict]:
     """DP cost in bf16 (``zoo.precision``) per model: the ghost-clipped DP-SGD step and the
     non-private step, both bf16, and the ghost step in float32, timed in the same rounds:
-    ghost / non-private in bf16, and ghost bf16 / ghost float32."""
+    ghost / non-private in bf16, and ghost bf16 / ghost float32. ``size["bf16_models"]``
+    (default: every model of the section) names the models."""
     import optax
 
     from zoo.dp.plan import fixed_batch_plan
@@ -159,7 +160,8 @@ def dp_bf16(size: dict, say=None) -> list[dict]:
     from zoo.train.engine import make_engine
 
     rows = []
-    for model, spec in size["models"].items():
+    for model in size.get("bf16_models", list(size["models"])):
+        spec = size["models"][model]
         if say:
             say(f"dp: {model} at batch {spec['batch']}, bfloat16")
 
