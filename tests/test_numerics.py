@@ -2,6 +2,7 @@
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -82,3 +83,17 @@ def test_bitwise_is_bitwise():
         assert_bitwise_equal(a, {"w": np.nextafter(np.float32([1.0, 2.0]), np.float32(3))})
     with pytest.raises(AssertionError):
         assert_bitwise_equal(a, {"w": np.float64([1.0, 2.0])})
+
+
+def test_the_bf16_rule_passes_bf16_rounding_and_fails_a_real_difference():
+    from tests.numerics import BF16_UNIT_ROUNDOFF, assert_close_bf16, bf16_excess
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    w = rng.standard_normal((256, 32)).astype(np.float32) / 16
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    rounded = lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float32)  # noqa: E731
+    assert_close_bf16(rounded(x) @ rounded(w), exact, n=256)  # operands stored in bf16, a float32 sum
+    scale = float(np.abs(exact).max())
+    assert bf16_excess(exact + 0.05 * scale, exact, n=256) > 1  # 5% of the scale: a bug
+    assert bf16_excess(exact + 4 * BF16_UNIT_ROUNDOFF * scale, exact, n=256) < 1

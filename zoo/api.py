@@ -10,6 +10,7 @@ from jax.experimental import checkify
 
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig, check_backend, get_config
+from zoo.precision import Precision, get_precision
 from zoo.scan import Remat
 
 
@@ -74,15 +75,21 @@ def example_labels(cfg: ModelConfig, x: jax.Array, seed: int = 1) -> jax.Array:
     return cfg.example_labels(jax.random.key(seed), x)
 
 
-def apply_fn(cfg: ModelConfig, backend: str, *, checked: bool = False):
+def apply_fn(
+    cfg: ModelConfig, backend: str, *, checked: bool = False, precision: Precision | str | None = None
+):
     """Pure ``apply(params, x, remat="none") -> logits`` on canonical params.
 
     The model checks shapes always, and token ids when they are concrete. Under ``jit`` ids are
     tracers; ``checked=True`` returns a jitted apply that checks them too (``checkify``) and
     raises for an id outside ``[0, vocab_size)`` instead of returning NaN or clamped logits.
+    ``precision`` (a :class:`zoo.precision.Precision` or its name; default float32, the
+    identity) casts the params and float inputs to its compute dtype inside ``apply`` and the
+    logits back to float32 (:meth:`zoo.precision.Precision.apply`).
     """
     check_backend(backend)
 
+    @get_precision(precision).apply
     def apply(params: dict, x: jax.Array, remat: Remat = "none") -> jax.Array:
         return canonical.from_canonical(cfg, backend, params)(x, remat=remat)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from zoo.checks import require_choice, require_int, require_number, require_positive_int
 from zoo.errors import ZooError
+from zoo.precision import PRECISIONS
 
 ATTENTIONS = ("dense", "chunked")  # a model's attention (zoo.models.ops.attention)
 
@@ -22,6 +23,11 @@ def add_model_flags(parser) -> None:
         metavar="TOKENS",
         help="override the model's mlp_chunk: its MLP over chunks of this many tokens (0: whole)",
     )
+
+
+def add_precision_flag(parser, what: str) -> None:
+    """``--precision float32|bfloat16`` (:mod:`zoo.precision`); unset: the recipe's, or float32."""
+    parser.add_argument("--precision", choices=PRECISIONS, default=None, help=what)
 
 
 def model_flag_overrides(args) -> dict:
@@ -167,8 +173,10 @@ class TrainConfig:
     seed: int = 0
     remat: str = "none"  # a policy name, or "auto" with memory_budget
     memory_budget: ByteSize | None = None  # what --remat auto must fit (temp + arguments), in bytes
+    precision: str = "float32"  # compute dtype over float32 params (zoo.precision.PRECISIONS)
 
     def __post_init__(self) -> None:
+        require_choice("train.precision", self.precision, PRECISIONS)
         require_positive(
             self, "steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every"
         )

@@ -4,6 +4,7 @@ the counts and names the tests and the residual inspector read."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import jax
@@ -67,3 +68,32 @@ def count_eqns(fn, *args, recursive: bool = True, **kwargs) -> int:
     if recursive:
         return sum(1 for _ in iter_eqns(jaxpr))
     return len(jaxpr.jaxpr.eqns)
+
+
+def in_scope(eqn, scope: str) -> bool:
+    """Whether ``eqn`` was traced inside ``jax.named_scope(scope)``, under any transform
+    (``jvp(...)``, ``transpose(...)``: the scope's name is one of its name stack's parts)."""
+    return scope in re.split(r"[()/]", str(eqn.source_info.name_stack))
+
+
+_HAND_OFFS = ("convert_element_type", "add_any")
+
+
+def scope_float_dtypes(jaxpr, scopes) -> dict[str, set[str]]:
+    """Per named scope, the dtypes of the floating values that the arithmetic of ``jaxpr`` (a
+    traced program, at any depth) makes inside it: every equation there but the dtype
+    conversions (a scope hands its result back in another dtype), the sums of cotangents
+    (``add_any``: a cotangent has its primal's dtype, so those of a scope's bf16 inputs are
+    bf16) and the calls (their bodies are walked). An empty set: nothing was traced there."""
+    found: dict[str, set[str]] = {scope: set() for scope in scopes}
+    for eqn in iter_eqns(jaxpr):
+        if eqn.primitive.name in _HAND_OFFS or any(True for _ in sub_jaxprs(eqn)):
+            continue
+        for scope in found:
+            if in_scope(eqn, scope):
+                found[scope].update(
+                    str(v.aval.dtype)
+                    for v in eqn.outvars
+                    if jax.numpy.issubdtype(getattr(v.aval, "dtype", bool), jax.numpy.floating)
+                )
+    return found

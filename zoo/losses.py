@@ -6,11 +6,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from zoo.precision import float32_scope
+
 
 def per_example_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean cross-entropy per example: [B] (averaged over tokens for LMs)."""
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
-    return losses.reshape(losses.shape[0], -1).mean(axis=1)
+    """Mean cross-entropy per example: [B] (averaged over tokens for LMs), in float32 whatever
+    the logits' dtype."""
+    with float32_scope("f32_loss"):
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+        return losses.reshape(losses.shape[0], -1).mean(axis=1)
 
 
 def masked_mean(values: jax.Array, mask: jax.Array | None) -> jax.Array:

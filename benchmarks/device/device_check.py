@@ -61,6 +61,7 @@ SIZES = {
         "memory": {
             **{"model": "transformer-s", "overrides": _WIDE, "batch": 8, "seq": 1024},
             **{"depths": [12, 24], "policies": _ALL, "time_depth": 12, "rounds": 10},
+            "precisions": ["float32", "bfloat16"],
         },
         "dp": {
             "models": {"mlp-s": {"batch": 4096}, "transformer-s": {"batch": 256}, "llama-s": {"batch": 256}},
@@ -78,7 +79,7 @@ SIZES = {
         "memory": {
             **{"model": "transformer-s", "overrides": _TINY, "batch": 2, "seq": 16, "depths": [2, 4]},
             **{"policies": ["none", "full", "offload-layer-input"]},
-            **{"time_depth": 2, "rounds": 3},
+            **{"time_depth": 2, "rounds": 3, "precisions": ["float32", "bfloat16"]},
         },
         "dp": {
             "models": {
@@ -88,6 +89,7 @@ SIZES = {
             },
             "rounds": 3,
             "steps": 1,
+            "bf16_models": ["llama-s"],  # the code path; a GPU run times every model
         },
         "attention": {"seq": 256, "batch": 1, "heads": 2, "head_dim": 16, "chunk": 64, "rounds": 3},
     },
@@ -135,7 +137,7 @@ def run(args, say) -> dict:
             mem, _isolate(args.isolate), os.path.abspath(__file__), args.small, _jobs(args), keep, say
         ),
         "time": lambda: device_costs.step_times(mem, keep, say),
-        "dp": lambda: device_costs.dp_cost(size["dp"], say),
+        "dp": lambda: device_costs.dp_cost(size["dp"], say) + device_costs.dp_bf16(size["dp"], say),
         "attention": lambda: device_costs.attention(size["attention"], say),
     }
     for name in SECTIONS:
@@ -172,14 +174,24 @@ def _cells(section: str, r: dict) -> tuple[str, str]:
         peak = "n/a" if r["peak_bytes"] is None else _mib(r["peak_bytes"])
         text = f"peak {peak} MiB, analysis {_mib(r['analysis_bytes'])} MiB (temp {_mib(r['temp_bytes'])})"
         text += f", host {_mib(r['residual_host_bytes'])} MiB"
+        if "temp_of_float32" in r:
+            text += f", temp x{r['temp_of_float32']:.2f} of float32"
         if "saves_device_memory" in r:
             saved = f"{_mib(r['saved_bytes'])} MiB by {r['saved_basis'].split('_')[0]}"
             text += f", saves vs {r['offload_vs']}: {'yes' if r['saves_device_memory'] else 'NO'} ({saved})"
-        return f"{r['policy']} L={r['num_layers']}", text
+        return f"{r['policy']} L={r['num_layers']} {r['precision']}", text
     if section == "time":
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         ratio = f"{r['ratio_to_none']:.2f}" if "ratio_to_none" in r else "-"
-        return f"{r['policy']} L={r['num_layers']}", f"{r['step_ms']:.2f} ms, x{ratio} of none, MFU {mfu}"
+        text = f"{r['step_ms']:.2f} ms, x{ratio} of none, MFU {mfu}"
+        if "ratio_to_float32" in r:
+            text += f", x{r['ratio_to_float32']:.2f} of float32"
+        return f"{r['policy']} L={r['num_layers']} {r['precision']}", text
+    if section == "dp" and r.get("precision") == "bfloat16":
+        return f"{r['model']} B={r['batch']} bfloat16", (
+            f"ghost/non-private {r['ghost_over_non_private']:.2f}, ghost bf16/float32 "
+            f"{r['ghost_bf16_over_float32']:.2f} ({r['ghost_ms']:.2f} ms ghost)"
+        )
     if section == "dp":
         return f"{r['model']} B={r['batch']}", (
             f"ghost/non-private {r['ghost_over_non_private']:.2f}, "
@@ -242,8 +254,9 @@ def parse_args(argv=None):
 
 def _memory_child(args) -> int:
     spec = json.loads(args.memory_child)
+    size, precision = sizes(args.small)["memory"], spec.get("precision", "float32")
     row = device_sections.guarded(
-        {}, lambda: device_sections.memory_row(sizes(args.small)["memory"], spec["policy"], spec["depth"])
+        {}, lambda: device_sections.memory_row(size, spec["policy"], spec["depth"], precision=precision)
     )
     print(json.dumps(row))
     return 0

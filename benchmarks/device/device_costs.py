@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from device_sections import guarded, memory_row
 
 import zoo
-from zoo.bench.common import compile_timed, median_ratio, memory_stats, time_in_rounds
+from zoo.bench.common import compile_timed, median_ratio, memory_stats, state_stepper, time_in_rounds
 from zoo.models.attention import chunked_attention
 from zoo.models.ops import causal_attention
 
@@ -53,37 +53,60 @@ def _xla_flops(compiled) -> float | None:
 
 
 def step_times(size: dict, keep: dict, say=None) -> list[dict]:
-    """Median step time of every policy at ``size["time_depth"]`` layers (steps from the
-    memory section where it ran in this process, else compiled here), its ratio to ``none``
-    and an MFU estimate from :func:`model_flops` against :data:`PEAK_FLOPS`."""
+    """Median step time of every policy at ``size["time_depth"]`` layers in every precision
+    (steps from the memory section where it ran in this process, else compiled here), all
+    timed in the same rounds: its ratio to ``none`` (same precision), a bf16 row's to the same
+    policy in float32, and an MFU estimate from :func:`model_flops` against :data:`PEAK_FLOPS`."""
     depth = size["time_depth"]
     runs, rows = {}, []
-    for policy in size["policies"]:
-        if (policy, depth) not in keep:
-            if say:
-                say(f"time: compiling {policy} at L={depth}")
-            guarded({}, lambda policy=policy: memory_row(size, policy, depth, keep))
-        if (policy, depth) in keep:
-            runs[policy] = keep[(policy, depth)]
-        else:
-            rows.append({"policy": policy, "status": "skipped", "error": "did not compile (see memory)"})
+    for precision in size["precisions"]:
+        for policy in size["policies"]:
+            key = (policy, depth, precision)
+            if key not in keep:
+                if say:
+                    say(f"time: compiling {policy} at L={depth}, {precision}")
+                guarded({}, lambda key=key: memory_row(size, *key[:2], keep, key[2]))
+            if key in keep:
+                runs[key] = keep[key]
+            else:
+                rows.append(
+                    {
+                        "policy": policy,
+                        "precision": precision,
+                        "status": "skipped",
+                        "error": "did not compile",
+                    }
+                )
     if say:
-        say(f"time: {size['rounds']} rounds of {len(runs)} policies")
-    times = time_in_rounds({p: r["stepper"] for p, r in runs.items()}, size["rounds"])
-    peak = peak_flops("float32")
-    for policy, run in runs.items():
-        cfg, x = run["cfg"], run["x"]
-        params = zoo.to_canonical(zoo.load_model(cfg))
-        flops = model_flops(cfg, params, x.shape[0], x.shape[1])
-        step_s = statistics.median(times[policy])
-        row = {"policy": policy, "num_layers": depth, "steps": len(times[policy]), "step_ms": 1e3 * step_s}
-        if "none" in times:
-            row["ratio_to_none"] = median_ratio(times[policy], times["none"])
-        row.update(model_flops=flops, achieved_tflops=flops / step_s / 1e12, peak_flops=peak)
-        row["mfu"] = flops / step_s / peak if peak else None
-        row.update(guarded({}, lambda run=run: {"xla_flops": _xla_flops(run["compiled"])}))
-        rows.append({**row, "status": "ok"})
+        say(f"time: {size['rounds']} rounds of {len(runs)} steps")
+    times = time_in_rounds({f"{k[0]} {k[2]}": r["stepper"] for k, r in runs.items()}, size["rounds"])
+    for (policy, _, precision), run in runs.items():
+        rows.append({**_time_row(run, times, policy, precision, depth), "status": "ok"})
     return rows
+
+
+def _time_row(run: dict, times: dict, policy: str, precision: str, depth: int) -> dict:
+    cfg, x = run["cfg"], run["x"]
+    params = zoo.to_canonical(zoo.load_model(cfg))
+    flops = model_flops(cfg, params, x.shape[0], x.shape[1])
+    mine = times[f"{policy} {precision}"]
+    step_s = statistics.median(mine)
+    row = {
+        "policy": policy,
+        "precision": precision,
+        "num_layers": depth,
+        "steps": len(mine),
+        "step_ms": 1e3 * step_s,
+    }
+    if f"none {precision}" in times:
+        row["ratio_to_none"] = median_ratio(mine, times[f"none {precision}"])
+    if precision != "float32" and f"{policy} float32" in times:
+        row["ratio_to_float32"] = median_ratio(mine, times[f"{policy} float32"])
+    peak = peak_flops(precision)
+    row.update(model_flops=flops, achieved_tflops=flops / step_s / 1e12, peak_flops=peak)
+    row["mfu"] = flops / step_s / peak if peak else None
+    row.update(guarded({}, lambda: {"xla_flops": _xla_flops(run["compiled"])}))
+    return row
 
 
 def dp_cost(size: dict, say=None) -> list[dict]:
@@ -122,6 +145,66 @@ def dp_cost(size: dict, say=None) -> list[dict]:
 
         rows.append(guarded({"model": model, "batch": spec["batch"]}, run))
     return rows
+
+
+def dp_bf16(size: dict, say=None) -> list[dict]:
+    """DP cost in bf16 (``zoo.precision``) per model: the ghost-clipped DP-SGD step and the
+    non-private step, both bf16, and the ghost step in float32, timed in the same rounds:
+    ghost / non-private in bf16, and ghost bf16 / ghost float32. ``size["bf16_models"]``
+    (default: every model of the section) names the models."""
+    import optax
+
+    from zoo.dp.plan import fixed_batch_plan
+    from zoo.freeze import resolve_freeze
+    from zoo.precision import Precision
+    from zoo.train.engine import make_engine
+
+    rows = []
+    for model in size.get("bf16_models", list(size["models"])):
+        spec = size["models"][model]
+        if say:
+            say(f"dp: {model} at batch {spec['batch']}, bfloat16")
+
+        def run(model=model, spec=spec):
+            cfg = zoo.get_config(model, **spec.get("overrides", {}))
+            params = zoo.to_canonical(zoo.load_model(cfg))
+            x = zoo.example_batch(cfg, spec["batch"], seq_len=spec.get("seq"))
+            batch = {"x": x, "y": zoo.example_labels(cfg, x), "mask": jnp.ones((spec["batch"],), jnp.float32)}
+            steppers = {}
+            for name, dp, precision in (
+                ("non-private", None, "bfloat16"),
+                ("ghost", "ghost", "bfloat16"),
+                ("ghost float32", "ghost", "float32"),
+            ):
+                plan = dp and fixed_batch_plan(spec["batch"], noise_multiplier=1.0, clipping=dp)
+                engine = make_engine(
+                    cfg,
+                    "nnx",
+                    resolve_freeze(params, ()),
+                    optax.sgd(1e-3),
+                    dp=plan,
+                    precision=Precision(precision),
+                )
+                state = {"state": engine.init_state(params, 0, jax.random.key(0)), "out": None}
+                steppers[name] = state_stepper(lambda s, b, e=engine: _advance(e, s, b), state, batch)
+            times = time_in_rounds(steppers, size["rounds"], size["steps"])
+            return {
+                "precision": "bfloat16",
+                "ghost_ms": 1e3 * statistics.median(times["ghost"]),
+                "non_private_ms": 1e3 * statistics.median(times["non-private"]),
+                "ghost_over_non_private": median_ratio(times["ghost"], times["non-private"]),
+                "ghost_bf16_over_float32": median_ratio(times["ghost"], times["ghost float32"]),
+            }
+
+        rows.append(guarded({"model": model, "batch": spec["batch"], "precision": "bfloat16"}, run))
+    return rows
+
+
+def _advance(engine, carried, batch):
+    """One step of ``engine`` on ``(state, frozen)``: ``((state, frozen), metrics)``."""
+    state, frozen = carried
+    state, metrics = engine.train_step(state, frozen, batch)
+    return (state, frozen), metrics
 
 
 def attention(size: dict, say=None) -> list[dict]:

@@ -170,12 +170,15 @@ def device_peak() -> int | None:
     return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
-def memory_row(size: dict, policy: str, depth: int, keep: dict | None = None) -> dict:
-    """Compile and run two AdamW steps of the memory model at ``depth`` under ``policy``.
+def memory_row(
+    size: dict, policy: str, depth: int, keep: dict | None = None, precision: str = "float32"
+) -> dict:
+    """Compile and run two AdamW steps of the memory model at ``depth`` under ``policy`` and
+    the ``precision`` policy (``zoo.precision``: float32 params, bf16 compute for "bfloat16").
     ``keep`` (in-process runs) receives the compiled step and its state for the time section."""
     cfg = zoo.get_config(size["model"], **size["overrides"], num_layers=depth)
     x, y = _inputs(cfg, size["batch"], size["seq"])
-    step, optimizer = train_step(cfg, "nnx", policy)
+    step, optimizer = train_step(cfg, "nnx", policy, precision=precision)
     params = zoo.to_canonical(zoo.load_model(cfg))
     state = {"state": (params, optimizer.init(params)), "out": None}
     compiled, _, compile_s = compile_timed(step, *state["state"], x, y)
@@ -187,9 +190,9 @@ def memory_row(size: dict, policy: str, depth: int, keep: dict | None = None) ->
 
     stepper = state_stepper(train, state, x, y)
     stepper(2)
-    report = zoo.residual_report(cfg, policy, batch=size["batch"], seq=size["seq"])
+    report = zoo.residual_report(cfg, policy, batch=size["batch"], seq=size["seq"], precision=precision)
     if keep is not None:
-        keep[(policy, depth)] = {"compiled": compiled, "stepper": stepper, "cfg": cfg, "x": x}
+        keep[(policy, depth, precision)] = {"compiled": compiled, "stepper": stepper, "cfg": cfg, "x": x}
     return {
         "peak_bytes": device_peak(),
         "analysis_bytes": analysis["temp_size_in_bytes"]
@@ -206,14 +209,15 @@ def memory_row(size: dict, policy: str, depth: int, keep: dict | None = None) ->
     }
 
 
-def _child(script: str, small: bool, policy: str, depth: int, jobs: int) -> dict:
+def _child(script: str, small: bool, policy: str, depth: int, jobs: int, precision: str) -> dict:
     """One memory row in a process of its own: ``peak_bytes_in_use`` never resets."""
     env = {
         **os.environ,
         "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
         "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / jobs:.3f}",
     }
-    argv = [sys.executable, script, "--memory-child", json.dumps({"policy": policy, "depth": depth})]
+    spec = {"policy": policy, "depth": depth, "precision": precision}
+    argv = [sys.executable, script, "--memory-child", json.dumps(spec)]
     done = subprocess.run(argv + (["--small"] if small else []), capture_output=True, text=True, env=env)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
@@ -227,24 +231,26 @@ def _child(script: str, small: bool, policy: str, depth: int, jobs: int) -> dict
 def memory(
     size: dict, isolate: bool, script: str, small: bool, jobs: int, keep: dict, say=None
 ) -> list[dict]:
-    """Per policy and depth: the device peak (``memory_stats``; each row in its own process
-    when ``isolate``) beside ``memory_analysis``, host bytes, and what each offload saves."""
-    plan = [(p, d) for d in size["depths"] for p in size["policies"]]
+    """Per precision, policy and depth: the device peak (``memory_stats``; each row in its own
+    process when ``isolate``) beside ``memory_analysis``, host bytes, and what each offload
+    saves; bf16 rows also their temp bytes over the float32 row's."""
+    plan = [(p, d, prec) for prec in size["precisions"] for d in size["depths"] for p in size["policies"]]
 
     def one(item):
-        policy, depth = item
+        policy, depth, precision = item
         if say:
-            say(f"memory: {policy} at L={depth}")
-        row = {"policy": policy, "num_layers": depth, "isolated": isolate}
+            say(f"memory: {policy} at L={depth}, {precision}")
+        row = {"policy": policy, "num_layers": depth, "precision": precision, "isolated": isolate}
         if isolate:
-            return guarded(row, lambda: _child(script, small, policy, depth, jobs))
-        return guarded(row, lambda: memory_row(size, policy, depth, keep))
+            return guarded(row, lambda: _child(script, small, policy, depth, jobs, precision))
+        return guarded(row, lambda: memory_row(size, policy, depth, keep, precision))
 
     with ThreadPoolExecutor(max(1, jobs if isolate else 1)) as pool:
         rows = list(pool.map(one, plan))
     for row in rows:
+        _compare_to_float32(row, rows)
         twin = OFFLOAD_TWIN.get(row["policy"])
-        base = next((r for r in rows if r["policy"] == twin and r["num_layers"] == row["num_layers"]), None)
+        base = next((r for r in rows if _same_step(r, row, policy=twin)), None)
         if twin and base and row["status"] == "ok" and base["status"] == "ok":
             key = "peak_bytes" if row["peak_bytes"] is not None else "analysis_bytes"
             row.update(
@@ -254,3 +260,20 @@ def memory(
                 saves_device_memory=bool(base[key] > row[key]),
             )
     return rows
+
+
+def _same_step(r: dict, row: dict, **changed) -> bool:
+    """Whether ``r`` is ``row``'s step (policy, depth, precision) with ``changed`` fields."""
+    keys = ("policy", "num_layers", "precision")
+    return all(r[k] == changed.get(k, row[k]) for k in keys)
+
+
+def _compare_to_float32(row: dict, rows: list[dict]) -> None:
+    """A bf16 row's temp (and residual) bytes over those of the same step in float32."""
+    base = next((r for r in rows if _same_step(r, row, precision="float32")), None)
+    if row["precision"] == "float32" or base is None:
+        return
+    if row["status"] == base["status"] == "ok" and base["temp_bytes"]:
+        row["temp_of_float32"] = row["temp_bytes"] / base["temp_bytes"]
+        if base["residual_device_bytes"]:
+            row["residual_device_of_float32"] = row["residual_device_bytes"] / base["residual_device_bytes"]

@@ -1,7 +1,7 @@
 """benchmarks/device/device_check.py at --small on CPU, so the script a lent GPU runs cannot rot.
 
-The run is all compile time (about 30 programs, ~80 s of CPU; 167 s wall at load average 10 on
-the 2-core machine); the script sets XLA's CPU optimisation level to 0 for --small, and times 3
+The run is all compile time (about 45 programs with the float32 and bf16 memory, time and DP
+rows; ~145 s of CPU, 788 s wall at load average 10 on the 2-core machine); the script sets XLA's CPU optimisation level to 0 for --small, and times 3
 rounds instead of 10. Figures are not asserted beyond sanity: speed and memory claims live in
 the script's output, not in tests. Not marked ``numerics``: the float rule's comparisons here
 are remat against none, which tests/test_remat.py already re-runs under each ISA cap,
@@ -63,23 +63,42 @@ def test_small_run_has_every_section_and_every_gradient_passes(tmp_path):
         assert r["passed"] and 0 <= r["excess"] <= 1 and r["tolerance"] > 0, r
 
     memory = _rows(result, "memory")
+    assert {(r["policy"], r["precision"]) for r in memory} == {
+        (p, d) for p in ("none", "full", "offload-layer-input") for d in ("float32", "bfloat16")
+    }
     for r in memory:
+        assert ("temp_of_float32" in r) == (r["precision"] == "bfloat16"), r
         assert r["analysis_bytes"] > 0 and r["temp_bytes"] > 0 and r["argument_bytes"] > 0, r
         assert r["peak_bytes"] is None  # CPU offers no memory_stats() peak
         assert r["loss_finite"], r
     offload = [r for r in memory if r["policy"].startswith("offload")]
     assert offload and all("saves_device_memory" in r and r["offload_vs"] for r in offload)
     depths = sorted({r["num_layers"] for r in memory})
-    none = {r["num_layers"]: r["temp_bytes"] for r in memory if r["policy"] == "none"}
+    none = {
+        r["num_layers"]: r["temp_bytes"]
+        for r in memory
+        if r["policy"] == "none" and r["precision"] == "float32"
+    }
     assert none[depths[-1]] > none[depths[0]]  # `none` keeps every layer's residuals
 
-    for r in _rows(result, "time"):
+    times = _rows(result, "time")
+    assert {r["precision"] for r in times} == {"float32", "bfloat16"}
+    for r in times:
         assert r["step_ms"] > 0 and r["model_flops"] > 0 and r["steps"] >= 3, r
         assert r["ratio_to_none"] > 0 and r["mfu"] is None  # no peak FLOP/s known for a CPU
-    for r in _rows(result, "dp"):
-        assert r["ghost_over_non_private"] > 0 and r["jax_privacy_over_ghost"] > 0, r
-        assert min(r["temp_bytes"].values()) >= 0
-    assert {r["model"] for r in result["sections"]["dp"]["rows"]} == {"mlp-s", "transformer-s", "llama-s"}
+        assert (r.get("ratio_to_float32", 0) > 0) == (r["precision"] == "bfloat16"), r
+    dp = _rows(result, "dp")
+    for r in dp:
+        assert r["ghost_over_non_private"] > 0, r
+        if r.get("precision") == "bfloat16":  # DP cost in bf16, and against the float32 ghost step
+            assert r["ghost_bf16_over_float32"] > 0, r
+        else:
+            assert r["jax_privacy_over_ghost"] > 0 and min(r["temp_bytes"].values()) >= 0, r
+    models = {"mlp-s", "transformer-s", "llama-s"}
+    assert {(r["model"], r.get("precision", "float32")) for r in dp} == {
+        *((m, "float32") for m in models),
+        ("llama-s", "bfloat16"),  # --small times one model in bf16
+    }
     attention = {r["attention"]: r for r in _rows(result, "attention")}
     assert set(attention) == {"dense", "chunked"}
     assert all(r["temp_bytes"] > 0 and r["step_ms"] > 0 for r in attention.values())

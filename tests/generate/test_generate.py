@@ -82,6 +82,34 @@ def test_cached_logits_equal_the_full_forward_at_every_generated_position(name, 
         assert list(new) == np.argmax(got, axis=-1).tolist()  # temperature 0 is the argmax
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
+def test_a_bf16_run_decodes_in_bf16_with_a_bf16_cache(name):
+    """``zoo sample`` on a run trained in bf16 (zoo.precision) decodes with its params in the
+    compute dtype: the cache is bf16, and the logits of each new token agree with the float32
+    full forward over the same tokens under the bf16 rule (tests/numerics.py)."""
+    from types import SimpleNamespace
+
+    from tests.numerics import assert_close_bf16
+    from zoo.commands.sample import compute_model
+
+    m = model(name, "nnx")
+    train = SimpleNamespace(precision="bfloat16")
+    ckpt = SimpleNamespace(
+        model_config=m.config, backend="nnx", params=m.params, recipe=SimpleNamespace(train=train)
+    )
+    bf16 = compute_model(ckpt)
+    assert decode.cache_dtype(bf16.params) == jnp.bfloat16
+    out = generate(bf16, PROMPTS, max_new_tokens=6, temperature=0, keep_logits=True)
+    apply = zoo.apply_fn(m.config, "nnx")
+    for row, prompt in enumerate(PROMPTS):
+        new = out.tokens[row]
+        full = np.asarray(apply(m.params, jnp.asarray([list(prompt) + list(new)], jnp.int32)))[0]
+        expected = full[len(prompt) - 1 : len(prompt) + len(new) - 1]
+        n = max(len(prompt) + len(new), width(m.config))
+        assert_close_bf16(out.logits[row, : len(new)], expected, n=n, what=f"{name} row {row}")
+
+
 @pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
 def test_a_padded_batch_gives_each_prompt_its_own_tokens(name):
     m = model(name, "nnx")

@@ -13,7 +13,7 @@ from tests.numerics import assert_close
 from zoo import hooks
 from zoo.bench.common import memory_stats, train_step
 from zoo.errors import ZooError
-from zoo.models import canonical, registry
+from zoo.models import canonical, ops, registry
 from zoo.models.ops import token_chunks
 from zoo.residuals.find import find_residuals
 from zoo.scan import layer_body
@@ -130,3 +130,93 @@ def test_the_mlp_chunk_is_checked(bad):
         ZooError, match=rf"LlamaConfig.mlp_chunk must be a whole number of tokens .*got {bad!r}"
     ):
         zoo.get_config("llama-xs", mlp_chunk=bad)
+
+
+# -- float32: the programs the ops were before the precision policy ----------------------------
+# Under float32 (zoo.precision's identity) every op must be the program it was: the casts to and
+# from float32 are no-ops that JAX does not even trace, and the float32 scopes only name. The
+# references are the ops' formulas as they were written before the policy.
+def _old_layer_norm(layer, x):
+    params, eps = ops._norm_params(layer)
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.maximum(0.0, (x * x).mean(-1, keepdims=True) - mean * mean)
+    return ops._scale_shift("norm", (x - mean) * jax.lax.rsqrt(var + eps), params)
+
+
+def _old_rms_norm(layer, x):
+    params, eps = ops._norm_params(layer)
+    return ops._scale_shift("norm", x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + eps), params)
+
+
+def _old_attention(q, k, v, num_heads):
+    *lead, seq, width = q.shape
+    d_head = width // num_heads
+
+    def heads(x, n):
+        return jnp.swapaxes(x.reshape(*lead, seq, n, d_head), -3, -2)
+
+    kh, vh = heads(k, num_heads), heads(v, num_heads)
+    scores = heads(q, num_heads) @ jnp.swapaxes(kh, -1, -2) / jnp.sqrt(d_head).astype(q.dtype)
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+    context = jax.nn.softmax(scores, axis=-1) @ vh
+    return jnp.swapaxes(context, -3, -2).reshape(*lead, seq, width)
+
+
+def _layers():
+    from flax import nnx
+
+    rngs = nnx.Rngs(0)
+    return {
+        "layer_norm": nnx.LayerNorm(D, rngs=rngs),
+        "rms_norm": nnx.RMSNorm(D, rngs=rngs),
+        "dense": nnx.Linear(D, F, rngs=rngs),
+        "table": nnx.Embed(F, D, rngs=rngs),
+    }
+
+
+def _jaxpr(fn, *args) -> str:
+    return str(jax.make_jaxpr(fn)(*args))
+
+
+def test_float32_ops_are_the_programs_they_were():
+    layers, x = _layers(), jax.random.normal(jax.random.key(1), (B, T, D))
+    same = {
+        "layer_norm": (
+            lambda x: ops.layer_norm(layers["layer_norm"], x),
+            lambda x: _old_layer_norm(layers["layer_norm"], x),
+        ),
+        "rms_norm": (
+            lambda x: ops.rms_norm(layers["rms_norm"], x),
+            lambda x: _old_rms_norm(layers["rms_norm"], x),
+        ),
+        "attention": (lambda x: ops.causal_attention(x, x, x, 2), lambda x: _old_attention(x, x, x, 2)),
+        "head": (
+            lambda x: ops.head(layers["dense"], x),
+            lambda x: x @ layers["dense"].kernel.value + layers["dense"].bias.value,
+        ),
+        "unembed": (
+            lambda x: ops.unembed(layers["table"], x),
+            lambda x: x @ layers["table"].embedding.value.T,
+        ),
+    }
+    for name, (new, old) in same.items():
+        assert _jaxpr(new, x) == _jaxpr(old, x), name
+        assert _jaxpr(jax.grad(lambda x, f=new: f(x).sum()), x) == _jaxpr(
+            jax.grad(lambda x, f=old: f(x).sum()), x
+        ), name
+
+
+def test_the_float32_program_check_sees_a_changed_op():
+    """Negative test: the comparison above tells a different float32 program apart (the
+    statistics taken in another order, equal in exact arithmetic)."""
+    layers, x = _layers(), jax.random.normal(jax.random.key(1), (B, T, D))
+
+    def reordered(x):
+        params, eps = ops._norm_params(layers["layer_norm"])
+        centred = x - x.mean(-1, keepdims=True)
+        return ops._scale_shift(
+            "norm", centred * jax.lax.rsqrt((centred * centred).mean(-1, keepdims=True) + eps), params
+        )
+
+    assert _jaxpr(lambda x: ops.layer_norm(layers["layer_norm"], x), x) != _jaxpr(reordered, x)

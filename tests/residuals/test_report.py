@@ -114,6 +114,24 @@ def test_offload_minimal_splits_device_and_host():
     assert rep["total_host_bytes"] == rep["stack_host_bytes"]
 
 
+@pytest.mark.parametrize("policy", ["full", "minimal", "offload-minimal", "nested"])
+def test_bf16_stack_residuals_are_half_the_float32_ones(policy):
+    """Under the bfloat16 precision policy (zoo.precision) the block activations a policy keeps
+    are bf16: the same rows, half the bytes, on device and on host."""
+    f32, bf16 = (
+        report("transformer", policy),
+        residual_report(TRANSFORMER, policy, batch=B, precision="bfloat16"),
+    )
+    assert bf16["precision"] == "bfloat16" and f32["precision"] == "float32"
+    halved = {n: (b // 2, kind, count) for n, (b, kind, count) in rows(f32).items()}
+    assert rows(bf16) == halved
+    assert {r["dtype"] for r in bf16["residuals"] if r["scope"] == "stack" and r["kind"] == "activation"} == {
+        "bfloat16"
+    }
+    for key in ("stack_device_bytes", "stack_host_bytes", "replay_device_bytes"):
+        assert 2 * bf16[key] == f32[key], key
+
+
 def test_nested_keeps_group_inputs_plus_one_replayed_group():
     rep = report("transformer", "nested")
     assert rep["groups"] == 2
@@ -238,6 +256,14 @@ def test_cli_residuals_json(capsys):
     assert [(r["name"], r["count"], r["bytes"], r["memory_kind"]) for r in stack] == [
         ("layer_input", L, L * MACT, "pinned_host")
     ]
+
+
+def test_cli_residuals_precision(capsys):
+    argv = ["residuals", "mlp-s", "--remat", "full", "--batch", str(MB), "--layers", str(L), "--json"]
+    args = _parser().parse_args([*argv, "--precision", "bfloat16"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["precision"] == "bfloat16" and out["stack_device_bytes"] == L * MACT // 2
 
 
 def test_cli_residuals_table(capsys):

@@ -99,3 +99,15 @@ def test_auto_refuses_a_budget_nothing_fits(tmp_path, few_policies):
 def test_an_unknown_remat_name_lists_auto_too():
     with pytest.raises(ZooError, match=r"unknown remat policy 'autox'.*; or auto \(with --memory-budget\)"):
         quick(**{"train.remat": "autox"})
+
+
+def test_the_cache_key_holds_the_precision():
+    """A bf16 run plans with bf16 steps: it does not read a float32 run's choice."""
+    budget = {"train.remat": "auto", "train.memory_budget": "1GiB"}
+    runs = {
+        p: build_run(quick(**budget, **{"train.precision": p}), choose_remat=False)
+        for p in ("float32", "bfloat16")
+    }
+    keys = {p: auto_remat._key(run, train_batch(run, 0), 2**30) for p, run in runs.items()}
+    assert keys["float32"] != keys["bfloat16"]
+    assert runs["bfloat16"].engine.precision.name == "bfloat16"

@@ -19,12 +19,17 @@ from zoo.models.registry import ModelConfig, get_config
 
 
 def train_step(
-    cfg: ModelConfig, backend: str, remat="none", optimizer: optax.GradientTransformation | None = None
+    cfg: ModelConfig,
+    backend: str,
+    remat="none",
+    optimizer: optax.GradientTransformation | None = None,
+    precision=None,
 ):
     """``(step, optimizer)``: a jitted AdamW step on canonical params, params and optimizer
     state donated. ``step(params, opt_state, x, y) -> (params, opt_state, loss)``, where the
-    loss is the mean cross-entropy of ``zoo.apply_fn(cfg, backend)`` under ``remat``."""
-    apply = apply_fn(cfg, backend)
+    loss is the mean cross-entropy of ``zoo.apply_fn(cfg, backend, precision=precision)``
+    under ``remat`` (``precision``: :mod:`zoo.precision`, float32 by default)."""
+    apply = apply_fn(cfg, backend, precision=precision)
     optimizer = optimizer or optax.adamw(1e-3)
 
     def step(params, opt_state, x, y):

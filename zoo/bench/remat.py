@@ -36,7 +36,7 @@ from zoo.bench.common import (
     warmed_inputs,
 )
 from zoo.bench.remat_depths import bench_depths, parse_depths
-from zoo.configs import add_model_flags, model_flag_overrides
+from zoo.configs import add_model_flags, add_precision_flag, model_flag_overrides
 from zoo.errors import ZooError
 from zoo.models import canonical
 from zoo.models.registry import check_backend
@@ -76,8 +76,10 @@ def bench_remat(
     progress: Progress = None,
     budget: int | str | None = None,
     overrides: dict | None = None,
+    precision: str | None = None,
 ) -> dict:
     """Compile, measure and time one train step per policy. See the module docstring.
+    ``precision`` (:mod:`zoo.precision`; default float32) is every step's precision policy.
 
     ``overrides`` are model config fields (``{"attention": "chunked", "mlp_chunk": 16}``); the
     preset's default bench shape still applies.
@@ -92,10 +94,11 @@ def bench_remat(
     runs = {}
     for name in names:
         say(progress, f"remat bench: compiling {name}")
-        runs[name] = _compiled_run(cfg, backend, name, batch, seq, seed, x, y)
+        runs[name] = _compiled_run(cfg, backend, name, batch, seq, seed, x, y, precision)
     result = {
         "model": model if isinstance(model, str) else cfg.kind,
         "backend": backend,
+        "precision": precision or "float32",
         "batch": batch,
         "seq": seq,
         "num_layers": cfg.num_layers,
@@ -111,14 +114,14 @@ def bench_remat(
     return result
 
 
-def _compiled_run(cfg, backend: str, name: str, batch: int, seq, seed: int, x, y) -> dict:
+def _compiled_run(cfg, backend: str, name: str, batch: int, seq, seed: int, x, y, precision) -> dict:
     """Policy ``name``'s compiled step, its first state and its untimed row (memory, compile
     time, what the residual inspector says it keeps)."""
-    step, optimizer = train_step(cfg, backend, name)
+    step, optimizer = train_step(cfg, backend, name, precision=precision)
     params = canonical.init_params(cfg, seed)
     opt_state = optimizer.init(params)
     compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
-    report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed)
+    report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed, precision=precision)
     return {
         "compiled": compiled,
         "state": (params, opt_state),
@@ -214,6 +217,7 @@ def _run_cli(args) -> int:
             seq=args.seq,
             progress=progress,
             overrides=model_flag_overrides(args),
+            precision=args.precision,
         )
         printer = _print_depths
     else:
@@ -229,6 +233,7 @@ def _run_cli(args) -> int:
             progress=progress,
             budget=args.budget,
             overrides=model_flag_overrides(args),
+            precision=args.precision,
         )
         printer = _print_policies
     if args.json:
@@ -283,7 +288,7 @@ def _print_policies(args, result: dict) -> None:
         else ""
     )
     print_table(
-        f"zoo bench remat {args.model} ({result['backend']}, L={result['num_layers']}, "
+        f"zoo bench remat {args.model} ({result['backend']}, {result['precision']}, L={result['num_layers']}, "
         f"batch {result['batch']}, seq {result['seq']}, {result['device']}, "
         f"median of {result['repeats']} rounds{chosen})",
         [
@@ -343,6 +348,7 @@ def add_bench(bench_sub) -> None:
     )
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
     add_model_flags(p)
+    add_precision_flag(p, "every step's precision policy (zoo.precision)")
     p.add_argument(
         "--repeats",
         type=positive_int,

@@ -48,8 +48,10 @@ def bench_depths(
     residuals: bool = True,
     progress: Progress = None,
     overrides: dict | None = None,
+    precision: str | None = None,
 ) -> dict:
-    """Compile (without running) the train step at each depth for each policy.
+    """Compile (without running) the train step at each depth for each policy, under
+    ``precision`` (:mod:`zoo.precision`, float32 by default).
 
     Rows: ``{policy, num_layers, temp_bytes, compile_s, lower_s, param_bytes,
     residual_device_bytes, residual_host_bytes}``. ``param_bytes`` is given because the
@@ -67,10 +69,11 @@ def bench_depths(
         for depth in depths:
             say(progress, f"remat depth sweep: {name} at L={depth}")
             cfg = bench_config(model, depth, overrides)
-            rows.append(_depth_row(cfg, backend, name, depth, batch, seq, seed, x, y, residuals))
+            rows.append(_depth_row(cfg, backend, name, depth, batch, seq, seed, x, y, residuals, precision))
     return {
         "model": model if isinstance(model, str) else cfg0.kind,
         "backend": backend,
+        "precision": precision or "float32",
         "batch": batch,
         "seq": seq,
         "depths": depths,
@@ -80,9 +83,9 @@ def bench_depths(
     }
 
 
-def _depth_row(cfg, backend, name, depth, batch, seq, seed, x, y, residuals: bool) -> dict:
+def _depth_row(cfg, backend, name, depth, batch, seq, seed, x, y, residuals: bool, precision) -> dict:
     """One policy at one depth, compiled from shapes only (nothing is allocated or run)."""
-    step, optimizer = train_step(cfg, backend, name)
+    step, optimizer = train_step(cfg, backend, name, precision=precision)
     params = jax.eval_shape(functools.partial(canonical.init_params, cfg, seed))
     opt_state = jax.eval_shape(optimizer.init, params)
     compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
@@ -97,7 +100,9 @@ def _depth_row(cfg, backend, name, depth, batch, seq, seed, x, y, residuals: boo
         "param_bytes": sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(params)),
     }
     if residuals:
-        report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed)
+        report = residual_report(
+            cfg, name, backend=backend, batch=batch, seq=seq, seed=seed, precision=precision
+        )
         row["residual_device_bytes"] = report["total_device_bytes"]
         row["residual_host_bytes"] = report["total_host_bytes"]
         row["groups"] = report["groups"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zoo.configs import add_model_flags, model_flag_overrides
+from zoo.configs import add_model_flags, add_precision_flag, model_flag_overrides
 from zoo.remat import POLICIES, get_policy
 from zoo.ui import console, emit_json, human_bytes, print_table
 
@@ -17,7 +17,13 @@ def run_residuals(args) -> int:
     get_policy(args.remat)  # unknown names fail here, listing the valid ones
     overrides = model_flag_overrides(args) | ({"num_layers": args.layers} if args.layers else {})
     report = residual_report(
-        args.model, args.remat, backend=args.backend, batch=args.batch, seq=args.seq, **overrides
+        args.model,
+        args.remat,
+        backend=args.backend,
+        batch=args.batch,
+        seq=args.seq,
+        precision=args.precision,
+        **overrides,
     )
     if args.json:
         emit_json(report)
@@ -32,6 +38,7 @@ def run_residuals(args) -> int:
     view = "one block" if args.per_block else "whole model"
     print_table(
         f"residuals of {report['model']} under '{report['policy']}' ({view}; {report['backend']}, "
+        f"{report['precision']}, "
         f"L={report['num_layers']}{groups}, batch {report['batch']}{seq})",
         ["name", "shape", "dtype", "bytes", "memory kind", "count", "scope"],
         [
@@ -115,6 +122,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: max_len)")
     p.add_argument("--layers", type=int, default=None, help="override num_layers")
     add_model_flags(p)
+    add_precision_flag(p, "the step's precision policy: bfloat16 computes (and saves) in bf16")
     p.add_argument("--per-block", action="store_true", help="show one scanned block only")
     p.add_argument("--all", action="store_true", help="also list parameter residuals")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from zoo import recipes as recipe_lib
 from zoo.commands import settings
+from zoo.configs import add_precision_flag
 from zoo.data.table import dataset_help
 from zoo.errors import ZooError
 from zoo.ui import console, emit_json, print_table
@@ -25,6 +26,7 @@ FLAG_FIELDS = {  # flag dest -> (section, field) of the recipe
     "backend": ("model", "backend"),
     "remat": ("train", "remat"),
     "memory_budget": ("train", "memory_budget"),
+    "precision": ("train", "precision"),
     "dataset": ("data", "dataset"),
     "steps": ("train", "steps"),
     "batch_size": ("train", "batch_size"),
@@ -84,6 +86,7 @@ def add_recipe_flags(p) -> None:
         metavar="BYTES",
         help="with --remat auto: train with the fastest policy whose step fits, e.g. 256MiB",
     )
+    add_precision_flag(p, "compute dtype over float32 params and optimizer state")
     p.add_argument("--dataset", help=dataset_help())
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
@@ -148,7 +151,7 @@ def run_train(args) -> int:
         emit_json(summary)
     else:
         print_table(
-            f"{recipe.name} ({summary['backend']}, remat={summary['remat']})",
+            f"{recipe.name} ({summary['backend']}, remat={summary['remat']}, {summary.get('precision', 'float32')})",
             ["metric", "value"],
             [(k, _fmt(v)) for k, v in summary.items()],
         )

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from zoo.checks import is_number, require_positive_int
 from zoo.errors import choice_error
+from zoo.precision import FLOAT32, Precision, float32_scope
 
 PyTree = Any
 
@@ -50,13 +51,16 @@ __all__ = [
 class ClipModel:
     """What a clipping method may use of the model it clips: the config and backend, the
     stack plan (remat policy and frozen prefix), the freeze plan, and the loss of one example
-    ``example_loss(trainable, frozen, x, y) -> scalar`` (``x``, ``y`` without a batch axis)."""
+    ``example_loss(trainable, frozen, x, y) -> scalar`` (``x``, ``y`` without a batch axis),
+    which applies the run's ``precision`` itself; a method that runs the model another way
+    applies ``precision`` (:meth:`zoo.precision.Precision.apply`) as the loss does."""
 
     cfg: Any
     backend: str
     stack: Any  # zoo.scan.StackPlan
     freeze: Any  # zoo.freeze.FreezePlan
     example_loss: Callable[..., jax.Array]
+    precision: Precision = FLOAT32
 
 
 # clip(model, trainable, frozen, batch, request: ClipRequest)
@@ -117,9 +121,10 @@ def clip_factor(norms: jax.Array, l2_clip_norm: float | jax.Array) -> jax.Array:
     """``min(1, C / norm)`` per example, 1 for a zero norm (no 0/0): the scale that brings a
     gradient of this L2 norm inside the clip bound ``C``. Both clipping paths and the audit's
     gradient canaries (:mod:`zoo.audit`) clip with it."""
-    clip = jnp.asarray(l2_clip_norm, jnp.float32)
-    safe = jnp.where(norms > 0, norms, 1.0)
-    return jnp.where(norms > clip, clip / safe, 1.0)
+    with float32_scope("f32_clip_factors"):
+        clip = jnp.asarray(l2_clip_norm, jnp.float32)
+        safe = jnp.where(norms > 0, norms, 1.0)
+        return jnp.where(norms > clip, clip / safe, 1.0)
 
 
 class ClippedSumTransform(Protocol):
@@ -227,10 +232,11 @@ def _chunk_sum(per_example_loss, params, frozen, n_batch: int, l2_clip_norm):
     def chunk_sum(chunk, keep):
         losses, grads = per_example_grads(params, frozen, *chunk)
         k = keep.shape[0]
-        sq = jnp.zeros((k,), jnp.float32)
-        for g in jax.tree.leaves(grads):
-            sq = sq + jnp.sum(jnp.square(g.astype(jnp.float32)), axis=tuple(range(1, g.ndim)))
-        norms = jnp.sqrt(sq)
+        with float32_scope("f32_per_example_norms"):
+            sq = jnp.zeros((k,), jnp.float32)
+            for g in jax.tree.leaves(grads):
+                sq = sq + jnp.sum(jnp.square(g.astype(jnp.float32)), axis=tuple(range(1, g.ndim)))
+            norms = jnp.sqrt(sq)
         factor = clip_factor(norms, clip)
         use = keep & jnp.isfinite(norms)
 
@@ -242,7 +248,9 @@ def _chunk_sum(per_example_loss, params, frozen, n_batch: int, l2_clip_norm):
             return jnp.sum(contrib, axis=0)
 
         losses = jnp.where(keep, losses.astype(jnp.float32), 0.0)
-        return jax.tree.map(weighted_sum, grads), (jnp.where(keep, norms, 0.0), losses)
+        with float32_scope("f32_clipped_sum"):
+            summed = jax.tree.map(weighted_sum, grads)
+        return summed, (jnp.where(keep, norms, 0.0), losses)
 
     return chunk_sum
 
@@ -299,7 +307,8 @@ def clipped_grad_sum(
         def body(carry, xs):
             chunk, keep = xs
             part, per_example = chunk_sum(chunk, keep)
-            return jax.tree.map(jnp.add, carry, part), per_example
+            with float32_scope("f32_clipped_sum"):
+                return jax.tree.map(jnp.add, carry, part), per_example
 
         summed, (norms, losses) = jax.lax.scan(body, init, (chunks, keep_chunks))
         norms, losses = norms.reshape((b,)), losses.reshape((b,))

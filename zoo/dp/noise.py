@@ -17,6 +17,7 @@ from zoo.checks import is_number
 from zoo.configs import DEFAULT_NOISE_PRNG
 from zoo.dp.philox import PARTITIONABLE_PHILOX
 from zoo.errors import choice_error
+from zoo.precision import float32_scope
 
 PyTree = Any
 
@@ -135,17 +136,18 @@ def privatize(
     """
     if is_number(expected_batch_size) and not expected_batch_size > 0:
         raise ValueError(f"expected_batch_size must be > 0; got {expected_batch_size!r}.")
-    noisy = add_gaussian_noise(
-        grad_sum,
-        key,
-        noise_multiplier=noise_multiplier,
-        l2_clip_norm=l2_clip_norm,
-        prng=prng,
-        partitioned=partitioned,
-    )
-    return jax.tree.map(
-        lambda x: (x / jnp.asarray(expected_batch_size, jnp.promote_types(x.dtype, jnp.float32))).astype(
-            x.dtype
-        ),
-        noisy,
-    )
+    with float32_scope("f32_noise"):
+        noisy = add_gaussian_noise(
+            grad_sum,
+            key,
+            noise_multiplier=noise_multiplier,
+            l2_clip_norm=l2_clip_norm,
+            prng=prng,
+            partitioned=partitioned,
+        )
+        return jax.tree.map(
+            lambda x: (x / jnp.asarray(expected_batch_size, jnp.promote_types(x.dtype, jnp.float32))).astype(
+                x.dtype
+            ),
+            noisy,
+        )

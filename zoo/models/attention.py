@@ -21,6 +21,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from zoo.precision import float32_scope
+
 
 def _heads(x: jax.Array, n: int) -> jax.Array:
     """[..., T, n * d] -> [..., n, T, d]."""
@@ -78,11 +80,12 @@ def _forward(q, k, v, valid, causal: bool, chunk: int):
         m, norm, acc = carry
         i, kc, vc, ok_keys = xs
         s, _ = _scores(q, kc, i * chunk, causal, ok_keys)
-        m_new = jnp.maximum(m, s.max(-1))
-        safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # rows with nothing allowed yet
-        p = jnp.exp(s - safe[..., None])
-        decay = jnp.exp(jnp.where(jnp.isfinite(m), m - safe, -jnp.inf))
-        norm = norm * decay + p.sum(-1)
+        with float32_scope("f32_softmax"):  # the running max and sum, float32 under any precision
+            m_new = jnp.maximum(m, s.max(-1))
+            safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # rows with nothing allowed yet
+            p = jnp.exp(s - safe[..., None])
+            decay = jnp.exp(jnp.where(jnp.isfinite(m), m - safe, -jnp.inf))
+            norm = norm * decay + p.sum(-1)
         acc = acc * decay[..., None] + (p.astype(vc.dtype) @ vc).astype(jnp.float32)
         return (m_new, norm, acc), None
 
@@ -104,7 +107,8 @@ def _backward(q, k, v, valid, out, lse, g, causal: bool, chunk: int):
     def step(dq, xs):
         i, kc, vc, ok_keys = xs
         s, ok = _scores(q, kc, i * chunk, causal, ok_keys)
-        p = jnp.where(ok, jnp.exp(s - row_lse[..., None]), 0.0)  # [..., T, chunk]
+        with float32_scope("f32_softmax"):
+            p = jnp.where(ok, jnp.exp(s - row_lse[..., None]), 0.0)  # [..., T, chunk]
         dv = jnp.swapaxes(p, -1, -2) @ g32
         dp = g32 @ jnp.swapaxes(vc.astype(jnp.float32), -1, -2)
         ds = p * (dp - delta[..., None]) * scale

@@ -21,6 +21,7 @@ from jax.experimental import checkify
 from zoo import hooks
 from zoo.hooks import report
 from zoo.models import backends, extensions
+from zoo.precision import float32_scope
 
 ACTIVATIONS = {"gelu": jax.nn.gelu, "tanh": jnp.tanh, "relu": jax.nn.relu}
 
@@ -91,14 +92,15 @@ def check_concrete_ids(x: jax.Array, vocab_size: int) -> None:
 # (NNX's) are recognised; ghost clipping runs the NNX model.
 
 
-def dense(layer, x: jax.Array) -> jax.Array:
+def dense(layer, x: jax.Array, *, out_dtype=None) -> jax.Array:
     """``x @ w + b`` over the last axis of ``x`` ([..., d_in] -> [..., d_out]).
 
     A layer with an extension registered in :mod:`zoo.models.extensions` (a low-rank adapter,
     :mod:`zoo.lora.adapter`) adds what the extension computes (the adapter's two halves, each
-    reported as a dense op of its own)."""
+    reported as a dense op of its own). ``out_dtype`` (default: the operands') is the dtype the
+    products accumulate in and the output has (:func:`head`: float32 logits)."""
     params, _ = backends.op_params(layer, "dense")
-    z = x @ params["w"]
+    z = jnp.matmul(x, params["w"], preferred_element_type=out_dtype)
     if "b" in params:
         z = z + params["b"]
     z = report("dense", z, params, x)
@@ -108,6 +110,16 @@ def dense(layer, x: jax.Array) -> jax.Array:
             # float32 adapters on a bf16 base: the sum keeps the base's dtype (a scan's carry)
             z = z + delta.astype(z.dtype)
     return z
+
+
+LOGITS_DTYPE = jnp.float32  # the dtype of a model's logits (head, unembed), under any precision
+
+
+def head(layer, h: jax.Array) -> jax.Array:
+    """A model's output layer, :func:`dense` with float32 logits whatever the compute dtype:
+    the products of bf16 operands accumulate in float32 and are never rounded to bf16 (the
+    log-softmax and the loss read them; :mod:`zoo.precision`)."""
+    return dense(layer, h, out_dtype=LOGITS_DTYPE)
 
 
 def _norm_params(layer) -> tuple[dict[str, jax.Array], float]:
@@ -122,19 +134,47 @@ def _scale_shift(kind: str, xhat: jax.Array, params: dict) -> jax.Array:
     return report(kind, y, params, xhat)
 
 
+def in_float32(fn, x: jax.Array, scope: str) -> jax.Array:
+    """``fn(x)`` for a ``fn`` that computes in float32 and returns ``x``'s dtype (a norm's
+    statistics, the softmax), inside its float32 scope (:data:`zoo.precision.FLOAT32_SCOPES`).
+
+    When ``x`` is narrower than float32 (a bf16 compute dtype, :mod:`zoo.precision`), ``fn``
+    runs under ``jax.checkpoint``: the backward pass recomputes its float32 intermediates from
+    ``x`` instead of keeping them, so what it saves is ``x`` at ``x``'s own width, and a bf16
+    step keeps half of what a float32 step keeps. Under float32, ``fn(x)`` as it is."""
+    with float32_scope(scope):
+        if x.dtype == jnp.float32:
+            return fn(x)
+        return jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable)(x)
+
+
+def _layer_normalised(x: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)  # x itself under float32
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.maximum(0.0, (x32 * x32).mean(-1, keepdims=True) - mean * mean)
+    return ((x32 - mean) * jax.lax.rsqrt(var + eps)).astype(x.dtype)
+
+
+def _rms_normalised(x: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + eps)).astype(x.dtype)
+
+
 def layer_norm(layer, x: jax.Array) -> jax.Array:
     """``(x - mean) / sqrt(var + eps) * scale + b`` over the last axis. The variance is
-    ``E[x^2] - E[x]^2``, as Flax computes it."""
+    ``E[x^2] - E[x]^2``, as Flax computes it. The statistics and the normalisation are float32
+    whatever ``x``'s dtype (:func:`in_float32`); the normalised ``x`` returns to it before the
+    scale and shift."""
     params, eps = _norm_params(layer)
-    mean = x.mean(-1, keepdims=True)
-    var = jnp.maximum(0.0, (x * x).mean(-1, keepdims=True) - mean * mean)
-    return _scale_shift("norm", (x - mean) * jax.lax.rsqrt(var + eps), params)
+    xhat = in_float32(lambda v: _layer_normalised(v, eps), x, "f32_norm_statistics")
+    return _scale_shift("norm", xhat, params)
 
 
 def rms_norm(layer, x: jax.Array) -> jax.Array:
-    """``x / sqrt(mean(x^2) + eps) * scale`` over the last axis."""
+    """``x / sqrt(mean(x^2) + eps) * scale`` over the last axis (statistics in float32, as in
+    :func:`layer_norm`)."""
     params, eps = _norm_params(layer)
-    xhat = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + eps)
+    xhat = in_float32(lambda v: _rms_normalised(v, eps), x, "f32_norm_statistics")
     return _scale_shift("norm", xhat, params)
 
 
@@ -157,9 +197,11 @@ def embed(layer, ids: jax.Array) -> jax.Array:
 
 def unembed(layer, h: jax.Array) -> jax.Array:
     """A language-model head tied to the token table: ``h @ table^T`` [..., D] -> [..., V],
-    no bias. It reads the same leaf as :func:`embed` (ghost clipping's ``tied`` rule)."""
+    no bias, float32 logits as :func:`head`'s. It reads the same leaf as :func:`embed` (ghost
+    clipping's ``tied`` rule)."""
     table = _table(layer)
-    return report("unembed", h @ table.T, {"w": table}, h)
+    z = jnp.matmul(h, table.T, preferred_element_type=LOGITS_DTYPE)
+    return report("unembed", z, {"w": table}, h)
 
 
 def positions(layer, like: jax.Array) -> jax.Array:
@@ -302,9 +344,17 @@ def causal_attention(
         kh, vh = (jnp.repeat(a, num_heads // num_kv_heads, axis=-3) for a in (kh, vh))
     scores = heads(q, num_heads) @ jnp.swapaxes(kh, -1, -2) / jnp.sqrt(d_head).astype(q.dtype)
     causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-    scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
-    context = jax.nn.softmax(scores, axis=-1) @ vh
+    probs = in_float32(lambda s: _causal_softmax(s, causal), scores, "f32_softmax")
+    context = probs @ vh
     return jnp.swapaxes(context, -3, -2).reshape(*lead, seq, width)
+
+
+def _causal_softmax(scores: jax.Array, causal: jax.Array) -> jax.Array:
+    """softmax over the last axis with the causal mask, in float32 (the scores may be bf16),
+    returned in the scores' dtype."""
+    s = scores.astype(jnp.float32)
+    s = jnp.where(causal, s, jnp.finfo(s.dtype).min)
+    return jax.nn.softmax(s, axis=-1).astype(scores.dtype)
 
 
 def rotary(x: jax.Array, num_heads: int, theta: float, freq=None) -> jax.Array:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from zoo import names
@@ -15,6 +14,7 @@ from zoo.api import apply_fn
 from zoo.losses import per_example_loss
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig, check_backend, get_config
+from zoo.precision import Precision, get_precision
 from zoo.remat import RematPolicy, get_policy
 from zoo.residuals.find import DEVICE, HOST, Found, Origin, find_residuals
 from zoo.scan import layer_body, scan_levels, stack_levels
@@ -75,10 +75,13 @@ def _block_param_paths(cfg: ModelConfig, backend: str, layer) -> list[str]:
 
 
 class _Stack:
-    """The model's stack, abstractly: shapes only, everything traced with ShapeDtypeStructs."""
+    """The model's stack, abstractly: shapes only, everything traced with ShapeDtypeStructs.
+    Params and the block input are in the precision's compute dtype: what the step computes with."""
 
-    def __init__(self, cfg: ModelConfig, backend: str, batch: int, seq: int | None, seed: int):
-        self.params = jax.eval_shape(lambda: canonical.init_params(cfg, seed))
+    def __init__(
+        self, cfg: ModelConfig, backend: str, batch: int, seq: int | None, seed: int, precision: Precision
+    ):
+        self.params = jax.eval_shape(lambda: precision.to_compute(canonical.init_params(cfg, seed)))
         captured = {}
 
         def blocks_of(p):
@@ -90,7 +93,7 @@ class _Stack:
         self.layer0 = jax.tree_util.tree_map(
             lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), self.stacked
         )
-        self.h = jax.ShapeDtypeStruct(cfg.block_input_shape(batch, seq), jnp.float32)
+        self.h = jax.ShapeDtypeStruct(cfg.block_input_shape(batch, seq), precision.compute_dtype)
         self.block_paths = _block_param_paths(cfg, backend, self.layer0)
 
     def block_inputs(self, i: int) -> Origin:
@@ -109,9 +112,11 @@ def _block_rows(stack: _Stack, pol: RematPolicy) -> list[dict]:
     return _merge([_row(f, "block") for f in found])
 
 
-def _model_rows(cfg: ModelConfig, backend: str, pol: RematPolicy, stack: _Stack, x, y) -> list[dict]:
+def _model_rows(
+    cfg: ModelConfig, backend: str, pol: RematPolicy, stack: _Stack, x, y, precision
+) -> list[dict]:
     """The whole model: vjp of the mean loss with respect to every parameter."""
-    apply = apply_fn(cfg, backend)
+    apply = apply_fn(cfg, backend, precision=precision)
 
     def loss(p, x, y):
         return per_example_loss(apply(p, x, pol), y).mean()
@@ -200,11 +205,13 @@ def residual_report(
     batch: int = 8,
     seq: int | None = None,
     seed: int = 0,
+    precision: Precision | str | None = None,
     **overrides,
 ) -> dict:
     """What ``policy`` keeps for the backward pass of ``model`` at this batch shape.
 
-    ``overrides`` are config fields (``num_layers=16``...). Returns a JSON-ready dict; see the
+    ``overrides`` are config fields (``num_layers=16``...); ``precision`` the policy of
+    :mod:`zoo.precision` the step runs under (default float32). Returns a JSON-ready dict; see the
     :mod:`zoo.residuals` docstring for the meaning of ``per_block``, the row ``scope`` and ``kind``.
     """
     cfg = get_config(model_name_or_cfg, **overrides)
@@ -212,16 +219,18 @@ def residual_report(
     pol = get_policy(policy)
     seq = cfg.seq_or_default(seq)  # None for a model without positions
     # Only shapes matter: everything below is traced with ShapeDtypeStructs, nothing runs.
-    stack = _Stack(cfg, backend, batch, seq, seed)
+    precision = get_precision(precision)
+    stack = _Stack(cfg, backend, batch, seq, seed, precision)
     per_block = sorted(_block_rows(stack, pol), key=_order)
     x, y = batch_shapes(cfg, batch, seq)
     levels = stack_levels(pol, cfg.num_layers)
-    rows = _model_rows(cfg, backend, pol, stack, x, y) + _replay_rows(stack, levels)
+    rows = _model_rows(cfg, backend, pol, stack, x, y, precision) + _replay_rows(stack, levels)
     rows = sorted(_merge(rows), key=_order)
     return {
         "model": model_name_or_cfg if isinstance(model_name_or_cfg, str) else cfg.kind,
         "backend": backend,
         "policy": pol.name,
+        "precision": precision.name,
         "batch": batch,
         "seq": seq,
         "num_layers": cfg.num_layers,

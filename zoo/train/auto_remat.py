@@ -3,7 +3,8 @@
 For the run's exact step (its model, batch shapes, freezing, DP and optimizer) every named
 policy's train step is compiled; its footprint is XLA's compiled temp plus its arguments
 (params, optimizer state, frozen weights, batch). Those within the budget run one untimed and
-three timed steps on the real device, and the fastest median wins. The table it chose from is printed,
+three timed steps on the real device, and the fastest median wins (under the run's precision
+policy: a bf16 step keeps bf16 residuals). The table it chose from is printed,
 and the choice is cached per (model, shapes, backend, device, budget...) in
 ``$ZOO_CACHE_DIR/remat-auto.json`` (default ``~/.cache/zoo``), so a second run does not search.
 When nothing fits, the run is refused, naming the smallest footprint found.
@@ -48,6 +49,8 @@ def _key(run, batch: dict, budget: int) -> str:
         "jax": jax.__version__,
         "policies": policy_names(),
     }
+    if not run.engine.precision.is_identity:  # float32 keys stay those of runs before the policy
+        parts["precision"] = run.engine.precision.name
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 

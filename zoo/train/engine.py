@@ -22,6 +22,7 @@ from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
 from zoo.models.registry import ModelConfig
 from zoo.parallel import Layout, layout_for
+from zoo.precision import FLOAT32, Precision
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
 from zoo.train.state import TrainState
@@ -35,6 +36,8 @@ class Engine:
     there (one device by default); ``dp`` is the run's :class:`zoo.dp.plan.DPPlan` (``None``:
     no DP); ``clipped_sum_transform`` changes the clipped sum before the noise and reports on
     the release (``zoo audit``'s canaries; by default it keeps the sum and reports nothing).
+    ``precision`` is the run's :class:`zoo.precision.Precision`: applied to the model in
+    :meth:`logits` (and handed to the clipping methods), and to the frozen leaves it holds.
     """
 
     cfg: ModelConfig
@@ -45,10 +48,11 @@ class Engine:
     layout: Layout
     dp: DPPlan | None = None
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM
+    precision: Precision = FLOAT32
 
     # -- pure pieces ---------------------------------------------------------------------
     def logits(self, params: dict, x: jax.Array) -> jax.Array:
-        return apply_fn(self.cfg, self.backend)(params, x, self.stack)
+        return apply_fn(self.cfg, self.backend, precision=self.precision)(params, x, self.stack)
 
     def example_losses(self, trainable: dict, frozen: dict, x: jax.Array, y: jax.Array):
         logits = self.logits(self.freeze.merge(trainable, frozen), x)
@@ -79,7 +83,7 @@ class Engine:
         def one_example(trainable, frozen, x, y):
             return self.example_losses(trainable, frozen, x[None], y[None])[0][0]
 
-        return ClipModel(self.cfg, self.backend, self.stack, self.freeze, one_example)
+        return ClipModel(self.cfg, self.backend, self.stack, self.freeze, one_example, self.precision)
 
     def noise_key(self, state: TrainState) -> jax.Array:
         return state.step_key()
@@ -145,6 +149,7 @@ class Engine:
 
     def init_state(self, params: dict, seed: int, key: jax.Array | None = None) -> tuple[TrainState, dict]:
         trainable, frozen = self.freeze.split(params)
+        frozen = self.precision.held(frozen)
         # The state is donated to every step, so it must own its buffers: without the copy a
         # trainable leaf would alias the caller's params and be deleted by the first step.
         trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
@@ -158,7 +163,7 @@ class Engine:
         return self.layout.place_batch(batch)
 
     def place_frozen(self, frozen: dict) -> dict:
-        return self.layout.place_params(frozen)
+        return self.layout.place_params(self.precision.held(frozen))
 
 
 def make_engine(
@@ -171,13 +176,15 @@ def make_engine(
     dp: DPPlan | None = None,
     layout: Layout | None = None,
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
+    precision: Precision = FLOAT32,
 ) -> Engine:
     """The one way to make an :class:`Engine`.
 
     ``stack`` defaults to no remat with the freeze plan's frozen prefix; ``layout`` to one
     device (:func:`zoo.parallel.layout_for`); ``dp`` (a :class:`zoo.dp.plan.DPPlan`, from
     :func:`zoo.dp.plan.make_plan` or :func:`zoo.dp.plan.fixed_batch_plan`) makes the step
-    DP-SGD; ``clipped_sum_transform`` is the audit's hook on the clipped sum.
+    DP-SGD; ``clipped_sum_transform`` is the audit's hook on the clipped sum; ``precision``
+    the run's precision policy (float32 by default: no cast anywhere).
     """
     return Engine(
         cfg=cfg,
@@ -188,6 +195,7 @@ def make_engine(
         layout=layout or layout_for(cfg),
         dp=dp,
         clipped_sum_transform=clipped_sum_transform,
+        precision=precision,
     )
 
 

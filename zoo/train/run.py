@@ -24,6 +24,7 @@ from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig
 from zoo.parallel import layout_for, spec_from_section
+from zoo.precision import Precision
 from zoo.recipes import Recipe
 from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
@@ -50,6 +51,11 @@ class Run:
     def dp(self) -> DPPlan | None:
         """The DP settings of the run: the engine's, one object."""
         return self.engine.dp
+
+    @property
+    def precision(self) -> Precision:
+        """The precision policy of the run: the engine's, one object."""
+        return self.engine.precision
 
     @property
     def steps(self) -> int:
@@ -181,6 +187,7 @@ def build_run(
         stack=StackPlan(get_policy(policy), freeze.frozen_prefix),
         dp=dp,
         layout=layout,
+        precision=Precision(recipe.train.precision),
     )
     base = (
         checkpoint.base_reference(source)

@@ -69,6 +69,7 @@ def summarize(
         "recipe": recipe.name,
         "backend": run.engine.backend,
         "remat": run.remat,
+        "precision": run.precision.name,
         "model": recipe.model.preset,
         "dataset": recipe.data.dataset,
         "steps": steps,

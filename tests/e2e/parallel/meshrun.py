@@ -8,6 +8,7 @@ from tests.conftest import FAST_COMPILE, labels_for, random_params
 from zoo.configs import OptimConfig
 from zoo.freeze import resolve_freeze
 from zoo.parallel import layout_for, parse_mesh
+from zoo.precision import Precision
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
 from zoo.train.engine import make_engine
@@ -25,7 +26,7 @@ def batches(cfg, steps: int, batch: int = BATCH) -> list[dict]:
     return out
 
 
-def engine_for(cfg, mesh: str, *, backend="nnx", remat="none", freeze=(), dp=None):
+def engine_for(cfg, mesh: str, *, backend="nnx", remat="none", freeze=(), dp=None, precision="float32"):
     params = random_params(cfg, 1)
     plan = resolve_freeze(params, tuple(freeze))
     layout = layout_for(cfg, parse_mesh(mesh))
@@ -39,6 +40,7 @@ def engine_for(cfg, mesh: str, *, backend="nnx", remat="none", freeze=(), dp=Non
         stack=StackPlan(get_policy(remat), plan.frozen_prefix),
         dp=dp,
         layout=layout,
+        precision=Precision(precision),
     )
     return engine, params
 

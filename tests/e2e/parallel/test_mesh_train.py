@@ -9,7 +9,7 @@ import pytest
 import zoo
 from tests.conftest import reduction_size
 from tests.e2e.parallel.meshrun import BATCH, train_steps
-from tests.numerics import assert_bitwise_equal, assert_close
+from tests.numerics import assert_bitwise_equal, assert_close, assert_close_bf16
 from zoo.dp.plan import fixed_batch_plan
 from zoo.models import registry
 
@@ -80,6 +80,26 @@ def test_dp_sgd_on_a_mesh_gives_the_one_device_params(kind, mesh, clipping, prng
     dp = fixed_batch_plan(BATCH, noise_multiplier=1.0, clip_norm=1.0, clipping=clipping, noise_prng=prng)
     run = train_steps(KINDS[kind], mesh, dp=dp)
     assert_same_run(run, one_device(kind, dp=dp), KINDS[kind], f"DP {clipping} on {mesh}")
+
+
+@pytest.mark.numerics
+def test_bf16_dp_with_a_frozen_layer_on_a_mesh_trains_like_float32_on_one_device():
+    """The precision policy on data x fsdp x tensor, with ghost DP-SGD and a frozen token table:
+    the frozen leaf is held in bf16 and sharded, the step compiles once, and losses and params
+    agree with float32 on one device under the bf16 rule (tests/numerics.py)."""
+    dp = fixed_batch_plan(
+        BATCH, noise_multiplier=1.0, clip_norm=1.0, clipping="ghost", noise_prng="threefry2x32"
+    )
+    freeze, cfg = ("embed",), KINDS["transformer"]
+    run = train_steps(cfg, MESH3, freeze=freeze, dp=dp, precision="bfloat16")
+    ref = one_device("transformer", freeze=freeze, dp=dp)
+    n = reduction_size(cfg, BATCH)
+    assert_close_bf16(run["losses"], ref["losses"], n=n, what="bf16 losses")
+    assert_close_bf16(run["params"], ref["params"], n=n, what="bf16 params")
+    assert run["compiles"] == 1
+    embed = run["frozen"]["embed"]["w"]
+    assert str(embed.dtype) == "bfloat16" and not embed.sharding.is_fully_replicated
+    assert {str(a.dtype) for a in jax.tree_util.tree_leaves(run["state"].params)} == {"float32"}
 
 
 @pytest.mark.parametrize("name", ["transformer-s", "llama-s"])

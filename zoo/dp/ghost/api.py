@@ -27,6 +27,7 @@ from zoo.errors import ZooError
 from zoo.losses import per_example_loss
 from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import ModelConfig, is_config
+from zoo.precision import float32_scope
 from zoo.remat import RematPolicy
 from zoo.scan import StackPlan, as_plan
 
@@ -102,6 +103,7 @@ def ghost_clipped_grad_sum(
     backend: str = "nnx",
     method: str = "auto",
     dense: str | None = None,
+    precision=None,
 ):
     """Sum of per-example clipped gradients, the pre-clip norms and the losses, by ghost norms.
 
@@ -120,7 +122,9 @@ def ghost_clipped_grad_sum(
     models).  ``method``: ``"bookkeeping"``, ``"backward"`` or ``"auto"`` (the first without
     remat, the second under a remat policy; :func:`choose_method`).  ``dense`` forces the norm
     form of every sequence op and the token table (``"gram"`` or ``"materialise"``, for tests
-    and benchmarks); ``None`` picks per shape.
+    and benchmarks); ``None`` picks per shape. ``precision`` (a :class:`zoo.precision.Precision`
+    or its name; default float32) is the policy the model runs under; the norms, the clip
+    factors and the sum stay float32 (the rules widen the captured operands).
 
     A model whose trainable leaves are not each claimed by exactly one op (see
     :func:`unsupported_reason`) falls back, with a warning, to ``zoo.dp.clipped_grad_sum`` on
@@ -138,21 +142,23 @@ def ghost_clipped_grad_sum(
         if not is_config(cfg)
         else None
     )
-    gp = None if reason else prepare(cfg, x, plan, remat)
+    gp = None if reason else prepare(cfg, x, plan, remat, precision)
     reason = reason or gp.problem
     if not reason and shared_sites(gp) and choose_method(gp.policy, method) == "backward":
         reason = "a leaf read by two ops (a tied head) needs the book-keeping method, not backward"
     if reason:
-        apply = _apply_merged(cfg, backend, frozen, freeze_plan)
+        apply = _apply_merged(cfg, backend, frozen, freeze_plan, precision)
         return _fallback(apply, params, x, y, request, remat, reason)
 
     clip = request.clip_norm
     if choose_method(gp.policy, method) == "backward":
         return _second_backward(gp, params, frozen, full, x, y, keep, clip, dense)
     losses, caps, deltas = probe_pass(gp, full, x, y)
-    sq, rules = squared_norms(gp, caps, deltas, x.shape[0], dense)
+    with float32_scope("f32_per_example_norms"):
+        sq, rules = squared_norms(gp, caps, deltas, x.shape[0], dense)
     norms, weights, use = clip_factors(sq, keep, clip)
-    return book_kept_sum(gp, full, rules, weights, use), norms, losses
+    with float32_scope("f32_clipped_sum"):
+        return book_kept_sum(gp, full, rules, weights, use), norms, losses
 
 
 def _check_args(method, dense, request: ClipRequest, x, y) -> jax.Array:
@@ -188,11 +194,11 @@ def _second_backward(gp, params, frozen, full, x, y, keep, l2_clip_norm, dense):
     return grads, norms, losses
 
 
-def _apply_merged(cfg, backend, frozen, freeze_plan):
+def _apply_merged(cfg, backend, frozen, freeze_plan, precision=None):
     """``apply(trainable, x, remat)`` of the real model on the merged tree."""
     from zoo.api import apply_fn
 
-    apply = apply_fn(cfg, backend)
+    apply = apply_fn(cfg, backend, precision=precision)
     if frozen is None:
         return apply
 
@@ -230,6 +236,7 @@ def _ghost_clip(model, trainable, frozen, batch, request: ClipRequest):
         freeze_plan=model.freeze,
         remat=model.stack,
         backend=model.backend,
+        precision=model.precision,
     )
 
 

@@ -26,6 +26,7 @@ from zoo.dp.ghost.rules import RULES, SHARED
 from zoo.models import canonical
 from zoo.models.paths import flat_by_path
 from zoo.models.registry import STACK
+from zoo.precision import float32_scope
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
 
@@ -71,7 +72,8 @@ def _tap_fwd(spec, z, inputs, tap):
 
 def _tap_bwd(spec, inputs, dz):
     kind, leaves, rows, force = spec
-    sq = RULES[kind](inputs, dz, leaves, rows, force).sq()
+    with float32_scope("f32_per_example_norms"):
+        sq = RULES[kind](inputs, dz, leaves, rows, force).sq()
     return dz, None, jnp.stack([sq[leaf] for leaf in leaves], axis=-1)
 
 
@@ -125,7 +127,7 @@ class GhostHooks(hooks.LayerHooks):
         if self.mode == "probe":
             if kind != "rows":
                 self.captures[key] = inputs
-            return z + self.arrays[key]
+            return z + self.arrays[key].astype(z.dtype)  # a float32 probe keeps a bf16 op bf16
         return _tap(self.specs[key], z, inputs, self.arrays[key])
 
     def stack(self, stacked, frozen_prefix):

@@ -22,6 +22,7 @@ from zoo.losses import per_example_loss
 from zoo.models.canonical import canonical_shapes
 from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import STACK, ModelConfig
+from zoo.precision import FLOAT32, Precision, get_precision
 from zoo.remat import RematPolicy
 from zoo.scan import StackPlan, as_plan
 
@@ -55,7 +56,8 @@ def _trainable_rows(plan, dotted: str, num_layers: int, prefix: int) -> np.ndarr
 class GhostPlan:
     """Static choices for one call: the sites that need a probe or tap (those with a trainable
     leaf or row), their trainable rows, the frozen prefix of the stack and the remat policy.
-    ``problem`` says why ghost clipping cannot run (unclaimed or doubly read leaves)."""
+    ``problem`` says why ghost clipping cannot run (unclaimed or doubly read leaves);
+    ``precision`` is the policy the passes run the model under (:mod:`zoo.precision`)."""
 
     cfg: ModelConfig
     active: tuple[Site, ...]
@@ -64,6 +66,7 @@ class GhostPlan:
     policy: RematPolicy
     freeze: object  # FreezePlan | None
     problem: str | None = None
+    precision: Precision = FLOAT32
 
     def rows_of(self, path: str) -> dict:
         return dict(dict(self.rows)[path])
@@ -73,7 +76,7 @@ class GhostPlan:
         return StackPlan(self.policy, self.prefix)
 
 
-def prepare(cfg: ModelConfig, x, plan=None, remat="none") -> GhostPlan:
+def prepare(cfg: ModelConfig, x, plan=None, remat="none", precision=None) -> GhostPlan:
     """Trace the model on inputs shaped like ``x``; keep the sites with a trainable leaf (stacked:
     row), and check that every trainable leaf is claimed by exactly one site."""
     stack = as_plan(remat)
@@ -97,7 +100,15 @@ def prepare(cfg: ModelConfig, x, plan=None, remat="none") -> GhostPlan:
             leaves = tuple(k for k, _ in site_rows)
             active.append(Site(site.path, site.kind, leaves, site.stacked, site.shape, site.rows))
             rows.append((site.path, tuple(site_rows)))
-    return GhostPlan(cfg, tuple(active), tuple(rows), prefix, stack.policy, plan, problem)
+    return GhostPlan(
+        cfg, tuple(active), tuple(rows), prefix, stack.policy, plan, problem, get_precision(precision)
+    )
+
+
+def _run(gp: GhostPlan, params, x, *hooks):
+    """``run`` of the model on ``params`` and ``x`` under the plan's precision policy: the cast
+    is inside, so a gradient through it reaches the params in their own dtype."""
+    return gp.precision.apply(lambda p, xc: run(gp.cfg, p, xc, gp.stack_plan, *hooks))(params, x)
 
 
 def _zeros_per_site(gp: GhostPlan, shape_of) -> dict:
@@ -111,7 +122,7 @@ def probe_pass(gp: GhostPlan, full, x, y):
     probes = _zeros_per_site(gp, lambda s: s.shape)
 
     def losses_of(pr):
-        logits, top = run(gp.cfg, full, x, gp.stack_plan, "probe", pr)
+        logits, top = _run(gp, full, x, "probe", pr)
         return per_example_loss(logits, y), top.captures
 
     losses, vjp, caps = jax.vjp(losses_of, probes, has_aux=True)
@@ -131,7 +142,7 @@ def tap_pass(gp: GhostPlan, full, x, y, dense=None):
     taps = _zeros_per_site(gp, lambda s: (b, len(s.leaves)))
 
     def losses_of(tp):
-        logits, _ = run(gp.cfg, full, x, gp.stack_plan, "tap", tp, specs)
+        logits, _ = _run(gp, full, x, "tap", tp, specs)
         return per_example_loss(logits, y)
 
     losses, vjp = jax.vjp(losses_of, taps)
@@ -149,7 +160,7 @@ def weighted_backward(gp: GhostPlan, params, frozen, x, y, weights):
 
     def weighted_loss(trainable):
         merged = gp.freeze.merge(trainable, frozen) if gp.freeze is not None else trainable
-        logits, _ = run(gp.cfg, merged, x, gp.stack_plan)
+        logits, _ = _run(gp, merged, x)
         return jnp.sum(weights * per_example_loss(logits, y))
 
     return jax.grad(weighted_loss)(params)

@@ -58,4 +58,4 @@ class CNN(eqx.Module):
         h = act(ops.dense(self.in_proj, h.reshape(h.shape[0], -1)))
         if cfg.num_layers:  # no stack, no scan: a remat policy has nothing to act on
             h = scan_layers(*self.stack(), h, remat)
-        return checkpoint_name(ops.dense(self.head, h), names.LOGITS)
+        return checkpoint_name(ops.head(self.head, h), names.LOGITS)

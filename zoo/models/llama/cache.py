@@ -52,7 +52,7 @@ class LlamaCache(DecodeCache):
 
     def head(self, cfg, model, h):
         h = ops.rms_norm(model.norm_f, h)
-        return ops.unembed(model.embed, h) if model.head is None else ops.dense(model.head, h)
+        return ops.unembed(model.embed, h) if model.head is None else ops.head(model.head, h)
 
 
 CACHE = LlamaCache()

@@ -119,5 +119,5 @@ class Llama(eqx.Module):
         self.cfg.check_input(x)
         h = scan_layers(*self.stack(), ops.embed(self.embed, x), remat)
         h = ops.rms_norm(self.norm_f, h)
-        logits = ops.unembed(self.embed, h) if self.head is None else ops.dense(self.head, h)
+        logits = ops.unembed(self.embed, h) if self.head is None else ops.head(self.head, h)
         return checkpoint_name(logits, names.LOGITS)

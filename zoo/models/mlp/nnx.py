@@ -56,4 +56,4 @@ class MLP(nnx.Module):
         h = ops.ACTIVATIONS[self.cfg.activation](ops.dense(self.in_proj, x))
         if self.cfg.num_layers:  # no stack, no scan: a remat policy has nothing to act on
             h = scan_layers(*self.stack(), h, remat)
-        return checkpoint_name(ops.dense(self.head, h), names.LOGITS)
+        return checkpoint_name(ops.head(self.head, h), names.LOGITS)

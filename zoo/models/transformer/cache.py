@@ -34,7 +34,7 @@ class TransformerCache(DecodeCache):
 
     def head(self, cfg, model, h):
         h = ops.layer_norm(model.ln_f, h)
-        return ops.unembed(model.embed, h) if model.head is None else ops.dense(model.head, h)
+        return ops.unembed(model.embed, h) if model.head is None else ops.head(model.head, h)
 
 
 CACHE = TransformerCache()

@@ -120,5 +120,5 @@ class Transformer(eqx.Module):
         h = ops.layer_norm(self.ln_f, h)
         if self.cfg.is_classifier:
             h = h.mean(axis=1)
-        logits = ops.unembed(self.embed, h) if self.head is None else ops.dense(self.head, h)
+        logits = ops.unembed(self.embed, h) if self.head is None else ops.head(self.head, h)
         return checkpoint_name(logits, names.LOGITS)
