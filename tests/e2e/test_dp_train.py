@@ -229,10 +229,13 @@ def batch_seeds(tmp_path, monkeypatch, runs=2, **values) -> list[int]:
     """The sampler seed each of ``runs`` trainings of the same recipe drew its batches with."""
     from zoo.train import loop
 
-    seen, original = [], loop.train_batch
-    monkeypatch.setattr(
-        loop, "train_batch", lambda run, step: seen.append(run.dp.sampler.seed) or original(run, step)
-    )
+    seen, original = [], loop.local_batch
+
+    def local_batch(run, step, rows):
+        seen.append(run.dp.sampler.seed)
+        return original(run, step, rows)
+
+    monkeypatch.setattr(loop, "local_batch", local_batch)
     fast = {"dp.epsilon": None, "dp.noise_multiplier": 5.0}  # no calibration
     recipe = quick_dp(
         **{"train.steps": 1, "train.eval_every": 1, "train.checkpoint_every": 1, **fast, **values}
