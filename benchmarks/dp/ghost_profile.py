@@ -59,7 +59,8 @@ PRESETS = {"mlp-s": 256}  # workloads that are a preset at a batch size; the res
 
 def workload(name: str):
     """``(model config, batch)``: a DP recipe's model fitted to its data at its expected batch,
-    or a preset of :data:`PRESETS`."""
+    or a preset of :data:`PRESETS`. A recipe's DP-PCA projection (``data.dp_pca``) is left out:
+    the model reads the raw features (``mnist_cost.py`` times it with the frozen projection)."""
     if name in PRESETS:
         return get_config(name), PRESETS[name]
     recipe = recipes.load_recipe(name)
