@@ -31,8 +31,9 @@ def _read(unit: str, done: int, total: int | None) -> str:
 
 
 def run_tokenize(args) -> int:
-    from zoo.data.tokens.build import tokenize
+    from zoo.data.tokens.build import check_text_vocabulary, tokenize
 
+    check_text_vocabulary(args.vocabulary)  # a bad one is refused before the progress bar
     with _progress_bar(args.progress) as progress:
         bar = progress.add_task("tokenize", total=None, read="-", tokens="0", rate="-")
 

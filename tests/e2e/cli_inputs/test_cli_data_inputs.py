@@ -128,3 +128,20 @@ def test_a_token_store_that_is_not_there_is_refused_before_any_model_is_built(tm
     ]
     refused(capsys, argv, "no store.json", "zoo tokenize")
     refused(capsys, [*argv[:3], f"bin:{tmp_path / 'x.bin'}", *argv[4:]], "without their vocabulary")
+
+
+@pytest.mark.parametrize("vocabulary", ["words", "ids:300"])
+def test_a_bad_tokenize_vocabulary_is_refused_before_the_progress_bar(tmp_path, capsys, vocabulary):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("a document\n")
+    argv = [
+        "tokenize",
+        f"text:{tmp_path / 'corpus'}",
+        "--vocabulary",
+        vocabulary,
+        "--out",
+        str(tmp_path / "s"),
+    ]
+    line = refused(capsys, argv, "bytes, hf:SRC, char:FILE")  # the bar is on: still one line
+    listed = line.split("Valid: " if "Valid: " in line else "use ")[-1]
+    assert listed.startswith("bytes") and "ids:N" not in listed  # only forms it can tokenize with

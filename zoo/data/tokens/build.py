@@ -30,7 +30,7 @@ from zoo.data.table import ROW_SEPARATOR
 from zoo.data.tokens.documents import PIECE_CHARS, Piece, cut, open_documents
 from zoo.data.tokens.store import META
 from zoo.data.tokens.writer import StoreWriter
-from zoo.data.vocabulary import resolve
+from zoo.data.vocabulary import FORMS, check_form, resolve
 
 BATCH_CHARS = 1 << 23  # characters encoded at once
 BPE_BATCH_CHARS = 1 << 20  # ... by a BPE tokenizer: its encodings hold about 100 bytes a token
@@ -70,6 +70,20 @@ def _encode(tokenizer, texts: list[str]) -> list[np.ndarray]:
     return [np.concatenate([next(ids) for _ in text]) for text in parts]
 
 
+def check_text_vocabulary(vocabulary: str) -> str:
+    """``vocabulary`` if it is a declared form with a text side (``bytes``, ``hf:SRC``,
+    ``char:FILE``); DatasetError naming it and listing those otherwise (nothing is read)."""
+    valid = [form for form in FORMS if form != "ids:N"]
+    if vocabulary.startswith("ids:"):
+        raise DatasetError(
+            f"--vocabulary {vocabulary}: ids:N has no text form to tokenize with; use {', '.join(valid)}"
+        )
+    try:
+        return check_form(vocabulary)
+    except DatasetError:
+        raise DatasetError(f"unknown vocabulary {vocabulary!r}. Valid: {', '.join(valid)}.") from None
+
+
 def tokenize(
     source: str,
     out: str | Path,
@@ -83,11 +97,7 @@ def tokenize(
 ) -> dict:
     """Write the store of ``source`` (``text:``, ``parquet:``, ``hf:``) through ``vocabulary``
     (``bytes``, ``hf:SRC``, ``char:FILE``) at ``out``; returns its ``store.json``."""
-    if vocabulary.startswith("ids:"):
-        raise DatasetError(
-            "--vocabulary ids:N has no text form to tokenize with; use bytes, hf:SRC or char:FILE"
-        )
-    tokenizer = resolve(vocabulary)
+    tokenizer = resolve(check_text_vocabulary(vocabulary))
     bpe = hasattr(tokenizer, "encode_batch")  # a Hugging Face tokenizer: smaller batches
     piece_chars = piece_chars or (BPE_BATCH_CHARS if bpe else PIECE_CHARS)
     batch_chars = batch_chars or (BPE_BATCH_CHARS if bpe else BATCH_CHARS)
