@@ -138,13 +138,5 @@ def example_canaries(task, num_canaries: int, seed: int) -> dict[str, np.ndarray
     labelled, so a model that memorises it changes its loss on it. A language model's canary
     is a window of tokens drawn uniformly from the vocabulary.
     """
-    rng = audit_rng(seed, 2)
-    data = task.data
-    if task.is_lm:
-        window = rng.integers(0, data.vocab_size, (num_canaries, task.seq_len + 1)).astype(data.x_train.dtype)
-        return {"x": window[:, :-1], "y": window[:, 1:]}
-    features = data.x_train.reshape(data.x_train.shape[0], -1)
-    low, high = features.min(axis=0), features.max(axis=0)
-    x = rng.uniform(low, high, (num_canaries, features.shape[1])).astype(data.x_train.dtype)
-    y = rng.integers(0, data.num_classes, num_canaries).astype(data.y_train.dtype)
-    return {"x": task.shape_x(x), "y": y}
+    canaries = task.type.uniform_examples(task.data, audit_rng(seed, 2), num_canaries, task.seq_len)
+    return {**canaries, "x": task.shape_x(canaries["x"])}

@@ -67,12 +67,12 @@ def generate(
     from zoo.generate.stops import checkpoint_eos
 
     cfg, tokenizer = ckpt.model_config, ckpt.tokenizer
-    if cfg.task == "lm" and tokenizer is None:
+    if cfg.task_type.tokenized and tokenizer is None:
         raise ZooError(
             f"{str(ckpt.path)!r} is a language model without a tokenizer (imported from a folder "
             "with no tokenizer.json); `zoo sample` needs one: import again from a folder that has it"
         )
-    if tokenizer is None or cfg.task != "lm":
+    if tokenizer is None or not cfg.task_type.tokenized:
         raise ZooError(f"{str(ckpt.path)!r} is not a language model checkpoint; `zoo sample` needs one")
     check_sample_args(prompt, max_new_tokens, temperature, top_k, top_p, num_samples)
     ids = prompt_ids(ckpt, prompt, max_new_tokens)

@@ -4,22 +4,25 @@ Every batch is a dict of numpy arrays with a leading batch axis B and a float32 
 that is 1 for real rows and 0 for padding (only the last eval batch is ever padded).
 classify: ``x`` float32 [B, F], ``y`` int32 [B].
 lm: ``x`` int32 [B, seq_len] token windows, ``y`` int32 [B, seq_len] the next tokens (x shifted by one).
+The dataset's task type (:mod:`zoo.data.tasks`) picks the readers: rows or windows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from zoo.checks import require_positive_int
-from zoo.data.dataset import Dataset
 from zoo.data.errors import DatasetError
+
+# ``ds`` below is a zoo.data.dataset.Dataset (not imported: the dataset module's task types
+# import these readers).
 
 SPLITS = ("train", "eval")
 
 
-def _split(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray | None]:
+def _split(ds, split: str) -> tuple[np.ndarray, np.ndarray | None]:
     if split == "train":
         return ds.x_train, ds.y_train
     if split == "eval":
@@ -27,7 +30,7 @@ def _split(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray | None]:
     raise DatasetError(f"unknown split {split!r}. Valid: {', '.join(SPLITS)}.")
 
 
-def _tokens_for(ds: Dataset, split: str, seq_len: int | None) -> tuple[np.ndarray, int]:
+def _tokens_for(ds, split: str, seq_len: int | None) -> tuple[np.ndarray, int]:
     if seq_len is None:
         raise DatasetError(f"{ds.name!r} is an lm dataset: pass seq_len= to get token windows")
     seq_len = require_positive_int("seq_len", seq_len, error=DatasetError)
@@ -50,7 +53,7 @@ def read_windows(tokens: np.ndarray, starts: np.ndarray, length: int, vocab_size
     return window
 
 
-def _windows(ds: Dataset, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+def _windows(ds, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
     window = read_windows(tokens, starts, seq_len + 1, ds.vocab_size)
     return {
         "x": np.ascontiguousarray(window[:, :-1]),
@@ -60,7 +63,7 @@ def _windows(ds: Dataset, tokens: np.ndarray, starts: np.ndarray, seq_len: int) 
 
 
 def sample_batch(
-    ds: Dataset,
+    ds,
     split: str,
     batch_size: int,
     rng: np.random.Generator,
@@ -75,10 +78,11 @@ def sample_batch(
     the whole batch's.
     """
     batch_size = require_positive_int("batch_size", batch_size, error=DatasetError)
-    if ds.task == "lm":
-        tokens, seq_len = _tokens_for(ds, split, seq_len)
-        starts = rng.integers(0, tokens.shape[0] - seq_len, size=batch_size)[rows]
-        return _windows(ds, tokens, starts, seq_len)
+    return ds.task_type.sample(ds, split, batch_size, rng, seq_len, rows)
+
+
+def sample_rows(ds, split: str, batch_size: int, rng: np.random.Generator, rows: slice) -> dict:
+    """A classifier's batch: ``batch_size`` rows drawn without replacement (with, past ``n``)."""
     x, y = _split(ds, split)
     n = x.shape[0]
     if n == 0:
@@ -87,8 +91,17 @@ def sample_batch(
     return {"x": x[idx], "y": y[idx], "mask": np.ones(len(idx), np.float32)}
 
 
+def sample_windows(
+    ds, split: str, batch_size: int, rng: np.random.Generator, seq_len: int | None, rows: slice
+) -> dict:
+    """An LM's batch: ``batch_size`` windows at uniform random offsets."""
+    tokens, seq_len = _tokens_for(ds, split, seq_len)
+    starts = rng.integers(0, tokens.shape[0] - seq_len, size=batch_size)[rows]
+    return _windows(ds, tokens, starts, seq_len)
+
+
 def eval_batches(
-    ds: Dataset, batch_size: int, seq_len: int | None = None, max_batches: int | None = None
+    ds, batch_size: int, seq_len: int | None = None, max_batches: int | None = None
 ) -> Iterator[dict[str, np.ndarray]]:
     """Deterministic batches over the eval split, every one of shape ``batch_size``.
 
@@ -102,22 +115,32 @@ def eval_batches(
     limit = (
         None if max_batches is None else require_positive_int("max_batches", max_batches, error=DatasetError)
     )
-    if ds.task == "lm":
-        tokens, seq_len = _tokens_for(ds, "eval", seq_len)
-        starts = np.arange((tokens.shape[0] - 1) // seq_len) * seq_len
-        rows, make = len(starts), lambda idx: _windows(ds, tokens, starts[idx], seq_len)
-    else:
-        rows = ds.num_eval
-        make = lambda idx: {"x": ds.x_eval[idx], "y": ds.y_eval[idx]}  # noqa: E731
+    rows, make = ds.task_type.eval_source(ds, seq_len)
     for count, begin in enumerate(range(0, rows, batch_size)):
         if limit is not None and count >= limit:
             return
         real = min(batch_size, rows - begin)
         idx = np.arange(begin, begin + batch_size)
         idx[real:] = begin  # padding rows repeat a real row; the mask hides them
-        batch = make(idx)
-        if ds.task == "classify":
-            batch["x"][real:] = 0.0
-            batch["y"][real:] = 0
+        batch = make(idx, real)
         batch["mask"] = (np.arange(batch_size) < real).astype(np.float32)
         yield batch
+
+
+def eval_rows(ds) -> tuple[int, Callable]:
+    """A classifier's eval pass: every eval row; padding rows are zeros."""
+
+    def make(idx: np.ndarray, real: int) -> dict:
+        batch = {"x": ds.x_eval[idx], "y": ds.y_eval[idx]}
+        batch["x"][real:] = 0.0
+        batch["y"][real:] = 0
+        return batch
+
+    return ds.num_eval, make
+
+
+def eval_windows(ds, seq_len: int | None) -> tuple[int, Callable]:
+    """An LM's eval pass: the non-overlapping windows of the eval stream."""
+    tokens, seq_len = _tokens_for(ds, "eval", seq_len)
+    starts = np.arange((tokens.shape[0] - 1) // seq_len) * seq_len
+    return len(starts), lambda idx, real: _windows(ds, tokens, starts[idx], seq_len)

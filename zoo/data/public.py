@@ -16,6 +16,7 @@ the vocabulary and the classes must be declared public instead:
 from __future__ import annotations
 
 from zoo.configs import DataConfig
+from zoo.data.dataset import Classify, LanguageModel, task_type
 from zoo.data.errors import DatasetError
 from zoo.data.tokenizer import CharTokenizer
 from zoo.data.tokens.store import stored_vocabulary
@@ -62,7 +63,12 @@ def check_public_domain(
     if store_vocabulary is not None:
         check_form(store_vocabulary)  # a store names one of the declared forms, or is refused
     declared = data.vocabulary is not None or store_vocabulary is not None
-    if task == "lm" and not declared and not checkpoint:
+    _PUBLIC_DOMAIN[task_type(task).name](data, declared=declared, checkpoint=checkpoint)
+
+
+def _vocabulary_public(data: DataConfig, *, declared: bool, checkpoint: str | None) -> None:
+    """An LM's domain is its vocabulary: declared, a store's, or the start checkpoint's."""
+    if not declared and not checkpoint:
         raise ZooError(
             f"DP run on {data.dataset!r}: the vocabulary would be every character of the private "
             "training text, so one record with a new character changes the model; set "
@@ -70,16 +76,22 @@ def check_public_domain(
             "(hf:SRC, char:FILE, ids:N), train on a token store (zoo tokenize declares its "
             "vocabulary), or start from a public checkpoint's tokenizer (model.init_from)"
         )
-    if task == "classify" and data.classes is None:
+
+
+def _classes_public(data: DataConfig, *, declared: bool, checkpoint: str | None) -> None:
+    """A classifier's domain is its class set: listed in the recipe, each once, at least 2."""
+    if data.classes is None:
         raise ZooError(
             f"DP run on {data.dataset!r}: the classes would be read off the private labels, so one "
             "record with a new label changes the model; list them in the recipe, e.g. "
             "data.classes = [0, 1, ..., 9]"
         )
-    if task == "classify" and (
-        len({str(c) for c in data.classes}) != len(data.classes) or len(data.classes) < 2
-    ):
+    if len({str(c) for c in data.classes}) != len(data.classes) or len(data.classes) < 2:
         raise ZooError(
             f"data.classes = {list(data.classes)} must list at least 2 classes, each once: a DP run "
             "trains one output per listed class"
         )
+
+
+# What each task's model takes from its domain, checked public (by task name: zoo.data.dataset.TASKS).
+_PUBLIC_DOMAIN = {LanguageModel.name: _vocabulary_public, Classify.name: _classes_public}

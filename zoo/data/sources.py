@@ -7,8 +7,6 @@ turns it into numpy arrays and a deterministic train/eval split.
 
 from __future__ import annotations
 
-import difflib
-
 import numpy as np
 
 from zoo.checks import is_number, require_int
@@ -21,7 +19,7 @@ from zoo.data.arrays import (
     lm_cut,
     split_indices,
 )
-from zoo.data.dataset import TASKS, Dataset
+from zoo.data.dataset import TASKS, Classify, Dataset, LanguageModel, task_type
 from zoo.data.declared import classify_declared
 from zoo.data.errors import DatasetError
 from zoo.data.table import Columns, Source, lookup
@@ -32,10 +30,7 @@ MAX_SEED = 2**32 - 1  # the largest seed `datasets`' train_test_split (numpy's l
 
 
 def _check_args(task: str, seed: object, eval_fraction: float, classes: object, tokenizer: object) -> None:
-    if task not in TASKS:
-        close = difflib.get_close_matches(str(task), TASKS, n=1, cutoff=0.5)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise DatasetError(f"unknown task {task!r}.{hint} Valid: {', '.join(TASKS)}.")
+    kind = task_type(task)
     require_int(
         "seed",
         seed,
@@ -46,10 +41,10 @@ def _check_args(task: str, seed: object, eval_fraction: float, classes: object, 
     )
     if not (is_number(eval_fraction) and 0.0 < eval_fraction < 1.0):
         raise DatasetError(f"eval_fraction must be a number in (0, 1); got {eval_fraction!r}.")
-    if classes is not None and task != "classify":
-        raise DatasetError(f"classes= only applies to task='classify', not {task!r}")
-    if tokenizer is not None and task != "lm":
-        raise DatasetError(f"tokenizer= only applies to task='lm', not {task!r}")
+    for option, value in (("classes", classes), ("tokenizer", tokenizer)):
+        if value is not None and option not in kind.options:
+            owner = next(t.name for t in TASKS.values() if option in t.options)
+            raise DatasetError(f"{option}= only applies to task={owner!r}, not {task!r}")
     if tokenizer is not None and not hasattr(tokenizer, "encode"):  # CharTokenizer, HFTokenizer
         raise DatasetError(
             f"tokenizer must be a CharTokenizer or HFTokenizer, got {type(tokenizer).__name__}"
@@ -99,7 +94,7 @@ def _classify(
     (x_train, y_train), (x_eval, y_eval) = arrays
     return Dataset(
         name=spec,
-        task="classify",
+        task=Classify.name,
         x_train=x_train,
         y_train=y_train.astype(np.int32),
         x_eval=x_eval,
@@ -120,7 +115,7 @@ def _lm(
     cut = lm_cut(len(ids), eval_fraction, spec)
     return Dataset(
         name=spec,
-        task="lm",
+        task=LanguageModel.name,
         x_train=ids[:cut],
         y_train=None,
         x_eval=ids[cut:],
@@ -165,7 +160,18 @@ def load_dataset(
     src = form.read(spec, rest, Columns(text_column, image_column, label_column))
     if isinstance(src, TokenSource):  # ids on disk, read by index (zoo.data.tokens)
         return Dataset.from_store(spec, src.open(tokenizer, eval_fraction))
-    if task == "classify":
-        classify = classify_declared if private else _classify
-        return classify(spec, src, seed, eval_fraction, classes, image_max)
+    read = _READERS[task]
+    return read(spec, src, seed, eval_fraction, classes, tokenizer, image_max, private)
+
+
+def _read_classify(spec, src, seed, eval_fraction, classes, tokenizer, image_max, private) -> Dataset:
+    classify = classify_declared if private else _classify
+    return classify(spec, src, seed, eval_fraction, classes, image_max)
+
+
+def _read_lm(spec, src, seed, eval_fraction, classes, tokenizer, image_max, private) -> Dataset:
     return _lm(spec, src, eval_fraction, tokenizer, private)
+
+
+# Each task's reader of a form's rows, by task name (zoo.data.dataset.TASKS); one signature.
+_READERS = {Classify.name: _read_classify, LanguageModel.name: _read_lm}

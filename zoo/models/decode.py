@@ -54,7 +54,7 @@ class DecodeCache:
 
     def check(self, cfg) -> None:
         """Raise ValueError when ``cfg`` cannot generate (not a language model over token ids)."""
-        if cfg.task != "lm":
+        if not cfg.task_type.tokenized:
             raise ValueError(f"{type(cfg).__name__} is a {cfg.task} model; generation needs a language model")
 
     def kv_heads(self, cfg) -> int:

@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 
 from zoo.checks import require_choice
+from zoo.data.dataset import TaskType, task_type
 from zoo.errors import ZooError, choice_error
 from zoo.models import extensions
 
 BACKENDS = ("nnx", "eqx")
-TASKS = ("classify", "lm")
 STACK = "blocks"  # the canonical subtree of scanned blocks (leading layer axis)
 
 
@@ -32,7 +32,7 @@ STACK = "blocks"  # the canonical subtree of scanned blocks (leading layer axis)
 class DataFit:
     """What the data says about the model it needs (built by ``zoo.train.task``).
 
-    ``task`` is ``"lm"`` or ``"classify"``; ``row_shape`` is set when a classifier's images are
+    ``task`` names the data's task (``zoo.data.dataset.TASKS``), always the model's own; ``row_shape`` is set when a classifier's images are
     fed as rows of features (``data.layout="rows"``).
     """
 
@@ -66,8 +66,14 @@ class ModelConfig:
     # --- task and inputs ---------------------------------------------------------------------
     @property
     def task(self) -> str:
-        """``"classify"`` (labels [B]) or ``"lm"`` (labels [B, T], next-token)."""
+        """The name of the model's task (``zoo.data.dataset.TASKS``): ``"classify"`` (labels
+        [B]) or ``"lm"`` (labels [B, T], next-token)."""
         return "classify"
+
+    @property
+    def task_type(self) -> TaskType:
+        """The model's task as a type: what its labels and data are (``zoo.data.dataset``)."""
+        return task_type(self.task)
 
     @property
     def max_len(self) -> int | None:  # pragma: no cover - overridden by sequence models
@@ -94,7 +100,7 @@ class ModelConfig:
         return jax.random.uniform(key, spec.shape, spec.dtype)
 
     def labels_spec(self, batch: int, seq: int | None = None) -> jax.ShapeDtypeStruct:
-        shape = (batch,) if self.task == "classify" else (batch, self.seq_or_default(seq))
+        shape = (batch, self.seq_or_default(seq))[: self.task_type.label_rank]
         return jax.ShapeDtypeStruct(shape, jnp.int32)
 
     @property
@@ -104,7 +110,7 @@ class ModelConfig:
 
     def example_labels(self, key: jax.Array, x: jax.Array) -> jax.Array:
         """Random valid labels for input ``x``."""
-        shape = (x.shape[0],) if self.task == "classify" else tuple(x.shape[:2])
+        shape = tuple(x.shape[: self.task_type.label_rank])
         return jax.random.randint(key, shape, 0, self.num_outputs)
 
     def block_input_shape(self, batch: int, seq: int | None = None) -> tuple[int, ...]:

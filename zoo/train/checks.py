@@ -15,7 +15,7 @@ from zoo.models.registry import ModelConfig
 def check_start(start: str, source_cfg: ModelConfig, cfg: ModelConfig, lora_enabled: bool) -> None:
     """Refuse a start checkpoint (``--init-from``) of another task, or a LoRA run's adapters
     without ``[lora]``: its weights are not a model of this recipe's shape."""
-    if source_cfg.task != cfg.task:
+    if source_cfg.task_type is not cfg.task_type:
         raise ZooError(
             f"--init-from {start!r} holds a {source_cfg.task!r} model ({source_cfg.kind}), but this "
             f"recipe trains a {cfg.task!r} model ({cfg.kind}); start from a run of the same task"
@@ -32,7 +32,7 @@ def check_vocabulary(start: str, source, vocabulary: str | None) -> None:
     ``tokenizer.json``) unless ``data.vocabulary`` declares one: a vocabulary fitted on the text
     would hand its characters the first rows of a pretrained embedding (and, under DP, read the
     vocabulary off the private text). Only the checkpoint's metadata and the recipe are read."""
-    if source.model_config.task == "lm" and source.tokenizer is None and vocabulary is None:
+    if source.model_config.task_type.tokenized and source.tokenizer is None and vocabulary is None:
         raise ZooError(
             f"--init-from {start!r} carries no tokenizer (its source had no tokenizer.json), so the "
             "text's characters would become the first ids of its pretrained embedding; set "
@@ -44,7 +44,7 @@ def check_vocab_fits(start: str, source, vocab_size: int) -> None:
     """Refuse a tokenizer with more ids than the start checkpoint's embedding has rows (the
     checkpoint fixes the size: it was not set by the user)."""
     rows = getattr(source.model_config, "vocab_size", 0)
-    if source.model_config.task == "lm" and vocab_size > rows:
+    if source.model_config.task_type.tokenized and vocab_size > rows:
         raise ZooError(
             f"the tokenizer has {vocab_size} tokens, but the embedding of --init-from {start!r} has "
             f"{rows} rows; use the checkpoint's own tokenizer, or a data.vocabulary of at most {rows} tokens"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from pathlib import Path
 
@@ -24,14 +23,9 @@ def run_evaluation(run: Run, state: TrainState, frozen: dict) -> dict:
 
 
 def task_metrics(task: Task, metrics: dict) -> dict:
-    """The metrics that apply: accuracy for classifiers; for LMs bits per character of the eval
-    text, the summed loss of the windows over the characters they predict (not per token)."""
-    out = {k: v for k, v in metrics.items() if k not in ("eval_accuracy", "eval_count")}
-    if not task.is_lm:
-        return {**out, "eval_accuracy": metrics["eval_accuracy"]}
-    windows = int(metrics["eval_count"])
-    bits = metrics["eval_loss"] * windows * task.seq_len / math.log(2)
-    return {**out, "eval_bits_per_char": bits / max(task.eval_chars(windows), 1)}
+    """The metrics that apply, as the task says (:meth:`Task.metrics`): accuracy for
+    classifiers; for LMs bits per character of the eval text."""
+    return task.metrics(metrics)
 
 
 def last_logged_loss(out: Path) -> float:

@@ -13,7 +13,7 @@ import numpy as np
 
 from zoo.configs import DataConfig
 from zoo.data import CharTokenizer, Dataset, eval_batches, load_dataset, sample_batch
-from zoo.data.batches import read_windows
+from zoo.data.dataset import TaskType, eval_chars, task_type
 from zoo.data.public import declared_tokenizer
 from zoo.errors import ZooError
 from zoo.models.registry import DataFit, ModelConfig, get_config
@@ -21,7 +21,9 @@ from zoo.models.registry import DataFit, ModelConfig, get_config
 
 @dataclass(frozen=True)
 class Task:
-    """A dataset plus the few facts needed to feed it to a model."""
+    """A dataset plus the few facts needed to feed it to a model. What differs between a
+    classifier and a language model is asked of the data's task type (``type``:
+    :mod:`zoo.data.dataset`'s ``Classify`` or ``LanguageModel``), never of its name."""
 
     data: Dataset
     config: DataConfig
@@ -29,15 +31,19 @@ class Task:
     row_shape: tuple[int, int] | None  # layout="rows": each example becomes [H, W]
 
     @property
+    def type(self) -> TaskType:
+        """The task's type: its batching, records, eval and metrics."""
+        return self.data.task_type
+
+    @property
     def is_lm(self) -> bool:
-        return self.data.task == "lm"
+        """Deprecated: ask ``type`` (``type.tokenized``); kept until zoo.train.run switches."""
+        return self.type.tokenized
 
     @property
     def num_train(self) -> int:
         """Examples for Poisson sampling: rows, or non-overlapping LM windows."""
-        if self.is_lm:
-            return (self.data.x_train.shape[0] - 1) // self.seq_len
-        return self.data.num_train
+        return self.type.num_records(self.data, self.seq_len)
 
     def shape_x(self, x: np.ndarray) -> np.ndarray:
         return x.reshape(x.shape[0], *self.row_shape) if self.row_shape else x
@@ -54,29 +60,23 @@ class Task:
     def examples(self, indices: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
         """Training examples by index (for Poisson-sampled DP batches). An LM's example ``i``
         is the window of ``seq_len + 1`` tokens from ``i * seq_len``: the record DP counts."""
-        if self.is_lm:
-            starts = indices.astype(np.int64) * self.seq_len
-            window = read_windows(self.data.x_train, starts, self.seq_len + 1, self.data.vocab_size)
-            return {"x": window[:, :-1], "y": window[:, 1:], "mask": mask}
-        return {"x": self.shape_x(self.data.x_train[indices]), "y": self.data.y_train[indices], "mask": mask}
+        batch = self.type.examples(self.data, indices, mask, self.seq_len)
+        return {**batch, "x": self.shape_x(batch["x"])}
 
     def eval_chars(self, windows: int) -> int:
-        """Characters of the eval text that the first ``windows`` eval windows predict: their
-        targets are one span of tokens. A byte vocabulary counts the bytes that begin a UTF-8
-        character; other tokenizers decode the span (a character vocabulary: one per token)."""
-        ids = np.array(self.data.x_eval[1 : 1 + windows * self.seq_len], np.int64)  # a copy
-        tokenizer = self.data.tokenizer
-        ids[ids >= tokenizer.vocab_size] = 0  # as the batches read them (zoo.data.batches.read_windows)
-        if not getattr(tokenizer, "has_text", True):  # ids:N: one character per token
-            return int(ids.size)
-        if getattr(tokenizer, "byte_level", False):  # id = byte + 1; 0 (<unk>) counts as one
-            return int((((ids - 1) & 0xC0) != 0x80).sum())
-        return len(tokenizer.decode(ids))
+        """Characters of the eval text the first ``windows`` eval windows predict (LM)."""
+        return eval_chars(self.data, self.seq_len, windows)
 
     def eval_batches(self, batch_size: int, max_batches: int) -> Iterator[dict[str, np.ndarray]]:
-        limit = max_batches if self.is_lm else None
+        """The eval pass: a classifier's whole eval split, an LM's first ``max_batches``."""
+        limit = self.type.eval_cap(max_batches)
         for batch in eval_batches(self.data, batch_size, seq_len=self.seq_len, max_batches=limit):
             yield {**batch, "x": self.shape_x(batch["x"])}
+
+    def metrics(self, sums: dict) -> dict:
+        """The reported eval metrics from ``zoo.train.engine.evaluate``'s sums: the loss and
+        accuracy (classifier) or bits per character of the eval text (LM)."""
+        return self.type.metrics(self.data, sums, self.seq_len)
 
 
 def load_task(
@@ -101,16 +101,16 @@ def load_task(
         classes=data.classes,
         text_column=data.text_column,
         label_column=data.label_column,
-        tokenizer=declared_tokenizer(data.vocabulary, tokenizer) if task == "lm" else tokenizer,
+        tokenizer=declared_tokenizer(data.vocabulary, tokenizer) if task_type(task).tokenized else tokenizer,
         image_max=data.image_max,
         private=private,
     )
-    seq_len = (data.seq_len or max_len) if dataset.task == "lm" else None
+    seq_len = dataset.task_type.seq_len(data.seq_len or max_len)
     if seq_len is not None:
         _check_windows(data.dataset, seq_len, dataset)
     row_shape = None
     if data.layout == "rows":
-        if dataset.task == "lm" or not dataset.feature_shape or len(dataset.feature_shape) != 2:
+        if not dataset.feature_shape or len(dataset.feature_shape) != 2:  # an LM has none
             raise ZooError(
                 f"data.layout='rows' needs 2-D image features; {data.dataset!r} has "
                 f"feature shape {dataset.feature_shape}"
@@ -135,9 +135,12 @@ def fit_model_to_task(cfg: ModelConfig, task: Task, preset: str, overrides: dict
     the data dictates (vocab, classes, input width); explicit overrides are kept or refused.
     A ``data.seq_len`` longer than the model's context is refused unless ``model.max_len``
     is set too: attention's memory grows with its square."""
-    lm = task.is_lm
+    if task.type is not cfg.task_type:  # a caller's mismatch: run.py loads the data for cfg.task
+        raise ZooError(
+            f"model {preset!r} is a {cfg.task!r} model; {task.config.dataset!r} was loaded as {task.data.task!r}"
+        )
     context = getattr(cfg, "max_len", None)
-    if lm and context and task.seq_len > context and "max_len" not in overrides:
+    if task.seq_len and context and task.seq_len > context and "max_len" not in overrides:
         raise ZooError(
             f"data.seq_len={task.seq_len} is longer than the context of {preset!r} (max_len={context}); "
             f"lower data.seq_len, or set model.max_len={task.seq_len} too (attention's memory "
@@ -146,9 +149,7 @@ def fit_model_to_task(cfg: ModelConfig, task: Task, preset: str, overrides: dict
     fit = DataFit(
         task=task.data.task,
         dataset=task.config.dataset,
-        num_features=0 if lm else task.data.num_features,
-        num_classes=0 if lm else task.data.num_classes,
-        vocab_size=task.data.vocab_size if lm else 0,
+        **task.type.fit_sizes(task.data),
         seq_len=task.seq_len,
         row_shape=task.row_shape,
     )

@@ -115,11 +115,8 @@ class CNNConfig(FlatClassifierConfig):
         return self.image_size**2 * self.channels
 
     def fit_to_data(self, data: DataFit) -> dict:
-        if data.task == "lm" or data.row_shape:
-            raise ZooError(
-                f"a CNN reads flattened images (data.layout='flat'), not "
-                f"{'text' if data.task == 'lm' else 'rows'} ({data.dataset!r})"
-            )
+        if data.row_shape:  # (text never reaches here: the data is loaded for cfg.task)
+            raise ZooError(f"a CNN reads flattened images (data.layout='flat'), not rows ({data.dataset!r})")
         side = math.isqrt(data.num_features // self.channels)
         if side * side * self.channels != data.num_features:
             raise ZooError(

@@ -105,10 +105,7 @@ class LlamaConfig(SequenceConfig):
 
     # --- the registry protocol (zoo.models.registry.ModelConfig; token inputs: SequenceConfig)
     def fit_to_data(self, data: DataFit) -> dict:
-        if data.task != "lm":
-            raise ZooError(
-                f"a Llama-style decoder is a language model; {data.dataset!r} is a {data.task} dataset"
-            )
+        # an LM only: the data is loaded for cfg.task, and zoo.train.task refuses any other
         return {"vocab_size": data.vocab_size, "max_len": max(self.max_len, data.seq_len)}
 
     def logical_axes(self, path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:

@@ -74,11 +74,8 @@ class MLPConfig(FlatClassifierConfig):
         return dataclasses.replace(self, d_pca=width)
 
     def fit_to_data(self, data: DataFit) -> dict:
-        if data.task == "lm" or data.row_shape:
-            raise ZooError(
-                f"a classifier MLP needs flat features, not {'text' if data.task == 'lm' else 'rows'} "
-                f"({data.dataset!r})"
-            )
+        if data.row_shape:  # (text never reaches here: the data is loaded for cfg.task)
+            raise ZooError(f"a classifier MLP needs flat features, not rows ({data.dataset!r})")
         return {"d_in": data.num_features, "num_classes": data.num_classes}
 
     def logical_axes(self, path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:

@@ -122,7 +122,7 @@ class TransformerConfig(SequenceConfig):
             super().check_input_values(x)
 
     def fit_to_data(self, data: DataFit) -> dict:
-        if data.task == "lm":
+        if not self.is_classifier:  # an LM (the data is loaded for cfg.task)
             # the model's own context, when longer than the data's, is kept
             max_len = max(self.max_len, data.seq_len)
             return {"vocab_size": data.vocab_size, "num_classes": 0, "d_in": 0, "max_len": max_len}
