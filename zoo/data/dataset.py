@@ -237,7 +237,9 @@ def _frozen(a: np.ndarray | None) -> np.ndarray | None:
 
 @dataclass(frozen=True, eq=False, repr=False)
 class Dataset:
-    """A train/eval split held as read-only numpy arrays.
+    """A train/eval split held as read-only numpy arrays, of one task: ``task`` names its
+    type (``task_type``), which checks the arrays and reads them; one class keeps every
+    loader's and test's constructor, and the fields one task leaves unused are None.
 
     classify: ``x_*`` float32 ``[N, F]`` (flattened features in [0, 1] for images), ``y_*`` int32
     ``[N]`` in ``[0, num_classes)``; ``feature_shape`` is the unflattened shape of one example
