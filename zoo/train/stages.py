@@ -30,7 +30,7 @@ from zoo.models import canonical
 from zoo.models.registry import ModelConfig
 from zoo.parallel import layout_for, spec_from_section
 from zoo.parallel.layout import Layout
-from zoo.precision import Precision
+from zoo.precision import FLOAT32, Precision
 from zoo.recipes import Recipe
 from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
@@ -107,6 +107,23 @@ class Start:
 
     def with_params(self, params: dict) -> Start:
         return Start(self.cfg, params, self.freeze, self.layout, self.adapters, self.base, self.source)
+
+
+def config_start(
+    cfg: ModelConfig,
+    params: dict | None = None,
+    *,
+    seed: int = 0,
+    patterns: tuple[str, ...] = (),
+    freeze: FreezePlan | None = None,
+    layout: Layout | None = None,
+) -> Start:
+    """Stage 2 without a recipe (``zoo bench``: a preset on synthetic batches): ``params``
+    (default: fresh from ``seed``), frozen by ``patterns`` or the given ``freeze`` plan (a LoRA
+    setup's), laid out on ``layout`` (default: one device)."""
+    params = canonical.init_params(cfg, seed) if params is None else params
+    freeze = freeze or resolve_freeze(params, tuple(patterns))
+    return Start(cfg, params, freeze, layout or layout_for(cfg))
 
 
 def model_start(recipe: Recipe, task: Task, source=None, *, seed: int | None = None) -> Start:
@@ -202,17 +219,41 @@ def engine(
     audit its ``clipped_sum_transform``."""
     checks.warn_long_warmup(recipe.optim, plan_steps)
     checks.warn_remat_without_stack(recipe.train.remat, start.cfg)
-    policy = "none" if recipe.train.remat == AUTO else recipe.train.remat
+    return start_engine(
+        start,
+        recipe.model.backend,
+        optimizer or make_optimizer(recipe.optim, plan_steps, clip=plan is None),
+        plan=plan,
+        policy="none" if recipe.train.remat == AUTO else recipe.train.remat,
+        precision=Precision(recipe.train.precision),
+        layout=layout,
+        clipped_sum_transform=clipped_sum_transform,
+    )
+
+
+def start_engine(
+    start: Start,
+    backend: str,
+    optimizer: optax.GradientTransformation,
+    *,
+    plan: DPPlan | None = None,
+    policy: str = "none",
+    precision: Precision = FLOAT32,
+    layout: Layout | None = None,
+    clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
+) -> Engine:
+    """Stage 5 from a model start, without a recipe (``zoo bench``): the remat ``policy`` over
+    the freeze plan's frozen prefix, the DP ``plan`` (None: no DP), on ``start``'s layout."""
     return make_engine(
         start.cfg,
-        recipe.model.backend,
+        backend,
         start.freeze,
-        optimizer or make_optimizer(recipe.optim, plan_steps, clip=plan is None),
+        optimizer,
         stack=StackPlan(get_policy(policy), start.freeze.frozen_prefix),
         dp=plan,
         layout=layout or start.layout,
         clipped_sum_transform=clipped_sum_transform,
-        precision=Precision(recipe.train.precision),
+        precision=precision,
     )
 
 
