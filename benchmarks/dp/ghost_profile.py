@@ -46,13 +46,13 @@ import jax.numpy as jnp
 from zoo import recipes
 from zoo.api import example_batch, example_labels
 from zoo.bench.common import state_stepper
-from zoo.bench.dp import GHOST, _compile, _fresh_state, _setup
+from zoo.bench.dp import GHOST, compile_step, fresh_state, setup_for
 from zoo.bench.dp_rows import BASELINE, CLIP, SIGMA, methods
 from zoo.dp import ClipRequest, ghost, privatize
 from zoo.dp.ghost.rules import RULES
 from zoo.losses import per_example_loss
 from zoo.models.registry import get_config
-from zoo.train.task import fit_model_to_task, load_task
+from zoo.train import stages
 
 PRESETS = {"mlp-s": 256}  # workloads that are a preset at a batch size; the rest are DP recipes
 
@@ -64,9 +64,9 @@ def workload(name: str):
     if name in PRESETS:
         return get_config(name), PRESETS[name]
     recipe = recipes.load_recipe(name)
-    task = load_task(recipe.data, task="classify", seed=0)
-    cfg = fit_model_to_task(recipe.model_config, task, recipe.model.preset, dict(recipe.model.overrides))
-    return cfg, recipe.dp.expected_batch_size
+    raw = recipes.override(recipe, {"data": {"dp_pca": None}, "dp": {"pca_epsilon": None}})
+    start = stages.model_start(raw, stages.load_data(raw))  # zoo train's first two stages
+    return start.cfg, recipe.dp.expected_batch_size
 
 
 def _total(tree) -> jax.Array:
@@ -161,14 +161,14 @@ def site_parts(cfg, params, x, y):
 
 def measure(cfg, batch: int, rounds: int, ops: int, clock: str = "wall") -> dict:
     rows = methods()
-    setup, params = _setup(cfg, "nnx", batch, max(1, batch // 8), (), 0)
+    setup, params = setup_for(cfg, "nnx", batch, max(1, batch // 8), (), 0)
     x = example_batch(cfg, batch, seed=0)
     data = jax.device_put({"x": x, "y": example_labels(cfg, x), "mask": jnp.ones((batch,), jnp.float32)})
     steppers, compiled = {}, {}
     for name in (BASELINE, GHOST):
         step, optimizer = rows[name](setup)
-        state, frozen = _fresh_state(setup, params, optimizer, 0)
-        compiled[name] = _compile(step, state, frozen, data)
+        state, frozen = fresh_state(setup, params, optimizer, 0)
+        compiled[name] = compile_step(step, state, frozen, data)
         run = {"state": state}
         steppers[f"{name} step"] = state_stepper(compiled[name], run, frozen, data)
     key = jax.random.key(0)
@@ -221,7 +221,7 @@ def op_profile(compiled, params, setup, data, name: str, top: int, calls: int = 
     """XLA's per-operation times of one compiled step: ``[(ms per call, op, shape, jax op)]``."""
     rows = methods()
     _, optimizer = rows[name](setup)
-    state, frozen = _fresh_state(setup, params, optimizer, 0)
+    state, frozen = fresh_state(setup, params, optimizer, 0)
     meta = {}
     for line in compiled.as_text().splitlines():
         m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ", line)

@@ -24,8 +24,9 @@ Both take ``--set SECTION.FIELD=VALUE`` (repeatable) to override the recipe firs
 The sweep keeps the sampling rate q, the steps and everything else of the recipe: a grid
 value of ``dp.expected_batch_size`` is given in recipe units (for the full training split)
 and is scaled down to the smaller sweep training set so that q stays the same. The sweep
-loop is a lean copy of ``train`` (same engine, same Poisson sampler, same calibration of the
-noise multiplier; no checkpoints or metric files) so that one compiled step serves all seeds.
+loop builds each seed's run with ``zoo train``'s stages (``zoo.train.stages``: model start, DP
+plan, DP-PCA projection, engine) on the sweep's data, and steps it without checkpoints or
+metric files; one compiled step serves all seeds.
 
 The search itself is not privacy-accounted: picking hyperparameters on the private data
 leaks something the reported epsilon does not cover (see docs/dp.md).
@@ -34,7 +35,6 @@ leaks something the reported epsilon does not cover (see docs/dp.md).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import math
@@ -44,24 +44,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
-from zoo import lora, recipes
+from zoo import recipes
 from zoo.commands import settings
 from zoo.data import Dataset, load_dataset
 from zoo.data.arrays import split_indices
 from zoo.dp import PoissonSampler
-from zoo.dp.plan import DPPlan, make_plan
-from zoo.freeze import resolve_freeze
-from zoo.models import canonical
-from zoo.parallel import layout_for
-from zoo.remat import get_policy
-from zoo.scan import StackPlan
-from zoo.train import checkpoint
-from zoo.train.engine import evaluate, make_engine
+from zoo.train import stages
+from zoo.train.engine import evaluate
 from zoo.train.loop import train_recipe
-from zoo.train.state import make_optimizer
-from zoo.train.task import Task, fit_model_to_task
+from zoo.train.state import train_key
+from zoo.train.task import Task
 
 VAL_SIZE = 300
 VAL_SEED = 12345
@@ -157,32 +152,19 @@ def validation_tasks(
 
 # ----------------------------------------------------------------------------- sweep runs
 
-_PLANS: dict[tuple, DPPlan] = {}
 
-
-def _plan(recipe, n: int, layout) -> DPPlan:
-    """The DP plan ``build_run`` makes for ``recipe`` on ``n`` training rows (with seed 0's
-    sampler; each seed replaces it), calibrated once per distinct ``[dp]``, ``n`` and steps."""
-    key = (recipe.dp, n, recipe.train.steps)
-    if key not in _PLANS:
-        _PLANS[key] = make_plan(recipe.dp, n, recipe.train.steps, layout, seed=0)
-    return _PLANS[key]
-
-
-def _engine(recipe, task: Task):
-    """The engine ``build_run`` would make for ``recipe`` on ``task``."""
-    cfg = fit_model_to_task(recipe.model_config, task, recipe.model.preset, dict(recipe.model.overrides))
-    if recipe.lora.enabled:  # adapters on the frozen base, as build_run makes them
-        cfg = lora.adapted_config(cfg, setup := lora.resolve(cfg, recipe.lora))
-        freeze = lora.freeze_plan(cfg, setup)
-    else:
-        freeze = resolve_freeze(canonical.canonical_shapes(cfg), recipe.freeze.patterns)
-    layout = layout_for(cfg)
-    dp = _plan(recipe, task.num_train, layout) if recipe.dp.enabled else None
-    optimizer = make_optimizer(recipe.optim, recipe.train.steps, clip=dp is None)
-    stack = StackPlan(get_policy(recipe.train.remat), freeze.frozen_prefix)
-    engine = make_engine(cfg, recipe.model.backend, freeze, optimizer, stack=stack, dp=dp, layout=layout)
-    return cfg, freeze, engine
+def _seed_run(recipe, task: Task, seed: int, engine=None):
+    """``(model start, DP plan, engine)`` of ``recipe`` with ``train.seed = seed`` on the sweep's
+    ``task``: ``zoo train``'s stages (:mod:`zoo.train.stages`), model start, DP plan (its sampler
+    seeded from the seed's root key), DP-PCA projection and engine. ``engine``: one the seeds
+    share (one compile for all; a step reads neither the params' seed nor the sampler)."""
+    r = settings.with_values(recipe, {"train.seed": seed})
+    source = stages.start_checkpoint(r)
+    start = stages.model_start(r, task, source)
+    root = jax.random.key_data(train_key(seed)) if r.dp.enabled else None  # pinned: not a release
+    plan = stages.dp_plan(r, task, start, r.train.steps, root)
+    start = stages.projection(start, task, plan, root)
+    return start, plan, root, engine or stages.engine(r, start, plan, r.train.steps)
 
 
 def _batch(task: Task, recipe, sampler: PoissonSampler | None, step: int) -> dict:
@@ -196,26 +178,18 @@ def _batch(task: Task, recipe, sampler: PoissonSampler | None, step: int) -> dic
 
 def sweep_point(recipe, tasks: dict[int, Task]) -> list[float]:
     """Validation accuracy per seed for one recipe (DP as configured), one compile for all seeds."""
-    any_task = next(iter(tasks.values()))
-    dp_on = recipe.dp.enabled
-    cfg, freeze, engine = _engine(recipe, any_task)
-    sampler0 = engine.dp.sampler if dp_on else None
-    source = checkpoint.load_checkpoint(recipe.model.init_from) if recipe.model.init_from else None
-    accs = []
+    accs, engine = [], None
     for seed, task in tasks.items():
-        r = settings.with_values(recipe, {"train.seed": seed})
-        sampler = dataclasses.replace(sampler0, seed=seed) if dp_on else None
-        if recipe.lora.enabled:
-            params = lora.initial_params(cfg, source.model_config, source.params, seed)
-        else:
-            params = source.params if source is not None else canonical.init_params(cfg, seed)
-        state, frozen = engine.init_state(params, seed)
-        for step in range(r.train.steps):
-            state, metrics = engine.train_step(state, frozen, _batch(task, r, sampler, step))
+        start, plan, root, engine = _seed_run(recipe, task, seed, engine)
+        key = None if root is None else jax.random.wrap_key_data(root)
+        state, frozen = engine.init_state(start.params, seed, key)
+        sampler = plan.sampler if plan else None
+        for step in range(recipe.train.steps):
+            state, metrics = engine.train_step(state, frozen, _batch(task, recipe, sampler, step))
         if not math.isfinite(float(metrics["loss"])):
             accs.append(0.0)
             continue
-        rows = sampler.padded_batch_size if sampler else r.train.batch_size
+        rows = sampler.padded_batch_size if sampler else recipe.train.batch_size
         accs.append(evaluate(engine, state, frozen, task.eval_batches(rows, 1000))["eval_accuracy"])
     return accs
 

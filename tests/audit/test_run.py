@@ -18,13 +18,16 @@ from dp_accounting.pld import PLDAccountant
 
 from tests.numerics import assert_close
 from zoo import recipes
+from zoo.audit import run as audit_run
 from zoo.audit.canaries import RAW_NORM_MULTIPLE, draw_inclusion, example_canaries, gradient_canaries
 from zoo.audit.report import audit
 from zoo.audit.run import Batches, plan_audit, train_with_canaries
 from zoo.cli import main
 from zoo.commands import settings
 from zoo.dp import clipping
+from zoo.dp.plan import make_plan
 from zoo.train.engine import Engine
+from zoo.train.run import build_run
 from zoo.train.task import load_task
 
 M = 1000  # at most ~4.6 can be shown with 1000 canaries at 95%: room above the claimed 3
@@ -241,3 +244,73 @@ def test_whitebox_audit_of_a_non_dp_recipe_is_refused(capsys):
     assert main(["audit", "digits-mlp", "--no-progress"]) == 2
     assert "is not DP" in capsys.readouterr().err
     assert main(["audit", "digits-mlp", "--mode", "blackbox", "--no-noise", "--no-progress"]) == 2
+
+
+def pca_recipe(**values):
+    """digits-mlp-dp with a DP-PCA projection, its noise seed pinned: two builds draw the same
+    secret keys, so a difference between them is a difference in what they build."""
+    pca = {"data.dp_pca": 16, "dp.pca_epsilon": 0.5, "dp.noise_seed": 7, "train.steps": 20}
+    return dp_recipe(**{**pca, **values})
+
+
+def update_of(optimizer, params):
+    """One update of ``optimizer`` from its initial state, on gradients made of ones."""
+    grads = jax.tree.map(jnp.ones_like, params)
+    return optimizer.update(grads, optimizer.init(params), params)[0]
+
+
+def check_audit_builds_the_training_run(recipe, num_canaries: int) -> None:
+    """The audited run is `zoo train`'s build: the same arrays, the same projection (fitted with
+    DP-PCA's noise and key, before any canary is mixed in), the plan make_plan makes for the
+    training run's records plus the canaries, and the same engine settings."""
+    trained = build_run(recipe, choose_remat=False)  # what `zoo train` builds
+    audited = plan_audit(recipe, num_canaries, "whitebox")
+    a, b = trained.task.data, audited.run.task.data
+    for name in ("x_train", "y_train", "x_eval", "y_eval"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    assert trained.cfg.input_projection is not None and audited.run.cfg == trained.cfg
+    jax.tree.map(np.testing.assert_array_equal, audited.run.params, trained.params)
+    layout = trained.engine.layout
+    expected = make_plan(
+        recipe.dp,
+        trained.task.num_train,
+        recipe.train.steps,
+        layout,
+        seed=trained.dp.sampler.seed,
+        canaries=num_canaries,
+    )
+    assert audited.engine.dp == expected
+    for name in ("cfg", "backend", "stack", "freeze", "precision"):
+        assert getattr(audited.engine, name) == getattr(trained.engine, name), name
+    assert audited.engine.layout.spec == layout.spec
+    trainable = trained.freeze.split(trained.params)[0]
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        update_of(audited.engine.optimizer, trainable),
+        update_of(trained.engine.optimizer, trainable),
+    )
+
+
+def test_the_audit_builds_the_run_zoo_train_builds():
+    check_audit_builds_the_training_run(pca_recipe(), 100)
+
+
+def test_the_audit_check_catches_a_projection_fitted_without_noise(monkeypatch):
+    from zoo.train import projection
+
+    recipe = pca_recipe()
+    fit = projection.fit
+
+    def noiseless(cfg, params, features, plan, root):  # planted: the old audit's plain PCA
+        return fit(cfg, params, features, None, None)
+
+    original = build_run
+
+    def audited_build(*args, **kwargs):
+        with monkeypatch.context() as patch:
+            patch.setattr(projection, "fit", noiseless)
+            return original(*args, **kwargs)
+
+    monkeypatch.setattr(audit_run, "build_run", audited_build)
+    with pytest.raises(AssertionError):
+        check_audit_builds_the_training_run(recipe, 100)

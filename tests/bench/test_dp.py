@@ -62,12 +62,12 @@ def test_ghost_dp_step_temp_memory_is_near_the_non_private_step():
     (ghost clipping, noise, SGD) needs at most 1.5x the non-private step's temp memory. The
     noise is drawn after the clipped sum, so its sampler scratch reuses activation memory."""
     cfg, batch, seq = dp_bench._config("mlp-s", None, None)
-    setup, params = dp_bench._setup(cfg, "nnx", batch, batch, (), 0)
+    setup, params = dp_bench.setup_for(cfg, "nnx", batch, batch, (), 0)
     data = dp_bench._batch(cfg, batch, seq, 0)
     temp = {}
     for name in ("non-private", dp_bench.GHOST):
         step, optimizer = dp_bench.methods()[name](setup)
-        state, frozen = dp_bench._fresh_state(setup, params, optimizer, 0)
-        compiled = dp_bench._compile(step, state, frozen, data)
+        state, frozen = dp_bench.fresh_state(setup, params, optimizer, 0)
+        compiled = dp_bench.compile_step(step, state, frozen, data)
         temp[name] = compiled.memory_analysis().temp_size_in_bytes
     assert temp[dp_bench.GHOST] <= 1.5 * temp["non-private"], temp

@@ -261,9 +261,10 @@ def test_dp_batches_are_drawn_from_the_secret_root_key(tmp_path, monkeypatch):
 
 
 def test_the_batch_check_still_catches_batches_drawn_from_train_seed(tmp_path, monkeypatch):
-    from zoo.train import loop
+    from zoo.train import stages
 
-    monkeypatch.setattr(loop, "with_batch_seed", lambda run, rng: run)  # planted: the old sampler seed
+    public = quick_dp().train.seed  # planted: the plan's sampler seeded from the public train.seed
+    monkeypatch.setattr(stages, "batch_seed", lambda rng: public)
     with pytest.raises(AssertionError):
         check_batches_are_secret(tmp_path, monkeypatch)
 

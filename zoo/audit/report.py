@@ -58,6 +58,7 @@ def audit(
         "canaries": canaries,
         "confidence": confidence,
         "epsilon_claimed": plan.epsilon_claimed,
+        **claim_parts(plan),
         "epsilon_lower_bound": max(bounds.values()),
         "delta": recipe.dp.delta,
         "steps": plan.steps,
@@ -74,6 +75,20 @@ def audit(
         summary["plot"] = histogram(out / PLOT, scores, plan.included, summary)
     (out / RESULT).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def claim_parts(plan) -> dict:
+    """What the claim is made of. With a DP-PCA projection (``data.dp_pca``) the run's epsilon
+    composes the projection's release with DP-SGD's steps; the canaries pass only through the
+    steps, so the bound is compared with ``epsilon_sgd`` (``epsilon_claimed``), and the run's
+    composed ``epsilon`` and the projection's ``epsilon_pca`` are reported beside it."""
+    privacy = plan.privacy or {}
+    return {
+        "projection_fitted": plan.projection_fitted,
+        "epsilon_run": privacy.get("epsilon"),
+        "epsilon_sgd": privacy.get("epsilon_sgd", privacy.get("epsilon")),
+        "epsilon_pca": privacy.get("epsilon_pca"),
+    }
 
 
 def histogram(path: Path, scores: dict[str, np.ndarray], included: np.ndarray, summary: dict) -> str:

@@ -27,13 +27,13 @@ from zoo.audit.canaries import (
 )
 from zoo.checks import require_int
 from zoo.dp import PoissonSampler
-from zoo.dp.plan import make_plan, without_noise
+from zoo.dp.clipping import KEEP_SUM
+from zoo.dp.plan import without_noise
 from zoo.errors import ZooError, choice_error
-from zoo.recipes import Recipe, override
+from zoo.recipes import Recipe
 from zoo.train.compiles import CompileCounter
 from zoo.train.engine import Engine
-from zoo.train.run import Run, build_run
-from zoo.train.state import make_optimizer, train_key
+from zoo.train.run import Run, build_run, state_key
 
 MODES = ("whitebox", "blackbox")
 
@@ -41,11 +41,12 @@ MODES = ("whitebox", "blackbox")
 @dataclass(frozen=True)
 class AuditPlan:
     recipe: Recipe
-    run: Run  # data, model and initial params (built without DP; the engine is below)
-    engine: Engine
+    run: Run  # the run `zoo train` builds, with the canaries counted in its DP plan
+    engine: Engine  # the run's, with the audit's clipped-sum hook (and --no-noise)
     mode: str
     included: np.ndarray  # bool [M]
-    epsilon_claimed: float
+    epsilon_claimed: float  # what the canaries can measure: DP-SGD's steps alone
+    privacy: dict | None = None  # the run's (epsilon, delta) and parts (DPPlan.privacy_at)
 
     @property
     def sampler(self) -> PoissonSampler | None:
@@ -64,6 +65,12 @@ class AuditPlan:
     def steps(self) -> int:
         return self.recipe.train.steps
 
+    @property
+    def projection_fitted(self) -> bool:
+        """A DP-PCA projection (data.dp_pca) was fitted before the first step: a release the
+        canaries do not pass through (they are gradients or rows of the projected model)."""
+        return self.run.cfg.input_projection is not None
+
 
 def check_request(recipe: Recipe, num_canaries: int, mode: str, confidence: float, no_noise: bool) -> None:
     if mode not in MODES:
@@ -81,8 +88,16 @@ def check_request(recipe: Recipe, num_canaries: int, mode: str, confidence: floa
 
 
 def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = False) -> AuditPlan:
-    """Data, model, engine and sampler of the audited run, with canaries counted in."""
-    base = build_run(override(recipe, {"dp": {"enabled": False}}))
+    """The run ``zoo train`` builds (:func:`zoo.train.run.build_run`: the same stages, DP on,
+    the same loader and public-domain check, DP-PCA with its noise and key), with the canaries
+    counted in its plan.
+
+    The plan is :func:`zoo.dp.plan.make_plan`'s with the canaries as extra records: half of
+    them are expected in, and the noise is calibrated for q = expected_batch_size / (N + M/2).
+    The real examples are drawn by the plan's sampler, the canaries by coins of their own
+    (:meth:`Batches.canaries_drawn`): which real examples a step draws does not depend on which
+    canaries are in. Black-box canaries are rows, so the padding has room for all of them.
+    """
     included = draw_inclusion(num_canaries, recipe.train.seed)
     if included.all() or not included.any():
         side = "in" if included.all() else "out"
@@ -90,32 +105,23 @@ def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = Fa
             f"all {num_canaries} canaries fell {side} of the training set with seed "
             f"{recipe.train.seed}; the audit compares included with excluded ones: use more canaries"
         )
-    if not recipe.dp.enabled:
-        return AuditPlan(recipe, base, base.engine, mode, included, math.inf)
-    # The plan of `zoo train` (one function: the same padding, truncation and mesh split),
-    # with the canaries as extra records: half of them are expected in, and the noise is
-    # calibrated for q = expected_batch_size / (N + M/2). The real examples are drawn by the
-    # plan's sampler, the canaries by coins of their own (Batches.canaries_drawn): which real
-    # examples a step draws does not depend on which canaries are in. Black-box canaries are
-    # rows, so the padding has room for all of them.
-    plan = make_plan(
-        recipe.dp,
-        base.task.num_train,
-        recipe.train.steps,
-        base.engine.layout,
-        seed=recipe.train.seed,
-        canaries=num_canaries,
-        canary_rows=mode == "blackbox",
+    dp = recipe.dp.enabled
+    run = build_run(
+        recipe,
+        canaries=num_canaries if dp else 0,
+        canary_rows=dp and mode == "blackbox",
+        clipped_sum_transform=WhiteBoxCanaries() if mode == "whitebox" else KEEP_SUM,
     )
+    if not dp:
+        return AuditPlan(recipe, run, run.engine, mode, included, math.inf)
     if no_noise:  # audit-only: clipping on, noise off, no privacy claimed
-        plan = without_noise(plan)
-    engine = dataclasses.replace(
-        base.engine,
-        optimizer=make_optimizer(recipe.optim, recipe.train.steps, clip=False),
-        dp=plan,
-        clipped_sum_transform=WhiteBoxCanaries() if mode == "whitebox" else base.engine.clipped_sum_transform,
-    )
-    return AuditPlan(recipe, base, engine, mode, included, plan.epsilon)
+        engine = dataclasses.replace(run.engine, dp=without_noise(run.dp))
+        return AuditPlan(recipe, run, engine, mode, included, math.inf)
+    privacy = run.dp.privacy_at(recipe.train.steps)
+    # The canaries pass through the DP-SGD steps only, never through a DP-PCA fit: what they
+    # can measure is DP-SGD's epsilon, not the composed one.
+    claimed = privacy.get("epsilon_sgd", privacy["epsilon"])
+    return AuditPlan(recipe, run, run.engine, mode, included, claimed, privacy)
 
 
 @dataclass(frozen=True)
@@ -195,8 +201,7 @@ def train_with_canaries(plan: AuditPlan, progress=None, engine: Engine | None = 
     (tests plant known bugs in the DP step this way; no recipe or flag reaches it)."""
     engine = engine or plan.engine
     recipe = plan.recipe
-    key = train_key(recipe.dp.noise_seed if recipe.dp.noise_seed is not None else recipe.train.seed)
-    state, frozen = engine.init_state(plan.run.params, recipe.train.seed, key if plan.sampler else None)
+    state, frozen = engine.init_state(plan.run.params, recipe.train.seed, state_key(plan.run))
     batches = Batches(plan)
     whitebox = plan.mode == "whitebox"
     if whitebox:

@@ -63,10 +63,8 @@ from zoo.bench.dp_rows import (  # noqa: F401  (re-exported: the bench API)
     register_method,
 )
 from zoo.errors import ZooError, choice_error
-from zoo.freeze import resolve_freeze
-from zoo.models import canonical
 from zoo.models.registry import ModelConfig, check_backend, get_config
-from zoo.train.engine import make_engine
+from zoo.train import stages
 from zoo.train.state import TrainState
 
 # Bench batch per preset: big enough that per-example gradients dominate the DP step, small
@@ -112,18 +110,22 @@ def _check_microbatch(k: int, batch: int) -> int:
     return k
 
 
-def _setup(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str], seed: int):
-    params = canonical.init_params(cfg, seed)
-    plan = resolve_freeze(params, list(freeze))
-    engine = make_engine(cfg, backend, plan, optax.sgd(LR, momentum=MOMENTUM))
-    return Setup(engine=engine, batch_size=batch, microbatch_size=microbatch), params
+def setup_for(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str], seed: int):
+    """``(Setup, params)``: the model start and engine of the run stages
+    (:func:`zoo.train.stages.config_start`, :func:`~zoo.train.stages.start_engine`) for a preset
+    on the bench's synthetic batches, with the bench's SGD with momentum."""
+    start = stages.config_start(cfg, seed=seed, patterns=tuple(freeze))
+    engine = stages.start_engine(start, backend, optax.sgd(LR, momentum=MOMENTUM))
+    return Setup(engine=engine, batch_size=batch, microbatch_size=microbatch), start.params
 
 
-def _compile(step: Step, state, frozen, batch):
+def compile_step(step: Step, state, frozen, batch):
+    """``step`` jitted with its state donated, compiled for these arguments."""
     return jax.jit(step, donate_argnames="state").lower(state, frozen, batch).compile()
 
 
-def _fresh_state(setup: Setup, params, optimizer, seed: int):
+def fresh_state(setup: Setup, params, optimizer, seed: int):
+    """A fresh ``(state, frozen)`` of ``params`` (copied: the step donates its state)."""
     trainable, frozen = setup.engine.freeze.split(jax.tree.map(jnp.copy, params))
     return TrainState.create(trainable, optimizer, seed), frozen
 
@@ -158,16 +160,16 @@ def bench_dp(
     for name in names:
         if name not in rows:
             raise choice_error("dp bench method", name, rows)
-    setup, params = _setup(cfg, backend, batch, microbatch, freeze, seed)
+    setup, params = setup_for(cfg, backend, batch, microbatch, freeze, seed)
     data = jax.device_put(_batch(cfg, batch, seq, seed))
 
     runs = {}
     for name in names:
         _say(progress, f"dp bench: compiling {name}")
         step, optimizer = rows[name](setup)
-        state, frozen = _fresh_state(setup, params, optimizer, seed)
+        state, frozen = fresh_state(setup, params, optimizer, seed)
         tic = time.perf_counter()
-        compiled = _compile(step, state, frozen, data)
+        compiled = compile_step(step, state, frozen, data)
         compile_s = time.perf_counter() - tic
         runs[name] = {
             "compiled": compiled,
@@ -256,8 +258,8 @@ def microbatch_sweep(
                 data = data if data is not None else _batch(cfg, b, seq, seed)
                 sized = dataclasses.replace(setup, batch_size=b)
                 engine = sized.dp_engine(k)
-                state, frozen = _fresh_state(sized, params, engine.optimizer, seed)
-                compiled = _compile(engine.train_step_fn, state, frozen, data)
+                state, frozen = fresh_state(sized, params, engine.optimizer, seed)
+                compiled = compile_step(engine.train_step_fn, state, frozen, data)
                 known[(b, k)] = memory_stats(compiled)["temp_size_in_bytes"]
             rows.append(
                 {

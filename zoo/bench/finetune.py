@@ -23,7 +23,7 @@ from zoo.dp.plan import fixed_batch_plan
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import get_config
-from zoo.train.engine import make_engine
+from zoo.train import stages
 from zoo.train.state import make_optimizer
 from zoo.ui import emit_json, print_table
 
@@ -33,14 +33,11 @@ def _nbytes(tree) -> int:
 
 
 def _setup(cfg, backend, params, plan, policy, batch, dp=None):
-    engine = make_engine(
-        cfg,
-        backend,
-        plan,
-        make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000, clip=dp is None),
-        stack=plan.stack_plan(policy),
-        dp=dp,
-    )
+    """One row's run: the run stages' model start and engine (:mod:`zoo.train.stages`) with the
+    freeze ``plan`` and the DP plan ``dp`` (None: no DP), compiled for ``batch``."""
+    start = stages.config_start(cfg, params, freeze=plan)
+    optimizer = make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000, clip=dp is None)
+    engine = stages.start_engine(start, backend, optimizer, plan=dp, policy=policy)
     state, frozen = engine.init_state(params, 0)
     compiled = engine.train_step.lower(state, frozen, batch).compile()
     return dict(

@@ -27,13 +27,10 @@ from zoo.api import example_batch, example_labels
 from zoo.bench.common import positive_int, state_stepper, time_in_rounds
 from zoo.configs import OptimConfig
 from zoo.errors import ZooError
-from zoo.freeze import resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import get_config, replace_checked
 from zoo.parallel import layout_for, parse_mesh
-from zoo.remat import get_policy
-from zoo.scan import StackPlan
-from zoo.train.engine import make_engine
+from zoo.train import stages
 from zoo.train.state import make_optimizer
 from zoo.ui import emit_json, print_table
 
@@ -103,14 +100,9 @@ def _setup(cfg, backend, mesh_text, remat, params, batch):
     spec = parse_mesh(mesh_text)
     # A bench mesh may use fewer devices than there are (tensor=2 next to data=8): the first ones.
     layout = layout_for(cfg, spec, jax.devices()[: spec.devices] if spec.data else None)
-    engine = make_engine(
-        cfg,
-        backend,
-        resolve_freeze(params, ()),
-        make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000),
-        stack=StackPlan(get_policy(remat)),
-        layout=layout,
-    )
+    start = stages.config_start(cfg, params, layout=layout)
+    optimizer = make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000)
+    engine = stages.start_engine(start, backend, optimizer, policy=remat)
     rows, ways = int(batch["x"].shape[0]), layout.spec.batch_ways
     if rows % ways:  # name the devices: a bench mesh may use fewer than there are
         raise ZooError(

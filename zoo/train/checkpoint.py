@@ -338,6 +338,30 @@ def restore_state(run_dir: Path, step: int, abstract_state):
     return _restore(run_dir, step, state=ocp.args.StandardRestore(target))["state"]
 
 
+def restore_rng(run_dir: Path, step: int) -> jax.Array:
+    """The root key data (``TrainState.rng``) saved at ``step``, read alone: a resumed DP run
+    is built with it (zoo.train.resume.saved_root)."""
+    from etils import epath
+
+    path = epath.Path(_step_dir(run_dir, step) / "state")
+    try:
+        saved = ocp.PyTreeCheckpointHandler().metadata(path)
+        rng = getattr(saved, "tree", saved)["rng"]
+        target = {"rng": jax.ShapeDtypeStruct(tuple(rng.shape), rng.dtype)}
+        restore = ocp.args.PyTreeRestore(
+            item=target,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True,
+        )
+        with ocp.PyTreeCheckpointer() as reader:
+            return reader.restore(path, args=restore)["rng"]
+    except Exception as error:  # orbax and tensorstore raise their own types
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ZooError(
+            f"checkpoint step {step} in {str(run_dir)!r} could not be read: {type(error).__name__}: {first}"
+        ) from None
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A saved run: canonical ``params``, the resolved ``recipe`` dict, model config, tokenizer."""

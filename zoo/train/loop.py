@@ -27,13 +27,15 @@ from zoo.train.prefetch import Prefetch
 from zoo.train.resume import (
     ResumePoint,
     check_same_data,
+    check_same_root,
     check_store_unchanged,
     dataset_digest,
     fingerprint,
     finished_summary,
     preflight,
+    saved_root,
 )
-from zoo.train.run import Run, build_run, dp_train_key, epsilon_at, local_batch, with_batch_seed
+from zoo.train.run import Run, build_run, epsilon_at, local_batch, state_key
 from zoo.train.state import TrainState, key_bytes
 from zoo.train.summary import last_logged_loss, run_evaluation, say_resumed, summarize
 
@@ -104,7 +106,7 @@ def train_recipe(
     point, finished = open_run_dir(out, recipe, resume, console)
     if finished is not None:
         return finished
-    run = build_run(recipe, point.plan_steps if point else None, console=console)
+    run = build_run(recipe, point.plan_steps if point else None, console=console, root=saved_root(out, point))
     if recipe.model.init_from:  # zoo has no loss scaling for float16
         from zoo.train import checks
 
@@ -119,11 +121,12 @@ def train_recipe(
 def _restore(run: Run, out: Path, point: ResumePoint | None, console: Console):
     """``(state, frozen, start step, checkpoint metadata)``: fresh, or the resume point's."""
     engine, seed = run.engine, run.recipe.train.seed
-    state, frozen = engine.init_state(run.params, seed, dp_train_key(run.recipe) if run.dp else None)
+    state, frozen = engine.init_state(run.params, seed, state_key(run))
     if not point:
         return state, frozen, 0, _meta(run, state)
     check_same_data(point.meta, _meta(run, state), str(out), arrays=False)  # the state fits
     state = checkpoint.restore_state(out, point.step, state)
+    check_same_root(run.root, state.rng)  # the plan's sampler was seeded from the same key
     meta = _meta(run, state)  # under DP the digest is keyed with the run's own (restored) key
     check_same_data(point.meta, meta, str(out))
     check_store_unchanged(run.task.data, str(out))
@@ -174,7 +177,6 @@ def train(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state, frozen, start, meta = _restore(run, out, point, console)
-    run = with_batch_seed(run, state.rng)
     if run.task.data.notice:  # e.g. text: is tokenized in memory; said once the run is accepted
         _say(console, run.task.data.notice)
     if main and (not point or point.changes):

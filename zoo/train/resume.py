@@ -130,6 +130,26 @@ def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
     return ResumePoint(step=step, plan_steps=plan_steps, changes=tuple(differences(saved, recipe)), meta=meta)
 
 
+def saved_root(out: Path, point: ResumePoint | None):
+    """The root key data a DP run's checkpoint at ``point`` holds (``TrainState.rng``), or None
+    (a fresh run, or one without DP). A resumed run is built with it (``build_run(root=...)``),
+    so its sampler draws the batches the first run's did and its noise continues that run's."""
+    if point is None or not point.meta.get("recipe", {}).get("dp", {}).get("enabled"):
+        return None
+    return checkpoint.restore_rng(out, point.step)
+
+
+def check_same_root(root, restored) -> None:
+    """Refuse to continue a DP run built with another root key than its checkpoint's: its
+    sampler would draw other batches than the first run's (build it with
+    ``build_run(..., root=saved_root(out, point))``)."""
+    if root is not None and not np.array_equal(np.asarray(root), np.asarray(restored)):
+        raise ValueError(
+            "the run was built with another root key than its checkpoint holds, so it would draw "
+            "other batches: build it with build_run(recipe, point.plan_steps, root=saved_root(out, point))"
+        )
+
+
 def check_run_dir(out: Path, resume: bool) -> None:
     """Refuse an ``--out`` that is a file, or that holds checkpoints when not resuming. Creates
     nothing: a run rejected later, for a bad setting, leaves no directory behind."""

@@ -1,0 +1,70 @@
+"""The stages of a run (zoo.train.stages), each built alone from a recipe, and build_run as
+their composition."""
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from zoo import recipes
+from zoo.commands import settings
+from zoo.dp.plan import make_plan
+from zoo.train import stages
+from zoo.train.run import build_run, train_batch
+from zoo.train.state import batch_seed, train_key
+
+NOISE_SEED = 7
+
+
+def pca_recipe(**values):
+    """A DP recipe with every stage in play (a DP-PCA projection too), its root key pinned."""
+    pca = {"data.dp_pca": 16, "dp.pca_epsilon": 0.5, "dp.noise_seed": NOISE_SEED, "train.steps": 20}
+    return settings.with_values(recipes.load_recipe("digits-mlp-dp"), {**pca, **values})
+
+
+def test_each_stage_builds_alone_and_build_run_composes_them():
+    recipe = pca_recipe()
+    root = stages.root_key(recipe)
+    np.testing.assert_array_equal(root, jax.random.key_data(train_key(NOISE_SEED)))
+    task = stages.load_data(recipe)
+    start = stages.model_start(recipe, task)
+    assert start.cfg.input_projection is not None and start.freeze.trainable_count > 0
+    plan = stages.dp_plan(recipe, task, start, recipe.train.steps, root)
+    # The plan is make_plan's, its sampler seeded once, here, from the root key.
+    seed = batch_seed(jax.random.key_data(train_key(NOISE_SEED)))
+    assert plan == make_plan(recipe.dp, task.num_train, recipe.train.steps, start.layout, seed=seed)
+    fitted = stages.projection(start, task, plan, root)
+    path = start.cfg.input_projection
+    leaf = lambda params: np.asarray(params[path[0]][path[1]])  # noqa: E731
+    assert not np.array_equal(leaf(fitted.params), leaf(start.params))  # fitted, not the init
+    noiseless = stages.projection(start, task, None, None)
+    assert not np.array_equal(leaf(fitted.params), leaf(noiseless.params))  # DP-PCA's noise is in
+    engine = stages.engine(recipe, fitted, plan, recipe.train.steps)
+    run = build_run(recipe, choose_remat=False)
+    np.testing.assert_array_equal(run.task.data.x_train, task.data.x_train)
+    assert run.cfg == start.cfg and run.dp == plan
+    jax.tree.map(np.testing.assert_array_equal, run.params, fitted.params)
+    for field in ("cfg", "backend", "stack", "freeze", "precision", "dp"):
+        assert getattr(run.engine, field) == getattr(engine, field), field
+
+
+def test_without_dp_there_is_no_root_plan_or_noise():
+    recipe = settings.with_values(recipes.load_recipe("digits-mlp"), {"train.steps": 20})
+    task = stages.load_data(recipe)
+    start = stages.model_start(recipe, task)
+    assert stages.root_key(recipe) is None
+    assert stages.dp_plan(recipe, task, start, 20, None) is None
+    assert stages.projection(start, task, None, None) is start  # no data.dp_pca
+    assert build_run(recipe, choose_remat=False).root is None
+
+
+def test_a_run_built_with_a_root_draws_that_roots_batches():
+    """Resume builds the run with its checkpoint's root key: the same batches, and another
+    root's are other batches (a fresh secret root each build)."""
+    recipe = pca_recipe(**{"dp.noise_seed": None, "data.dp_pca": None, "dp.pca_epsilon": None})
+    first = build_run(recipe, choose_remat=False)
+    again = build_run(recipe, choose_remat=False, root=first.root)
+    fresh = build_run(recipe, choose_remat=False)
+    assert again.dp.sampler == first.dp.sampler and fresh.dp.sampler != first.dp.sampler
+    np.testing.assert_array_equal(train_batch(again, 3)["x"], train_batch(first, 3)["x"])
+    assert dataclasses.replace(fresh.dp.sampler, seed=first.dp.sampler.seed) == first.dp.sampler

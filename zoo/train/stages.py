@@ -1,0 +1,280 @@
+"""The stages of a run, in order: data, model start, DP plan, projection, engine.
+
+Each stage is a function of the recipe and of the stages before it. :func:`zoo.train.run.build_run`
+composes them; a variant (``zoo audit``, ``zoo bench``, ``benchmarks/``, resume) calls the same
+stages and passes what it changes as arguments (the audit's canaries, a benchmark's own data,
+a resumed run's root key), so what it measures is what ``zoo train`` runs.
+
+The root key (:func:`root_key`) is made once per run. Under DP it is secret unless
+``dp.noise_seed`` pins it, and everything secret hangs off it: the Poisson batches (the plan's
+sampler seed, :func:`dp_plan`), the DP-PCA noise (:func:`projection`) and every step's noise.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import jax
+import optax
+
+from zoo import lora
+from zoo.data.errors import DataDependentWarning
+from zoo.data.public import check_public_domain
+from zoo.dp import clipping_method
+from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform
+from zoo.dp.plan import DPPlan, make_plan
+from zoo.errors import ZooError
+from zoo.freeze import FreezePlan, resolve_freeze
+from zoo.models import canonical
+from zoo.models.registry import ModelConfig
+from zoo.parallel import layout_for, spec_from_section
+from zoo.parallel.layout import Layout
+from zoo.precision import FLOAT32, Precision
+from zoo.recipes import Recipe
+from zoo.remat import AUTO, get_policy
+from zoo.scan import StackPlan
+from zoo.train import checkpoint, checks
+from zoo.train import projection as fitted
+from zoo.train.engine import Engine, make_engine
+from zoo.train.state import batch_seed, make_optimizer, secret_train_key, train_key
+from zoo.train.task import Task, fit_model_to_task, load_task
+
+
+def dp_train_key(recipe: Recipe) -> jax.Array:
+    """Root of a DP run's step keys: secret unless ``dp.noise_seed`` pins it (see TrainState)."""
+    seed = recipe.dp.noise_seed
+    return secret_train_key() if seed is None else train_key(seed)
+
+
+def root_key(recipe: Recipe) -> jax.Array | None:
+    """The run's root key data (``TrainState.rng``) under DP, made once: :func:`dp_train_key`'s.
+    None without DP (the state's keys then follow ``train.seed``)."""
+    return jax.random.key_data(dp_train_key(recipe)) if recipe.dp.enabled else None
+
+
+def start_checkpoint(recipe: Recipe):
+    """The checkpoint ``model.init_from`` names, checked against the recipe (None without one).
+    The LoRA section and the mesh are checked first: a bad one fails before anything loads."""
+    lora.check_section(recipe.lora, recipe.freeze, recipe.model.init_from)
+    mesh = spec_from_section(recipe.mesh)
+    mesh.resolve(1 if mesh.is_single else jax.device_count())
+    start = recipe.model.init_from
+    if not start:
+        return None
+    source = checkpoint.load_checkpoint(start)
+    checks.check_start(start, source.model_config, recipe.model_config, recipe.lora.enabled)
+    checks.check_vocabulary(start, source, recipe.data.vocabulary)
+    return source
+
+
+def load_data(recipe: Recipe, source=None) -> Task:
+    """Stage 1, the data: the ``[data]`` section loaded for the model's task. Under DP the
+    model's domain is declared (checked here), the private loader reads nothing off the records
+    that shapes the model, and notices that depend on the records are not shown."""
+    preset_cfg = recipe.model_config
+    start = recipe.model.init_from
+    if recipe.dp.enabled:
+        check_public_domain(recipe.data, preset_cfg.task, checkpoint=start)
+    with warnings.catch_warnings():
+        if recipe.dp.enabled:  # a notice that depends on the records is a release too
+            warnings.simplefilter("ignore", DataDependentWarning)
+        task = load_task(
+            recipe.data,
+            task=preset_cfg.task,
+            seed=recipe.train.seed,
+            tokenizer=source.tokenizer if source else None,
+            max_len=getattr(preset_cfg, "max_len", None),
+            private=recipe.dp.enabled,
+        )
+    if source is not None and task.is_lm:
+        checks.check_vocab_fits(start, source, task.data.vocab_size)
+    return task
+
+
+@dataclass(frozen=True)
+class Start:
+    """Stage 2, the model start: sizes fitted to the data, initial params (fresh or the start
+    checkpoint's), the freeze plan, the LoRA setup and the layout on the recipe's mesh."""
+
+    cfg: ModelConfig
+    params: dict
+    freeze: FreezePlan
+    layout: Layout
+    adapters: lora.LoraSetup | None = None
+    base: dict | None = None  # a LoRA run's base checkpoint (checkpoint.base_reference)
+    source: object = None  # the start checkpoint, or None
+
+    def with_params(self, params: dict) -> Start:
+        return Start(self.cfg, params, self.freeze, self.layout, self.adapters, self.base, self.source)
+
+
+def config_start(
+    cfg: ModelConfig,
+    params: dict | None = None,
+    *,
+    seed: int = 0,
+    patterns: tuple[str, ...] = (),
+    freeze: FreezePlan | None = None,
+    layout: Layout | None = None,
+) -> Start:
+    """Stage 2 without a recipe (``zoo bench``: a preset on synthetic batches): ``params``
+    (default: fresh from ``seed``), frozen by ``patterns`` or the given ``freeze`` plan (a LoRA
+    setup's), laid out on ``layout`` (default: one device)."""
+    params = canonical.init_params(cfg, seed) if params is None else params
+    freeze = freeze or resolve_freeze(params, tuple(patterns))
+    return Start(cfg, params, freeze, layout or layout_for(cfg))
+
+
+def model_start(recipe: Recipe, task: Task, source=None, *, seed: int | None = None) -> Start:
+    """Stage 2 from the data: ``seed`` (default ``train.seed``) draws fresh params."""
+    cfg = fit_model_to_task(recipe.model_config, task, recipe.model.preset, dict(recipe.model.overrides))
+    cfg = fitted.projected_config(cfg, recipe.data, source)
+    seed = recipe.train.seed if seed is None else seed
+    adapters = lora.resolve(cfg, recipe.lora) if recipe.lora.enabled else None
+    if adapters is not None:
+        cfg = lora.adapted_config(cfg, adapters)
+    params = _initial_params(cfg, source, adapters, seed, recipe.model.init_from)
+    if adapters is not None:
+        freeze = lora.freeze_plan(cfg, adapters)
+    else:
+        freeze = resolve_freeze(params, (*recipe.freeze.patterns, *fitted.fixed_patterns(cfg)))
+        _warn_if_nothing_trains(freeze, recipe.freeze.patterns)
+    _warn_unused_microbatch(recipe, cfg)
+    base = None
+    if adapters is not None and source.model_config.lora is None:
+        base = checkpoint.base_reference(source)
+    layout = layout_for(cfg, spec_from_section(recipe.mesh))
+    return Start(cfg, params, freeze, layout, adapters, base, source)
+
+
+def _initial_params(cfg: ModelConfig, source, adapters, seed: int, start: str | None) -> dict:
+    """Fresh params, a checkpoint's (the start point), or a checkpoint's with fresh adapters."""
+    try:
+        if adapters is not None:
+            return lora.initial_params(cfg, source.model_config, source.params, seed)
+        if source is not None:
+            canonical.check_params(cfg, source.params)
+            return source.params
+        return canonical.init_params(cfg, seed)
+    except ZooError as error:
+        if source is None:
+            raise
+        raise ZooError(f"--init-from {start!r} does not fit this recipe's model: {error}") from None
+
+
+def dp_plan(
+    recipe: Recipe,
+    task: Task,
+    start: Start,
+    plan_steps: int,
+    root: jax.Array | None,
+    *,
+    canaries: int = 0,
+    canary_rows: bool = False,
+) -> DPPlan | None:
+    """Stage 3, the DP plan (None without DP): :func:`zoo.dp.plan.make_plan` over the task's
+    records, its sampler seeded once, here, from the secret ``root`` key data, so which records
+    a step reads is as secret as its noise and a resumed run (same root) draws the same batches.
+    ``canaries`` (``zoo audit``) are extra records counted in the accounting."""
+    if not recipe.dp.enabled:
+        start.layout.check_batch_rows(recipe.train.batch_size, "train.batch_size")
+        if not task.is_lm:
+            checks.warn_batch_over_rows(recipe.train.batch_size, task.num_train, recipe.data.dataset)
+        return None
+    return make_plan(
+        recipe.dp,
+        task.num_train,
+        plan_steps,
+        start.layout,
+        seed=batch_seed(root),
+        canaries=canaries,
+        canary_rows=canary_rows,
+    )
+
+
+def projection(start: Start, task: Task, plan: DPPlan | None, root: jax.Array | None) -> Start:
+    """Stage 4, the input projection of ``data.dp_pca``: fitted once on the training features,
+    with the plan's DP-PCA noise drawn under ``root`` (plain PCA without DP). A run that starts
+    from a checkpoint keeps the checkpoint's. ``start`` unchanged without a projection."""
+    if start.cfg.input_projection is None or start.source is not None:
+        return start
+    key = None if plan is None else jax.random.wrap_key_data(root)
+    return start.with_params(fitted.fit(start.cfg, start.params, task.data.x_train, plan, key))
+
+
+def engine(
+    recipe: Recipe,
+    start: Start,
+    plan: DPPlan | None,
+    plan_steps: int,
+    *,
+    optimizer: optax.GradientTransformation | None = None,
+    layout: Layout | None = None,
+    clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
+) -> Engine:
+    """Stage 5, the engine: the recipe's optimizer over ``plan_steps`` (no global clip under DP),
+    remat policy (``auto`` starts unrematerialized: :mod:`zoo.train.auto_remat` picks later),
+    precision, the plan and the layout. A bench passes its own ``optimizer`` or ``layout``; the
+    audit its ``clipped_sum_transform``."""
+    checks.warn_long_warmup(recipe.optim, plan_steps)
+    checks.warn_remat_without_stack(recipe.train.remat, start.cfg)
+    return start_engine(
+        start,
+        recipe.model.backend,
+        optimizer or make_optimizer(recipe.optim, plan_steps, clip=plan is None),
+        plan=plan,
+        policy="none" if recipe.train.remat == AUTO else recipe.train.remat,
+        precision=Precision(recipe.train.precision),
+        layout=layout,
+        clipped_sum_transform=clipped_sum_transform,
+    )
+
+
+def start_engine(
+    start: Start,
+    backend: str,
+    optimizer: optax.GradientTransformation,
+    *,
+    plan: DPPlan | None = None,
+    policy: str = "none",
+    precision: Precision = FLOAT32,
+    layout: Layout | None = None,
+    clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
+) -> Engine:
+    """Stage 5 from a model start, without a recipe (``zoo bench``): the remat ``policy`` over
+    the freeze plan's frozen prefix, the DP ``plan`` (None: no DP), on ``start``'s layout."""
+    return make_engine(
+        start.cfg,
+        backend,
+        start.freeze,
+        optimizer,
+        stack=StackPlan(get_policy(policy), start.freeze.frozen_prefix),
+        dp=plan,
+        layout=layout or start.layout,
+        clipped_sum_transform=clipped_sum_transform,
+        precision=precision,
+    )
+
+
+def _warn_unused_microbatch(recipe: Recipe, cfg: ModelConfig) -> None:
+    dp = recipe.dp
+    if not (dp.enabled and dp.microbatch_size):
+        return
+    if not clipping_method(dp.clipping).uses_microbatch(cfg):
+        warnings.warn(
+            f"dp.microbatch_size={dp.microbatch_size} has no effect on memory with "
+            f"dp.clipping={dp.clipping!r} (there are no per-example gradients to chunk); it only "
+            f"rounds the padded batch up to a multiple of {dp.microbatch_size}. Use "
+            f"dp.clipping='vmap' to clip in microbatches.",
+            stacklevel=3,
+        )
+
+
+def _warn_if_nothing_trains(freeze: FreezePlan, patterns: tuple[str, ...]) -> None:
+    if freeze.trainable_count == 0:
+        warnings.warn(
+            f"--freeze {' '.join(repr(p) for p in patterns)} freezes every parameter: the run "
+            "trains nothing and its weights stay as they are",
+            stacklevel=3,
+        )
