@@ -40,7 +40,9 @@ def _cast(tree, dtype):
 
 
 def _as(tree, dtype):
-    """Floating leaves as ``dtype``; a leaf already in it is the same object (no copy)."""
+    """Floating leaves as ``dtype``; ``tree`` itself when every one already is (no copy)."""
+    if not any(_floating(a) and a.dtype != dtype for a in jax.tree_util.tree_leaves(tree)):
+        return tree
     return jax.tree_util.tree_map(lambda a: a.astype(dtype) if _floating(a) and a.dtype != dtype else a, tree)
 
 
