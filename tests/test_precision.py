@@ -170,3 +170,23 @@ def test_the_float32_check_still_catches_a_bf16_loss(monkeypatch):
     monkeypatch.setitem(globals(), "per_example_loss", planted)  # what loss_of calls
     with pytest.raises(AssertionError):
         check_float32_parts(CHECKED["cnn"])
+
+
+def test_trainable_leaves_are_float32_and_frozen_ones_the_compute_dtype_under_every_policy():
+    """``master``: float32 under both policies; ``held``: the compute dtype, so a bf16 leaf in a
+    float32 run is widened and a float32 leaf in a bf16 run is rounded once."""
+    tree = {"w": jnp.ones((2,), jnp.bfloat16), "v": jnp.ones((2,), jnp.float32), "ids": jnp.arange(2)}
+    for policy in (FLOAT32, BF16):
+        assert {k: str(a.dtype) for k, a in policy.master(tree).items()} == {
+            "w": "float32", "v": "float32", "ids": "int32"
+        }  # fmt: skip
+    assert {k: str(a.dtype) for k, a in FLOAT32.held(tree).items()} == {
+        "w": "float32",
+        "v": "float32",
+        "ids": "int32",
+    }
+    assert {k: str(a.dtype) for k, a in BF16.held(tree).items()} == {
+        "w": "bfloat16",
+        "v": "bfloat16",
+        "ids": "int32",
+    }

@@ -39,6 +39,13 @@ def _cast(tree, dtype):
     return jax.tree_util.tree_map(lambda a: a.astype(dtype) if _floating(a) else a, tree)
 
 
+def _as(tree, dtype):
+    """Floating leaves as ``dtype``; ``tree`` itself when every one already is (no copy)."""
+    if not any(_floating(a) and a.dtype != dtype for a in jax.tree_util.tree_leaves(tree)):
+        return tree
+    return jax.tree_util.tree_map(lambda a: a.astype(dtype) if _floating(a) and a.dtype != dtype else a, tree)
+
+
 @dataclass(frozen=True)
 class Precision:
     """A precision policy by name (one of :data:`PRECISIONS`).
@@ -75,11 +82,18 @@ class Precision:
         """``tree``'s floating leaves as ``output_dtype``; ``tree`` itself under float32."""
         return tree if self.is_identity else _cast(tree, self.output_dtype)
 
+    def master(self, trainable: dict) -> dict:
+        """Trainable leaves as their master copy: floating leaves in ``param_dtype`` under every
+        policy (a leaf imported in bf16, or saved frozen in bf16 by an earlier run, is widened
+        once, exactly, before its optimizer state is made)."""
+        return _as(trainable, self.param_dtype)
+
     def held(self, frozen: dict) -> dict:
         """Frozen leaves as a run holds them on device: in the compute dtype, since no
-        optimizer update ever lands on them (a bf16 import stays bf16, a float32 base is
-        rounded once, here, instead of at every step)."""
-        return self.to_compute(frozen)
+        optimizer update ever lands on them (under bfloat16 a bf16 import stays bf16 and a
+        float32 base is rounded once, here, instead of at every step; under float32 a leaf
+        saved or imported in bf16 is widened, so the float32 program computes in float32)."""
+        return _as(frozen, self.compute_dtype)
 
     def apply(self, fn: Callable) -> Callable:
         """``fn(params, x, *rest)`` under the policy: params and ``x`` cast to the compute

@@ -20,7 +20,7 @@ beforehand, against the first (what the machine's noise alone gives). With ``--g
 e.g. ``pip install --target /tmp/grain-site --no-deps grain==0.2.18 array_record==0.8.6
 portpicker==1.6.0``), a ``grain.MapDataset`` over the same windows, batched and read on
 Grain's threads, is timed against zoo's gather of the same windows (pages in memory for both;
-three alternating passes each, medians), and ``import grain`` is timed. Last, the seconds of
+three interleaved rounds, medians), and ``import grain`` is timed. Last, the seconds of
 the checksum pass a resumed run makes over the store (``TokenStore.verify``).
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from zoo import recipes
-from zoo.bench.common import median_ratio, time_in_rounds
+from zoo.bench.common import median_ratio, ratio_spread, time_in_rounds
 from zoo.commands import settings
 from zoo.data.batches import read_windows
 from zoo.train.prefetch import Prefetch
@@ -119,17 +119,13 @@ def grain_rows(run, batches: int) -> dict:
         for _ in range(batches):
             next(it)
 
-    ours()  # both read windows whose pages are now in memory: the figures compare the work
-    rates = {"zoo": [], "grain": []}
-    for _ in range(3):
-        for name, read in (("grain", theirs), ("zoo", ours)):
-            tic = time.perf_counter()
-            read()
-            rates[name].append(batches / (time.perf_counter() - tic))
+    # Both read windows whose pages are in memory after the warm-up: the figures compare the work.
+    # One stepper call reads every batch once; its seconds per call become batches per second.
+    times = time_in_rounds({"grain": lambda n: theirs(), "zoo": lambda n: ours()}, rounds=3)
     return {
         "import_s": imported,
-        "grain_batches_per_s": statistics.median(rates["grain"]),
-        "zoo_gather_batches_per_s": statistics.median(rates["zoo"]),
+        "grain_batches_per_s": batches / statistics.median(times["grain"]),
+        "zoo_gather_batches_per_s": batches / statistics.median(times["zoo"]),
     }
 
 
@@ -154,13 +150,11 @@ def main() -> None:
     with prefetch:
         times = time_in_rounds(rows, args.rounds, args.steps)
     base, on = statistics.median(times["precomputed"]), statistics.median(times["loader on"])
-    ratio = median_ratio(times["loader on"], times["precomputed"])
-    per_round = [t / b for t, b in zip(times["loader on"], times["precomputed"], strict=True)]
-    quartiles = statistics.quantiles(per_round, n=4)
+    ratio = ratio_spread(times["loader on"], times["precomputed"])
     print(f"step, batches made beforehand: {base * 1e3:.1f} ms ({1 / base:,.1f} batches/s consumed)")
     print(
-        f"step, loader on:               {on * 1e3:.1f} ms; median per-round ratio {ratio:.4f} "
-        f"(quartiles {quartiles[0]:.3f} to {quartiles[2]:.3f} over {args.rounds} rounds)"
+        f"step, loader on:               {on * 1e3:.1f} ms; median per-round ratio {ratio.median:.4f} "
+        f"(quartiles {ratio.q1:.3f} to {ratio.q3:.3f} over {args.rounds} rounds)"
     )
     control = median_ratio(times["precomputed again"], times["precomputed"])
     print(f"control, a second precomputed row: median per-round ratio {control:.4f}")

@@ -15,8 +15,8 @@ same params and batch:
 * ``jax_privacy``: ``jax_privacy.clipping.clipped_grad`` + :func:`zoo.dp.privatize`;
 * ``optax-dpsgd``: ``vmap(grad)`` per-example gradients fed to ``optax.contrib.dpsgd``.
 
-The machine may be shared, so the variants are timed round-robin (one call each per round)
-and we report the median per variant and the median over rounds of each variant's time
+The machine may be shared, so the variants are timed round-robin (one untimed and one timed
+call each per round, ``zoo.bench.common.time_in_rounds``) and we report the median per variant and the median over rounds of each variant's time
 divided by the non-private time of the same round.  Memory is XLA's compiled
 ``temp_size_in_bytes``.  The transformer is also compared under ``--remat`` (default
 ``full``): non-private vs both ghost methods.  The ghost step is also cut into prefixes (forward; + probe backward;
@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import optax
 
 import zoo  # noqa: E402
+from zoo.bench.common import call_stepper, median_ratio, time_in_rounds  # noqa: E402
 from zoo.dp import ClipRequest, clipped_grad_sum, ghost, privatize  # noqa: E402
 from zoo.losses import per_example_loss  # noqa: E402
 from zoo.models.canonical import init_params  # noqa: E402
@@ -221,24 +222,16 @@ def compile_all(fns, args_of):
 
 
 def round_robin(compiled, args_of, rounds, reference):
-    times = {name: [] for name in compiled}
-    for name, c in compiled.items():  # warm up
-        jax.block_until_ready(c(*args_of(name)))
-    for _ in range(rounds):
-        for name, c in compiled.items():
-            args = args_of(name)
-            t0 = CLOCK()
-            jax.block_until_ready(c(*args))
-            times[name].append(CLOCK() - t0)
-    out = {}
-    for name, ts in times.items():
-        ratios = [t / r for t, r in zip(ts, times[reference], strict=True)] if reference else []
-        out[name] = {
+    steppers = {name: call_stepper(c, *args_of(name)) for name, c in compiled.items()}
+    times = time_in_rounds(steppers, rounds, clock=CLOCK)
+    return {
+        name: {
             "median_ms": 1e3 * statistics.median(ts),
             "min_ms": 1e3 * min(ts),
-            "ratio": statistics.median(ratios) if ratios else None,
+            "ratio": median_ratio(ts, times[reference]) if reference else None,
         }
-    return out
+        for name, ts in times.items()
+    }
 
 
 def _timed_table(fns, params, x, y, key, rounds, reference):

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 
 from zoo import recipes
 from zoo.api import example_batch, example_labels
-from zoo.bench.common import state_stepper
+from zoo.bench.common import call_stepper, ratio_spread, state_stepper, time_in_rounds
 from zoo.bench.dp import GHOST, compile_step, fresh_state, setup_for
 from zoo.bench.dp_rows import BASELINE, CLIP, SIGMA, methods
 from zoo.dp import ClipRequest, ghost, privatize
@@ -177,14 +177,15 @@ def measure(cfg, batch: int, rounds: int, ops: int, clock: str = "wall") -> dict
     programs.update(site_parts(cfg, params, data["x"], data["y"]))
     for name, (fn, args) in programs.items():
         c = jax.jit(fn).lower(*args).compile()
-        steppers[name] = lambda n, c=c, args=args: [jax.block_until_ready(c(*args)) for _ in range(n)]
-    times = _rounds(steppers, rounds, CLOCKS[clock])
+        steppers[name] = call_stepper(c, *args)
+    times = time_in_rounds(steppers, rounds, clock=CLOCKS[clock])
     base = times[f"{BASELINE} step"]
+    spreads = {name: ratio_spread(ts, base) for name, ts in times.items()}
     table = {
         name: {
             "median_ms": 1e3 * statistics.median(ts),
-            "ratio": statistics.median(t / b for t, b in zip(ts, base, strict=True)),
-            "spread": _quartiles([t / b for t, b in zip(ts, base, strict=True)]),
+            "ratio": spreads[name].median,
+            "spread": (spreads[name].q1, spreads[name].q3),
         }
         for name, ts in times.items()
     }
@@ -195,26 +196,6 @@ def measure(cfg, batch: int, rounds: int, ops: int, clock: str = "wall") -> dict
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-
-
-def _rounds(steppers: dict, rounds: int, clock) -> dict[str, list[float]]:
-    """Seconds per call of every stepper by ``clock``, one figure per round; in each round the
-    steppers take turns, each with one untimed call before its timed one."""
-    for stepper in steppers.values():
-        stepper(1)
-    times = {name: [] for name in steppers}
-    for _ in range(rounds):
-        for name, stepper in steppers.items():
-            stepper(1)
-            tic = clock()
-            stepper(1)
-            times[name].append(clock() - tic)
-    return times
-
-
-def _quartiles(values) -> tuple[float, float]:
-    q = statistics.quantiles(values, n=4)
-    return q[0], q[2]
 
 
 def op_profile(compiled, params, setup, data, name: str, top: int, calls: int = 5) -> list:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 COST_METHODS = {  # the cost table's columns: bench row -> column
     "non-private": "non_private",
@@ -25,9 +24,9 @@ COST_METHODS = {  # the cost table's columns: bench row -> column
 
 def _ratio(rows, top: str, bottom: str) -> dict:
     """Median and quartiles over rounds of ``top``'s step time over ``bottom``'s (same round)."""
-    ratios = [t / b for t, b in zip(rows[top]["round_ms"], rows[bottom]["round_ms"], strict=True)]
-    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-    return {"median": round(statistics.median(ratios), 3), "q1": round(q1, 3), "q3": round(q3, 3)}
+    from zoo.bench.common import ratio_spread
+
+    return ratio_spread(rows[top]["round_ms"], rows[bottom]["round_ms"]).rounded(3)
 
 
 def _cost_workloads(args):

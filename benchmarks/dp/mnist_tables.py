@@ -32,12 +32,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
+
+from zoo.bench.common import append_row, run_child, train_command
 
 # (recipe, epsilon or None for no DP, anchor label, anchor accuracy %, target %)
 ROWS = [
@@ -84,29 +82,14 @@ def _pick(rows_arg: str | None):
     return rows
 
 
-def _run_child(cmd):
-    """``(stdout, stderr, returncode, peak RSS in KiB)`` of one child process."""
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = child.stdout.read(), child.stderr.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    return out, err, os.waitstatus_to_exitcode(status), usage.ru_maxrss
-
-
 def cmd_train(args) -> None:
-    args.results.parent.mkdir(parents=True, exist_ok=True)
     for recipe, eps, *_ in _pick(args.rows):
         for seed in [int(s) for s in args.seeds.split(",")]:
             sets = [f"train.seed={seed}"] + ([f"dp.epsilon={eps}", f"dp.noise_seed={seed}"] if eps else [])
             out = f"/tmp/zoo-dp-tables/{row_key(recipe, eps)}-s{seed}"
-            cmd = [sys.executable, "-m", "zoo.cli", "train", recipe, "--json", "--no-progress", "--out", out]
-            for s in sets + list(ROW_SETS.get(row_key(recipe, eps), ())) + list(args.set or []):
-                cmd += ["--set", s]
-            tic = time.perf_counter()
-            stdout, stderr, code, rss_kib = _run_child(cmd)
-            wall = time.perf_counter() - tic
-            if code:
-                raise SystemExit(f"{' '.join(cmd)} failed:\n{stderr[-2000:]}")
-            summary = json.loads(stdout.strip().splitlines()[-1])
+            sets += [*ROW_SETS.get(row_key(recipe, eps), ()), *(args.set or [])]
+            run = run_child(train_command(recipe, out, sets))
+            summary = run.summary
             result = {
                 "row": row_key(recipe, eps),
                 "seed": seed,
@@ -114,13 +97,11 @@ def cmd_train(args) -> None:
                 "epsilon": summary.get("epsilon"),
                 "noise_multiplier": summary.get("noise_multiplier"),
                 "steps": summary.get("steps"),
-                "wall_s": round(wall, 1),
-                "peak_rss_mib": round(rss_kib / 1024, 1),
-                "command": "zoo " + " ".join(cmd[3:]),
+                "wall_s": round(run.wall_s, 1),
+                "peak_rss_mib": round(run.peak_rss_mib, 1),
+                "command": run.command,
             }
-            print(json.dumps(result), flush=True)
-            with open(args.results, "a") as f:
-                f.write(json.dumps(result) + "\n")
+            append_row(args.results, result)
 
 
 def cmd_sweep(args) -> None:
@@ -128,7 +109,6 @@ def cmd_sweep(args) -> None:
     on ``mnist-val`` (train on the first 50,000 training images, score on the last 10,000: the
     test set is never read); one JSON line per run in ``--results``."""
     grids = [(key, values.split(",")) for key, _, values in (g.partition("=") for g in args.grid or [])]
-    args.results.parent.mkdir(parents=True, exist_ok=True)
     for point in itertools.product(*[[f"{k}={v}" for v in vs] for k, vs in grids]):
         for eps in [float(e) for e in args.epsilons.split(",")]:
             for seed in [int(s) for s in args.seeds.split(",")]:
@@ -140,28 +120,16 @@ def cmd_sweep(args) -> None:
                 ]
                 sets += list(args.set or []) + list(point)
                 out = f"/tmp/zoo-dp-sweep/{args.recipe}-{abs(hash(tuple(sets)))}"
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "zoo.cli",
-                    "train",
-                    args.recipe,
-                    "--json",
-                    "--no-progress",
-                    "--out",
-                    out,
-                ]
-                for s in sets:
-                    cmd += ["--set", s]
-                tic = time.perf_counter()
-                stdout, stderr, code, _ = _run_child(cmd)
-                if code:
+                run = run_child(train_command(args.recipe, out, sets), check=False)
+                if run.summary is None:
                     print(
-                        json.dumps({"point": point, "epsilon": eps, "seed": seed, "error": stderr[-300:]}),
+                        json.dumps(
+                            {"point": point, "epsilon": eps, "seed": seed, "error": run.stderr[-300:]}
+                        ),
                         flush=True,
                     )
                     continue
-                summary = json.loads(stdout.strip().splitlines()[-1])
+                summary = run.summary
                 result = {
                     "recipe": args.recipe,
                     "point": list(point),
@@ -172,11 +140,9 @@ def cmd_sweep(args) -> None:
                     "epsilon_spent": summary.get("epsilon"),
                     "noise_multiplier": summary.get("noise_multiplier"),
                     "pca_noise_multiplier": summary.get("pca_noise_multiplier"),
-                    "wall_s": round(time.perf_counter() - tic, 1),
+                    "wall_s": round(run.wall_s, 1),
                 }
-                print(json.dumps(result), flush=True)
-                with open(args.results, "a") as f:
-                    f.write(json.dumps(result) + "\n")
+                append_row(args.results, result)
 
 
 def _elapsed_s(text: str) -> float:
@@ -199,10 +165,7 @@ def cmd_add_log(args) -> None:
         "peak_rss_mib": round(int(timing["Maximum resident set size (kbytes)"]) / 1024, 1),
         "command": timing.get("Command being timed", "").strip('"'),
     }
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.results, "a") as f:
-        f.write(json.dumps(result) + "\n")
-    print(json.dumps(result))
+    append_row(args.results, result)
 
 
 def load_results(path: Path) -> dict[str, list[dict]]:

@@ -2,7 +2,7 @@
 
 Times :func:`zoo.dp.add_gaussian_noise` (jitted, per-leaf draws in the engine's order) on the
 trainable parameters of a few presets, for every sampler in ``zoo.dp.noise.NOISE_PRNGS``. The
-samplers run in interleaved rounds; each figure is the median over rounds, and the ratio is the
+samplers run in interleaved rounds (``zoo.bench.common.time_in_rounds``); each figure is the median over rounds, and the ratio is the
 median of per-round ratios to ``threefry2x32`` (JAX's default key). A ``copy`` row, the same
 tree through ``x + 0``, shows the fixed cost of one call. The ``philox4x32 partitioned`` row
 draws the same numbers through the twin in ``zoo/dp/philox.py``, which a program on a device
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import jax
 
+from zoo.bench.common import call_stepper, median_ratio, time_in_rounds
 from zoo.dp.noise import NOISE_PRNGS, add_gaussian_noise
 from zoo.models import canonical
 from zoo.models.registry import get_config
@@ -51,17 +51,8 @@ def time_preset(preset: str, rounds: int, calls: int) -> dict:
     params = canonical.init_params(get_config(preset), 0)
     count = sum(x.size for x in jax.tree.leaves(params))
     key = jax.random.key(0)
-    fns = samplers()
-    for fn in fns.values():
-        jax.block_until_ready(fn(params, key))
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            tic = time.perf_counter()
-            for _ in range(calls):
-                out = fn(params, key)
-            jax.block_until_ready(out)
-            times[name].append((time.perf_counter() - tic) / calls * 1e3)
+    steppers = {name: call_stepper(fn, params, key) for name, fn in samplers().items()}
+    times = time_in_rounds(steppers, rounds, calls)
     ref = times[REFERENCE]
     return {
         "preset": preset,
@@ -69,8 +60,8 @@ def time_preset(preset: str, rounds: int, calls: int) -> dict:
         "leaves": len(jax.tree.leaves(params)),
         "rows": {
             name: {
-                "ms": statistics.median(t),
-                "ratio": statistics.median(a / b for a, b in zip(t, ref, strict=True)),
+                "ms": 1e3 * statistics.median(t),
+                "ratio": median_ratio(t, ref),
             }
             for name, t in times.items()
         },

@@ -9,7 +9,8 @@ of the reported delta. Now P is sized so that truncation adds at most delta/1000
 Prints, for every DP recipe at epsilon 1, 3 and 8: N, q, T, the padded rows before and after, and
 the delta each guarantees (before: the recipe's delta plus the unreported truncation term; after:
 what the summary reports). Then the step time of ``--time-recipes`` at epsilon 8 with the two
-paddings, side by side in one process: interleaved rounds, medians, the ratio after/before.
+paddings, side by side in one process (``zoo.bench.common.time_in_rounds``): interleaved rounds,
+medians, the median of per-round ratios after/before.
 
     .venv/bin/python benchmarks/dp/truncation.py [--rounds 30] [--calls 10]
 """
@@ -19,11 +20,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import time
 
 import jax
 
 from zoo import recipes
+from zoo.bench.common import call_stepper, median_ratio, time_in_rounds
 from zoo.commands import settings
 from zoo.dp import accounting
 from zoo.dp.plan import make_plan
@@ -89,22 +90,16 @@ def step_times(name: str, rounds: int, calls: int, padded: dict[str, int]) -> di
     engine = run.engine
     state, frozen = engine.init_state(run.params, 0)
     step = jax.jit(engine.train_step_fn)
-    batches = {}
+    steppers = {}
     for label, size in padded.items():
         sampler = dataclasses.replace(run.dp.sampler, padded_batch_size=size)
         indices, mask, _ = sampler.batch_indices(0)
-        batches[label] = run.task.examples(indices, mask)
-        jax.block_until_ready(step(state, frozen, batches[label]))  # compile
-    times = {label: [] for label in padded}
-    for _ in range(rounds):
-        for label, b in batches.items():
-            tic = time.perf_counter()
-            for _ in range(calls):
-                out = step(state, frozen, b)
-            jax.block_until_ready(out)
-            times[label].append((time.perf_counter() - tic) / calls)
-    ratios = [a / b for a, b in zip(times["after"], times["before"], strict=True)]
-    return {**{k: statistics.median(v) for k, v in times.items()}, "ratio": statistics.median(ratios)}
+        steppers[label] = call_stepper(step, state, frozen, run.task.examples(indices, mask))
+    times = time_in_rounds(steppers, rounds, calls)
+    return {
+        **{k: statistics.median(v) for k, v in times.items()},
+        "ratio": median_ratio(times["after"], times["before"]),
+    }
 
 
 def main() -> None:

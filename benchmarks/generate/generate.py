@@ -12,7 +12,8 @@ positions, tied head: ``canonical.init_params``, nothing written to disk). Both 
 The old path (``zoo/commands/sample.py`` before issue 39, copied here as :func:`old_next_token`)
 runs the whole model over a fixed ``[1, max_len]`` window for every new token, from a Python
 loop, one sequence at a time. Its per-token cost does not depend on how far the text has got,
-so it is timed over ``--old-tokens`` tokens after one warm-up token; a batch of B sequences
+so it is timed over ``--old-tokens`` tokens after two untimed ones (``zoo.bench.common.time_in_rounds``:
+the warm-up, which compiles, and the round's untimed step); a batch of B sequences
 costs B times one (its tokens per second are those of batch 1). The cached path is timed on a
 call after a shorter one in the same buckets (which compiles): prefill plus the decode loop,
 all ``--new`` tokens, greedy, no EOS. Compile times are ahead-of-time (``lower().compile()``)
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import zoo
+from zoo.bench.common import time_in_rounds
 from zoo.generate import Model, generate, loop
 from zoo.generate.sampling import Sampling
 from zoo.models import canonical, decode
@@ -69,11 +71,12 @@ def old_tokens_per_s(cfg, params, prompt_ids, tokens: int) -> float:
         x[: len(context)] = context
         ids.append(int(step(params, x, len(context) - 1)))
 
-    one()  # compile
-    start = time.perf_counter()
-    for _ in range(tokens):
-        one()
-    return tokens / (time.perf_counter() - start)
+    def steps(n: int) -> None:
+        for _ in range(n):
+            one()
+
+    seconds = time_in_rounds({"old": steps}, rounds=1, steps_per_round=tokens)["old"][0]  # compiled first
+    return 1 / seconds
 
 
 def compile_seconds(cfg, params, prompts, new: int) -> dict:

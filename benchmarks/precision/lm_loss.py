@@ -14,39 +14,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
+
+from zoo.bench.common import append_row, run_child, train_command
 
 RESULTS = Path("benchmarks/precision/results/lm_loss.jsonl")
 PRECISIONS = ("float32", "bfloat16")
 
 
 def cmd_train(args) -> None:
-    args.results.parent.mkdir(parents=True, exist_ok=True)
     for seed in [int(s) for s in args.seeds.split(",")]:
         for precision in PRECISIONS:
             out = f"/tmp/zoo-precision/{args.recipe}-{precision}-s{seed}"
             sets = [f"train.seed={seed}", f"train.precision={precision}", *(args.set or [])]
-            cmd = [
-                sys.executable,
-                "-m",
-                "zoo.cli",
-                "train",
-                args.recipe,
-                "--json",
-                "--no-progress",
-                "--out",
-                out,
-            ]
-            for s in sets:
-                cmd += ["--set", s]
-            tic = time.perf_counter()
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode:
-                raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-            summary = json.loads(done.stdout.strip().splitlines()[-1])
+            run = run_child(train_command(args.recipe, out, sets))
+            summary = run.summary
             result = {
                 "recipe": args.recipe,
                 "precision": summary["precision"],
@@ -55,12 +37,10 @@ def cmd_train(args) -> None:
                 "eval_loss": summary["eval_loss"],
                 "train_loss": summary["train_loss"],
                 "examples_per_sec": summary["examples_per_sec"],
-                "wall_s": round(time.perf_counter() - tic, 1),
-                "command": "zoo " + " ".join(cmd[3:]),
+                "wall_s": round(run.wall_s, 1),
+                "command": run.command,
             }
-            print(json.dumps(result), flush=True)
-            with open(args.results, "a") as f:
-                f.write(json.dumps(result) + "\n")
+            append_row(args.results, result)
 
 
 def cmd_table(args) -> None:

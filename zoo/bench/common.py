@@ -1,12 +1,21 @@
-"""Helpers shared by the ``zoo bench`` benchmarks: a jitted train step, timed compilation,
-compiled-memory figures, step timing and a labelled scatter plot."""
+"""The harness every benchmark shares (``zoo bench`` and the scripts under ``benchmarks/``): a
+jitted train step, timed compilation, compiled-memory figures, the timing loop in interleaved
+rounds, the median of per-round ratios with its quartiles, a ``zoo train --json`` child run that
+becomes one JSON line, and a labelled scatter plot."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 import optax
@@ -74,8 +83,10 @@ def time_in_rounds(
     rounds: int,
     steps_per_round: int = 1,
     on_round: Callable[[int], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
-    """Seconds per step of every stepper, one figure per round.
+    """Seconds per step of every stepper, one figure per round, read from ``clock`` (the wall
+    clock, or ``time.process_time`` for the CPU time of all threads).
 
     ``stepper(n)`` runs n steps and blocks until they are done. Each stepper takes one
     warm-up step first. The steppers then take turns within every round, so all of them see
@@ -96,9 +107,9 @@ def time_in_rounds(
             on_round(r)
         for name, stepper in steppers.items():
             stepper(1)
-            tic = time.perf_counter()
+            tic = clock()
             stepper(steps_per_round)
-            times[name].append((time.perf_counter() - tic) / steps_per_round)
+            times[name].append((clock() - tic) / steps_per_round)
     return times
 
 
@@ -110,6 +121,18 @@ def state_stepper(step: Callable, run: dict, *args) -> Callable[[int], None]:
         for _ in range(n):
             run["state"], run["out"] = step(run["state"], *args)
         jax.block_until_ready((run["state"], run["out"]))
+
+    return advance
+
+
+def call_stepper(fn: Callable, *args) -> Callable[[int], None]:
+    """A stepper for :func:`time_in_rounds`: ``n`` calls of ``fn(*args)``, then block on the
+    last result (for programs without a state to carry)."""
+
+    def advance(n: int) -> None:
+        for _ in range(n):
+            out = fn(*args)
+        jax.block_until_ready(out)
 
     return advance
 
@@ -135,10 +158,97 @@ def int_list(text: str | None) -> list[int] | None:
         raise ZooError(f"expected comma-separated ints, got {text!r}") from None
 
 
+@dataclass(frozen=True)
+class Spread:
+    """The median and quartiles of per-round ratios."""
+
+    median: float
+    q1: float
+    q3: float
+
+    def rounded(self, digits: int = 3) -> dict[str, float]:
+        return {
+            "median": round(self.median, digits),
+            "q1": round(self.q1, digits),
+            "q3": round(self.q3, digits),
+        }
+
+
+def ratio_spread(times: Sequence[float], base: Sequence[float]) -> Spread:
+    """Median and quartiles over rounds of ``times[r] / base[r]``: both figures of a round saw
+    the same machine load, so this is steadier than a ratio of medians on a shared machine.
+
+    The quartiles are the exclusive ones (``statistics.quantiles``' default, NumPy's
+    ``weibull``: positions (n+1)/4 and 3(n+1)/4), kept inside the smallest and largest ratio;
+    one round gives its ratio three times."""
+    ratios = [t / b for t, b in zip(times, base, strict=True)]
+    if not ratios:
+        raise ValueError("ratio_spread needs at least one round; got none")
+    if len(ratios) == 1:
+        return Spread(ratios[0], ratios[0], ratios[0])
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    lo, hi = min(ratios), max(ratios)
+    return Spread(statistics.median(ratios), max(q1, lo), min(q3, hi))
+
+
 def median_ratio(times: Sequence[float], base: Sequence[float]) -> float:
-    """Median over rounds of ``times[r] / base[r]``: both figures of a round saw the same
-    machine load, so this is steadier than a ratio of medians on a shared machine."""
-    return statistics.median(t / b for t, b in zip(times, base, strict=True))
+    """Median over rounds of ``times[r] / base[r]`` (:func:`ratio_spread`)."""
+    return ratio_spread(times, base).median
+
+
+# --- a `zoo train --json` run as a child process, one JSON line per run -------------------------
+
+
+def train_command(recipe: str, out: str | os.PathLike, sets: Sequence[str] = ()) -> list[str]:
+    """The child command of one run: ``zoo train RECIPE --json --no-progress --out OUT`` with a
+    ``--set`` per entry of ``sets``, through this interpreter."""
+    cmd = [sys.executable, "-m", "zoo.cli", "train", recipe, "--json", "--no-progress", "--out", str(out)]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """What one child run left: its summary (the last line of its stdout, parsed; None when it
+    failed), exit status, stderr, wall seconds, peak RSS and the command as a user types it."""
+
+    summary: dict | None
+    returncode: int
+    stderr: str
+    wall_s: float
+    peak_rss_mib: float
+    command: str
+
+
+def run_child(cmd: Sequence[str], check: bool = True) -> ChildRun:
+    """Run ``cmd`` (from :func:`train_command`), timed, with its peak RSS. With ``check``, a
+    failed child stops the benchmark (``SystemExit`` with the command and its stderr's tail)."""
+    tic = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: a long stderr cannot block
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True)
+        with child.stdout:
+            out = child.stdout.read()
+        _, status, usage = os.wait4(child.pid, 0)  # wait4, not wait: the child's own peak RSS
+        child.returncode = code = os.waitstatus_to_exitcode(status)
+        errors.seek(0)
+        err = errors.read()
+    wall = time.perf_counter() - tic
+    if code and check:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
+    lines = out.strip().splitlines()
+    summary = json.loads(lines[-1]) if not code and lines else None
+    shown = "zoo " + " ".join(cmd[3:]) if list(cmd[1:3]) == ["-m", "zoo.cli"] else " ".join(cmd)
+    return ChildRun(summary, code, err, wall, usage.ru_maxrss / 1024, shown)
+
+
+def append_row(path: str | os.PathLike, row: dict) -> None:
+    """Print ``row`` as one JSON line and append it to ``path`` (its folder made if needed)."""
+    line = json.dumps(row)
+    print(line, flush=True)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 def scatter_plot(

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from zoo.errors import ZooError
@@ -218,7 +219,7 @@ def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = Non
         else:
             if cfg.lora is not None:
                 params, cfg = merged_weights(params, cfg.lora), dataclasses.replace(cfg, lora=None)
-            fields = hf_io.save(cfg, params, out_dir)
+            fields = hf_io.save(cfg, one_dtype(params), out_dir)
             written = {"model_type": fields["model_type"]}
             spec = getattr(ckpt.tokenizer, "spec", None)  # an import's tokenizer.json goes along
             if spec is not None:
@@ -229,6 +230,20 @@ def export_hf(run_dir, out_dir, *, adapter: bool = False, step: int | None = Non
     except ValueError as error:
         raise ZooError(str(error)) from None
     return {"out_dir": str(out_dir), "from": str(run_dir), "step": ckpt.step, "adapter": adapter, **written}
+
+
+def one_dtype(params: dict) -> dict:
+    """``params`` with one floating dtype, so that ``config.json``'s ``torch_dtype`` is the
+    dtype of every tensor: a checkpoint stored as held mixes float32 (what trained) with bf16
+    (what stayed frozen in bf16), and such a mix is widened, exactly, to float32."""
+    floats = {
+        str(a.dtype) for a in jax.tree_util.tree_leaves(params) if jnp.issubdtype(a.dtype, jnp.floating)
+    }
+    if len(floats) <= 1:
+        return params
+    return jax.tree_util.tree_map(
+        lambda a: np.asarray(a, np.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a, params
+    )
 
 
 def _writable_out(out) -> Path:

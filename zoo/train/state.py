@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from zoo.configs import OptimConfig
+from zoo.precision import FLOAT32
 
 # ``canonical.init_params`` draws leaf i from ``fold_in(key(seed), i)``. Step s's key would be
 # that same key if the step keys hung off ``key(seed)`` directly, and the DP noise of step s
@@ -76,7 +77,11 @@ class TrainState:
     def create(
         cls, params: dict, optimizer: optax.GradientTransformation, seed: int, key: jax.Array | None = None
     ) -> TrainState:
-        """A fresh state whose per-step keys hang off ``key``, or ``train_key(seed)`` without one."""
+        """A fresh state whose per-step keys hang off ``key``, or ``train_key(seed)`` without one.
+
+        The params become their float32 master copy first (:meth:`zoo.precision.Precision.master`),
+        so the optimizer state is float32 too, whatever dtype they were imported or saved in."""
+        params = FLOAT32.master(params)
         return cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
