@@ -71,7 +71,7 @@ def test_each_tasks_loss_on_its_batches_matches_float64_numpy(make):
 
 def test_a_classifier_task_shapes_its_rows_and_reads_its_whole_eval_split():
     task = _classify_task()
-    assert task.num_train == 30 and not task.is_lm
+    assert task.num_train == 30 and not task.type.tokenized
     batch = task.train_batch(0, 4, seed=0)
     assert batch["x"].shape == (4, 2, 3)
     ex = task.examples(np.array([2, 7]), np.ones(2, np.float32))
@@ -84,7 +84,7 @@ def test_a_classifier_task_shapes_its_rows_and_reads_its_whole_eval_split():
 
 def test_an_lm_task_reads_windows_and_reports_bits_per_character():
     task = _lm_task()
-    assert task.num_train == 99 // SEQ and task.is_lm
+    assert task.num_train == 99 // SEQ and task.type.tokenized
     ex = task.examples(np.array([1]), np.ones(1, np.float32))
     np.testing.assert_array_equal(ex["x"][0], np.asarray(task.data.x_train)[SEQ : 2 * SEQ])
     got = list(task.eval_batches(batch_size=1, max_batches=2))

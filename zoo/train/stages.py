@@ -87,7 +87,7 @@ def load_data(recipe: Recipe, source=None) -> Task:
             max_len=getattr(preset_cfg, "max_len", None),
             private=recipe.dp.enabled,
         )
-    if source is not None and task.is_lm:
+    if source is not None and task.type.tokenized:
         checks.check_vocab_fits(start, source, task.data.vocab_size)
     return task
 
@@ -179,7 +179,7 @@ def dp_plan(
     ``canaries`` (``zoo audit``) are extra records counted in the accounting."""
     if not recipe.dp.enabled:
         start.layout.check_batch_rows(recipe.train.batch_size, "train.batch_size")
-        if not task.is_lm:
+        if not task.type.tokenized:
             checks.warn_batch_over_rows(recipe.train.batch_size, task.num_train, recipe.data.dataset)
         return None
     return make_plan(

@@ -36,11 +36,6 @@ class Task:
         return self.data.task_type
 
     @property
-    def is_lm(self) -> bool:
-        """Deprecated: ask ``type`` (``type.tokenized``); kept until zoo.train.run switches."""
-        return self.type.tokenized
-
-    @property
     def num_train(self) -> int:
         """Examples for Poisson sampling: rows, or non-overlapping LM windows."""
         return self.type.num_records(self.data, self.seq_len)
