@@ -227,3 +227,32 @@ def test_a_process_share_of_a_batch_is_those_rows_of_the_whole(store, dp):
         assert count == same == int(whole["mask"].sum()) and set(part) == set(whole)
         for key in whole:
             assert part[key].tolist() == whole[key][8:24].tolist(), key
+
+
+def test_ids_past_the_vocabulary_stop_a_plain_run_and_follow_the_declared_rule_under_dp(
+    store, tmp_path, capsys
+):
+    """train.bin changed to hold ids past the vocabulary, same size, store.json untouched: a
+    plain run is refused in one line naming the file; a DP run reads them as 0 in every window
+    and says nothing, so its exit status and printed lines are those of the clean store."""
+    from tests.e2e.clikit import refused
+
+    changed = tmp_path / "changed"
+    shutil.copytree(store, changed)
+    ids = np.fromfile(changed / "train.bin", np.uint16)
+    ids[::5] = 300  # past the 257 ids of bytes, in every window
+    ids.tofile(changed / "train.bin")
+    one = {**TINY, "train.steps": 1, "train.eval_every": 1, "optim.warmup_steps": 0}
+    sets = [f"--set={k}={v}" for k, v in one.items()]
+    argv = ["train", "python-docs-lm", "--dataset", f"tokens:{changed}", "--no-progress", *sets]
+    refused(
+        capsys, [*argv, "--out", str(tmp_path / "plain")], "train.bin: id 300 at token", "past the vocabulary"
+    )
+    said = {}
+    for name, data in (("clean", store), ("changed", changed)):
+        dp = ["train", "python-docs-lm-dp", "--dataset", f"tokens:{data}", "--no-progress", *sets]
+        dp += [f"--set={k}={v}" for k, v in DP.items() if k != "train.steps"]
+        assert main([*dp, "--out", str(tmp_path / name)]) == 0
+        said[name] = capsys.readouterr().err.replace(str(data), "DATA").replace(str(tmp_path / name), "OUT")
+    assert said["changed"].splitlines()[0] == said["clean"].splitlines()[0]
+    assert "past the vocabulary" not in said["changed"] and "<unk>" not in said["changed"]

@@ -9,6 +9,7 @@ lm: ``x`` int32 [B, seq_len] token windows, ``y`` int32 [B, seq_len] the next to
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -40,18 +41,34 @@ def _tokens_for(ds: Dataset, split: str, seq_len: int | None) -> tuple[np.ndarra
     return tokens, seq_len
 
 
-def read_windows(tokens: np.ndarray, starts: np.ndarray, length: int, vocab_size: int) -> np.ndarray:
+def read_windows(
+    tokens: np.ndarray, starts: np.ndarray, length: int, vocab_size: int, refuse: Path | None = None
+) -> np.ndarray:
     """int32 ``[len(starts), length]``: the ``length`` tokens from each start. ``tokens`` may be
-    a memmap (only these windows' pages are read); an id past the vocabulary (a raw ``.bin``
-    written with another) is read as 0, ``<unk>``."""
-    window = tokens[np.asarray(starts, np.int64)[:, None] + np.arange(length)[None, :]].astype(np.int32)
-    if window.size and window.max() >= vocab_size:
-        window[window >= vocab_size] = 0
-    return window
+    a memmap (only these windows' pages are read). An id past the vocabulary is read as 0,
+    ``<unk>`` (a raw ``.bin`` written with another vocabulary, or any DP run:
+    ``zoo.data.tokens.store.private_rule``), or, with ``refuse`` (the split's file, a token
+    store read without DP), is a DatasetError naming the file, the id and where it is."""
+    starts = np.asarray(starts, np.int64)
+    raw = tokens[starts[:, None] + np.arange(length)[None, :]]  # checked before the cast to int32
+    past = raw >= vocab_size
+    if past.any():
+        if refuse is not None:
+            row, col = np.argwhere(past)[0]
+            raise DatasetError(
+                f"{refuse}: id {int(raw[row, col]):,} at token {int(starts[row]) + int(col):,} is past "
+                f"the vocabulary of {vocab_size:,} ids: the file changed after zoo tokenize wrote it "
+                "(store.json records its sha256 and largest id); tokenize the source again"
+            )
+        raw = np.where(past, 0, raw)
+    return raw.astype(np.int32)
 
 
-def _windows(ds: Dataset, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
-    window = read_windows(tokens, starts, seq_len + 1, ds.vocab_size)
+def _windows(
+    ds: Dataset, split: str, tokens: np.ndarray, starts: np.ndarray, seq_len: int
+) -> dict[str, np.ndarray]:
+    refuse = ds.store.refusing(split) if ds.store is not None else None
+    window = read_windows(tokens, starts, seq_len + 1, ds.vocab_size, refuse)
     return {
         "x": np.ascontiguousarray(window[:, :-1]),
         "y": np.ascontiguousarray(window[:, 1:]),
@@ -78,7 +95,7 @@ def sample_batch(
     if ds.task == "lm":
         tokens, seq_len = _tokens_for(ds, split, seq_len)
         starts = rng.integers(0, tokens.shape[0] - seq_len, size=batch_size)[rows]
-        return _windows(ds, tokens, starts, seq_len)
+        return _windows(ds, split, tokens, starts, seq_len)
     x, y = _split(ds, split)
     n = x.shape[0]
     if n == 0:
@@ -105,7 +122,7 @@ def eval_batches(
     if ds.task == "lm":
         tokens, seq_len = _tokens_for(ds, "eval", seq_len)
         starts = np.arange((tokens.shape[0] - 1) // seq_len) * seq_len
-        rows, make = len(starts), lambda idx: _windows(ds, tokens, starts[idx], seq_len)
+        rows, make = len(starts), lambda idx: _windows(ds, "eval", tokens, starts[idx], seq_len)
     else:
         rows = ds.num_eval
         make = lambda idx: {"x": ds.x_eval[idx], "y": ds.y_eval[idx]}  # noqa: E731

@@ -26,7 +26,7 @@ from zoo.data.declared import classify_declared
 from zoo.data.errors import DatasetError
 from zoo.data.table import Columns, Source, lookup
 from zoo.data.tokenizer import CharTokenizer
-from zoo.data.tokens.store import TokenSource
+from zoo.data.tokens.store import TokenSource, private_rule
 
 MAX_SEED = 2**32 - 1  # the largest seed `datasets`' train_test_split (numpy's legacy seeding) takes
 
@@ -164,7 +164,8 @@ def load_dataset(
         raise DatasetError(f"{spec!r} supports only task={only!r}, not {task!r}")
     src = form.read(spec, rest, Columns(text_column, image_column, label_column))
     if isinstance(src, TokenSource):  # ids on disk, read by index (zoo.data.tokens)
-        return Dataset.from_store(spec, src.open(tokenizer, eval_fraction))
+        store = src.open(tokenizer, eval_fraction)
+        return Dataset.from_store(spec, private_rule(store) if private else store)
     if task == "classify":
         classify = classify_declared if private else _classify
         return classify(spec, src, seed, eval_fraction, classes, image_max)
