@@ -18,6 +18,7 @@ from pathlib import Path
 from zoo.data.errors import DatasetError
 
 SCHEMES = ("text:PATH[,PATH...]", "parquet:PATH[,PATH...]", "hf:NAME[:CONFIG]")
+SPLITS = ("auto", "documents", "tail")  # zoo tokenize --split: zoo.data.tokens.build.choose_split
 PIECE_CHARS = 1 << 22  # characters of one piece: about 4 MB of text
 
 
@@ -36,6 +37,7 @@ class DocumentStream:
     unit: str  # "bytes" or "rows"
     total: int | None
     pieces: Iterator[Piece]
+    documents: int | None = None  # how many documents it names, when known before reading
 
 
 def cut(text: str, limit: int) -> list[str]:
@@ -166,14 +168,14 @@ def open_documents(spec: str, *, text_column: str = "text", piece_chars: int = P
     if sep and scheme == "text":
         paths = _paths(spec, rest, None)
         total = sum(p.stat().st_size for p in paths)
-        return DocumentStream(spec, "bytes", total, _text_pieces(spec, paths, piece_chars))
+        return DocumentStream(spec, "bytes", total, _text_pieces(spec, paths, piece_chars), len(paths))
     if sep and scheme == "parquet":
         import pyarrow.parquet as pq
 
         paths = _paths(spec, rest, ".parquet")
         total = sum(pq.read_metadata(p).num_rows for p in paths)
         rows = _parquet_rows(spec, paths, text_column)
-        return DocumentStream(spec, "rows", total, _row_pieces(rows, piece_chars))
+        return DocumentStream(spec, "rows", total, _row_pieces(rows, piece_chars), total)
     if sep and scheme == "hf":
         return DocumentStream(
             spec, "rows", None, _row_pieces(_hub_rows(spec, rest, text_column), piece_chars)
