@@ -21,6 +21,7 @@ from zoo.data import load_dataset
 from zoo.data.errors import DatasetError
 from zoo.data.public import check_public_domain
 from zoo.data.tokenizer import CharTokenizer
+from zoo.data.tokens import open_store
 from zoo.errors import ZooError
 from zoo.train.loop import train_recipe
 from zoo.train.run import build_run, local_batch, train_batch
@@ -256,3 +257,20 @@ def test_ids_past_the_vocabulary_stop_a_plain_run_and_follow_the_declared_rule_u
         said[name] = capsys.readouterr().err.replace(str(data), "DATA").replace(str(tmp_path / name), "OUT")
     assert said["changed"].splitlines()[0] == said["clean"].splitlines()[0]
     assert "past the vocabulary" not in said["changed"] and "<unk>" not in said["changed"]
+
+
+def test_a_dp_run_names_its_privacy_unit_and_their_number(store, tmp_path, capsys):
+    """summary.json and the printed table say what DP protects: a seq_len-token window, how
+    many the train split holds (the sampler's N), and where group privacy is explained."""
+    sets = [f"--set={k}={v}" for k, v in {**TINY, **DP, "train.steps": 1, "optim.warmup_steps": 0}.items()]
+    argv = ["train", "python-docs-lm-dp", "--dataset", f"tokens:{store}", "--no-progress", *sets]
+    assert main([*argv, "--out", str(tmp_path / "table")]) == 0
+    table = capsys.readouterr().out
+    assert main([*argv, "--out", str(tmp_path / "json"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    windows = (open_store(store).train.shape[0] - 1) // SEQ
+    assert summary["privacy_unit"] == f"window of {SEQ} tokens" and summary["privacy_units"] == windows
+    assert summary["privacy_units"] * summary["sampling_prob"] == pytest.approx(DP["dp.expected_batch_size"])
+    assert "docs/dp.md#what-is-guaranteed" in summary["group_privacy"]
+    for key in ("privacy_unit", f"window of {SEQ} tokens", "privacy_units", "group_privacy"):
+        assert key in table, key
