@@ -13,7 +13,8 @@ The rules, one per fact, each the same for every record:
   column decoded per record, such as ``Image``, is refused before any row is read). Images are
   divided by ``data.image_max``, or by the dtype's own range: 255 for uint8, as they are for
   floats. A table's features are the header's columns other than the label, each value read
-  as a number; a row with a value that is not a finite number is dropped.
+  as a number; a row with a value that is not a finite number is dropped. (Images are scaled
+  by the same rule without DP: :func:`zoo.data.arrays.image_scale`.)
 
 The number of rows kept, ``N``, is treated as public, as DP-SGD's sampling rate ``q = B / N``
 already publishes it.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import datasets
 import numpy as np
 
-from zoo.data.arrays import require_column, split_indices
+from zoo.data.arrays import image_scale, require_column, split_indices
 from zoo.data.dataset import Dataset
 from zoo.data.errors import DatasetError
 from zoo.data.table import Source
@@ -64,20 +65,6 @@ def declared_labels(ds: datasets.Dataset, source: str, label_column: str, classe
     return np.array([found[value] for value in values.tolist()], np.int64)
 
 
-def _image_scale(feature, image_max: float | None, source: str, column: str) -> float:
-    if image_max is not None:
-        return float(image_max)
-    dtype = np.dtype(feature.dtype)
-    if dtype == np.uint8:
-        return 255.0
-    if dtype.kind in "fb":
-        return 1.0
-    raise DatasetError(
-        f"{source!r}: images in column {column!r} are {dtype}; under DP their range must be "
-        f"declared (not read off the pixels): set data.image_max, e.g. {np.iinfo(dtype).max}"
-    )
-
-
 def declared_features(
     ds: datasets.Dataset, *, source: str, image_column: str, label_column: str, image_max: float | None
 ) -> tuple[np.ndarray, tuple[int, ...] | None]:
@@ -91,7 +78,7 @@ def declared_features(
                 "record's own; under DP the shape must be declared: store the images as a fixed-shape "
                 "Array2D/Array3D column (zoo's mnist and idx:DIR forms do)"
             )
-        scale = _image_scale(feature, image_max, source, image_column)
+        scale = image_scale(feature.dtype, image_max, source, image_column)
         images = ds.with_format("numpy", columns=[image_column])[:][image_column]
         x = np.asarray(images, np.float32).reshape(len(ds), -1) / np.float32(scale)
         return x, tuple(int(d) for d in feature.shape)
