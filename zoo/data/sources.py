@@ -162,7 +162,7 @@ def load_dataset(
     if task not in form.tasks:
         only = form.tasks[0] if len(form.tasks) == 1 else form.tasks
         raise DatasetError(f"{spec!r} supports only task={only!r}, not {task!r}")
-    src = form.read(spec, rest, Columns(text_column, image_column, label_column))
+    src = form.read(spec, rest, Columns(text_column, image_column, label_column, private))
     if isinstance(src, TokenSource):  # ids on disk, read by index (zoo.data.tokens)
         store = src.open(tokenizer, eval_fraction)
         return Dataset.from_store(spec, private_rule(store) if private else store)

@@ -37,6 +37,7 @@ class Columns:
     text: str = "text"
     image: str = "image"
     label: str = "label"
+    private: bool = False  # a DP run: a CSV's records are read by one rule (zoo.data.records)
 
 
 @dataclass(frozen=True)

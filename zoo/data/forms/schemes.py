@@ -47,11 +47,16 @@ def read_text(spec: str, rest: str, columns: Columns) -> Source:
 
 
 def read_table(spec: str, rest: str, columns: Columns) -> Source:
-    """``csv:PATH`` or ``parquet:PATH``: the builder is the scheme."""
+    """``csv:PATH`` or ``parquet:PATH``: the builder is the scheme; a DP run's CSV is read by
+    :func:`zoo.data.records.read_csv_records` (a malformed record: a row to drop, not an error)."""
     from zoo.data.files import load_local, local_paths
 
     builder = spec.partition(":")[0]
     paths = local_paths(spec, rest, many=False, forms=valid_forms())
+    if builder == "csv" and columns.private:  # one rule for every record, malformed or not
+        from zoo.data.records import read_csv_records
+
+        return Source(read_csv_records(spec, paths[0]), columns.text, columns.image, columns.label)
     return Source(
         train_rows(load_local(spec, builder, paths), spec), columns.text, columns.image, columns.label
     )
