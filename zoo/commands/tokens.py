@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from zoo.data.tokens.documents import SCHEMES, SPLITS
+from zoo.data.table import document_forms
+from zoo.data.tokens.documents import SPLITS
 from zoo.data.vocabulary import FORMS
 from zoo.ui import emit_json, err_console
 
@@ -81,7 +82,9 @@ def add_parser(sub) -> None:
             "tokens:DIR). The store appears at --out only when complete."
         ),
     )
-    p.add_argument("source", metavar="SRC", help=f"the text to tokenize: {', '.join(SCHEMES)}")
+    p.add_argument(
+        "source", metavar="SRC", help=f"the text to tokenize: {', '.join(f.usage for f in document_forms())}"
+    )
     p.add_argument("--out", required=True, help="the store's directory (must not exist, or be empty)")
     p.add_argument(
         "--vocabulary",

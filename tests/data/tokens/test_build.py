@@ -153,7 +153,9 @@ def test_few_documents_split_by_tail_and_a_lopsided_documents_split_is_said(tmp_
     whole = tokenize(source, tmp_path / "whole", "bytes", split="documents")  # big.txt held out whole
     assert whole["splits"]["train"]["tokens"] == 5
     notice = balance_notice(whole)
-    assert "the eval split holds 100.0% of the tokens (21,000 of 21,005)" in notice and "--split tail" in notice
+    assert (
+        "the eval split holds 100.0% of the tokens (21,000 of 21,005)" in notice and "--split tail" in notice
+    )
 
 
 def test_a_documents_split_of_one_document_is_refused_and_leaves_nothing(tmp_path):
@@ -239,7 +241,7 @@ def test_bad_sources_are_named_in_one_line(tmp_path):
     (tmp_path / "latin.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     with pytest.raises(DatasetError, match="latin.txt: not UTF-8"):
         tokenize(f"text:{tmp_path / 'latin.txt'}", tmp_path / "s", "bytes")
-    with pytest.raises(DatasetError, match="valid sources are text:"):
+    with pytest.raises(DatasetError, match=r"valid sources are hf:NAME\[:CONFIG\], parquet:PATH, text:PATH"):
         tokenize("csv:x.csv", tmp_path / "s", "bytes")
     with pytest.raises(DatasetError, match="ids:N has no text form"):
         tokenize(f"text:{tmp_path / 'latin.txt'}", tmp_path / "s", "ids:300")
