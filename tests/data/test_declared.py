@@ -53,7 +53,7 @@ def test_images_are_scaled_by_their_format_or_the_declared_range_never_by_their_
     np.testing.assert_array_equal(x, np.float32([[0, 255], [51, 102]]) / np.float32(255))
     x, _ = features(images([[0, 4095]], "uint16"), image_max=4095.0)
     assert x.tolist() == [[0.0, 1.0]]
-    with pytest.raises(DatasetError, match="set data.image_max, e.g. 65535"):
+    with pytest.raises(DatasetError, match="declare it with data.image_max, e.g. 65535"):
         features(images([[0, 4095]], "uint16"))
 
 
@@ -85,3 +85,41 @@ def test_the_loader_drops_unmatched_and_non_finite_rows_and_keeps_every_declared
     assert ds.num_train + ds.num_eval == 20  # the three bad rows are gone, silently
     with pytest.raises(DatasetError, match="list the classes"):
         load_dataset(f"csv:{path}", task="classify", private=True)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "top"),
+    [("float32", 200), ("uint8", 1)],  # floats in 0..255; uint8 images of 0 and 1 only
+)
+def test_a_classifier_recipes_inputs_are_equal_bit_for_bit_with_dp_on_and_off(tmp_path, dtype, top):
+    """One scaling rule for both loaders (zoo.data.arrays.image_scale): the dtype's range or
+    data.image_max, never the largest pixel, so turning dp.enabled on changes no input."""
+    from zoo import recipes
+    from zoo.commands import settings
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, top + 1, size=(60, 4, 4)).astype(dtype)
+    feature = {"image": datasets.Array2D(shape=(4, 4), dtype=dtype), "label": datasets.Value("int64")}
+    data = {"image": pixels, "label": rng.integers(0, 3, 60)}
+    datasets.Dataset.from_dict(data, features=datasets.Features(feature)).to_parquet(
+        str(tmp_path / "i.parquet")
+    )
+    loaded = {}
+    for dp in (False, True):
+        recipe = settings.with_values(
+            recipes.load_recipe("digits-mlp-dp"),
+            {
+                "data.dataset": f"parquet:{tmp_path / 'i.parquet'}",
+                "data.classes": [0, 1, 2],
+                "dp.enabled": dp,
+            },
+        )
+        d = recipe.data
+        loaded[dp] = load_dataset(
+            d.dataset, task="classify", seed=recipe.train.seed, eval_fraction=d.eval_fraction,
+            classes=d.classes, image_max=d.image_max, private=recipe.dp.enabled,
+        )  # fmt: skip
+    for split in ("x_train", "y_train", "x_eval", "y_eval"):
+        assert getattr(loaded[False], split).tobytes() == getattr(loaded[True], split).tobytes(), split
+    expected = pixels.reshape(60, -1).astype(np.float32) / np.float32(255 if dtype == "uint8" else 1)
+    assert np.isin(loaded[False].x_train, expected).all()

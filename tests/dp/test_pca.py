@@ -126,3 +126,22 @@ def test_the_key_fixes_the_noise_and_is_a_stream_of_its_own():
         pca.noisy_second_moment(X, 1.0, None)
     with pytest.raises(ValueError, match="k must be"):
         pca.private_pca(X, 13, noise_multiplier=0.0, key=None)
+
+
+@pytest.mark.parametrize(
+    ("pca_epsilon", "fix"),
+    [(1e-6, "raise dp.pca_epsilon to at least"), (200.0, "set dp.pca_epsilon below")],
+)
+def test_a_pca_budget_out_of_range_names_dp_pca_epsilon_and_its_one_release(pca_epsilon, fix):
+    """The projection's noise is calibrated for one Gaussian release: an unreachable share is
+    refused naming the setting at fault, not DP-SGD's steps ("over 1 steps ... fewer steps")."""
+    from zoo.configs import DPConfig
+    from zoo.dp.plan import pca_noise_multiplier
+    from zoo.errors import ZooError
+
+    cfg = DPConfig(enabled=True, epsilon=400.0, pca_epsilon=pca_epsilon)
+    with pytest.raises(ZooError) as caught:
+        pca_noise_multiplier(cfg)
+    message = str(caught.value)
+    assert f"dp.pca_epsilon={pca_epsilon:g}" in message and "one Gaussian release" in message
+    assert fix in message and "steps" not in message.replace("DP-SGD's steps", "")

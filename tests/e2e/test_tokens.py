@@ -21,6 +21,7 @@ from zoo.data import load_dataset
 from zoo.data.errors import DatasetError
 from zoo.data.public import check_public_domain
 from zoo.data.tokenizer import CharTokenizer
+from zoo.data.tokens import open_store
 from zoo.errors import ZooError
 from zoo.train.loop import train_recipe
 from zoo.train.run import build_run, local_batch, train_batch
@@ -227,3 +228,49 @@ def test_a_process_share_of_a_batch_is_those_rows_of_the_whole(store, dp):
         assert count == same == int(whole["mask"].sum()) and set(part) == set(whole)
         for key in whole:
             assert part[key].tolist() == whole[key][8:24].tolist(), key
+
+
+def test_ids_past_the_vocabulary_stop_a_plain_run_and_follow_the_declared_rule_under_dp(
+    store, tmp_path, capsys
+):
+    """train.bin changed to hold ids past the vocabulary, same size, store.json untouched: a
+    plain run is refused in one line naming the file; a DP run reads them as 0 in every window
+    and says nothing, so its exit status and printed lines are those of the clean store."""
+    from tests.e2e.clikit import refused
+
+    changed = tmp_path / "changed"
+    shutil.copytree(store, changed)
+    ids = np.fromfile(changed / "train.bin", np.uint16)
+    ids[::5] = 300  # past the 257 ids of bytes, in every window
+    ids.tofile(changed / "train.bin")
+    one = {**TINY, "train.steps": 1, "train.eval_every": 1, "optim.warmup_steps": 0}
+    sets = [f"--set={k}={v}" for k, v in one.items()]
+    argv = ["train", "python-docs-lm", "--dataset", f"tokens:{changed}", "--no-progress", *sets]
+    refused(
+        capsys, [*argv, "--out", str(tmp_path / "plain")], "train.bin: id 300 at token", "past the vocabulary"
+    )
+    said = {}
+    for name, data in (("clean", store), ("changed", changed)):
+        dp = ["train", "python-docs-lm-dp", "--dataset", f"tokens:{data}", "--no-progress", *sets]
+        dp += [f"--set={k}={v}" for k, v in DP.items() if k != "train.steps"]
+        assert main([*dp, "--out", str(tmp_path / name)]) == 0
+        said[name] = capsys.readouterr().err.replace(str(data), "DATA").replace(str(tmp_path / name), "OUT")
+    assert said["changed"].splitlines()[0] == said["clean"].splitlines()[0]
+    assert "past the vocabulary" not in said["changed"] and "<unk>" not in said["changed"]
+
+
+def test_a_dp_run_names_its_privacy_unit_and_their_number(store, tmp_path, capsys):
+    """summary.json and the printed table say what DP protects: a seq_len-token window, how
+    many the train split holds (the sampler's N), and where group privacy is explained."""
+    sets = [f"--set={k}={v}" for k, v in {**TINY, **DP, "train.steps": 1, "optim.warmup_steps": 0}.items()]
+    argv = ["train", "python-docs-lm-dp", "--dataset", f"tokens:{store}", "--no-progress", *sets]
+    assert main([*argv, "--out", str(tmp_path / "table")]) == 0
+    table = capsys.readouterr().out
+    assert main([*argv, "--out", str(tmp_path / "json"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    windows = (open_store(store).train.shape[0] - 1) // SEQ
+    assert summary["privacy_unit"] == f"window of {SEQ} tokens" and summary["privacy_units"] == windows
+    assert summary["privacy_units"] * summary["sampling_prob"] == pytest.approx(DP["dp.expected_batch_size"])
+    assert "docs/dp.md#what-is-guaranteed" in summary["group_privacy"]
+    for key in ("privacy_unit", f"window of {SEQ} tokens", "privacy_units", "group_privacy"):
+        assert key in table, key

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from zoo.data.tokens.documents import SCHEMES
+from zoo.data.table import document_forms
+from zoo.data.tokens.documents import SPLITS
 from zoo.data.vocabulary import FORMS
 from zoo.ui import emit_json, err_console
 
@@ -31,7 +32,7 @@ def _read(unit: str, done: int, total: int | None) -> str:
 
 
 def run_tokenize(args) -> int:
-    from zoo.data.tokens.build import check_text_vocabulary, tokenize
+    from zoo.data.tokens.build import balance_notice, check_text_vocabulary, tokenize
 
     check_text_vocabulary(args.vocabulary)  # a bad one is refused before the progress bar
     with _progress_bar(args.progress) as progress:
@@ -53,6 +54,7 @@ def run_tokenize(args) -> int:
             args.out,
             args.vocabulary,
             eval_fraction=args.eval_fraction,
+            split=args.split,
             text_column=args.text_column,
             on_progress=show,
         )
@@ -63,6 +65,9 @@ def run_tokenize(args) -> int:
         f"({meta['dtype']}, {meta['vocab_size']:,} ids); train on it with --dataset tokens:{args.out}"
     )
     err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+    notice = balance_notice(meta)
+    if notice:
+        err_console.print(notice, markup=False, highlight=False, soft_wrap=True)
     if args.json:
         emit_json({"out": str(args.out), **meta})
     return 0
@@ -77,7 +82,9 @@ def add_parser(sub) -> None:
             "tokens:DIR). The store appears at --out only when complete."
         ),
     )
-    p.add_argument("source", metavar="SRC", help=f"the text to tokenize: {', '.join(SCHEMES)}")
+    p.add_argument(
+        "source", metavar="SRC", help=f"the text to tokenize: {', '.join(f.usage for f in document_forms())}"
+    )
     p.add_argument("--out", required=True, help="the store's directory (must not exist, or be empty)")
     p.add_argument(
         "--vocabulary",
@@ -88,7 +95,14 @@ def add_parser(sub) -> None:
         "--eval-fraction",
         type=float,
         default=0.1,
-        help="hold out every 1/F-th document, the first included, as the eval split (default 0.1)",
+        help="the share held out as the eval split (default 0.1), by the --split rule",
+    )
+    p.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="auto",
+        help="documents: every 1/F-th document whole, the first included; tail: the last F of each "
+        "document's ids; auto (default): tail when SRC names fewer than 1/F documents, else documents",
     )
     p.add_argument("--text-column", default="text", help="parquet: and hf: sources: the column of text")
     p.add_argument("--json", action="store_true", help="print store.json as a last JSON line")

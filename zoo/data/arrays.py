@@ -23,17 +23,22 @@ def _is_numeric(feature: object) -> bool:
     return isinstance(feature, datasets.Value) and dtype.startswith(_NUMERIC)
 
 
-def _to_unit_range(x: np.ndarray, image_max: float | None = None) -> np.ndarray:
-    """Images as float32 in [0, 1]: divided by ``image_max`` (``data.image_max``) when it is
-    declared; else values already <= 1 are kept and 8-bit ranges divide by 255 (read off the
-    pixels: a run without DP only; under DP, ``zoo.data.declared``)."""
-    x = x.astype(np.float32)
+def image_scale(dtype: np.dtype, image_max: float | None, source: str, column: str) -> float:
+    """What images are divided by, one rule with and without DP (nothing read off the pixels,
+    so turning DP on changes no input): ``data.image_max`` when declared, else the dtype's own
+    range, 255 for uint8 and 1 for floats and bools; another dtype asks for ``data.image_max``."""
     if image_max is not None:
-        return x / np.float32(image_max)
-    top = float(x.max()) if x.size else 0.0
-    if top > 1.0:
-        x /= 255.0 if top <= 255.0 else top
-    return x
+        return float(image_max)
+    dtype = np.dtype(dtype)
+    if dtype == np.uint8:
+        return 255.0
+    if dtype.kind in "fb":
+        return 1.0
+    example = f", e.g. {np.iinfo(dtype).max}" if dtype.kind in "iu" else ""
+    raise DatasetError(
+        f"{source!r}: images in column {column!r} are {dtype}, whose range is not known: declare "
+        f"it with data.image_max{example} (it is never read off the pixels)"
+    )
 
 
 def _stack_images(column: np.ndarray, source: str, image_column: str) -> np.ndarray:
@@ -52,8 +57,7 @@ def classify_features(
 ) -> tuple[np.ndarray, tuple[int, ...] | None]:
     """float32 ``[N, F]`` features and the per-example shape (None for tabular columns).
 
-    With an ``image_column`` the images are flattened and scaled to [0, 1] (by ``image_max``
-    when given); otherwise every column except ``label_column`` must be numeric and becomes
+    With an ``image_column`` the images are flattened and scaled by :func:`image_scale`; otherwise every column except ``label_column`` must be numeric and becomes
     one feature.
     """
     if image_column in ds.column_names:
@@ -62,7 +66,11 @@ def classify_features(
         if images.ndim < 2:
             raise DatasetError(f"{source!r}: column {image_column!r} holds scalars, not images")
         shape = tuple(int(d) for d in images.shape[1:])
-        return _to_unit_range(images, image_max).reshape(len(images), -1), shape
+        feature = ds.features[image_column]  # Array2D/3D: the schema's dtype (numpy widens uint8)
+        fixed = isinstance(feature, (datasets.Array2D, datasets.Array3D, datasets.Array4D))
+        dtype = feature.dtype if fixed else images.dtype
+        scale = np.float32(image_scale(dtype, image_max, source, image_column))
+        return (images.astype(np.float32) / scale).reshape(len(images), -1), shape
     columns = [c for c in ds.column_names if c != label_column]
     if not columns:
         raise DatasetError(f"{source!r} has no feature columns besides the label column {label_column!r}")

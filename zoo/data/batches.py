@@ -10,6 +10,7 @@ The dataset's task type (:mod:`zoo.data.tasks`) picks the readers: rows or windo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -43,18 +44,37 @@ def _tokens_for(ds, split: str, seq_len: int | None) -> tuple[np.ndarray, int]:
     return tokens, seq_len
 
 
-def read_windows(tokens: np.ndarray, starts: np.ndarray, length: int, vocab_size: int) -> np.ndarray:
+def read_windows(
+    tokens: np.ndarray, starts: np.ndarray, length: int, vocab_size: int, refuse: Path | None = None
+) -> np.ndarray:
     """int32 ``[len(starts), length]``: the ``length`` tokens from each start. ``tokens`` may be
-    a memmap (only these windows' pages are read); an id past the vocabulary (a raw ``.bin``
-    written with another) is read as 0, ``<unk>``."""
-    window = tokens[np.asarray(starts, np.int64)[:, None] + np.arange(length)[None, :]].astype(np.int32)
-    if window.size and window.max() >= vocab_size:
-        window[window >= vocab_size] = 0
-    return window
+    a memmap (only these windows' pages are read). An id past the vocabulary is read as 0,
+    ``<unk>`` (a raw ``.bin`` written with another vocabulary, or any DP run:
+    ``zoo.data.tokens.store.private_rule``), or, with ``refuse`` (the split's file, a token
+    store read without DP), is a DatasetError naming the file, the id and where it is."""
+    starts = np.asarray(starts, np.int64)
+    raw = tokens[starts[:, None] + np.arange(length)[None, :]]  # checked before the cast to int32
+    past = raw >= vocab_size
+    if past.any():
+        if refuse is not None:
+            row, col = np.argwhere(past)[0]
+            raise DatasetError(
+                f"{refuse}: id {int(raw[row, col]):,} at token {int(starts[row]) + int(col):,} is past "
+                f"the vocabulary of {vocab_size:,} ids: the file changed after zoo tokenize wrote it "
+                "(store.json records its sha256 and largest id); tokenize the source again"
+            )
+        raw = np.where(past, 0, raw)
+    return raw.astype(np.int32)
 
 
-def _windows(ds, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
-    window = read_windows(tokens, starts, seq_len + 1, ds.vocab_size)
+def refusal(ds, split: str) -> Path | None:
+    """The file to name when ``split`` holds an id past the vocabulary: a token store read
+    without DP refuses it (zoo.data.tokens.store); None reads such ids as 0."""
+    return ds.store.refusing(split) if ds.store is not None else None
+
+
+def _windows(ds, split: str, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+    window = read_windows(tokens, starts, seq_len + 1, ds.vocab_size, refusal(ds, split))
     return {
         "x": np.ascontiguousarray(window[:, :-1]),
         "y": np.ascontiguousarray(window[:, 1:]),
@@ -97,7 +117,7 @@ def sample_windows(
     """An LM's batch: ``batch_size`` windows at uniform random offsets."""
     tokens, seq_len = _tokens_for(ds, split, seq_len)
     starts = rng.integers(0, tokens.shape[0] - seq_len, size=batch_size)[rows]
-    return _windows(ds, tokens, starts, seq_len)
+    return _windows(ds, split, tokens, starts, seq_len)
 
 
 def eval_batches(
@@ -143,4 +163,4 @@ def eval_windows(ds, seq_len: int | None) -> tuple[int, Callable]:
     """An LM's eval pass: the non-overlapping windows of the eval stream."""
     tokens, seq_len = _tokens_for(ds, "eval", seq_len)
     starts = np.arange((tokens.shape[0] - 1) // seq_len) * seq_len
-    return len(starts), lambda idx, real: _windows(ds, tokens, starts[idx], seq_len)
+    return len(starts), lambda idx, real: _windows(ds, "eval", tokens, starts[idx], seq_len)

@@ -181,7 +181,9 @@ class LanguageModel(TaskType):
     def examples(self, ds, indices, mask, seq_len):
         """Record ``i`` is the window of ``seq_len + 1`` tokens from ``i * seq_len``."""
         starts = indices.astype(np.int64) * seq_len
-        window = batches.read_windows(ds.x_train, starts, seq_len + 1, ds.vocab_size)
+        window = batches.read_windows(
+            ds.x_train, starts, seq_len + 1, ds.vocab_size, batches.refusal(ds, "train")
+        )
         return {"x": window[:, :-1], "y": window[:, 1:], "mask": mask}
 
     def fit_sizes(self, ds):

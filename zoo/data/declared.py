@@ -5,15 +5,18 @@ never from the records (docs/dp.md, "What a DP run reads off its records").
 The rules, one per fact, each the same for every record:
 
 - **classes**: ``data.classes``, declared. A row's label matches a class by value: an int is a
-  ``ClassLabel`` id, a number equal to it, or its decimal text; a string is a ``ClassLabel``
+  ``ClassLabel`` id, a number equal to it, or a text of that number ("1", "1.0"); a string is a ``ClassLabel``
   name or the same text. A row whose label matches no class (another label, an unlabelled -1,
   1.5, a missing value) is dropped, silently. A declared class that no row has is a class like
   any other: the head has its output, and nothing says it is empty.
+- **malformed CSV records** (a field too many or too few, a byte that is not UTF-8): a row of
+  missing values in its place (:mod:`zoo.data.records`), dropped by the rules here.
 - **features**: an image column's shape and dtype are the schema's (``Array2D``/``Array3D``: a
   column decoded per record, such as ``Image``, is refused before any row is read). Images are
   divided by ``data.image_max``, or by the dtype's own range: 255 for uint8, as they are for
   floats. A table's features are the header's columns other than the label, each value read
-  as a number; a row with a value that is not a finite number is dropped.
+  as a number; a row with a value that is not a finite number is dropped. (Images are scaled
+  by the same rule without DP: :func:`zoo.data.arrays.image_scale`.)
 
 The number of rows kept, ``N``, is treated as public, as DP-SGD's sampling rate ``q = B / N``
 already publishes it.
@@ -24,7 +27,7 @@ from __future__ import annotations
 import datasets
 import numpy as np
 
-from zoo.data.arrays import require_column, split_indices
+from zoo.data.arrays import image_scale, require_column, split_indices
 from zoo.data.dataset import Dataset
 from zoo.data.errors import DatasetError
 from zoo.data.table import Source
@@ -45,6 +48,17 @@ def _text(value) -> str | None:
     return str(int(number)) if np.isfinite(number) and number == round(number) else None
 
 
+def _number_text(value) -> str | None:
+    """A text label that is an integral number, in decimal ("1.0", "007": "1", "7"), else None:
+    a CSV under DP reads every value as text (``zoo.data.records``)."""
+    if not isinstance(value, (str, np.str_)):
+        return None
+    try:
+        return _text(float(value))
+    except ValueError:
+        return None
+
+
 def declared_labels(ds: datasets.Dataset, source: str, label_column: str, classes: tuple) -> np.ndarray:
     """int64 [N]: each row's index in ``classes`` (module docstring), or -1 for no class."""
     require_column(ds, label_column, source, "label")
@@ -60,22 +74,11 @@ def declared_labels(ds: datasets.Dataset, source: str, label_column: str, classe
         return np.array([by_id.get(int(i), _UNMATCHED) for i in ids], np.int64)
     by_text = {str(cls): index for index, cls in enumerate(classes)}
     values = np.asarray(raw, dtype=object)
-    found = {value: by_text.get(_text(value), _UNMATCHED) for value in set(values.tolist())}
+    found = {
+        value: by_text.get(_text(value), by_text.get(_number_text(value), _UNMATCHED))
+        for value in set(values.tolist())
+    }
     return np.array([found[value] for value in values.tolist()], np.int64)
-
-
-def _image_scale(feature, image_max: float | None, source: str, column: str) -> float:
-    if image_max is not None:
-        return float(image_max)
-    dtype = np.dtype(feature.dtype)
-    if dtype == np.uint8:
-        return 255.0
-    if dtype.kind in "fb":
-        return 1.0
-    raise DatasetError(
-        f"{source!r}: images in column {column!r} are {dtype}; under DP their range must be "
-        f"declared (not read off the pixels): set data.image_max, e.g. {np.iinfo(dtype).max}"
-    )
 
 
 def declared_features(
@@ -91,7 +94,7 @@ def declared_features(
                 "record's own; under DP the shape must be declared: store the images as a fixed-shape "
                 "Array2D/Array3D column (zoo's mnist and idx:DIR forms do)"
             )
-        scale = _image_scale(feature, image_max, source, image_column)
+        scale = image_scale(feature.dtype, image_max, source, image_column)
         images = ds.with_format("numpy", columns=[image_column])[:][image_column]
         x = np.asarray(images, np.float32).reshape(len(ds), -1) / np.float32(scale)
         return x, tuple(int(d) for d in feature.shape)
@@ -107,6 +110,7 @@ def declared_features(
     import pandas as pd
 
     x = np.stack([pd.to_numeric(table[c], errors="coerce").to_numpy(np.float64) for c in columns], axis=1)
+    x[np.abs(x) > np.finfo(np.float32).max] = np.nan  # past float32: not a finite number, dropped
     return x.astype(np.float32), None
 
 

@@ -24,7 +24,7 @@ from zoo.data.declared import classify_declared
 from zoo.data.errors import DatasetError
 from zoo.data.table import Columns, Source, lookup
 from zoo.data.tokenizer import CharTokenizer
-from zoo.data.tokens.store import TokenSource
+from zoo.data.tokens.store import TokenSource, private_rule
 
 MAX_SEED = 2**32 - 1  # the largest seed `datasets`' train_test_split (numpy's legacy seeding) takes
 
@@ -157,9 +157,10 @@ def load_dataset(
     if task not in form.tasks:
         only = form.tasks[0] if len(form.tasks) == 1 else form.tasks
         raise DatasetError(f"{spec!r} supports only task={only!r}, not {task!r}")
-    src = form.read(spec, rest, Columns(text_column, image_column, label_column))
+    src = form.read(spec, rest, Columns(text_column, image_column, label_column, private))
     if isinstance(src, TokenSource):  # ids on disk, read by index (zoo.data.tokens)
-        return Dataset.from_store(spec, src.open(tokenizer, eval_fraction))
+        store = src.open(tokenizer, eval_fraction)
+        return Dataset.from_store(spec, private_rule(store) if private else store)
     read = _READERS[task]
     return read(spec, src, seed, eval_fraction, classes, tokenizer, image_max, private)
 

@@ -37,6 +37,7 @@ class Columns:
     text: str = "text"
     image: str = "image"
     label: str = "label"
+    private: bool = False  # a DP run: a CSV's records are read by one rule (zoo.data.records)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class DatasetForm:
     read: Reader
     description: str  # one line, for listings
     offline: bool  # reads without a network
+    # (spec, rest, text_column, piece_chars) -> zoo.data.tokens.documents.DocumentStream: how
+    # zoo tokenize streams its documents; None: not a text source to tokenize
+    documents: Callable | None = None
 
     @property
     def is_scheme(self) -> bool:
@@ -141,6 +145,11 @@ def valid_forms() -> str:
 def offline_forms() -> tuple[str, ...]:
     """The forms that read without a network (what to use when the Hub is out of reach)."""
     return tuple(f.usage for f in forms() if f.offline)
+
+
+def document_forms() -> tuple[DatasetForm, ...]:
+    """The forms ``zoo tokenize`` reads (those with a ``documents`` reader)."""
+    return tuple(f for f in forms() if f.documents is not None)
 
 
 def dataset_help() -> str:

@@ -221,7 +221,7 @@ def calibrate_gaussian(
     dp_accounting = _dp_accounting()
     make_acc = _make_accountant(accountant, pld_discretization)
     spent = lambda s: make_acc().compose(dp_accounting.GaussianDpEvent(s)).get_epsilon(delta)  # noqa: E731
-    bounds.check_in_range(epsilon, delta, 1, spent)  # one release
+    _check_pca_range(epsilon, delta, spent)
     sigma = dp_accounting.calibrate_dp_mechanism(
         make_acc,
         dp_accounting.GaussianDpEvent,
@@ -230,6 +230,30 @@ def calibrate_gaussian(
         bracket_interval=dp_accounting.LowerEndpointAndGuess(bounds.SIGMA_MIN, 1.0),
     )
     return float(sigma)
+
+
+def _check_pca_range(epsilon: float, delta: float, spent) -> None:
+    """ZooError naming ``dp.pca_epsilon`` unless the multiplier that meets it lies in the searched
+    range: the budget is DP-PCA's one Gaussian release, not DP-SGD's steps, so the fix is there."""
+    release = (
+        f"dp.pca_epsilon={epsilon:g} at delta={delta:g} (the DP-PCA projection: one Gaussian "
+        "release, not DP-SGD's steps)"
+    )
+    low = spent(bounds.SIGMA_MIN)
+    if low <= epsilon:
+        raise ZooError(
+            f"noise calibration: {release} is met already by noise multiplier {bounds.SIGMA_MIN:g}, "
+            f"the smallest searched (it spends epsilon={low:.3g}); set dp.pca_epsilon below {low:.3g}"
+        )
+    high = spent(bounds.SIGMA_MAX)
+    if not high <= epsilon:
+        why = (
+            f"delta={delta:g} is below what the accountant resolves; raise dp.delta"
+            if math.isinf(high)
+            else f"even noise multiplier {bounds.SIGMA_MAX:g}, the largest searched, spends "
+            f"epsilon={high:.3g}; raise dp.pca_epsilon to at least that"
+        )
+        raise ZooError(f"noise calibration: {release} is too small: {why}")
 
 
 def max_steps_within_budget(

@@ -28,6 +28,17 @@ def task_metrics(task: Task, metrics: dict) -> dict:
     return task.metrics(metrics)
 
 
+GROUP_PRIVACY = "a document or person spanning k units: about k x epsilon (docs/dp.md#what-is-guaranteed)"
+
+
+def privacy_unit(task: Task) -> dict:
+    """What a DP run protects: one unit (a row, or one ``seq_len``-token window of an LM's
+    train split), the number of them (``N``, public: the sampling rate publishes it), and
+    where group privacy over several units is explained."""
+    unit = f"window of {task.seq_len} tokens" if task.is_lm else "row"
+    return {"privacy_unit": unit, "privacy_units": task.num_train, "group_privacy": GROUP_PRIVACY}
+
+
 def last_logged_loss(out: Path) -> float:
     lines = (out / runlog.METRICS).read_text().splitlines() if (out / runlog.METRICS).exists() else []
     losses = [record["loss"] for record in map(json.loads, lines) if "loss" in record]
@@ -84,6 +95,7 @@ def summarize(
     if run.dp:
         summary.update(
             **privacy_at(run, steps),
+            **privacy_unit(run.task),
             noise_multiplier=run.dp.noise_multiplier,
             sampling_prob=run.dp.sampler.sampling_prob,
             clip_norm=run.dp.clip_norm,

@@ -17,7 +17,7 @@ from zoo.data import load_dataset
 from zoo.data.errors import DatasetError
 from zoo.data.tokenizer import CharTokenizer
 from zoo.data.tokens import open_store
-from zoo.data.tokens.build import eval_documents, tokenize
+from zoo.data.tokens.build import balance_notice, eval_documents, tokenize
 from zoo.data.tokens.store import META
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "hf" / "llama3-tied" / "tokenizer.json"
@@ -127,11 +127,44 @@ def test_the_eval_split_is_every_kth_document_first_included():
         eval_documents(1.0)
 
 
-def test_too_few_documents_for_both_splits_is_refused_and_leaves_nothing(tmp_path):
+def test_one_file_holds_out_its_tail_as_the_in_memory_text_path_does(tmp_path):
+    """nanoGPT's input.txt: one document, whose last eval_fraction of ids is the eval split,
+    the ids the in-memory text: path cuts from the same file, bit for bit."""
+    path = tmp_path / "input.txt"
+    path.write_text(
+        "".join(f"{LINES[i % len(LINES)]} {i}\n" for i in range(400)), encoding="utf-8", newline=""
+    )
+    meta = tokenize(f"text:{path}", tmp_path / "store", "bytes", piece_chars=64, batch_chars=200)
+    store = open_store(tmp_path / "store")
+    ds = load_dataset(f"text:{path}", task="lm", tokenizer=CharTokenizer.utf8_bytes(), eval_fraction=0.1)
+    assert store.train.tolist() == ds.x_train.tolist() and store.eval.tolist() == ds.x_eval.tolist()
+    assert meta["split"] == "tail" and not [p for p in (tmp_path / "store").iterdir() if "spool" in p.name]
+
+
+def test_few_documents_split_by_tail_and_a_lopsided_documents_split_is_said(tmp_path):
+    big, small = tmp_path / "big.txt", tmp_path / "small.txt"
+    big.write_text("a long document line\n" * 1000)
+    small.write_text("tiny\n")
+    source = f"text:{big},{small}"
+    meta = tokenize(source, tmp_path / "auto", "bytes")  # 2 documents < 1 / 0.1: the tail rule
+    tokens = [meta["splits"][s]["tokens"] for s in ("train", "eval")]
+    assert meta["split"] == "tail" and abs(tokens[1] / sum(tokens) - 0.1) < 0.01
+    assert balance_notice(meta) is None
+    whole = tokenize(source, tmp_path / "whole", "bytes", split="documents")  # big.txt held out whole
+    assert whole["splits"]["train"]["tokens"] == 5
+    notice = balance_notice(whole)
+    assert (
+        "the eval split holds 100.0% of the tokens (21,000 of 21,005)" in notice and "--split tail" in notice
+    )
+
+
+def test_a_documents_split_of_one_document_is_refused_and_leaves_nothing(tmp_path):
     (tmp_path / "one.txt").write_text("only one document")
     with pytest.raises(DatasetError, match="train split would hold no tokens"):
-        tokenize(f"text:{tmp_path / 'one.txt'}", tmp_path / "store", "bytes")
+        tokenize(f"text:{tmp_path / 'one.txt'}", tmp_path / "store", "bytes", split="documents")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.txt"]
+    with pytest.raises(DatasetError, match="--split 'halves': valid are auto, documents, tail"):
+        tokenize(f"text:{tmp_path / 'one.txt'}", tmp_path / "store", "bytes", split="halves")
 
 
 def test_an_interrupted_write_leaves_no_store(tmp_path):
@@ -208,7 +241,7 @@ def test_bad_sources_are_named_in_one_line(tmp_path):
     (tmp_path / "latin.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     with pytest.raises(DatasetError, match="latin.txt: not UTF-8"):
         tokenize(f"text:{tmp_path / 'latin.txt'}", tmp_path / "s", "bytes")
-    with pytest.raises(DatasetError, match="valid sources are text:"):
+    with pytest.raises(DatasetError, match=r"valid sources are hf:NAME\[:CONFIG\], parquet:PATH, text:PATH"):
         tokenize("csv:x.csv", tmp_path / "s", "bytes")
     with pytest.raises(DatasetError, match="ids:N has no text form"):
         tokenize(f"text:{tmp_path / 'latin.txt'}", tmp_path / "s", "ids:300")

@@ -37,3 +37,27 @@ def test_a_directory_is_walked_in_name_order_without_hidden_files(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match="the directory .*empty' holds no files"):
         open_documents(f"text:{tmp_path / 'empty'}")
+
+
+def test_the_token_store_reads_its_sources_through_the_dataset_table(tmp_path):
+    """One parser of sources: a form registered with a documents reader is a source of zoo
+    tokenize, and the list of valid sources is the table's."""
+    from zoo.data.errors import DatasetError
+    from zoo.data.table import DatasetForm, document_forms, register_form, unregister
+    from zoo.data.tokens.build import tokenize
+    from zoo.data.tokens.documents import DocumentStream, Piece, open_documents
+
+    def toy(spec, rest, text_column, piece_chars):
+        texts = rest.split("+")
+        pieces = iter([Piece(t, True, i + 1) for i, t in enumerate(texts)])
+        return DocumentStream(spec, "rows", len(texts), pieces, len(texts))
+
+    register_form(DatasetForm("toydocs", "toydocs:A+B", ("lm",), None, "toy documents", True, toy))
+    try:
+        assert "toydocs:A+B" in [f.usage for f in document_forms()]
+        meta = tokenize("toydocs:abc+de", tmp_path / "s", "bytes", split="documents", eval_fraction=0.5)
+        assert meta["splits"]["eval"] == {"tokens": 3, "documents": 1}  # "abc", the first
+    finally:
+        unregister("toydocs")
+    with pytest.raises(DatasetError, match=r"cannot tokenize 'csv:x.csv': valid sources are hf:.*text:"):
+        open_documents("csv:x.csv")  # a form of the table, but without a documents reader

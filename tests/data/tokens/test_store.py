@@ -4,12 +4,13 @@ memory map; sizes, vocabularies and checksums checked."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from zoo.data import load_dataset
-from zoo.data.batches import read_windows
+from zoo.data.batches import eval_batches, read_windows, sample_batch
 from zoo.data.errors import DataDependentWarning, DatasetError
 from zoo.data.ids import IdVocabulary
 from zoo.data.tokens import dtype_for, open_store
@@ -122,3 +123,60 @@ def test_a_damaged_store_json_is_named(tmp_path):
         open_store(tmp_path / "s")
     with pytest.raises(DatasetError, match="no store.json"):
         open_store(tmp_path / "c")
+
+
+def changed_store(tmp_path: Path, split: str, id_: int) -> Path:
+    """A store whose ``split`` file holds ``id_`` at every 7th token, same size, store.json
+    untouched (a file changed after zoo tokenize wrote it)."""
+    (tmp_path / "c").mkdir()
+    for i in range(4):
+        (tmp_path / "c" / f"{i}.txt").write_text(f"document {i} " * 40)
+    tokenize(f"text:{tmp_path / 'c'}", tmp_path / "s", "bytes", eval_fraction=0.25)
+    path = tmp_path / "s" / f"{split}.bin"
+    ids = np.fromfile(path, np.uint16)
+    ids[::7] = id_
+    ids.tofile(path)
+    return tmp_path / "s"
+
+
+def first_batch(ds, split: str) -> dict:
+    if split == "train":
+        return sample_batch(ds, "train", 4, np.random.default_rng(0), seq_len=8)
+    return next(eval_batches(ds, 4, seq_len=8))
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_an_id_past_the_vocabulary_is_refused_without_dp_and_read_as_unknown_under_dp(tmp_path, split):
+    store = changed_store(tmp_path, split, 300)
+    plain = load_dataset(f"tokens:{store}", task="lm")  # opening reads no id: it opens
+    with pytest.raises(
+        DatasetError, match=rf"{split}.bin: id 300 at token [\d,]+ is past the vocabulary of 257"
+    ):
+        first_batch(plain, split)
+    private = load_dataset(f"tokens:{store}", task="lm", private=True)  # one rule for every window
+    batch = first_batch(private, split)
+    assert (batch["x"] >= 0).all() and (batch["x"] < 257).all()
+    window = read_windows(
+        getattr(private, f"x_{split}"), np.array([0]), 8, 257, private.store.refusing(split)
+    )
+    assert (
+        window[0, 0] == window[0, 7] == 0
+        and window[0, 1:7].tolist() == getattr(plain, f"x_{split}")[1:7].tolist()
+    )
+
+
+def test_a_recorded_largest_id_past_the_vocabulary_is_refused_at_open(tmp_path):
+    store = changed_store(tmp_path, "train", 1)
+    meta = json.loads((store / META).read_text())
+    (store / META).write_text(json.dumps({**meta, "max_id": 257}))
+    with pytest.raises(
+        DatasetError, match="store.json: its largest id 257 is past its vocabulary of 257 ids"
+    ):
+        open_store(store)
+
+
+def test_a_uint32_id_past_int32_is_caught_before_the_cast():
+    tokens = np.array([5, 2**31 + 5, 7, 9], np.uint32)  # as int32 it would be negative, below any bound
+    assert read_windows(tokens, np.array([0]), 4, 70_000).tolist() == [[5, 0, 7, 9]]
+    with pytest.raises(DatasetError, match="id 2,147,483,653 at token 1"):
+        read_windows(tokens, np.array([0]), 4, 70_000, Path("train.bin"))

@@ -38,10 +38,10 @@ import json, sys, threading
 from pathlib import Path
 import zoo.data.batches as batches
 read, rows = batches.read_windows, []
-def counting(tokens, starts, length, vocab_size):
+def counting(tokens, starts, length, vocab_size, *rest):
     if threading.current_thread().name == "zoo-prefetch":
         rows.append(len(starts))
-    return read(tokens, starts, length, vocab_size)
+    return read(tokens, starts, length, vocab_size, *rest)
 batches.read_windows = counting
 from zoo.cli import main
 code = main(sys.argv[2:])

@@ -47,11 +47,16 @@ def read_text(spec: str, rest: str, columns: Columns) -> Source:
 
 
 def read_table(spec: str, rest: str, columns: Columns) -> Source:
-    """``csv:PATH`` or ``parquet:PATH``: the builder is the scheme."""
+    """``csv:PATH`` or ``parquet:PATH``: the builder is the scheme; a DP run's CSV is read by
+    :func:`zoo.data.records.read_csv_records` (a malformed record: a row to drop, not an error)."""
     from zoo.data.files import load_local, local_paths
 
     builder = spec.partition(":")[0]
     paths = local_paths(spec, rest, many=False, forms=valid_forms())
+    if builder == "csv" and columns.private:  # one rule for every record, malformed or not
+        from zoo.data.records import read_csv_records
+
+        return Source(read_csv_records(spec, paths[0]), columns.text, columns.image, columns.label)
     return Source(
         train_rows(load_local(spec, builder, paths), spec), columns.text, columns.image, columns.label
     )
@@ -70,14 +75,53 @@ def read_idx_dir(spec: str, rest: str, columns: Columns) -> Source:
 BOTH = ("classify", "lm")
 
 
-def _scheme(name: str, usage: str, tasks: tuple[str, ...], read, description: str, offline: bool = True):
-    register_form(DatasetForm(name, usage, tasks, read, description, offline))
+def _scheme(
+    name: str,
+    usage: str,
+    tasks: tuple[str, ...],
+    read,
+    description: str,
+    offline: bool = True,
+    documents=None,
+):
+    register_form(DatasetForm(name, usage, tasks, read, description, offline, documents))
 
 
-_scheme("hf", "hf:NAME[:CONFIG]", BOTH, read_hub, "a Hugging Face Hub dataset, e.g. hf:mnist", offline=False)
+def _documents(name: str):
+    """The ``zoo tokenize`` reader ``name`` of ``zoo.data.tokens.documents``, imported when used."""
+
+    def read(spec: str, rest: str, text_column: str, piece_chars: int):
+        from zoo.data.tokens import documents
+
+        return getattr(documents, name)(spec, rest, text_column, piece_chars)
+
+    return read
+
+
 _scheme(
-    "text", "text:PATH[,PATH...]", ("lm",), read_text, "local text files; {stdlib} is the standard library"
+    "hf",
+    "hf:NAME[:CONFIG]",
+    BOTH,
+    read_hub,
+    "a Hugging Face Hub dataset, e.g. hf:mnist",
+    offline=False,
+    documents=_documents("hub_documents"),
+)
+_scheme(
+    "text",
+    "text:PATH[,PATH...]",
+    ("lm",),
+    read_text,
+    "local text files; {stdlib} is the standard library",
+    documents=_documents("text_documents"),
 )
 _scheme("csv", "csv:PATH", BOTH, read_table, "a local CSV table with named columns")
-_scheme("parquet", "parquet:PATH", BOTH, read_table, "a local parquet table with named columns")
+_scheme(
+    "parquet",
+    "parquet:PATH",
+    BOTH,
+    read_table,
+    "a local parquet table with named columns",
+    documents=_documents("parquet_documents"),
+)
 _scheme("idx", "idx:DIR", ("classify",), read_idx_dir, "a directory of the four MNIST-style idx files")

@@ -11,6 +11,11 @@ A per-character vocabulary (``bytes``, ``char:FILE``) gives the ids of the joine
 the pieces. A BPE tokenizer encodes each document on its own, a document longer than
 ``BPE_PART`` characters in line-aligned parts (``documents.cut``), the parts of a batch on the
 library's threads.
+
+With ``--split tail`` (the ``auto`` choice for a source of fewer than ``1/eval_fraction``
+documents, one big file above all) each document is held in a spool file until it ends, then
+its last ``eval_fraction`` of ids goes to eval and the rest to train, as nanoGPT's
+``prepare.py`` and the in-memory ``text:`` path cut a single text.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import numpy as np
 
 from zoo.data.errors import DatasetError
 from zoo.data.table import ROW_SEPARATOR
-from zoo.data.tokens.documents import PIECE_CHARS, Piece, cut, open_documents
+from zoo.data.tokens.documents import PIECE_CHARS, SPLITS, Piece, cut, open_documents
 from zoo.data.tokens.store import META
 from zoo.data.tokens.writer import StoreWriter
 from zoo.data.vocabulary import FORMS, check_form, resolve
@@ -57,6 +62,76 @@ def eval_documents(fraction: float) -> Callable[[int], bool]:
     if not 0 < f < 1:
         raise DatasetError(f"--eval-fraction must be in (0, 1), got {fraction!r}")
     return lambda i: math.ceil((i + 1) * f) > math.ceil(i * f)
+
+
+def tail_size(tokens: int, fraction: float) -> int:
+    """The ids of a ``tokens``-id document that the tail rule holds out: its last
+    ``round(tokens * fraction)``, at least 1 and leaving 1 (none of a 1-id document), as the
+    in-memory ``text:`` path cuts its ids (:func:`zoo.data.arrays.lm_cut`)."""
+    return min(max(round(tokens * fraction), 1), tokens - 1) if tokens > 1 else 0
+
+
+def choose_split(split: str, documents: int | None, fraction: float) -> str:
+    """The rule ``--split`` names; ``auto``: ``tail`` when the source names fewer than
+    ``1 / fraction`` documents (one file: nanoGPT's rule), else ``documents`` (also when the
+    count is unknown, as for a streamed ``hf:`` dataset)."""
+    if split not in SPLITS:
+        raise DatasetError(f"--split {split!r}: valid are {', '.join(SPLITS)}")
+    if split != "auto":
+        return split
+    return "tail" if documents is not None and documents * fraction < 1 else "documents"
+
+
+def balance_notice(meta: dict) -> str | None:
+    """One line when the eval split's share of the tokens is under half or over twice
+    ``--eval-fraction`` (whole documents of very different sizes), else None."""
+    train, held = (meta["splits"][s]["tokens"] for s in ("train", "eval"))
+    share, fraction = held / (train + held), meta["eval_fraction"]
+    if fraction / 2 <= share <= 2 * fraction:
+        return None
+    return (
+        f"note: the eval split holds {share:.1%} of the tokens ({held:,} of {train + held:,}), not "
+        f"about {fraction:.0%}: --split {meta['split']} holds out whole documents of unequal sizes; "
+        "--split tail holds out the last part of each document instead"
+    )
+
+
+class _Spool:
+    """One document's ids, held in a file until the document ends; then its head goes to
+    train and its tail (:func:`tail_size`) to eval, read back in blocks."""
+
+    BLOCK = 1 << 22
+
+    def __init__(self, writer: StoreWriter, fraction: float) -> None:
+        self.writer, self.fraction = writer, fraction
+        self.path = writer.folder / ".document.spool"
+        self.file = open(self.path, "wb")  # noqa: SIM115 -- closed in end()
+        self.tokens = 0
+
+    def add(self, ids: np.ndarray, starts_document: bool) -> None:
+        if starts_document:
+            self.end()
+        self.file.write(np.asarray(ids).astype(self.writer.dtype).tobytes())
+        self.tokens += int(np.asarray(ids).size)
+
+    def end(self) -> None:
+        """Write the document held so far: head to train, tail to eval."""
+        self.file.flush()
+        if self.tokens:
+            ids = np.memmap(self.path, dtype=self.writer.dtype, mode="r", shape=(self.tokens,))
+            cut = self.tokens - tail_size(self.tokens, self.fraction)
+            for split, begin, end in (("train", 0, cut), ("eval", cut, self.tokens)):
+                for at in range(begin, end, self.BLOCK):
+                    self.writer.add(split, ids[at : min(at + self.BLOCK, end)], at == begin)
+            del ids
+        self.file.seek(0)
+        self.file.truncate()
+        self.tokens = 0
+
+    def close(self) -> None:
+        self.end()
+        self.file.close()
+        self.path.unlink()
 
 
 def _encode(tokenizer, texts: list[str]) -> list[np.ndarray]:
@@ -90,42 +165,55 @@ def tokenize(
     vocabulary: str,
     *,
     eval_fraction: float = 0.1,
+    split: str = "auto",
     text_column: str = "text",
     piece_chars: int | None = None,
     batch_chars: int | None = None,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> dict:
     """Write the store of ``source`` (``text:``, ``parquet:``, ``hf:``) through ``vocabulary``
-    (``bytes``, ``hf:SRC``, ``char:FILE``) at ``out``; returns its ``store.json``."""
+    (``bytes``, ``hf:SRC``, ``char:FILE``) at ``out``; returns its ``store.json``. ``split``
+    (:data:`SPLITS`, :func:`choose_split`): ``documents`` holds out every ``1/eval_fraction``-th
+    document whole, ``tail`` the last ``eval_fraction`` of each document's ids."""
     tokenizer = resolve(check_text_vocabulary(vocabulary))
     bpe = hasattr(tokenizer, "encode_batch")  # a Hugging Face tokenizer: smaller batches
     piece_chars = piece_chars or (BPE_BATCH_CHARS if bpe else PIECE_CHARS)
     batch_chars = batch_chars or (BPE_BATCH_CHARS if bpe else BATCH_CHARS)
     held_out = eval_documents(eval_fraction)
     stream = open_documents(source, text_column=text_column, piece_chars=piece_chars)
-    about = {"source": source, "eval_fraction": eval_fraction, "text_column": text_column}
+    rule = choose_split(split, stream.documents, eval_fraction)
+    about = {"source": source, "eval_fraction": eval_fraction, "split": rule, "text_column": text_column}
     began = time.perf_counter()
     with StoreWriter(out, tokenizer, vocabulary, separator=ROW_SEPARATOR, about=about) as writer:
+        sink = _Spool(writer, eval_fraction) if rule == "tail" else None
         documents, pending, size = 0, [], 0
         for piece in stream.pieces:
             pending.append(piece)
             size += len(piece.text)
             if size >= batch_chars:
-                documents = _flush(writer, tokenizer, pending, documents, held_out)
+                documents = _flush(writer, tokenizer, pending, documents, held_out, sink)
                 pending, size = [], 0
                 _report(on_progress, stream, piece, writer, documents, began)
         if pending:
-            documents = _flush(writer, tokenizer, pending, documents, held_out)
+            documents = _flush(writer, tokenizer, pending, documents, held_out, sink)
             _report(on_progress, stream, pending[-1], writer, documents, began)
+        if sink is not None:
+            sink.close()
         stored = writer.finish()
     return json.loads((stored / META).read_text())
 
 
-def _flush(writer: StoreWriter, tokenizer, pieces: list[Piece], documents: int, held_out) -> int:
-    """Encode ``pieces`` and append them; returns the documents seen so far."""
+def _flush(
+    writer: StoreWriter, tokenizer, pieces: list[Piece], documents: int, held_out, sink: _Spool | None
+) -> int:
+    """Encode ``pieces`` and append them (to ``sink`` under the tail rule); returns the
+    documents seen so far."""
     for piece, ids in zip(pieces, _encode(tokenizer, [p.text for p in pieces]), strict=True):
         documents += piece.starts_document
-        writer.add("eval" if held_out(documents - 1) else "train", ids, piece.starts_document)
+        if sink is not None:
+            sink.add(ids, piece.starts_document)
+        else:
+            writer.add("eval" if held_out(documents - 1) else "train", ids, piece.starts_document)
     return documents
 
 

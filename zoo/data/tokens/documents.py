@@ -17,7 +17,7 @@ from pathlib import Path
 
 from zoo.data.errors import DatasetError
 
-SCHEMES = ("text:PATH[,PATH...]", "parquet:PATH[,PATH...]", "hf:NAME[:CONFIG]")
+SPLITS = ("auto", "documents", "tail")  # zoo tokenize --split: zoo.data.tokens.build.choose_split
 PIECE_CHARS = 1 << 22  # characters of one piece: about 4 MB of text
 
 
@@ -36,6 +36,7 @@ class DocumentStream:
     unit: str  # "bytes" or "rows"
     total: int | None
     pieces: Iterator[Piece]
+    documents: int | None = None  # how many documents it names, when known before reading
 
 
 def cut(text: str, limit: int) -> list[str]:
@@ -54,7 +55,7 @@ def _paths(spec: str, rest: str, suffix: str | None) -> list[Path]:
     name order, hidden ones left out; with ``suffix``, only files ending so)."""
     parts = [p.strip() for p in rest.split(",") if p.strip()]
     if not parts:
-        raise DatasetError(f"{spec!r} names no file. Valid sources: {', '.join(SCHEMES)}.")
+        raise DatasetError(f"{spec!r} names no file; write {spec.partition(':')[0]}:PATH[,PATH...]")
     found: list[Path] = []
     for part in parts:
         path = Path(part.replace("{stdlib}", sysconfig.get_paths()["stdlib"])).expanduser()
@@ -159,23 +160,39 @@ def _hub_rows(spec: str, rest: str, column: str) -> Iterator[str | None]:
         yield row[column]
 
 
-def open_documents(spec: str, *, text_column: str = "text", piece_chars: int = PIECE_CHARS) -> DocumentStream:
-    """The documents of ``spec``, one of :data:`SCHEMES`; nothing is read until iterated, but
-    the files it names are checked here."""
-    scheme, sep, rest = spec.partition(":")
-    if sep and scheme == "text":
-        paths = _paths(spec, rest, None)
-        total = sum(p.stat().st_size for p in paths)
-        return DocumentStream(spec, "bytes", total, _text_pieces(spec, paths, piece_chars))
-    if sep and scheme == "parquet":
-        import pyarrow.parquet as pq
+def text_documents(spec: str, rest: str, text_column: str, piece_chars: int) -> DocumentStream:
+    """``text:PATH[,PATH...]``: each file a document (a directory: its files)."""
+    paths = _paths(spec, rest, None)
+    total = sum(p.stat().st_size for p in paths)
+    return DocumentStream(spec, "bytes", total, _text_pieces(spec, paths, piece_chars), len(paths))
 
-        paths = _paths(spec, rest, ".parquet")
-        total = sum(pq.read_metadata(p).num_rows for p in paths)
-        rows = _parquet_rows(spec, paths, text_column)
-        return DocumentStream(spec, "rows", total, _row_pieces(rows, piece_chars))
-    if sep and scheme == "hf":
-        return DocumentStream(
-            spec, "rows", None, _row_pieces(_hub_rows(spec, rest, text_column), piece_chars)
-        )
-    raise DatasetError(f"cannot tokenize {spec!r}: valid sources are {', '.join(SCHEMES)}")
+
+def parquet_documents(spec: str, rest: str, text_column: str, piece_chars: int) -> DocumentStream:
+    """``parquet:PATH[,PATH...]``: each row of ``text_column`` a document."""
+    import pyarrow.parquet as pq
+
+    paths = _paths(spec, rest, ".parquet")
+    total = sum(pq.read_metadata(p).num_rows for p in paths)
+    rows = _parquet_rows(spec, paths, text_column)
+    return DocumentStream(spec, "rows", total, _row_pieces(rows, piece_chars), total)
+
+
+def hub_documents(spec: str, rest: str, text_column: str, piece_chars: int) -> DocumentStream:
+    """``hf:NAME[:CONFIG]``: each row of its train split a document, streamed."""
+    return DocumentStream(spec, "rows", None, _row_pieces(_hub_rows(spec, rest, text_column), piece_chars))
+
+
+def open_documents(spec: str, *, text_column: str = "text", piece_chars: int = PIECE_CHARS) -> DocumentStream:
+    """The documents of ``spec``, read by its form's ``documents`` reader in the dataset table
+    (``zoo.data.table``: the one parser of sources); nothing is read until iterated, but the
+    files it names are checked here."""
+    from zoo.data.table import document_forms, lookup
+
+    valid = ", ".join(f.usage for f in document_forms())
+    try:
+        form, rest = lookup(spec)
+    except DatasetError:
+        form, rest = None, ""
+    if form is None or form.documents is None:
+        raise DatasetError(f"cannot tokenize {spec!r}: valid sources are {valid}")
+    return form.documents(spec, rest, text_column, piece_chars)

@@ -22,7 +22,7 @@ import hashlib
 import json
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -80,10 +80,21 @@ class TokenStore:
     vocabulary: str | None = None  # the declared form it was written with (tokens:DIR)
     checksums: dict[str, str] = field(default_factory=dict)  # file path -> sha256
     max_id: int = 0
+    # An id past the vocabulary in a batch: "refuse" it (a store, whose ids zoo tokenize wrote
+    # and store.json bounds) or read it as 0, "<unk>" (a raw .bin, said when it is opened; and
+    # every DP run, the same for every record and without a word: :func:`private_rule`).
+    past_vocabulary: str = "refuse"
 
     @property
     def dtype(self) -> np.dtype:
         return self.train.dtype
+
+    def refusing(self, split: str) -> Path | None:
+        """The file an id past the vocabulary in ``split`` is refused in, or None where it is
+        read as 0."""
+        if self.past_vocabulary != "refuse":
+            return None
+        return self.path / split_file(split) if self.path.is_dir() else self.path
 
     def verify(self) -> None:
         """Read every file again; DatasetError naming the first whose sha256 is not the one
@@ -156,7 +167,7 @@ def open_store(root: str | Path) -> TokenStore:
         splits = {s: _map(root / split_file(s), dtype, int(meta["splits"][s]["tokens"])) for s in SPLITS}
         tokenizer = tokenizer_from_json((root / TOKENIZER).read_text())
         checksums = {str(root / name): entry["sha256"] for name, entry in meta["files"].items()}
-        vocab_size, vocabulary = int(meta["vocab_size"]), meta["vocabulary"]
+        vocab_size, vocabulary, max_id = int(meta["vocab_size"]), meta["vocabulary"], int(meta["max_id"])
     except (KeyError, TypeError, ValueError, OSError) as error:
         raise DatasetError(
             f"{root / META}: incomplete or damaged ({type(error).__name__}: {error})"
@@ -166,8 +177,12 @@ def open_store(root: str | Path) -> TokenStore:
             f"{root / META}: vocab_size {vocab_size} and dtype {dtype} do not match its tokenizer "
             f"({tokenizer.vocab_size} ids)"
         )
+    if not 0 <= max_id < vocab_size:
+        raise DatasetError(
+            f"{root / META}: its largest id {max_id} is past its vocabulary of {vocab_size} ids"
+        )
     digest = _digest(checksums, dtype=dtype.name)
-    return TokenStore(root, splits["train"], splits["eval"], tokenizer, digest, vocabulary, checksums)
+    return TokenStore(root, splits["train"], splits["eval"], tokenizer, digest, vocabulary, checksums, max_id)
 
 
 def open_bin(paths: list[Path], tokenizer, eval_fraction: float) -> TokenStore:
@@ -194,7 +209,16 @@ def open_bin(paths: list[Path], tokenizer, eval_fraction: float) -> TokenStore:
             stacklevel=3,
         )
     digest = _digest(checksums, dtype=dtype.name, split=[int(a.shape[0]) for a in arrays])
-    return TokenStore(paths[0], arrays[0], arrays[1], tokenizer, digest, None, checksums, top)
+    return TokenStore(paths[0], arrays[0], arrays[1], tokenizer, digest, None, checksums, top, "unk")
+
+
+def private_rule(store: TokenStore) -> TokenStore:
+    """``store`` as a DP run reads it: an id past the vocabulary is read as 0 (``<unk>``) in
+    every window, without a word. Refusing the run, or saying so, would depend on the one
+    window that holds it: a release outside the mechanism (docs/dp.md). What opening a store
+    checks (each file's size against the recorded token count, the recorded largest id
+    against the vocabulary) reads ``store.json`` and the file sizes, never an id."""
+    return replace(store, past_vocabulary="unk")
 
 
 def _scan(path: Path, dtype: np.dtype) -> tuple[str, int]:
