@@ -22,6 +22,8 @@ from zoo.checks import require_int
 from zoo.generate import loop
 from zoo.generate.sampling import Sampling
 from zoo.models import decode
+from zoo.precision import DEFAULT as DEFAULT_PRECISION
+from zoo.precision import get_precision
 
 __all__ = ["Generation", "Model", "Sampling", "check_request", "generate", "stream"]
 
@@ -30,18 +32,30 @@ MAX_STOPS = 8  # stop ids pass as a fixed-size array, so their number does not r
 
 @dataclass(frozen=True)
 class Model:
-    """A model config, its backend and its canonical params (a checkpoint has all three)."""
+    """A model config, its backend, its canonical params and the precision policy it runs
+    under (:mod:`zoo.precision`; a checkpoint has all four: the one it was trained with)."""
 
     config: object
     backend: str
     params: dict
+    precision: str = DEFAULT_PRECISION
 
     @classmethod
     def of(cls, source) -> Model:
-        """``source`` itself, or a :class:`zoo.train.checkpoint.Checkpoint`'s model."""
+        """``source`` itself, or a :class:`zoo.train.checkpoint.Checkpoint`'s model under the
+        precision of its recipe (``train.precision``)."""
         if isinstance(source, Model):
             return source
-        return cls(source.model_config, source.backend, source.params)
+        precision = source.recipe.train.precision
+        return cls(source.model_config, source.backend, source.params, precision)
+
+    def in_compute(self) -> tuple[dict, str]:
+        """``(params, cache dtype)`` as the model decodes under its policy: the params in the
+        compute dtype (a bf16 run decodes with bf16 weights and activations) and a cache in it
+        too (half the bytes under bf16). Norm statistics, the softmax and the logits stay
+        float32, as in training (:mod:`zoo.models.ops`)."""
+        policy = get_precision(self.precision)
+        return policy.to_compute(self.params), policy.compute_dtype.name
 
 
 @dataclass(frozen=True)
@@ -95,18 +109,20 @@ def _start(model: Model, prompts, max_new_tokens, seed, keep_logits):
         padded[row, width - len(prompt) :] = np.asarray(prompt, np.int32)
     length = width + loop.bucket(max_new_tokens)
     new = loop.bucket(max_new_tokens)
+    params, dtype = model.in_compute()
     state = loop.prefill(
         model.config,
         model.backend,
-        model.params,
+        params,
         padded,
         lengths,
         np.uint32(seed),
         length=length,
         new=new,
         keep_logits=keep_logits,
+        dtype=dtype,
     )
-    return state, width
+    return params, state, width
 
 
 def stream(
@@ -131,13 +147,13 @@ def stream(
     check_request(model.config, prompts, max_new_tokens)
     require_int("every", every, lo=1, what="a positive whole number of steps")
     stops = _stops(stop_tokens)
-    state, width = _start(model, prompts, max_new_tokens, seed, keep_logits)
+    params, state, width = _start(model, prompts, max_new_tokens, seed, keep_logits)
     shown = np.zeros(len(prompts), np.int64)
     step = 0
     while step < max_new_tokens:
         step = min(step + every, max_new_tokens)
         state = loop.decode_steps(
-            model.config, model.backend, sampling, model.params, state, np.int32(step), stops, width=width
+            model.config, model.backend, sampling, params, state, np.int32(step), stops, width=width
         )
         tokens, count = np.asarray(state.tokens), np.asarray(state.count)
         yield [tokens[r, shown[r] : count[r]].tolist() for r in range(len(prompts))], state
