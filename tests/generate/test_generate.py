@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +18,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import zoo
-from tests.numerics import assert_close
+from tests.numerics import assert_close, assert_close_bf16
 from zoo.generate import Model, generate, loop, stream
 from zoo.generate.sampling import Sampling, filtered
 from zoo.generate.stops import config_eos
@@ -82,32 +84,64 @@ def test_cached_logits_equal_the_full_forward_at_every_generated_position(name, 
         assert list(new) == np.argmax(got, axis=-1).tolist()  # temperature 0 is the argmax
 
 
+def bf16_run(m: Model):
+    """A checkpoint as ``zoo.load_checkpoint`` gives it, of a run trained under bfloat16."""
+    train = SimpleNamespace(precision="bfloat16")
+    return SimpleNamespace(
+        model_config=m.config, backend=m.backend, params=m.params, recipe=SimpleNamespace(train=train)
+    )
+
+
 @pytest.mark.numerics
 @pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
 def test_a_bf16_run_decodes_in_bf16_with_a_bf16_cache(name):
-    """``zoo sample`` on a run trained in bf16 (zoo.precision) decodes with its params in the
-    compute dtype: the cache is bf16, and the logits of each new token agree with the float32
-    full forward over the same tokens under the bf16 rule (tests/numerics.py)."""
-    from types import SimpleNamespace
-
-    from tests.numerics import assert_close_bf16
-    from zoo.commands.sample import compute_model
-
+    """``zoo.generate`` on a checkpoint of a bf16 run applies its policy itself: the cache is
+    bf16, the first new token's logits are the bf16 full forward's (``zoo.apply_fn`` under the
+    same policy) under the float rule at bf16's epsilon, and every new token's agree with the
+    float32 full forward under the bf16 rule (tests/numerics.py)."""
     m = model(name, "nnx")
-    train = SimpleNamespace(precision="bfloat16")
-    ckpt = SimpleNamespace(
-        model_config=m.config, backend="nnx", params=m.params, recipe=SimpleNamespace(train=train)
-    )
-    bf16 = compute_model(ckpt)
-    assert decode.cache_dtype(bf16.params) == jnp.bfloat16
-    out = generate(bf16, PROMPTS, max_new_tokens=6, temperature=0, keep_logits=True)
-    apply = zoo.apply_fn(m.config, "nnx")
+    ckpt = bf16_run(m)
+    _, state = next(stream(ckpt, PROMPTS, max_new_tokens=6, temperature=0, every=6))
+    assert state.cache.k.dtype == state.cache.v.dtype == jnp.bfloat16
+    out = generate(ckpt, PROMPTS, max_new_tokens=6, temperature=0, keep_logits=True)
+    bf16, f32 = zoo.apply_fn(m.config, "nnx", precision="bfloat16"), zoo.apply_fn(m.config, "nnx")
     for row, prompt in enumerate(PROMPTS):
         new = out.tokens[row]
-        full = np.asarray(apply(m.params, jnp.asarray([list(prompt) + list(new)], jnp.int32)))[0]
-        expected = full[len(prompt) - 1 : len(prompt) + len(new) - 1]
         n = max(len(prompt) + len(new), width(m.config))
+        first = np.asarray(bf16(m.params, jnp.asarray([prompt], jnp.int32)))[0, -1]
+        assert_close(out.logits[row, 0], first, n=n, dtype=jnp.bfloat16, what=f"{name} row {row}")
+        full = np.asarray(f32(m.params, jnp.asarray([list(prompt) + list(new)], jnp.int32)))[0]
+        expected = full[len(prompt) - 1 : len(prompt) + len(new) - 1]
         assert_close_bf16(out.logits[row, : len(new)], expected, n=n, what=f"{name} row {row}")
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("backend", zoo.BACKENDS)
+@pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
+def test_decoding_runs_the_blocks_own_call(monkeypatch, name, backend):
+    """A change planted in the block's forward (its output halved) reaches the decoded logits,
+    which still equal the (changed) full forward's: prefill and decode run the block's own
+    ``__call__``, not a copy of its math."""
+    m = model(name, backend)
+    block = importlib.import_module(f"zoo.models.{m.config.kind}.{backend}").Block
+    original = block.__call__
+
+    def halved(self, x, *rest, **kw):
+        out = original(self, x, *rest, **kw)
+        return (0.5 * out[0], out[1]) if isinstance(out, tuple) else 0.5 * out
+
+    apply = zoo.apply_fn(m.config, backend)
+    ids = jnp.asarray([PROMPTS[0]], jnp.int32)
+    unchanged = np.asarray(apply(m.params, ids))[0, -1]
+    monkeypatch.setattr(block, "__call__", halved)
+    jax.clear_caches()  # trace the decode programs again, with the planted block
+    try:
+        out = generate(m, PROMPTS[:1], max_new_tokens=1, temperature=0, keep_logits=True)
+        planted = np.asarray(apply(m.params, ids))[0, -1]
+    finally:
+        jax.clear_caches()  # nothing compiled with the plant outlives the test
+    assert not np.allclose(planted, unchanged, atol=1e-3)  # the plant changes the model
+    assert_close(out.logits[0, 0], planted, n=max(len(PROMPTS[0]), width(m.config)), what=name)
 
 
 @pytest.mark.parametrize("name", ["transformer", "llama-kv2"])

@@ -190,7 +190,7 @@ def test_float32_ops_are_the_programs_they_were():
             lambda x: ops.rms_norm(layers["rms_norm"], x),
             lambda x: _old_rms_norm(layers["rms_norm"], x),
         ),
-        "attention": (lambda x: ops.causal_attention(x, x, x, 2), lambda x: _old_attention(x, x, x, 2)),
+        "attention": (lambda x: ops.attention(x, x, x, 2), lambda x: _old_attention(x, x, x, 2)),
         "head": (
             lambda x: ops.head(layers["dense"], x),
             lambda x: x @ layers["dense"].kernel.value + layers["dense"].bias.value,

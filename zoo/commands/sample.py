@@ -79,7 +79,7 @@ def generate(
     eos = checkpoint_eos(ckpt)
     try:
         chunks = stream(
-            compute_model(ckpt),
+            ckpt,  # decoded under its recipe's precision (zoo.generate.Model.of)
             [ids] * num_samples,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
@@ -98,18 +98,6 @@ def generate(
             yield [tokenizer.decode(np.asarray(row, np.int32)) if row else "" for row in kept]
 
     return pieces()
-
-
-def compute_model(ckpt: Checkpoint):
-    """The checkpoint's model with its params in the compute dtype of the precision it was
-    trained with (``train.precision``, :mod:`zoo.precision`): a bf16 run samples in bf16, and its
-    key/value cache, which takes the params' dtype, holds half the bytes."""
-    from zoo.generate import Model
-    from zoo.precision import Precision
-
-    model = Model.of(ckpt)
-    params = Precision(ckpt.recipe.train.precision).to_compute(model.params)
-    return Model(model.config, model.backend, params)
 
 
 def sample_text(
