@@ -8,6 +8,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -331,3 +334,48 @@ def test_a_new_kind_generates_by_registering_its_cache():
             assert list(out.tokens[0]) == ids[len(PROMPTS[0]) :]
         finally:
             registry.unregister("toylm")
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 5e-324, 1e-6])
+def test_a_tiny_temperature_samples_greedily(temperature):
+    """Under GREEDY_BELOW a draw is the argmax: logits / T would overflow float32 (a denormal
+    T gave tokens that had nothing to do with greedy)."""
+    m = model("transformer", "nnx")
+    greedy = generate(m, PROMPTS, max_new_tokens=8, temperature=0).tokens
+    assert generate(m, PROMPTS, max_new_tokens=8, temperature=temperature, seed=2).tokens == greedy
+
+
+@pytest.mark.parametrize(
+    "kw, fragments",
+    [
+        ({"seed": -1}, ["seed must be a whole number in [0, 4294967295]", "got -1"]),
+        ({"seed": 2**32}, ["seed must be", "got 4294967296"]),
+        (
+            {"stop_tokens": [2**40]},
+            ["stop token must be a token id in the vocabulary [0, 40)", "1099511627776"],
+        ),
+        ({"stop_tokens": [3, 40]}, ["stop token", "[0, 40)", "got 40"]),
+        ({"stop_tokens": [-1]}, ["stop token", "got -1"]),
+    ],
+)
+def test_a_seed_or_stop_token_out_of_range_is_one_value_error(kw, fragments):
+    m = model("transformer", "nnx")
+    with pytest.raises(ValueError) as error:
+        generate(m, PROMPTS, max_new_tokens=2, **kw)
+    text = str(error.value)
+    assert "\n" not in text and all(f in text for f in fragments), text
+
+
+def test_generation_is_reached_from_the_top_level_package():
+    """``import zoo; zoo.generate.generate(...)``, in a fresh interpreter (here zoo.generate is
+    imported already), as ``zoo.load_checkpoint`` is."""
+    code = (
+        "import zoo\n"
+        "from zoo.models.transformer.config import TransformerConfig\n"
+        "cfg = TransformerConfig(vocab_size=12, d_model=8, num_heads=2, num_layers=1, max_len=32, d_ff=8)\n"
+        "m = zoo.generate.Model(cfg, 'nnx', zoo.models.canonical.init_params(cfg, 0))\n"
+        "print(len(zoo.generate.generate(m, [[1, 2]], max_new_tokens=3, temperature=0).tokens[0]))\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "3", out.stderr[-2000:]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zoo.checks import require_int
+from zoo.configs import MAX_SEED
 from zoo.generate import loop
 from zoo.generate.sampling import Sampling
 from zoo.models import decode
@@ -93,8 +94,9 @@ def check_request(cfg, prompts, max_new_tokens: int) -> int:
     return limit
 
 
-def _stops(stop_tokens) -> np.ndarray:
-    stops = sorted({int(t) for t in stop_tokens})
+def _stops(stop_tokens, vocab_size: int) -> np.ndarray:
+    what = f"a token id in the vocabulary [0, {vocab_size})"
+    stops = sorted({require_int("stop token", t, lo=0, hi=vocab_size - 1, what=what) for t in stop_tokens})
     if len(stops) > MAX_STOPS:
         raise ValueError(f"at most {MAX_STOPS} stop tokens, got {len(stops)}")
     return np.asarray(stops + [-1] * (MAX_STOPS - len(stops)), np.int32)
@@ -146,7 +148,8 @@ def stream(
     sampling = Sampling(temperature, top_k, top_p)
     check_request(model.config, prompts, max_new_tokens)
     require_int("every", every, lo=1, what="a positive whole number of steps")
-    stops = _stops(stop_tokens)
+    stops = _stops(stop_tokens, model.config.vocab_size)
+    require_int("seed", seed, lo=0, hi=MAX_SEED, what=f"a whole number in [0, {MAX_SEED}] (32 bits)")
     params, state, width = _start(model, prompts, max_new_tokens, seed, keep_logits)
     shown = np.zeros(len(prompts), np.int64)
     step = 0
@@ -181,11 +184,13 @@ def generate(
       prompts: one sequence of token ids per row.
       max_new_tokens: at most this many new tokens per prompt; prompt plus new tokens must fit
         the model's positions (``max_len``), or ValueError says by how much they do not.
-      temperature: 0 is greedy (argmax); otherwise logits / temperature are sampled.
+      temperature: 0 is greedy (argmax), and so is any temperature below
+        :data:`zoo.generate.sampling.GREEDY_BELOW` (1e-4); otherwise logits / temperature are
+        sampled.
       top_k, top_p: draw from the ``top_k`` most likely tokens (0: all) and the smallest set
         whose probability reaches ``top_p`` (1: all).
-      seed: the draws of row r are a function of (seed, r, step) alone.
-      stop_tokens: ids that end a row (EOS); kept as its last new token.
+      seed: the draws of row r are a function of (seed, r, step) alone; in [0, 2**32).
+      stop_tokens: ids that end a row (EOS), in the vocabulary; kept as its last new token.
       keep_logits: also return the logits each new token was chosen from.
 
     Returns:

@@ -32,6 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from zoo.models.ops import in_float32
 from zoo.precision import float32_scope
 
 KINDS = ("dense", "chunked")
@@ -84,8 +85,6 @@ def _masked_softmax(scores: jax.Array, ok: jax.Array) -> jax.Array:
 
 
 def _dense(q, k, v, heads: int, kv_heads: int, causal: bool, key_mask) -> jax.Array:
-    from zoo.models.ops import in_float32
-
     *lead, seq, width = q.shape
     d_head = width // heads
     kh, vh = _heads(k, kv_heads), _heads(v, kv_heads)

@@ -20,7 +20,6 @@ from jax.experimental import checkify
 
 from zoo import hooks
 from zoo.hooks import report
-from zoo.models import attention as _attention
 from zoo.models import backends, extensions
 from zoo.precision import float32_scope
 
@@ -307,9 +306,9 @@ def token_chunks(fn, x: jax.Array, chunk: int) -> jax.Array:
     return jnp.moveaxis(ys, 0, 1).reshape(batch, count * chunk, *ys.shape[3:])[:, :seq]
 
 
-# --- Attention and positions -------------------------------------------------------------
-# The models' attention, dense, chunked and over a cache, is one function of its own module.
-attention = _attention.attention
+# --- Positions ---------------------------------------------------------------------------
+# (The models' attention, dense, chunked and over a cache, is one function of its own module,
+# zoo.models.attention, built on in_float32.)
 
 
 def rotary(x: jax.Array, num_heads: int, theta: float, freq=None, positions=None) -> jax.Array:

@@ -9,7 +9,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
 from zoo.models import ops
-from zoo.models.attention import CacheSlice
+from zoo.models.attention import CacheSlice, attention
 from zoo.models.llama.config import LlamaConfig
 from zoo.models.stack import run_stack
 from zoo.scan import Remat
@@ -37,7 +37,7 @@ class Attention(nnx.Module):
         q = ops.rotary(q, cfg.num_heads, cfg.rope_theta, freq, positions)
         k = ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta, freq, positions)
         setting = dict(kind=cfg.attention, chunk=cfg.attention_chunk, cache=cache)
-        context = ops.attention(q, k, v, cfg.num_heads, cfg.num_kv_heads, **setting)
+        context = attention(q, k, v, cfg.num_heads, cfg.num_kv_heads, **setting)
         context = checkpoint_name(context, names.ATTN_CONTEXT)
         return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT), (k, v)
 

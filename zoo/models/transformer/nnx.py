@@ -9,7 +9,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
 from zoo.models import ops
-from zoo.models.attention import CacheSlice
+from zoo.models.attention import CacheSlice, attention
 from zoo.models.stack import run_stack
 from zoo.models.transformer.config import TransformerConfig
 from zoo.scan import Remat
@@ -32,7 +32,7 @@ class Attention(nnx.Module):
         q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
         k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
         v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
-        context = ops.attention(q, k, v, self.num_heads, kind=self.kind, chunk=self.chunk, cache=cache)
+        context = attention(q, k, v, self.num_heads, kind=self.kind, chunk=self.chunk, cache=cache)
         context = checkpoint_name(context, names.ATTN_CONTEXT)
         return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT), (k, v)
 
