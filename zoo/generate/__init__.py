@@ -13,6 +13,7 @@ cache is the kind's (``zoo.models.decode``): any LM kind that registers one gene
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -95,8 +96,20 @@ def check_request(cfg, prompts, max_new_tokens: int) -> int:
 
 
 def _stops(stop_tokens, vocab_size: int) -> np.ndarray:
-    what = f"a token id in the vocabulary [0, {vocab_size})"
-    stops = sorted({require_int("stop token", t, lo=0, hi=vocab_size - 1, what=what) for t in stop_tokens})
+    """The stop ids as the fixed-size array the decode loop takes. An id that is not a whole
+    number in [0, 2**31) is refused; one past the vocabulary can never be drawn, so it is left
+    out with a warning (a tokenizer's or an imported config's EOS may lie past a small model's
+    vocabulary)."""
+    what = f"a token id: a whole number in [0, {2**31 - 1}] (the model's vocabulary is [0, {vocab_size}))"
+    ids = {require_int("stop token", t, lo=0, hi=2**31 - 1, what=what) for t in stop_tokens}
+    outside = sorted(i for i in ids if i >= vocab_size)
+    if outside:
+        warnings.warn(
+            f"stop token(s) {', '.join(map(str, outside))} lie outside the vocabulary [0, {vocab_size}): "
+            "the model never draws them, so they stop nothing",
+            stacklevel=3,
+        )
+    stops = sorted(ids - set(outside))
     if len(stops) > MAX_STOPS:
         raise ValueError(f"at most {MAX_STOPS} stop tokens, got {len(stops)}")
     return np.asarray(stops + [-1] * (MAX_STOPS - len(stops)), np.int32)
@@ -190,7 +203,8 @@ def generate(
       top_k, top_p: draw from the ``top_k`` most likely tokens (0: all) and the smallest set
         whose probability reaches ``top_p`` (1: all).
       seed: the draws of row r are a function of (seed, r, step) alone; in [0, 2**32).
-      stop_tokens: ids that end a row (EOS), in the vocabulary; kept as its last new token.
+      stop_tokens: ids that end a row (EOS); kept as its last new token. Ids past the
+        vocabulary are left out with a warning (they are never drawn).
       keep_logits: also return the logits each new token was chosen from.
 
     Returns:

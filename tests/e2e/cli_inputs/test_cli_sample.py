@@ -114,7 +114,9 @@ def test_the_default_new_tokens_fit_a_model_of_128_positions(short, capsys):
 
 
 def test_the_old_length_alias_is_gone(tmp_path, capsys):
-    refused(capsys, ["sample", str(tmp_path), "--prompt", "x", "--length", "5"], "--length")
+    with pytest.raises(SystemExit) as exit_:
+        main(["sample", str(tmp_path), "--prompt", "x", "--length", "5"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --length 5" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("seed", ["-1", "4294967296"])
