@@ -15,7 +15,7 @@ from zoo.configs import TrainConfig
 from zoo.errors import ZooError
 from zoo.jaxprs import iter_eqns, scope_float_dtypes
 from zoo.losses import per_example_loss
-from zoo.models import ops, registry
+from zoo.models import attention, ops, registry
 from zoo.precision import FLOAT32, Precision
 
 BF16 = Precision("bfloat16")
@@ -151,7 +151,7 @@ def _bf16_loss(logits, labels):
     [
         (ops, "_layer_normalised", _bf16_statistics),
         (ops, "_rms_normalised", lambda x, eps: x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + eps)),
-        (ops, "_causal_softmax", _bf16_softmax),
+        (attention, "_masked_softmax", _bf16_softmax),
         (ops, "LOGITS_DTYPE", None),  # the head's dot in the compute dtype: bf16 logits
     ],
 )
@@ -190,3 +190,42 @@ def test_trainable_leaves_are_float32_and_frozen_ones_the_compute_dtype_under_ev
         "v": "bfloat16",
         "ids": "int32",
     }
+
+
+# -- the decode softmax: the same scope check, on the prefill and a decode step ----------------
+def check_decode_softmax(cfg):
+    """The prefill and one decode step of a bf16 model over a bf16 cache (zoo.models.decode):
+    the cached reads' softmax is traced inside ``f32_softmax``, and is float32 there."""
+    from zoo.models import decode
+
+    params = BF16.to_compute(random_params(cfg, 1))
+    cache = decode.init_cache(cfg, 2, 32, jnp.bfloat16)
+    tokens, pad = jnp.ones((2, 16), jnp.int32), jnp.array([0, 3])
+    positions = jnp.maximum(jnp.arange(16)[None, :] - pad[:, None], 0)
+    steps = ((True, tokens, positions, 0), (False, tokens[:, :1], (16 - pad)[:, None], 16))
+    for prefill, x, at, slot in steps:
+
+        def step(p, c, x=x, at=at, slot=slot, prefill=prefill):
+            return decode.forward(cfg, "nnx", p, c, x, at, pad, slot, prefill=prefill)
+
+        found = scope_float_dtypes(jax.make_jaxpr(step)(params, cache), ("f32_softmax",))["f32_softmax"]
+        assert found == {"float32"}, (prefill, found)
+
+
+@pytest.mark.parametrize("name", ["transformer", "llama", "chunked"])
+def test_the_decode_softmax_is_float32_like_trainings(name):
+    check_decode_softmax(CHECKED[name])
+
+
+def test_the_decode_check_still_catches_a_bf16_softmax(monkeypatch):
+    def planted(q, k, v, ok):  # the scores, max, exp and sum in the compute dtype
+        s = attention.masked(jnp.einsum("...gsd,...td->...gst", q, k), ok)
+        with jax.named_scope("f32_softmax"):
+            m = s.max(-1)
+            p = jnp.where(ok, jnp.exp(s - m[..., None]), 0.0).astype(s.dtype)
+            norm = p.sum(-1)
+        return m, norm, jnp.einsum("...gst,...td->...gsd", p, v)
+
+    monkeypatch.setattr(attention, "_part", planted)
+    with pytest.raises(AssertionError):
+        check_decode_softmax(CHECKED["transformer"])

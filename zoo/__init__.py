@@ -54,6 +54,7 @@ _SUBMODULES = (
     "data",
     "dp",
     "freeze",
+    "generate",
     "lora",
     "losses",
     "models",

@@ -11,8 +11,7 @@ from device_sections import guarded, memory_row
 
 import zoo
 from zoo.bench.common import compile_timed, median_ratio, memory_stats, state_stepper, time_in_rounds
-from zoo.models.attention import chunked_attention
-from zoo.models.ops import causal_attention
+from zoo.models.attention import attention as attend
 
 # Dense peak FLOP/s per device kind (vendor datasheets, without sparsity): leads, not
 # measurements. float32 matmuls on NVIDIA GPUs run as TF32 under JAX's default precision.
@@ -214,8 +213,8 @@ def attention(size: dict, say=None) -> list[dict]:
     key = jax.random.key(0)
     q, k, v = (jax.random.normal(kk, (b, t, h * d), jnp.float32) for kk in jax.random.split(key, 3))
     variants = {
-        "dense": lambda q, k, v: causal_attention(q, k, v, h),
-        "chunked": lambda q, k, v: chunked_attention(q, k, v, h, chunk=size["chunk"]),
+        "dense": lambda q, k, v: attend(q, k, v, h),
+        "chunked": lambda q, k, v: attend(q, k, v, h, kind="chunked", chunk=size["chunk"]),
     }
     rows, steppers = [], {}
     for name, fn in variants.items():

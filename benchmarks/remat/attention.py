@@ -14,8 +14,7 @@ import json
 import jax
 import jax.numpy as jnp
 
-from zoo.models.attention import chunked_attention
-from zoo.models.ops import causal_attention
+from zoo.models.attention import attention
 
 
 def temp_bytes(fn, batch: int, seq: int, width: int) -> int:
@@ -33,10 +32,10 @@ def main() -> None:
     parser.add_argument("--chunks", default="64,128,256")
     args = parser.parse_args()
     width = args.heads * args.head_dim
-    dense = temp_bytes(lambda q, k, v: causal_attention(q, k, v, args.heads), args.batch, args.seq, width)
+    dense = temp_bytes(lambda q, k, v: attention(q, k, v, args.heads), args.batch, args.seq, width)
     rows = [{"attention": "dense", "chunk": None, "temp_bytes": dense, "of_dense": 1.0}]
     for chunk in (int(c) for c in args.chunks.split(",")):
-        fn = lambda q, k, v, c=chunk: chunked_attention(q, k, v, args.heads, chunk=c)  # noqa: E731
+        fn = lambda q, k, v, c=chunk: attention(q, k, v, args.heads, kind="chunked", chunk=c)  # noqa: E731
         t = temp_bytes(fn, args.batch, args.seq, width)
         rows.append(
             {"attention": "chunked", "chunk": chunk, "temp_bytes": t, "of_dense": round(t / dense, 4)}

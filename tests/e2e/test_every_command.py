@@ -208,10 +208,10 @@ def test_sample(case, trained, capsys):
     vocabulary = _vocabulary(out)
     prompt = (vocabulary[::-1] * 3)[:150]  # every character in the vocabulary, spaces included
     capsys.readouterr()
-    assert _run("sample", out, "--prompt", prompt, "--length", 5, "--temperature", 0, "--json") == 0
+    assert _run("sample", out, "--prompt", prompt, "--max-new-tokens", 5, "--temperature", 0, "--json") == 0
     result = _last_json(capsys)
     assert result["prompt"] == prompt and len(result["sample"]) == 5
-    assert _run("sample", out, "--prompt", prompt, "--length", 5, "--temperature", 0) == 0
+    assert _run("sample", out, "--prompt", prompt, "--max-new-tokens", 5, "--temperature", 0) == 0
     assert capsys.readouterr() == (prompt + result["sample"] + "\n", "")
 
 
@@ -223,7 +223,7 @@ def test_sample_warns_about_characters_outside_the_vocabulary(case, trained, cap
     assert len(strangers) == 2
     prompt = vocabulary[:3] + strangers[0] + vocabulary[:2] + strangers[1] + strangers[0]
     capsys.readouterr()
-    assert _run("sample", out, "--prompt", prompt, "--length", 2, "--json") == 0
+    assert _run("sample", out, "--prompt", prompt, "--max-new-tokens", 2, "--json") == 0
     std = capsys.readouterr()
     line = _one_line(std.err)
     assert line.startswith("warning:") and "2 character(s) outside" in line
@@ -243,7 +243,7 @@ def test_sample_refuses_a_length_over_its_limit_at_once(tmp_path, capsys):
     previous = signal.signal(signal.SIGALRM, too_slow)
     signal.alarm(30)
     try:
-        code = _run("sample", tmp_path, "--prompt", "def ", "--length", 99999999999)
+        code = _run("sample", tmp_path, "--prompt", "def ", "--max-new-tokens", 99999999999)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)

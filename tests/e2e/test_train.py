@@ -125,7 +125,7 @@ def test_language_model_trains_saves_tokenizer_and_samples(tmp_path, capsys):
     assert summary["eval_bits_per_char"] == pytest.approx(summary["eval_loss"] / np.log(2))
     ckpt = checkpoint.load_checkpoint(tmp_path)
     assert ckpt.tokenizer is not None and ckpt.model_config.vocab_size == ckpt.tokenizer.vocab_size
-    assert main(["sample", str(tmp_path), "--prompt", "def ", "--length", "12", "--json"]) == 0
+    assert main(["sample", str(tmp_path), "--prompt", "def ", "--max-new-tokens", "12", "--json"]) == 0
     sample = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sample"]
     assert len(sample) == 12
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+import os
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +21,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import zoo
-from tests.numerics import assert_close
+from tests.numerics import assert_close, assert_close_bf16
 from zoo.generate import Model, generate, loop, stream
 from zoo.generate.sampling import Sampling, filtered
 from zoo.generate.stops import config_eos
@@ -82,32 +87,64 @@ def test_cached_logits_equal_the_full_forward_at_every_generated_position(name, 
         assert list(new) == np.argmax(got, axis=-1).tolist()  # temperature 0 is the argmax
 
 
+def bf16_run(m: Model):
+    """A checkpoint as ``zoo.load_checkpoint`` gives it, of a run trained under bfloat16."""
+    train = SimpleNamespace(precision="bfloat16")
+    return SimpleNamespace(
+        model_config=m.config, backend=m.backend, params=m.params, recipe=SimpleNamespace(train=train)
+    )
+
+
 @pytest.mark.numerics
 @pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
 def test_a_bf16_run_decodes_in_bf16_with_a_bf16_cache(name):
-    """``zoo sample`` on a run trained in bf16 (zoo.precision) decodes with its params in the
-    compute dtype: the cache is bf16, and the logits of each new token agree with the float32
-    full forward over the same tokens under the bf16 rule (tests/numerics.py)."""
-    from types import SimpleNamespace
-
-    from tests.numerics import assert_close_bf16
-    from zoo.commands.sample import compute_model
-
+    """``zoo.generate`` on a checkpoint of a bf16 run applies its policy itself: the cache is
+    bf16, the first new token's logits are the bf16 full forward's (``zoo.apply_fn`` under the
+    same policy) under the float rule at bf16's epsilon, and every new token's agree with the
+    float32 full forward under the bf16 rule (tests/numerics.py)."""
     m = model(name, "nnx")
-    train = SimpleNamespace(precision="bfloat16")
-    ckpt = SimpleNamespace(
-        model_config=m.config, backend="nnx", params=m.params, recipe=SimpleNamespace(train=train)
-    )
-    bf16 = compute_model(ckpt)
-    assert decode.cache_dtype(bf16.params) == jnp.bfloat16
-    out = generate(bf16, PROMPTS, max_new_tokens=6, temperature=0, keep_logits=True)
-    apply = zoo.apply_fn(m.config, "nnx")
+    ckpt = bf16_run(m)
+    _, state = next(stream(ckpt, PROMPTS, max_new_tokens=6, temperature=0, every=6))
+    assert state.cache.k.dtype == state.cache.v.dtype == jnp.bfloat16
+    out = generate(ckpt, PROMPTS, max_new_tokens=6, temperature=0, keep_logits=True)
+    bf16, f32 = zoo.apply_fn(m.config, "nnx", precision="bfloat16"), zoo.apply_fn(m.config, "nnx")
     for row, prompt in enumerate(PROMPTS):
         new = out.tokens[row]
-        full = np.asarray(apply(m.params, jnp.asarray([list(prompt) + list(new)], jnp.int32)))[0]
-        expected = full[len(prompt) - 1 : len(prompt) + len(new) - 1]
         n = max(len(prompt) + len(new), width(m.config))
+        first = np.asarray(bf16(m.params, jnp.asarray([prompt], jnp.int32)))[0, -1]
+        assert_close(out.logits[row, 0], first, n=n, dtype=jnp.bfloat16, what=f"{name} row {row}")
+        full = np.asarray(f32(m.params, jnp.asarray([list(prompt) + list(new)], jnp.int32)))[0]
+        expected = full[len(prompt) - 1 : len(prompt) + len(new) - 1]
         assert_close_bf16(out.logits[row, : len(new)], expected, n=n, what=f"{name} row {row}")
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("backend", zoo.BACKENDS)
+@pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
+def test_decoding_runs_the_blocks_own_call(monkeypatch, name, backend):
+    """A change planted in the block's forward (its output halved) reaches the decoded logits,
+    which still equal the (changed) full forward's: prefill and decode run the block's own
+    ``__call__``, not a copy of its math."""
+    m = model(name, backend)
+    block = importlib.import_module(f"zoo.models.{m.config.kind}.{backend}").Block
+    original = block.__call__
+
+    def halved(self, x, *rest, **kw):
+        out = original(self, x, *rest, **kw)
+        return (0.5 * out[0], out[1]) if isinstance(out, tuple) else 0.5 * out
+
+    apply = zoo.apply_fn(m.config, backend)
+    ids = jnp.asarray([PROMPTS[0]], jnp.int32)
+    unchanged = np.asarray(apply(m.params, ids))[0, -1]
+    monkeypatch.setattr(block, "__call__", halved)
+    jax.clear_caches()  # trace the decode programs again, with the planted block
+    try:
+        out = generate(m, PROMPTS[:1], max_new_tokens=1, temperature=0, keep_logits=True)
+        planted = np.asarray(apply(m.params, ids))[0, -1]
+    finally:
+        jax.clear_caches()  # nothing compiled with the plant outlives the test
+    assert not np.allclose(planted, unchanged, atol=1e-3)  # the plant changes the model
+    assert_close(out.logits[0, 0], planted, n=max(len(PROMPTS[0]), width(m.config)), what=name)
 
 
 @pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
@@ -297,3 +334,52 @@ def test_a_new_kind_generates_by_registering_its_cache():
             assert list(out.tokens[0]) == ids[len(PROMPTS[0]) :]
         finally:
             registry.unregister("toylm")
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 5e-324, 1e-6])
+def test_a_tiny_temperature_samples_greedily(temperature):
+    """Under GREEDY_BELOW a draw is the argmax: logits / T would overflow float32 (a denormal
+    T gave tokens that had nothing to do with greedy)."""
+    m = model("transformer", "nnx")
+    greedy = generate(m, PROMPTS, max_new_tokens=8, temperature=0).tokens
+    assert generate(m, PROMPTS, max_new_tokens=8, temperature=temperature, seed=2).tokens == greedy
+
+
+@pytest.mark.parametrize(
+    "kw, fragments",
+    [
+        ({"seed": -1}, ["seed must be a whole number in [0, 4294967295]", "got -1"]),
+        ({"seed": 2**32}, ["seed must be", "got 4294967296"]),
+        ({"stop_tokens": [2**40]}, ["stop token must be a token id", "[0, 40)", "got 1099511627776"]),
+        ({"stop_tokens": [-1]}, ["stop token", "got -1"]),
+    ],
+)
+def test_a_seed_or_stop_token_out_of_range_is_one_value_error(kw, fragments):
+    m = model("transformer", "nnx")
+    with pytest.raises(ValueError) as error:
+        generate(m, PROMPTS, max_new_tokens=2, **kw)
+    text = str(error.value)
+    assert "\n" not in text and all(f in text for f in fragments), text
+
+
+def test_stop_tokens_past_the_vocabulary_are_named_in_a_warning_and_stop_nothing():
+    m = model("transformer", "nnx")
+    greedy = generate(m, PROMPTS, max_new_tokens=6, temperature=0)
+    with pytest.warns(UserWarning, match=r"stop token\(s\) 40, 99 lie outside the vocabulary \[0, 40\)"):
+        out = generate(m, PROMPTS, max_new_tokens=6, temperature=0, stop_tokens=[99, 40])
+    assert out == greedy
+
+
+def test_generation_is_reached_from_the_top_level_package():
+    """``import zoo; zoo.generate.generate(...)``, in a fresh interpreter (here zoo.generate is
+    imported already), as ``zoo.load_checkpoint`` is."""
+    code = (
+        "import zoo\n"
+        "from zoo.models.transformer.config import TransformerConfig\n"
+        "cfg = TransformerConfig(vocab_size=12, d_model=8, num_heads=2, num_layers=1, max_len=32, d_ff=8)\n"
+        "m = zoo.generate.Model(cfg, 'nnx', zoo.models.canonical.init_params(cfg, 0))\n"
+        "print(len(zoo.generate.generate(m, [[1, 2]], max_new_tokens=3, temperature=0).tokens[0]))\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "3", out.stderr[-2000:]

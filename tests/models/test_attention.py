@@ -17,8 +17,7 @@ from zoo.dp.ghost import ghost_clipped_grad_sum
 from zoo.errors import ZooError
 from zoo.losses import per_example_loss
 from zoo.models import registry
-from zoo.models.attention import chunked_attention
-from zoo.models.ops import causal_attention
+from zoo.models.attention import attention
 from zoo.residuals.find import find_residuals
 
 
@@ -75,8 +74,8 @@ def test_values_and_gradients_equal_dense_attention(causal, masked):
     chunked = fast_jit(
         jax.value_and_grad(
             loss(
-                lambda q, k, v: chunked_attention(
-                    q, k, v, H, KV, chunk=CHUNK, causal=causal, key_mask=key_mask
+                lambda q, k, v: attention(
+                    q, k, v, H, KV, kind="chunked", chunk=CHUNK, causal=causal, key_mask=key_mask
                 )
             ),
             argnums=(0, 1, 2),
@@ -88,7 +87,9 @@ def test_values_and_gradients_equal_dense_attention(causal, masked):
         )
     )
     out_c = fast_jit(
-        lambda q, k, v: chunked_attention(q, k, v, H, KV, chunk=CHUNK, causal=causal, key_mask=key_mask)
+        lambda q, k, v: attention(
+            q, k, v, H, KV, kind="chunked", chunk=CHUNK, causal=causal, key_mask=key_mask
+        )
     )(q, k, v)
     assert_close(out_c, dense_reference(q, k, v, H, KV, causal, key_mask), n=T * D, what="output")
     assert_close(chunked(q, k, v), dense(q, k, v), n=B * T * H * D, what="loss and grads")
@@ -96,8 +97,8 @@ def test_values_and_gradients_equal_dense_attention(causal, masked):
 
 def test_causal_chunked_attention_is_the_models_dense_attention():
     q, k, v, _, _ = inputs(1)
-    out = fast_jit(lambda q, k, v: chunked_attention(q, k, v, H, KV, chunk=CHUNK))(q, k, v)
-    assert_close(out, fast_jit(lambda q, k, v: causal_attention(q, k, v, H, KV))(q, k, v), n=T * D)
+    out = fast_jit(lambda q, k, v: attention(q, k, v, H, KV, kind="chunked", chunk=CHUNK))(q, k, v)
+    assert_close(out, fast_jit(lambda q, k, v: attention(q, k, v, H, KV))(q, k, v), n=T * D)
 
 
 def test_a_query_with_no_key_to_attend_to_gives_zeros_and_finite_gradients():
@@ -106,10 +107,12 @@ def test_a_query_with_no_key_to_attend_to_gives_zeros_and_finite_gradients():
     mask = mask.at[1].set(False)  # example 1 has no key at all
 
     def loss(q, k, v):
-        return jnp.sum(chunked_attention(q, k, v, H, KV, chunk=CHUNK, causal=False, key_mask=mask) * weights)
+        return jnp.sum(
+            attention(q, k, v, H, KV, kind="chunked", chunk=CHUNK, causal=False, key_mask=mask) * weights
+        )
 
     out = fast_jit(
-        lambda q, k, v: chunked_attention(q, k, v, H, KV, chunk=CHUNK, causal=False, key_mask=mask)
+        lambda q, k, v: attention(q, k, v, H, KV, kind="chunked", chunk=CHUNK, causal=False, key_mask=mask)
     )(q, k, v)
     assert np.all(np.asarray(out[1]) == 0)
     grads = fast_jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
@@ -120,7 +123,7 @@ def test_the_backward_keeps_no_scores_only_qkv_output_and_log_sum_exp():
     q, k, v, weights, _ = inputs(3)
 
     def loss(q, k, v):
-        return jnp.sum(chunked_attention(q, k, v, H, KV, chunk=CHUNK) * weights)
+        return jnp.sum(attention(q, k, v, H, KV, kind="chunked", chunk=CHUNK) * weights)
 
     found = find_residuals(loss, q, k, v)
     sizes = sorted(int(np.prod(f.shape)) * f.count for f in found)
@@ -128,7 +131,7 @@ def test_the_backward_keeps_no_scores_only_qkv_output_and_log_sum_exp():
     # and the log-sum-exp (B H T); never B H T T scores or probabilities.
     assert max(sizes) <= B * H * 40 * D
     assert B * H * T in sizes
-    dense = find_residuals(lambda q, k, v: jnp.sum(causal_attention(q, k, v, H, KV) * weights), q, k, v)
+    dense = find_residuals(lambda q, k, v: jnp.sum(attention(q, k, v, H, KV) * weights), q, k, v)
     assert any(int(np.prod(f.shape)) * f.count >= B * H * T * T for f in dense)
 
 
@@ -142,7 +145,7 @@ def test_the_custom_gradient_rule_gives_dense_values_gradients_and_the_same_resi
         def attend(q, k, v):
             if rule is None:
                 return dense_reference(q, k, v, H, KV, True, mask)
-            return chunked_attention(q, k, v, H, KV, chunk=CHUNK, key_mask=mask, rule=rule)
+            return attention(q, k, v, H, KV, kind="chunked", chunk=CHUNK, key_mask=mask, rule=rule)
 
         return lambda q, k, v: jnp.sum(attend(q, k, v) * weights)
 
@@ -161,7 +164,7 @@ def test_the_custom_gradient_rule_gives_dense_values_gradients_and_the_same_resi
     with pytest.raises(
         ValueError, match="unknown attention remat rule 'flash'; valid: defremat, custom_gradient"
     ):
-        chunked_attention(q, k, v, H, KV, rule="flash")
+        attention(q, k, v, H, KV, kind="chunked", rule="flash")
 
 
 def test_compiled_temp_memory_is_a_fraction_of_dense_at_long_sequences():
@@ -172,8 +175,8 @@ def test_compiled_temp_memory_is_a_fraction_of_dense_at_long_sequences():
         grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v)), argnums=(0, 1, 2)))
         return grad.lower(spec, spec, spec).compile().memory_analysis().temp_size_in_bytes
 
-    chunked = temp(lambda q, k, v: chunked_attention(q, k, v, heads, chunk=64))
-    dense = temp(lambda q, k, v: causal_attention(q, k, v, heads))
+    chunked = temp(lambda q, k, v: attention(q, k, v, heads, kind="chunked", chunk=64))
+    dense = temp(lambda q, k, v: attention(q, k, v, heads))
     assert chunked <= dense / 4, (chunked, dense)
 
 

@@ -308,7 +308,7 @@ def test_sample_speaks_the_imported_tokenizer(tmp_path, capsys):
                 str(tmp_path / "imp"),
                 "--prompt",
                 "the quick",
-                "--length",
+                "--max-new-tokens",
                 "3",
                 "--temperature",
                 "0",

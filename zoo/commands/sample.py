@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from zoo.checks import require_int, require_number
+from zoo.configs import MAX_SEED
 from zoo.errors import ZooError
+from zoo.generate.sampling import GREEDY_BELOW
 from zoo.ui import emit_json
 
 if TYPE_CHECKING:
@@ -19,39 +21,51 @@ if TYPE_CHECKING:
 
 
 MAX_NEW_TOKENS = 100_000  # tokens one `zoo sample` asks for
+DEFAULT_NEW_TOKENS = 200  # without --max-new-tokens, or fewer: what fits (prompt_ids)
 MAX_SAMPLES = 256  # --num-samples: one batch
 STREAM_EVERY = 8  # decode steps between two writes of streamed text
 
 
-def prompt_ids(ckpt: Checkpoint, prompt: str, max_new_tokens: int) -> np.ndarray:
-    """The prompt's token ids the model reads: the last ``limit - max_new_tokens`` of them (a
-    longer prompt is cut from the left, the window `zoo sample` has always used); refused when
-    ``max_new_tokens`` leaves no room for any."""
+def prompt_ids(ckpt: Checkpoint, prompt: str, max_new_tokens: int | None) -> tuple[np.ndarray, int]:
+    """``(ids, new)``: the prompt's token ids the model reads and the new tokens to ask for.
+
+    ``max_new_tokens`` None is the default: :data:`DEFAULT_NEW_TOKENS`, or what fits beside the
+    whole prompt in the model's positions when that is fewer (never under half the positions).
+    A prompt longer than the positions minus ``new`` is read from its last tokens (the window
+    `zoo sample` has always used); refused when ``max_new_tokens`` leaves no room for any."""
     from zoo.models import decode
 
     spec = decode.cache_spec(ckpt.model_config)
     limit = spec.limit(ckpt.model_config)
-    room = limit - max_new_tokens
-    if room < 1:
-        raise ZooError(
-            f"--max-new-tokens {max_new_tokens} leaves no room for the prompt in the model's "
-            f"{spec.limit_name}={limit}; ask for at most {limit - 1} new tokens"
-        )
     ids = np.asarray(ckpt.tokenizer.encode(prompt), np.int32)
+    new = max_new_tokens
+    if new is None:
+        new = max(min(DEFAULT_NEW_TOKENS, limit - len(ids)), min(DEFAULT_NEW_TOKENS, limit // 2))
+    room = limit - new
+    if room < 1:
+        keep = (
+            f"at most {limit - len(ids)} new tokens to keep the whole prompt ({len(ids)} tokens)"
+            if len(ids) < limit
+            else f"at most {limit - 1} new tokens (the prompt is then read from its last tokens)"
+        )
+        raise ZooError(
+            f"--max-new-tokens {new} leaves no room for the prompt in the model's "
+            f"{spec.limit_name}={limit}; ask for {keep}"
+        )
     if len(ids) > room:
         warnings.warn(
             f"the prompt is {len(ids):,} tokens and the model's context {limit:,} ({spec.limit_name}) "
-            f"leaves {room:,} beside {max_new_tokens:,} new tokens: it sees only the prompt's last "
+            f"leaves {room:,} beside {new:,} new tokens: it sees only the prompt's last "
             f"{room:,} tokens",
             stacklevel=2,
         )
-    return ids[-room:]
+    return ids[-room:], new
 
 
 def generate(
     ckpt: Checkpoint,
     prompt: str,
-    max_new_tokens: int,
+    max_new_tokens: int | None,
     temperature: float,
     seed: int,
     *,
@@ -74,12 +88,12 @@ def generate(
         )
     if tokenizer is None or not cfg.task_type.tokenized:
         raise ZooError(f"{str(ckpt.path)!r} is not a language model checkpoint; `zoo sample` needs one")
-    check_sample_args(prompt, max_new_tokens, temperature, top_k, top_p, num_samples)
-    ids = prompt_ids(ckpt, prompt, max_new_tokens)
+    check_sample_args(prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed)
+    ids, max_new_tokens = prompt_ids(ckpt, prompt, max_new_tokens)
     eos = checkpoint_eos(ckpt)
     try:
         chunks = stream(
-            compute_model(ckpt),
+            ckpt,  # decoded under its recipe's precision (zoo.generate.Model.of)
             [ids] * num_samples,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
@@ -100,18 +114,6 @@ def generate(
     return pieces()
 
 
-def compute_model(ckpt: Checkpoint):
-    """The checkpoint's model with its params in the compute dtype of the precision it was
-    trained with (``train.precision``, :mod:`zoo.precision`): a bf16 run samples in bf16, and its
-    key/value cache, which takes the params' dtype, holds half the bytes."""
-    from zoo.generate import Model
-    from zoo.precision import Precision
-
-    model = Model.of(ckpt)
-    params = Precision(ckpt.recipe.train.precision).to_compute(model.params)
-    return Model(model.config, model.backend, params)
-
-
 def sample_text(
     ckpt: Checkpoint, prompt: str, max_new_tokens: int, temperature: float, seed: int, **kw
 ) -> list[str]:
@@ -130,22 +132,28 @@ def unknown_characters(tokenizer, text: str) -> list[str]:
 
 def check_sample_args(
     prompt: str,
-    max_new_tokens: int,
+    max_new_tokens: int | None,
     temperature: float,
     top_k: int = 0,
     top_p: float = 1.0,
     num_samples: int = 1,
+    seed: int = 0,
 ) -> None:
-    """One-line errors for arguments that would sample nothing, garbage, or for hours."""
+    """One-line errors for arguments that would sample nothing, garbage, or for hours
+    (``max_new_tokens`` None: the default, fitted to the model in :func:`prompt_ids`)."""
     if not prompt:
         raise ZooError("--prompt is empty; give at least one character to continue from")
+    what = f"a whole number in [0, {MAX_SEED}] (32 bits)"
+    require_int("--seed", seed, lo=0, hi=MAX_SEED, what=what, error=ZooError)
+    if max_new_tokens is None:
+        max_new_tokens = DEFAULT_NEW_TOKENS
     require_int("--max-new-tokens", max_new_tokens, lo=1, what="a positive number of tokens", error=ZooError)
     if max_new_tokens > MAX_NEW_TOKENS:
         raise ZooError(
             f"--max-new-tokens {max_new_tokens} is over zoo sample's limit of {MAX_NEW_TOKENS:,} tokens; "
             "continue a long text with several calls, each --prompt ending where the last sample ended"
         )
-    what = "a finite number >= 0 (0 samples greedily)"
+    what = f"a finite number >= 0 (0, or under {GREEDY_BELOW:g}, samples greedily)"
     require_number("--temperature", temperature, finite=True, lo=0.0, what=what, error=ZooError)
     require_int("--top-k", top_k, lo=0, what="a whole number >= 0 (0 keeps every token)", error=ZooError)
     what = "a number in (0, 1] (1 keeps every token)"
@@ -155,7 +163,15 @@ def check_sample_args(
 
 
 def _args(args) -> tuple:
-    return (args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.num_samples)
+    return (
+        args.prompt,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        args.num_samples,
+        args.seed,
+    )
 
 
 def run_sample(args) -> int:
@@ -217,17 +233,21 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument(
         "--max-new-tokens",
-        "--length",
-        dest="max_new_tokens",
         type=int,
-        default=200,
-        help=f"new tokens to generate (at most {MAX_NEW_TOKENS:,}); a prompt longer than the model's "
-        "positions minus these is read from its last tokens. --length: the old name",
+        default=None,
+        help=f"new tokens to generate (at most {MAX_NEW_TOKENS:,}; default {DEFAULT_NEW_TOKENS}, or what "
+        "fits beside the prompt in the model's positions); a prompt longer than the model's "
+        "positions minus these is read from its last tokens",
     )
-    p.add_argument("--temperature", type=float, default=0.8, help="0 samples greedily (the argmax)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        help=f"0 (or under {GREEDY_BELOW:g}) samples greedily (the argmax)",
+    )
     p.add_argument("--top-k", type=int, default=0, help="draw from the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="draw from the smallest set of probability p")
     p.add_argument("--num-samples", type=int, default=1, help="samples of the prompt, in one batch")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help=f"in [0, {MAX_SEED}]")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_sample)

@@ -13,15 +13,19 @@ cache is the kind's (``zoo.models.decode``): any LM kind that registers one gene
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from zoo.checks import require_int
+from zoo.configs import MAX_SEED
 from zoo.generate import loop
 from zoo.generate.sampling import Sampling
 from zoo.models import decode
+from zoo.precision import DEFAULT as DEFAULT_PRECISION
+from zoo.precision import get_precision
 
 __all__ = ["Generation", "Model", "Sampling", "check_request", "generate", "stream"]
 
@@ -30,18 +34,30 @@ MAX_STOPS = 8  # stop ids pass as a fixed-size array, so their number does not r
 
 @dataclass(frozen=True)
 class Model:
-    """A model config, its backend and its canonical params (a checkpoint has all three)."""
+    """A model config, its backend, its canonical params and the precision policy it runs
+    under (:mod:`zoo.precision`; a checkpoint has all four: the one it was trained with)."""
 
     config: object
     backend: str
     params: dict
+    precision: str = DEFAULT_PRECISION
 
     @classmethod
     def of(cls, source) -> Model:
-        """``source`` itself, or a :class:`zoo.train.checkpoint.Checkpoint`'s model."""
+        """``source`` itself, or a :class:`zoo.train.checkpoint.Checkpoint`'s model under the
+        precision of its recipe (``train.precision``)."""
         if isinstance(source, Model):
             return source
-        return cls(source.model_config, source.backend, source.params)
+        precision = source.recipe.train.precision
+        return cls(source.model_config, source.backend, source.params, precision)
+
+    def in_compute(self) -> tuple[dict, str]:
+        """``(params, cache dtype)`` as the model decodes under its policy: the params in the
+        compute dtype (a bf16 run decodes with bf16 weights and activations) and a cache in it
+        too (half the bytes under bf16). Norm statistics, the softmax and the logits stay
+        float32, as in training (:mod:`zoo.models.ops`)."""
+        policy = get_precision(self.precision)
+        return policy.to_compute(self.params), policy.compute_dtype.name
 
 
 @dataclass(frozen=True)
@@ -79,8 +95,21 @@ def check_request(cfg, prompts, max_new_tokens: int) -> int:
     return limit
 
 
-def _stops(stop_tokens) -> np.ndarray:
-    stops = sorted({int(t) for t in stop_tokens})
+def _stops(stop_tokens, vocab_size: int) -> np.ndarray:
+    """The stop ids as the fixed-size array the decode loop takes. An id that is not a whole
+    number in [0, 2**31) is refused; one past the vocabulary can never be drawn, so it is left
+    out with a warning (a tokenizer's or an imported config's EOS may lie past a small model's
+    vocabulary)."""
+    what = f"a token id: a whole number in [0, {2**31 - 1}] (the model's vocabulary is [0, {vocab_size}))"
+    ids = {require_int("stop token", t, lo=0, hi=2**31 - 1, what=what) for t in stop_tokens}
+    outside = sorted(i for i in ids if i >= vocab_size)
+    if outside:
+        warnings.warn(
+            f"stop token(s) {', '.join(map(str, outside))} lie outside the vocabulary [0, {vocab_size}): "
+            "the model never draws them, so they stop nothing",
+            stacklevel=3,
+        )
+    stops = sorted(ids - set(outside))
     if len(stops) > MAX_STOPS:
         raise ValueError(f"at most {MAX_STOPS} stop tokens, got {len(stops)}")
     return np.asarray(stops + [-1] * (MAX_STOPS - len(stops)), np.int32)
@@ -95,18 +124,20 @@ def _start(model: Model, prompts, max_new_tokens, seed, keep_logits):
         padded[row, width - len(prompt) :] = np.asarray(prompt, np.int32)
     length = width + loop.bucket(max_new_tokens)
     new = loop.bucket(max_new_tokens)
+    params, dtype = model.in_compute()
     state = loop.prefill(
         model.config,
         model.backend,
-        model.params,
+        params,
         padded,
         lengths,
         np.uint32(seed),
         length=length,
         new=new,
         keep_logits=keep_logits,
+        dtype=dtype,
     )
-    return state, width
+    return params, state, width
 
 
 def stream(
@@ -130,14 +161,15 @@ def stream(
     sampling = Sampling(temperature, top_k, top_p)
     check_request(model.config, prompts, max_new_tokens)
     require_int("every", every, lo=1, what="a positive whole number of steps")
-    stops = _stops(stop_tokens)
-    state, width = _start(model, prompts, max_new_tokens, seed, keep_logits)
+    stops = _stops(stop_tokens, model.config.vocab_size)
+    require_int("seed", seed, lo=0, hi=MAX_SEED, what=f"a whole number in [0, {MAX_SEED}] (32 bits)")
+    params, state, width = _start(model, prompts, max_new_tokens, seed, keep_logits)
     shown = np.zeros(len(prompts), np.int64)
     step = 0
     while step < max_new_tokens:
         step = min(step + every, max_new_tokens)
         state = loop.decode_steps(
-            model.config, model.backend, sampling, model.params, state, np.int32(step), stops, width=width
+            model.config, model.backend, sampling, params, state, np.int32(step), stops, width=width
         )
         tokens, count = np.asarray(state.tokens), np.asarray(state.count)
         yield [tokens[r, shown[r] : count[r]].tolist() for r in range(len(prompts))], state
@@ -165,11 +197,14 @@ def generate(
       prompts: one sequence of token ids per row.
       max_new_tokens: at most this many new tokens per prompt; prompt plus new tokens must fit
         the model's positions (``max_len``), or ValueError says by how much they do not.
-      temperature: 0 is greedy (argmax); otherwise logits / temperature are sampled.
+      temperature: 0 is greedy (argmax), and so is any temperature below
+        :data:`zoo.generate.sampling.GREEDY_BELOW` (1e-4); otherwise logits / temperature are
+        sampled.
       top_k, top_p: draw from the ``top_k`` most likely tokens (0: all) and the smallest set
         whose probability reaches ``top_p`` (1: all).
-      seed: the draws of row r are a function of (seed, r, step) alone.
-      stop_tokens: ids that end a row (EOS); kept as its last new token.
+      seed: the draws of row r are a function of (seed, r, step) alone; in [0, 2**32).
+      stop_tokens: ids that end a row (EOS); kept as its last new token. Ids past the
+        vocabulary are left out with a warning (they are never drawn).
       keep_logits: also return the logits each new token was chosen from.
 
     Returns:

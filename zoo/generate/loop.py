@@ -41,14 +41,17 @@ class State(NamedTuple):
     key: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "backend", "length", "new", "keep_logits"))
-def prefill(cfg, backend, params, prompts, lengths, seed, *, length: int, new: int, keep_logits: bool):
+@functools.partial(jax.jit, static_argnames=("cfg", "backend", "length", "new", "keep_logits", "dtype"))
+def prefill(
+    cfg, backend, params, prompts, lengths, seed, *, length: int, new: int, keep_logits: bool, dtype="float32"
+):
     """The padded prompts [B, P] (row b's ``lengths[b]`` tokens at its end) through the model:
-    the first :class:`State`, with a cache of ``length`` slots and room for ``new`` tokens."""
+    the first :class:`State`, with a cache of ``length`` slots in ``dtype`` (the compute dtype
+    of the model's precision policy, as ``params`` are) and room for ``new`` tokens."""
     batch, width = prompts.shape
     pad = width - lengths
     positions = jnp.maximum(jnp.arange(width)[None, :] - pad[:, None], 0)
-    cache = decode.init_cache(cfg, batch, length, decode.cache_dtype(params))
+    cache = decode.init_cache(cfg, batch, length, dtype)
     logits, cache = decode.forward(cfg, backend, params, cache, prompts, positions, pad, 0, prefill=True)
     return State(
         cache=cache,

@@ -10,11 +10,18 @@ import jax.numpy as jnp
 
 from zoo.checks import require_int, require_number
 
+# Below this temperature a draw is the argmax (greedy): logits / T would leave float32's range
+# (a denormal T such as 1e-45 gives inf - inf = NaN and tokens that have nothing to do with
+# the argmax), and above it, down to here, a draw already differs from the argmax only between
+# logits closer than about 1e-3 of each other.
+GREEDY_BELOW = 1e-4
+
 
 @dataclass(frozen=True)
 class Sampling:
-    """``temperature`` 0 is greedy (the argmax); ``top_k`` 0 and ``top_p`` 1 keep every token.
-    Static under ``jit``: each setting compiles its own decode program."""
+    """``temperature`` 0 is greedy (the argmax), and so is any temperature below
+    :data:`GREEDY_BELOW`; ``top_k`` 0 and ``top_p`` 1 keep every token. Static under ``jit``:
+    each setting compiles its own decode program."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -28,7 +35,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def filtered(logits: jax.Array, sampling: Sampling) -> jax.Array:

@@ -1,124 +1,203 @@
-"""Attention over key/value chunks with an online softmax, and its own remat rule.
+"""Attention: one function, :func:`attention`, for training (dense or chunked) and for reads of
+a key/value cache (prefill and decode), with one masking rule and one float32 softmax scope.
 
-:func:`chunked_attention` computes ``softmax(q k^T / sqrt(d) + mask) v`` one key/value chunk
-at a time (flash-attention style, in ``lax``): it carries the running row maximum, the
-running normaliser and the unnormalised output, so no ``[T, T]`` array is ever built. Its
-gradient is a ``jax.custom_vjp`` with a remat rule (``defremat``, JAX's
-``jax_custom_vjp3``): the forward keeps only the output and the per-row log-sum-exp, and the
-backward pass recomputes the probabilities chunk by chunk from q, k, v, the output and the
-log-sum-exp. Under any remat policy the attention itself never saves more than that.
+- **dense** builds the ``[T, T]`` scores at once; its softmax is float32 whatever the compute
+  dtype (``ops.in_float32``: a bf16 step keeps the bf16 scores, not float32 ones).
+- **chunked** (``kind="chunked"``) reads ``chunk`` keys at a time with an online softmax (flash
+  attention in ``lax``): it carries the running row maximum, normaliser and unnormalised
+  output, so no ``[T, T]`` array is built. Its gradient is a ``jax.custom_vjp`` with a remat
+  rule (``defremat``, JAX's ``jax_custom_vjp3``): the forward keeps the output and the per-row
+  log-sum-exp, and the backward recomputes the probabilities chunk by chunk. The same rule
+  through ``jax.custom_gradient(remat=True)`` is ``rule="custom_gradient"``.
+- **cached** (``cache=CacheSlice(...)``): the new tokens' queries read the keys already in the
+  cache and their own, as two online-softmax parts merged: the new keys are never copied into
+  the cache before they are read, so a decode step reads the cache and writes one slot.
+  Dense or chunked is the same setting (``chunk``: the cache is read that many slots at a time).
 
-The same rule can be written with ``jax.custom_gradient(remat=True)`` (``rule=
-"custom_gradient"``): the function returns its output and a rematerialisation function that
-closes over the saved output and log-sum-exp. Both are tested against dense attention; the
-models use ``defremat``.
+Masked scores take the float32 minimum (:func:`masked`), finite, so a row with nothing to read
+gives zeros, not NaN. Every max, exp and sum of a softmax runs inside the ``f32_softmax`` scope
+(:data:`zoo.precision.FLOAT32_SCOPES`). Heads are grouped: q [..., KV, G, T, d] against keys
+[..., KV, T, d] (G = H / KV query heads per key/value head), so grouped-query attention reads
+each key once. The cache keeps each head's keys as one contiguous [T, d] matrix, the layout
+XLA's CPU dot reads fastest (one layer's read of a batch-8, 768-slot transformer-s cache:
+4.2 ms in ``[B, T, KV, d]``, 0.7 ms in ``[B, KV, T, d]``).
 """
 
 from __future__ import annotations
 
 import functools
+import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from zoo.models.ops import in_float32
 from zoo.precision import float32_scope
+
+KINDS = ("dense", "chunked")
+
+
+class CacheSlice(NamedTuple):
+    """One layer's view of a key/value cache, what a block reads besides its new tokens.
+
+    ``k``, ``v``: [B, KV, T, d], the keys and values of the slots written before (None when
+    nothing is written yet: the prefill). ``pad`` [B]: the first slot row b may read (its left
+    padding ends there). ``slot``: the slot of the first new token."""
+
+    k: jax.Array | None
+    v: jax.Array | None
+    pad: jax.Array
+    slot: jax.Array
+
+
+def masked(scores: jax.Array, ok: jax.Array) -> jax.Array:
+    """The one masking rule: scores where ``ok``, the float32 minimum elsewhere (finite)."""
+    return jnp.where(ok, scores, jnp.finfo(scores.dtype).min)
+
+
+def _grouped(x: jax.Array, heads: int, kv_heads: int) -> jax.Array:
+    """Queries [..., T, H * d] -> [..., KV, G, T, d]."""
+    *lead, seq, width = x.shape
+    x = x.reshape(*lead, seq, kv_heads, heads // kv_heads, width // heads)
+    return jnp.moveaxis(x, -4, -2)
 
 
 def _heads(x: jax.Array, n: int) -> jax.Array:
-    """[..., T, n * d] -> [..., n, T, d]."""
+    """Keys or values [..., T, n * d] -> [..., n, T, d]."""
     *lead, seq, width = x.shape
     return jnp.swapaxes(x.reshape(*lead, seq, n, width // n), -3, -2)
 
 
-def _merge_heads(x: jax.Array) -> jax.Array:
-    """[..., n, T, d] -> [..., T, n * d]."""
-    *lead, n, seq, d = x.shape
-    return jnp.swapaxes(x, -3, -2).reshape(*lead, seq, n * d)
+def _ungrouped(x: jax.Array) -> jax.Array:
+    """[..., KV, G, T, d] -> [..., T, H * d]."""
+    *lead, kv, g, seq, d = x.shape
+    return jnp.moveaxis(x, -2, -4).reshape(*lead, seq, kv * g * d)
 
 
-def _chunks(x: jax.Array, chunk: int) -> jax.Array:
-    """[..., S, d] (S a multiple of ``chunk``) -> [S / chunk, ..., chunk, d]."""
-    *lead, seq, d = x.shape
-    x = x.reshape(*lead, seq // chunk, chunk, d)
-    return jnp.moveaxis(x, -3, 0)
+# --- dense --------------------------------------------------------------------------------
 
 
-def _unchunk(x: jax.Array) -> jax.Array:
-    """Inverse of :func:`_chunks`."""
-    x = jnp.moveaxis(x, 0, -3)
-    *lead, n, chunk, d = x.shape
-    return x.reshape(*lead, n * chunk, d)
+def _masked_softmax(scores: jax.Array, ok: jax.Array) -> jax.Array:
+    """softmax over the last axis of the masked scores, in float32 (the scores may be bf16),
+    returned in the scores' dtype."""
+    return jax.nn.softmax(masked(scores.astype(jnp.float32), ok), axis=-1).astype(scores.dtype)
 
 
-def _allowed(q_len: int, start, chunk: int, causal: bool, key_valid) -> jax.Array:
-    """[T, chunk] bool: may query t attend to key ``start + j``."""
-    keys = start + jnp.arange(chunk)
-    ok = key_valid[..., None, :] if key_valid is not None else jnp.ones((1, chunk), bool)
-    if causal:
-        ok = ok & (keys[None, :] <= jnp.arange(q_len)[:, None])
+def _dense(q, k, v, heads: int, kv_heads: int, causal: bool, key_mask) -> jax.Array:
+    *lead, seq, width = q.shape
+    d_head = width // heads
+    kh, vh = _heads(k, kv_heads), _heads(v, kv_heads)
+    if kv_heads != heads:
+        kh, vh = (jnp.repeat(a, heads // kv_heads, axis=-3) for a in (kh, vh))
+    scores = _heads(q, heads) @ jnp.swapaxes(kh, -1, -2) / jnp.sqrt(d_head).astype(q.dtype)
+    ok = jnp.tril(jnp.ones((seq, seq), dtype=bool)) if causal else jnp.ones((seq, seq), bool)
+    if key_mask is not None:
+        ok = ok & jnp.asarray(key_mask, bool)[..., None, None, :]
+    probs = in_float32(lambda s: _masked_softmax(s, ok), scores, "f32_softmax")
+    context = probs @ vh
+    return jnp.swapaxes(context, -3, -2).reshape(*lead, seq, width)
+
+
+# --- the online softmax: parts over key sets, merged ---------------------------------------
+
+
+def _part(q, k, v, ok):
+    """``(m, l, acc)`` of q [..., G, S, d] over keys k, v [..., T, d] where ``ok`` (broadcast to
+    [..., G, S, T]): the row max, the normaliser and the unnormalised output, float32."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = masked(jnp.einsum("...gsd,...td->...gst", q, k).astype(jnp.float32) * scale, ok)
+    with float32_scope("f32_softmax"):
+        m = s.max(-1)
+        p = jnp.where(ok, jnp.exp(s - m[..., None]), 0.0)
+        norm = p.sum(-1)
+    acc = jnp.einsum("...gst,...td->...gsd", p.astype(v.dtype), v).astype(jnp.float32)
+    return m, norm, acc
+
+
+def _merge(a, b):
+    with float32_scope("f32_softmax"):
+        (ma, la, xa), (mb, lb, xb) = a, b
+        m = jnp.maximum(ma, mb)
+        fa, fb = jnp.exp(ma - m), jnp.exp(mb - m)
+        return m, la * fa + lb * fb, xa * fa[..., None] + xb * fb[..., None]
+
+
+def _empty(q):
+    lead = q.shape[:-1]
+    low = jnp.finfo(jnp.float32).min
+    return jnp.full(lead, low, jnp.float32), jnp.zeros(lead, jnp.float32), jnp.zeros(q.shape, jnp.float32)
+
+
+def _online(q, k, v, ok_fn, chunk: int):
+    """:func:`_part` over all of k, v [..., T, d] (``chunk`` 0 or >= T) or ``chunk`` keys at a
+    time (a scan; T a multiple of ``chunk``). ``ok_fn(start, size)``: the mask of those keys."""
+    seq = k.shape[-2]
+    if not chunk or chunk >= seq:
+        return _part(q, k, v, ok_fn(0, seq))
+
+    def step(carry, i):
+        start = i * chunk
+        kc, vc = (jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=-2) for a in (k, v))
+        return _merge(carry, _part(q, kc, vc, ok_fn(start, chunk))), None
+
+    out, _ = jax.lax.scan(step, _empty(q), jnp.arange(seq // chunk))
+    return out
+
+
+def _finish(m, norm, acc):
+    """``(out, lse)``: the normalised output and the log-sum-exp (0 on a row with no key)."""
+    some = norm > 0
+    safe = jnp.where(some, norm, 1.0)
+    return acc / safe[..., None], jnp.where(some, m + jnp.log(safe), 0.0)
+
+
+# --- chunked training attention, with its remat rule ---------------------------------------
+
+
+def _chunk_ok(valid, causal: bool, seq: int):
+    """``ok_fn`` of the chunked forward and backward: ``valid`` [..., KV, T'] real keys, and the
+    causal mask of ``seq`` queries."""
+
+    def ok(start, size):
+        keys = start + jnp.arange(size)
+        allowed = jax.lax.dynamic_slice_in_dim(valid, start, size, axis=-1)[..., None, None, :]
+        if causal:
+            allowed = allowed & (keys[None, :] <= jnp.arange(seq)[:, None])
+        return allowed
+
     return ok
 
 
-def _scores(q, k_chunk, start, causal, valid_chunk):
-    scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
-    s = (q @ jnp.swapaxes(k_chunk, -1, -2)).astype(jnp.float32) * scale
-    ok = _allowed(q.shape[-2], start, k_chunk.shape[-2], causal, valid_chunk)
-    return jnp.where(ok, s, -jnp.inf), ok
-
-
 def _forward(q, k, v, valid, causal: bool, chunk: int):
-    """``(out, lse)`` for q [..., T, d] and chunked k, v [n, ..., chunk, d]; ``valid``
-    [n, ..., chunk] marks real keys (padding and masked positions are False)."""
-    shape = q.shape[:-1]
-    init = (
-        jnp.full(shape, -jnp.inf, jnp.float32),
-        jnp.zeros(shape, jnp.float32),
-        jnp.zeros(q.shape, jnp.float32),
-    )
-
-    def step(carry, xs):
-        m, norm, acc = carry
-        i, kc, vc, ok_keys = xs
-        s, _ = _scores(q, kc, i * chunk, causal, ok_keys)
-        with float32_scope("f32_softmax"):  # the running max and sum, float32 under any precision
-            m_new = jnp.maximum(m, s.max(-1))
-            safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # rows with nothing allowed yet
-            p = jnp.exp(s - safe[..., None])
-            decay = jnp.exp(jnp.where(jnp.isfinite(m), m - safe, -jnp.inf))
-            norm = norm * decay + p.sum(-1)
-        acc = acc * decay[..., None] + (p.astype(vc.dtype) @ vc).astype(jnp.float32)
-        return (m_new, norm, acc), None
-
-    n = k.shape[0]
-    (m, norm, acc), _ = jax.lax.scan(step, init, (jnp.arange(n), k, v, valid))
-    some = norm > 0
-    out = acc / jnp.where(some, norm, 1.0)[..., None]
-    lse = jnp.where(some, m + jnp.log(jnp.where(some, norm, 1.0)), -jnp.inf)
+    """``(out, lse)`` of grouped q [..., KV, G, T, d] over k, v [..., KV, T', d] (T' a multiple
+    of ``chunk``); ``valid`` [..., KV, T'] marks real keys."""
+    out, lse = _finish(*_online(q, k, v, _chunk_ok(valid, causal, q.shape[-2]), chunk))
     return out.astype(q.dtype), lse
 
 
 def _backward(q, k, v, valid, out, lse, g, causal: bool, chunk: int):
-    """Cotangents of q and of the chunked k, v, recomputing each chunk's probabilities."""
-    scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
-    g32, out32 = g.astype(jnp.float32), out.astype(jnp.float32)
-    delta = (g32 * out32).sum(-1)  # [..., T]: rowsum(dO * O)
-    row_lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    """Cotangents of q, k and v, recomputing each chunk's probabilities."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    g32, q32 = g.astype(jnp.float32), q.astype(jnp.float32)
+    delta = (g32 * out.astype(jnp.float32)).sum(-1)  # [..., G, T]: rowsum(dO * O)
+    ok_fn = _chunk_ok(valid, causal, q.shape[-2])
 
-    def step(dq, xs):
-        i, kc, vc, ok_keys = xs
-        s, ok = _scores(q, kc, i * chunk, causal, ok_keys)
+    def step(dq, i):
+        start = i * chunk
+        kc, vc = (jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=-2).astype(jnp.float32) for a in (k, v))
+        ok = ok_fn(start, chunk)
+        s = jnp.einsum("...gsd,...td->...gst", q32, kc) * scale
         with float32_scope("f32_softmax"):
-            p = jnp.where(ok, jnp.exp(s - row_lse[..., None]), 0.0)  # [..., T, chunk]
-        dv = jnp.swapaxes(p, -1, -2) @ g32
-        dp = g32 @ jnp.swapaxes(vc.astype(jnp.float32), -1, -2)
-        ds = p * (dp - delta[..., None]) * scale
-        dq = dq + ds @ kc.astype(jnp.float32)
-        dk = jnp.swapaxes(ds, -1, -2) @ q.astype(jnp.float32)
-        return dq, (dk.astype(kc.dtype), dv.astype(vc.dtype))
+            p = jnp.where(ok, jnp.exp(s - lse[..., None]), 0.0)  # [..., G, T, chunk]
+        dv = jnp.einsum("...gst,...gsd->...td", p, g32)
+        ds = p * (jnp.einsum("...gsd,...td->...gst", g32, vc) - delta[..., None]) * scale
+        dk = jnp.einsum("...gst,...gsd->...td", ds, q32)
+        return dq + jnp.einsum("...gst,...td->...gsd", ds, kc), (dk, dv)
 
-    n = k.shape[0]
-    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32), (jnp.arange(n), k, v, valid))
-    return dq.astype(q.dtype), dk, dv
+    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32), jnp.arange(k.shape[-2] // chunk))
+    dk, dv = (jnp.moveaxis(x, 0, -3).reshape(k.shape) for x in (dk, dv))  # [n, ..., c, d] -> [..., T', d]
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 def enable() -> None:
@@ -132,8 +211,8 @@ def enable() -> None:
 
 @functools.cache
 def _attend(causal: bool, chunk: int):
-    """The chunked attention core for one (causal, chunk): a ``custom_vjp`` whose remat rule
-    keeps the output and the log-sum-exp, and whose backward recomputes the rest."""
+    """The chunked core for one (causal, chunk): a ``custom_vjp`` whose remat rule keeps the
+    output and the log-sum-exp, and whose backward recomputes the rest."""
     enable()  # for direct calls; in a model the config has already done it
 
     @jax.custom_vjp
@@ -150,8 +229,7 @@ def _attend(causal: bool, chunk: int):
 
     def bwd(res, g):
         q, k, v, valid, out, lse = res
-        dq, dk, dv = _backward(q, k, v, valid, out, lse, g, causal, chunk)
-        return dq, dk, dv, None
+        return (*_backward(q, k, v, valid, out, lse, g, causal, chunk), None)
 
     attend.defremat(fwd, rem, bwd)
     return attend
@@ -181,44 +259,79 @@ def _attend_custom_gradient(causal: bool, chunk: int):
 RULES = {"defremat": _attend, "custom_gradient": _attend_custom_gradient}
 
 
-def chunked_attention(
+def _chunked(q, k, v, heads: int, kv_heads: int, chunk: int, causal: bool, key_mask, rule: str):
+    seq = k.shape[-2]
+    qh, kh, vh = _grouped(q, heads, kv_heads), _heads(k, kv_heads), _heads(v, kv_heads)
+    chunk = max(1, min(chunk, seq))
+    pad = -seq % chunk
+    valid = jnp.ones(kh.shape[:-1], bool)
+    if key_mask is not None:
+        valid = jnp.broadcast_to(jnp.asarray(key_mask, bool)[..., None, :], kh.shape[:-1])
+    if pad:
+        widths = [(0, 0)] * (kh.ndim - 2) + [(0, pad), (0, 0)]
+        kh, vh, valid = jnp.pad(kh, widths), jnp.pad(vh, widths), jnp.pad(valid, widths[:-1])
+    return _ungrouped(RULES[rule](bool(causal), int(chunk))(qh, kh, vh, valid))
+
+
+# --- cached reads ------------------------------------------------------------------------
+
+
+def _cached(q, k, v, heads: int, kv_heads: int, cache: CacheSlice, chunk: int) -> jax.Array:
+    """The new tokens' q [B, S, H * d] over the cached keys (slots [pad_b, slot)) and their own
+    k, v [B, S, KV * d] (slot + i reads new slots [max(pad_b, slot), slot + i])."""
+    b, s, width = q.shape
+    qh, kh, vh = _grouped(q, heads, kv_heads), _heads(k, kv_heads), _heads(v, kv_heads)
+    rows, pad, slot = jnp.arange(s), cache.pad[:, None, None, None], cache.slot
+
+    def new_ok(start, size):  # -> [B, 1, 1, S, size]
+        keys = start + jnp.arange(size)
+        return ((keys[None, :] <= rows[:, None]) & (slot + keys >= pad))[:, None]
+
+    def past_ok(start, size):
+        keys = start + jnp.arange(size)
+        return ((keys >= pad) & (keys < slot))[:, None]
+
+    def divisor(n):  # a chunk that divides n (slots come in powers of two)
+        return math.gcd(n, chunk) if chunk else 0
+
+    out = _online(qh, kh, vh, new_ok, divisor(s))
+    if cache.k is not None:
+        out = _merge(_online(qh, cache.k, cache.v, past_ok, divisor(cache.k.shape[-2])), out)
+    return _ungrouped(_finish(*out)[0]).astype(q.dtype)
+
+
+def attention(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
     num_heads: int,
     num_kv_heads: int | None = None,
     *,
+    kind: str = "dense",
     chunk: int = 64,
     causal: bool = True,
     key_mask: jax.Array | None = None,
+    cache: CacheSlice | None = None,
     rule: str = "defremat",
 ) -> jax.Array:
-    """``softmax(q k^T / sqrt(d_head) + mask) v`` per head, over key chunks of ``chunk``.
+    """``softmax(q k^T / sqrt(d_head) + mask) v`` per head: the models' attention.
 
     q: [..., T, H * d_head]; k, v: [..., T, KV * d_head] (KV = ``num_kv_heads``, dividing H).
-    ``key_mask`` [..., T] (True = a real key) masks padding; ``causal`` adds the causal mask.
-    T need not divide by ``chunk``: the keys are padded and the padding masked. A query row
-    with no key it may attend to gives zeros. ``rule``: how the remat rule is written, one of
-    :data:`RULES` (the same residuals either way). Returns [..., T, H * d_head].
+    ``kind``: ``"dense"`` or ``"chunked"`` (keys ``chunk`` at a time; T need not divide by it).
+    ``causal`` adds the causal mask and ``key_mask`` [..., T] (True = a real key) masks padding;
+    a query row with no key to attend to gives zeros (chunked and cached). ``cache``: the
+    queries are new tokens [B, S, ...] at slots [slot, slot + S) that also read the cache
+    (always causal). ``rule``: how the chunked remat rule is written, one of :data:`RULES`.
+    Returns [..., T, H * d_head].
     """
+    if kind not in KINDS:
+        raise ValueError(f"unknown attention {kind!r}; valid: {', '.join(KINDS)}")
     if rule not in RULES:
         raise ValueError(f"unknown attention remat rule {rule!r}; valid: {', '.join(RULES)}")
     num_kv_heads = num_kv_heads or num_heads
-    seq = k.shape[-2]
-    qh, kh, vh = _heads(q, num_heads), _heads(k, num_kv_heads), _heads(v, num_kv_heads)
-    if num_kv_heads != num_heads:
-        kh, vh = (jnp.repeat(a, num_heads // num_kv_heads, axis=-3) for a in (kh, vh))
-    chunk = max(1, min(chunk, seq))
-    pad = -seq % chunk
-    valid = (
-        jnp.ones(kh.shape[:-1], bool)
-        if key_mask is None
-        else jnp.broadcast_to(jnp.asarray(key_mask, bool)[..., None, :], kh.shape[:-1])
-    )
-    if pad:
-        widths = [(0, 0)] * (kh.ndim - 2) + [(0, pad), (0, 0)]
-        kh, vh = jnp.pad(kh, widths), jnp.pad(vh, widths)
-        valid = jnp.pad(valid, widths[:-1])
-    valid_chunks = jnp.moveaxis(valid.reshape(*valid.shape[:-1], -1, chunk), -2, 0)
-    out = RULES[rule](bool(causal), int(chunk))(qh, _chunks(kh, chunk), _chunks(vh, chunk), valid_chunks)
-    return _merge_heads(out)
+    chunk = chunk if kind == "chunked" else 0
+    if cache is not None:
+        return _cached(q, k, v, num_heads, num_kv_heads, cache, chunk)
+    if chunk:
+        return _chunked(q, k, v, num_heads, num_kv_heads, chunk, causal, key_mask, rule)
+    return _dense(q, k, v, num_heads, num_kv_heads, causal, key_mask)

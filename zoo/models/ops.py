@@ -306,70 +306,27 @@ def token_chunks(fn, x: jax.Array, chunk: int) -> jax.Array:
     return jnp.moveaxis(ys, 0, 1).reshape(batch, count * chunk, *ys.shape[3:])[:, :seq]
 
 
-# --- Attention ------------------------------------------------------------------------------
+# --- Positions ---------------------------------------------------------------------------
+# (The models' attention, dense, chunked and over a cache, is one function of its own module,
+# zoo.models.attention, built on in_float32.)
 
 
-def attention(
-    q, k, v, num_heads: int, num_kv_heads: int | None = None, *, kind: str = "dense", chunk: int = 64
-):
-    """The models' causal self-attention: ``"dense"`` (:func:`causal_attention`, the [T, T]
-    scores built at once) or ``"chunked"`` (:func:`zoo.models.attention.chunked_attention`:
-    key chunks of ``chunk``, an online softmax and a remat rule that keeps only q, k, v, the
-    output and the log-sum-exp). Same shapes and values (to float32 rounding)."""
-    if kind == "chunked":
-        from zoo.models.attention import chunked_attention
-
-        return chunked_attention(q, k, v, num_heads, num_kv_heads, chunk=chunk)
-    return causal_attention(q, k, v, num_heads, num_kv_heads)
-
-
-def causal_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, num_heads: int, num_kv_heads: int | None = None
-) -> jax.Array:
-    """softmax(q k^T / sqrt(d_head) + causal mask) v, per head.
-
-    q: [..., T, H * d_head]; k, v: [..., T, KV * d_head] with KV = ``num_kv_heads`` (default H)
-    dividing H: each key/value head serves H / KV query heads (grouped-query attention).
-    Returns [..., T, H * d_head].
-    """
-    *lead, seq, width = q.shape
-    num_kv_heads = num_kv_heads or num_heads
-    d_head = width // num_heads
-
-    def heads(x, n):  # [..., T, n * d_head] -> [..., n, T, d_head]
-        return jnp.swapaxes(x.reshape(*lead, seq, n, d_head), -3, -2)
-
-    kh, vh = heads(k, num_kv_heads), heads(v, num_kv_heads)
-    if num_kv_heads != num_heads:
-        kh, vh = (jnp.repeat(a, num_heads // num_kv_heads, axis=-3) for a in (kh, vh))
-    scores = heads(q, num_heads) @ jnp.swapaxes(kh, -1, -2) / jnp.sqrt(d_head).astype(q.dtype)
-    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-    probs = in_float32(lambda s: _causal_softmax(s, causal), scores, "f32_softmax")
-    context = probs @ vh
-    return jnp.swapaxes(context, -3, -2).reshape(*lead, seq, width)
-
-
-def _causal_softmax(scores: jax.Array, causal: jax.Array) -> jax.Array:
-    """softmax over the last axis with the causal mask, in float32 (the scores may be bf16),
-    returned in the scores' dtype."""
-    s = scores.astype(jnp.float32)
-    s = jnp.where(causal, s, jnp.finfo(s.dtype).min)
-    return jax.nn.softmax(s, axis=-1).astype(scores.dtype)
-
-
-def rotary(x: jax.Array, num_heads: int, theta: float, freq=None) -> jax.Array:
+def rotary(x: jax.Array, num_heads: int, theta: float, freq=None, positions=None) -> jax.Array:
     """Rotary position embedding of ``x`` [..., T, num_heads * d_head]: in each head, the pair
     (i, i + d_head/2) at position t turns by the angle ``t * freq[i]``, by default
     ``freq[i] = theta^(-2i/d_head)`` (Hugging Face's rotate-half layout; ``freq`` [d_head/2]
-    gives scaled frequencies such as Llama 3's)."""
+    gives scaled frequencies such as Llama 3's). ``positions`` [..., T] (default 0..T-1): each
+    token's position, as decoding gives them (per row, after left padding)."""
     *lead, seq, width = x.shape
     d_head = width // num_heads
     half = d_head // 2
     if freq is None:
         freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2 / d_head)
     freq = jnp.asarray(freq, jnp.float32)
-    angle = jnp.arange(seq, dtype=jnp.float32)[:, None] * freq  # [T, half]
-    cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]  # [T, 1, half]
+    if positions is None:
+        positions = jnp.arange(seq)
+    angle = jnp.asarray(positions, jnp.float32)[..., None] * freq  # [..., T, half]
+    cos, sin = jnp.cos(angle)[..., None, :], jnp.sin(angle)[..., None, :]  # [..., T, 1, half]
     xh = x.reshape(*lead, seq, num_heads, d_head)
     a, b = xh[..., :half], xh[..., half:]
     turned = jnp.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)

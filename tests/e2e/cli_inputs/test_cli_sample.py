@@ -5,6 +5,7 @@ arguments it refuses in one line."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 import zoo
 from tests.e2e.clikit import refused
 from zoo.cli import main
+from zoo.commands.sample import prompt_ids
 from zoo.generate.stops import checkpoint_eos
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "hf" / "llama3-tied"  # it has a tokenizer.json
@@ -79,10 +81,44 @@ def test_bad_generation_flags_are_refused_before_the_checkpoint_is_read(tmp_path
 
 
 def test_new_tokens_that_leave_no_room_for_the_prompt_are_refused(imported, capsys):
+    """The hint keeps the whole prompt: 1024 positions less the prompt's tokens."""
+    n = len(zoo.load_checkpoint(imported).tokenizer.encode(PROMPT))
+    assert n > 1
     refused(
         capsys,
         ["sample", str(imported), "--prompt", PROMPT, "--max-new-tokens", "1024"],
         "--max-new-tokens 1024 leaves no room for the prompt",
         "max_position_embeddings",
-        "at most 1023 new tokens",
+        f"at most {1024 - n} new tokens to keep the whole prompt ({n} tokens)",
     )
+
+
+@pytest.fixture(scope="module")
+def short(tmp_path_factory):
+    """The fixture imported with 128 positions, as the python-docs-* recipes have (fewer than
+    the default's 200 new tokens)."""
+    source = tmp_path_factory.mktemp("short") / "hf"
+    shutil.copytree(FIXTURE, source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 128}))
+    out = source.parent / "imp"
+    assert main(["import", str(source), "--out", str(out)]) == 0
+    return out
+
+
+def test_the_default_new_tokens_fit_a_model_of_128_positions(short, capsys):
+    assert "sample" in _json(capsys, short, "--prompt", PROMPT, "--temperature", 0)
+    ckpt = zoo.load_checkpoint(short)
+    ids, new = prompt_ids(ckpt, PROMPT, None)  # what the default asks for: the whole prompt kept
+    assert len(ids) == len(ckpt.tokenizer.encode(PROMPT)) and len(ids) + new == 128
+
+
+def test_the_old_length_alias_is_gone(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["sample", str(tmp_path), "--prompt", "x", "--length", "5"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --length 5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_a_seed_outside_32_bits_is_refused_in_one_line(tmp_path, capsys, seed):
+    refused(capsys, ["sample", str(tmp_path), "--prompt", "x", "--seed", seed], "--seed", "4294967295", seed)

@@ -94,7 +94,7 @@ def test_an_imports_placeholder_data_does_not_leak(gpt2_lora, capsys, tmp_path):
 def test_sample_on_an_import_without_a_tokenizer_says_so(gpt2_lora, capsys):
     """Item 13: it said the import "is not a language model checkpoint"."""
     capsys.readouterr()
-    argv = ["sample", str(gpt2_lora / "imp"), "--prompt", "the", "--length", "2"]
+    argv = ["sample", str(gpt2_lora / "imp"), "--prompt", "the", "--max-new-tokens", "2"]
     line = refused(capsys, argv, "is a language model without a tokenizer", "tokenizer.json")
     assert "not a language model" not in line
 
@@ -328,7 +328,7 @@ def test_sample_says_when_the_prompt_is_cut_and_escapes_control_bytes(capsys, tm
         str(tmp_path / "lm"),
         "--prompt",
         "the prompt " * 4,
-        "--length",
+        "--max-new-tokens",
         "2",
         "--temperature",
         "0",

@@ -9,8 +9,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
 from zoo.models import ops
+from zoo.models.attention import CacheSlice, attention
 from zoo.models.llama.config import LlamaConfig
-from zoo.scan import Remat, scan_layers
+from zoo.models.stack import run_stack
+from zoo.scan import Remat
 
 
 class Attention(nnx.Module):
@@ -24,19 +26,20 @@ class Attention(nnx.Module):
         self.o = nnx.Linear(qw, d, use_bias=False, rngs=rngs)
         self.cfg = cfg
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, positions=None, cache: CacheSlice | None = None):
+        """``(output, (k, v))``: k (rotated) and v are what a cache keeps of these tokens, at
+        ``positions`` [B, T] (default 0..T-1)."""
         cfg = self.cfg
         q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
         k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
         v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
         freq = cfg.rope_freq()
-        q = ops.rotary(q, cfg.num_heads, cfg.rope_theta, freq)
-        k = ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta, freq)
-        context = ops.attention(
-            q, k, v, cfg.num_heads, cfg.num_kv_heads, kind=cfg.attention, chunk=cfg.attention_chunk
-        )
+        q = ops.rotary(q, cfg.num_heads, cfg.rope_theta, freq, positions)
+        k = ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta, freq, positions)
+        setting = dict(kind=cfg.attention, chunk=cfg.attention_chunk, cache=cache)
+        context = attention(q, k, v, cfg.num_heads, cfg.num_kv_heads, **setting)
         context = checkpoint_name(context, names.ATTN_CONTEXT)
-        return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT)
+        return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT), (k, v)
 
 
 class FeedForward(nnx.Module):
@@ -63,9 +66,13 @@ class Block(nnx.Module):
         self.mlp = FeedForward(cfg, rngs=rngs)
         self.mlp_chunk = cfg.mlp_chunk
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.attn(ops.rms_norm(self.attn_norm, x))
-        return x + ops.token_chunks(self.mlp_branch, x, self.mlp_chunk)
+    def __call__(self, x: jax.Array, positions=None, cache: CacheSlice | None = None):
+        """x [B, T, D] at ``positions`` -> x, or with a cache ``(x, (k, v))``
+        (:mod:`zoo.models.stack`)."""
+        attended, written = self.attn(ops.rms_norm(self.attn_norm, x), positions, cache)
+        x = x + attended
+        x = x + ops.token_chunks(self.mlp_branch, x, self.mlp_chunk)
+        return x if cache is None else (x, written)
 
     def mlp_branch(self, x: jax.Array) -> jax.Array:
         """mlp(norm(x)): token by token, so it may run on chunks of tokens (cfg.mlp_chunk)."""
@@ -95,9 +102,14 @@ class Llama(nnx.Module):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
         return ops.layer_stack(self.blocks)
 
-    def __call__(self, x: jax.Array, *, remat: Remat = "none") -> jax.Array:
+    def __call__(self, x: jax.Array, *, remat: Remat = "none", positions=None, cache=None):
+        """Logits [B, T, V]; with a cache (decoding, :mod:`zoo.models.stack`)
+        ``(logits [B, 1, V], (k, v))`` of new tokens at ``positions`` [B, T]."""
         self.cfg.check_input(x)
-        h = scan_layers(*self.stack(), ops.embed(self.embed, x), remat)
+        return run_stack(self, ops.embed(self.embed, x), remat=remat, positions=positions, cache=cache)
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """The final norm and the head."""
         h = ops.rms_norm(self.norm_f, h)
         logits = ops.unembed(self.embed, h) if self.head is None else ops.head(self.head, h)
         return checkpoint_name(logits, names.LOGITS)

@@ -1,10 +1,9 @@
-"""The transformer's decode cache: learned positions read at each token's absolute position,
-multi-head attention (the cache holds ``num_heads`` key/value heads). Same ops, same order as
-the block's forward (``nnx.py``, ``eqx.py``); ``zoo.models.decode`` runs it over the cache."""
+"""What the transformer's decode cache needs to know: multi-head attention (the cache holds
+``num_heads`` key/value heads) over a learned position table of ``max_len`` rows. The model
+decodes through its own modules (``nnx.py``, ``eqx.py``)."""
 
 from __future__ import annotations
 
-from zoo.models import ops
 from zoo.models.decode import DecodeCache
 
 
@@ -15,26 +14,6 @@ class TransformerCache(DecodeCache):
         super().check(cfg)
         if cfg.takes_features:
             raise ValueError("a transformer over feature vectors (d_in > 0) cannot generate tokens")
-
-    def kv_heads(self, cfg) -> int:
-        return cfg.num_heads
-
-    def head_dim(self, cfg) -> int:
-        return cfg.d_head
-
-    def embed(self, cfg, model, tokens, positions):
-        return ops.embed(model.embed, tokens) + ops.embed(model.pos, positions)
-
-    def block(self, cfg, block, h, positions, attend):
-        attn = block.attn
-        x = ops.layer_norm(block.ln1, h)
-        q, k, v = ops.dense(attn.q, x), ops.dense(attn.k, x), ops.dense(attn.v, x)
-        h = h + ops.dense(attn.o, attend(q, k, v))
-        return h + ops.token_chunks(block.mlp_branch, h, cfg.mlp_chunk), k, v
-
-    def head(self, cfg, model, h):
-        h = ops.layer_norm(model.ln_f, h)
-        return ops.unembed(model.embed, h) if model.head is None else ops.head(model.head, h)
 
 
 CACHE = TransformerCache()

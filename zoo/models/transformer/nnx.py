@@ -9,8 +9,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 from zoo import names
 from zoo.models import ops
+from zoo.models.attention import CacheSlice, attention
+from zoo.models.stack import run_stack
 from zoo.models.transformer.config import TransformerConfig
-from zoo.scan import Remat, scan_layers
+from zoo.scan import Remat
 
 
 class Attention(nnx.Module):
@@ -25,13 +27,14 @@ class Attention(nnx.Module):
         self.num_heads = cfg.num_heads
         self.kind, self.chunk = cfg.attention, cfg.attention_chunk
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, cache: CacheSlice | None = None) -> tuple[jax.Array, tuple]:
+        """``(output, (k, v))``: k and v are what a cache keeps of these tokens."""
         q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
         k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
         v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
-        context = ops.attention(q, k, v, self.num_heads, kind=self.kind, chunk=self.chunk)
+        context = attention(q, k, v, self.num_heads, kind=self.kind, chunk=self.chunk, cache=cache)
         context = checkpoint_name(context, names.ATTN_CONTEXT)
-        return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT)
+        return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT), (k, v)
 
 
 class FeedForward(nnx.Module):
@@ -56,9 +59,13 @@ class Block(nnx.Module):
         self.mlp = FeedForward(cfg, rngs=rngs)
         self.mlp_chunk = cfg.mlp_chunk
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.attn(ops.layer_norm(self.ln1, x))
-        return x + ops.token_chunks(self.mlp_branch, x, self.mlp_chunk)
+    def __call__(self, x: jax.Array, positions=None, cache: CacheSlice | None = None):
+        """x [B, T, D] -> x, or with a cache ``(x, (k, v))`` (:mod:`zoo.models.stack`). The
+        positions are the embedding's business here: the block reads none."""
+        attended, written = self.attn(ops.layer_norm(self.ln1, x), cache)
+        x = x + attended
+        x = x + ops.token_chunks(self.mlp_branch, x, self.mlp_chunk)
+        return x if cache is None else (x, written)
 
     def mlp_branch(self, x: jax.Array) -> jax.Array:
         """mlp(ln2(x)): token by token, so it may run on chunks of tokens (cfg.mlp_chunk)."""
@@ -90,11 +97,16 @@ class Transformer(nnx.Module):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
         return ops.layer_stack(self.blocks)
 
-    def __call__(self, x: jax.Array, *, remat: Remat = "none") -> jax.Array:
+    def __call__(self, x: jax.Array, *, remat: Remat = "none", positions=None, cache=None):
+        """Logits [B, T, V] (or [B, classes]); with a cache (decoding, :mod:`zoo.models.stack`)
+        ``(logits [B, 1, V], (k, v))`` of new tokens at ``positions`` [B, T]."""
         self.cfg.check_input(x)
         embed = ops.dense if self.cfg.takes_features else ops.embed
-        h = embed(self.embed, x) + ops.positions(self.pos, x)
-        h = scan_layers(*self.stack(), h, remat)
+        pos = ops.positions(self.pos, x) if positions is None else ops.embed(self.pos, positions)
+        return run_stack(self, embed(self.embed, x) + pos, remat=remat, positions=positions, cache=cache)
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """The final norm (and pooling, for a classifier) and the head."""
         h = ops.layer_norm(self.ln_f, h)
         if self.cfg.is_classifier:
             h = h.mean(axis=1)
