@@ -35,7 +35,7 @@ def privacy_unit(task: Task) -> dict:
     """What a DP run protects: one unit (a row, or one ``seq_len``-token window of an LM's
     train split), the number of them (``N``, public: the sampling rate publishes it), and
     where group privacy over several units is explained."""
-    unit = f"window of {task.seq_len} tokens" if task.is_lm else "row"
+    unit = f"window of {task.seq_len} tokens" if task.type.tokenized else "row"
     return {"privacy_unit": unit, "privacy_units": task.num_train, "group_privacy": GROUP_PRIVACY}
 
 
