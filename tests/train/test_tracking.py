@@ -18,6 +18,8 @@ from zoo import recipes
 from zoo.cli import main
 from zoo.commands import settings
 from zoo.commands.plot import plot_runs
+from zoo.configs import TrainConfig
+from zoo.errors import ZooError
 from zoo.train.loop import train_recipe
 from zoo.train.rundir import load_run
 from zoo.train.tracking import parse_profile
@@ -185,3 +187,10 @@ def test_profile_refuses_a_bad_window_in_one_line(capsys, tmp_path, value, fragm
 def test_profile_refuses_a_run_of_many_processes():
     with pytest.raises(ValueError, match="this run has 2"):
         parse_profile("3", steps=6, processes=2)
+
+
+def test_train_tensorboard_takes_only_true_or_false():
+    with pytest.raises(ZooError, match="train.tensorboard must be bool, got 'yes'"):  # a recipe or --set
+        settings.with_values(recipes.load_recipe("digits-mlp"), {"train.tensorboard": "yes"})
+    with pytest.raises(ZooError, match="train.tensorboard must be true or false, got 1"):  # the Python API
+        TrainConfig(tensorboard=1)
