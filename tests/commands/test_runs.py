@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.commands.conftest import series
+from tests.e2e.clikit import refused
 from zoo.cli import main
 
 
@@ -21,3 +22,11 @@ def test_runs_lists_every_run_with_its_facts(runs, capsys):
     )
     assert main(["runs", str(runs)]) == 0
     assert "digits-mlp-dp" in capsys.readouterr().out
+
+
+def test_a_missing_file_or_empty_folder_is_refused_in_one_line(capsys, tmp_path):
+    refused(capsys, ["runs", str(tmp_path / "nope")], "does not exist", "nope")
+    (tmp_path / "file").write_text("")
+    refused(capsys, ["runs", str(tmp_path / "file")], "is a file")
+    (tmp_path / "none").mkdir()
+    refused(capsys, ["runs", str(tmp_path / "none")], "holds no run")
