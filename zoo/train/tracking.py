@@ -104,7 +104,7 @@ class Tracker:
             table = residual_table(run)
             if table:
                 self._events.text("residuals", table, step=start)
-        self._profiler = _Profiler(out / TB_DIR, profile, start) if profile else None
+        self._profiler = _Profiler(out / TB_DIR, profile) if profile else None
 
     def write(self, record: dict) -> None:
         """Log ``record`` (``{"step": N, metric: value, ...}``) to every sink."""
@@ -213,7 +213,7 @@ def residual_table(run) -> str | None:
 class _Profiler:
     """A ``jax.profiler`` trace of a window of steps, then the device memory profile beside it."""
 
-    def __init__(self, logdir: Path, window: ProfileWindow, start: int) -> None:
+    def __init__(self, logdir: Path, window: ProfileWindow) -> None:
         self._logdir, self._window, self._active = logdir, window, False
 
     def before(self, step: int) -> None:
