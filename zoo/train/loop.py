@@ -230,8 +230,8 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
                 state, metrics = engine.train_step(
                     state, frozen, engine.layout.place_local(batch, run.batch_rows)
                 )
+            log.after_step(step, state)  # a profile window ends here
             # Under DP the batch's loss (no noise) is not released; the noisy gradient's norm is.
-            log.after_step(step, state)
             loss = None if run.dp else float(metrics["loss"])
             grad_norm = float(metrics["grad_norm"])
             if step > progress.start:  # the first step includes compilation
