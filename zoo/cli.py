@@ -30,6 +30,8 @@ COMMAND_MODULES = {
     "zoo.commands.export": ("export",),
     "zoo.commands.hf": ("import",),
     "zoo.commands.tokens": ("tokenize",),
+    "zoo.commands.plot": ("plot",),
+    "zoo.commands.runs": ("runs",),
 }
 
 

@@ -174,9 +174,12 @@ class TrainConfig:
     remat: str = "none"  # a policy name, or "auto" with memory_budget
     memory_budget: ByteSize | None = None  # what --remat auto must fit (temp + arguments), in bytes
     precision: str = "float32"  # compute dtype over float32 params (zoo.precision.PRECISIONS)
+    tensorboard: bool = True  # write RUN/tb/ event files beside metrics.jsonl (zoo.train.tracking)
 
     def __post_init__(self) -> None:
         require_choice("train.precision", self.precision, PRECISIONS)
+        if not isinstance(self.tensorboard, bool):
+            raise ZooError(f"train.tensorboard must be true or false, got {self.tensorboard!r}")
         require_positive(
             self, "steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every"
         )

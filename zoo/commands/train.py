@@ -136,6 +136,7 @@ def run_train(args) -> int:
         raise ZooError("--resume needs --out DIR: the run directory to continue")
     out = Path(args.out or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     human = Console(stderr=True) if args.json or not main else console
+    profile = _profile_window(args.profile, recipe) if args.profile is not None else None
     summary = train_recipe(
         recipe,
         out,
@@ -144,6 +145,7 @@ def run_train(args) -> int:
         show_progress=not args.no_progress,
         on_built=(lambda run: print_param_table(run, human)) if main else None,
         resume_command=continue_command(args, out),
+        profile=profile,
     )
     if not main:
         return 0
@@ -156,6 +158,15 @@ def run_train(args) -> int:
             [(k, _fmt(v)) for k, v in summary.items()],
         )
     return 0
+
+
+def _profile_window(text: str, recipe):
+    from zoo.train.tracking import parse_profile
+
+    try:
+        return parse_profile(text, recipe.train.steps, jax.process_count())
+    except ValueError as error:
+        raise ZooError(str(error)) from None
 
 
 def continue_command(args, out: Path) -> str:
@@ -311,6 +322,12 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON (last line)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument(
+        "--profile",
+        metavar="STEP[:N]",
+        help="jax.profiler trace of N steps (default 1) from STEP (at least 2: step 1 compiles) "
+        "into OUT/tb/plugins/profile, with the device memory profile beside it",
+    )
     p.add_argument(
         "--coordinator",
         metavar="HOST:PORT",

@@ -21,7 +21,7 @@ from zoo import lora
 from zoo.errors import ZooError
 from zoo.parallel.distributed import is_main_process
 from zoo.recipes import Recipe, to_dict
-from zoo.train import checkpoint, runlog
+from zoo.train import checkpoint, runlog, tracking
 from zoo.train.compiles import CompileCounter
 from zoo.train.prefetch import Prefetch
 from zoo.train.resume import (
@@ -93,6 +93,7 @@ def train_recipe(
     show_progress: bool = True,
     on_built: Callable[[Run], None] | None = None,
     resume_command: str | None = None,
+    profile: tracking.ProfileWindow | None = None,
 ) -> dict:
     """Train ``recipe`` into ``out_dir`` and return the run summary.
 
@@ -114,7 +115,13 @@ def train_recipe(
     if on_built is not None:
         on_built(run)
     return train(
-        run, out, point=point, console=console, show_progress=show_progress, resume_command=resume_command
+        run,
+        out,
+        point=point,
+        console=console,
+        show_progress=show_progress,
+        resume_command=resume_command,
+        profile=profile,
     )
 
 
@@ -163,6 +170,7 @@ def train(
     console: Console | None = None,
     show_progress: bool = True,
     resume_command: str | None = None,
+    profile: tracking.ProfileWindow | None = None,
 ) -> dict:
     """Train ``run`` into ``out_dir`` (from ``point``, a checkpoint :func:`open_run_dir`
     accepted, if given) and return the run summary. On Ctrl-C, says where it stopped and
@@ -181,7 +189,7 @@ def train(
         _say(console, run.task.data.notice)
     if main and (not point or point.changes):
         runlog.write_json(out / runlog.RECIPE, meta["recipe"])
-    log = runlog.MetricsLog(out / runlog.METRICS, start) if main else runlog.NullLog()
+    log = tracking.open_tracker(run, out, start, main, profile)  # metrics.jsonl, tb/, the profiler
     progress = _Progress(start=start, done=start, last_saved=start)
     try:
         with CompileCounter() as compiles:
@@ -218,11 +226,13 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
             run.recipe.name, total=steps, completed=progress.start, loss="-", rate="-", visible=show_progress
         )
         for step, (batch, examples) in prefetch:
+            log.before_step(step)
             tic = time.perf_counter()
             with compiles.track():
                 state, metrics = engine.train_step(
                     state, frozen, engine.layout.place_local(batch, run.batch_rows)
                 )
+            log.after_step(step, state)  # a profile window ends here
             # Under DP the batch's loss (no noise) is not released; the noisy gradient's norm is.
             loss = None if run.dp else float(metrics["loss"])
             grad_norm = float(metrics["grad_norm"])

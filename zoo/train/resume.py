@@ -39,6 +39,7 @@ FREE_FIELDS = (
     "train.log_every",
     "train.eval_every",
     "train.checkpoint_every",
+    "train.tensorboard",
     # Where the run executes, not what it computes: a checkpoint restores onto any mesh.
     "mesh.data",
     "mesh.fsdp",

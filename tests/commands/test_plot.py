@@ -1,0 +1,48 @@
+"""``zoo plot``: a DP and a non-DP run on one figure, a run in progress; a run directory that
+is missing or empty is refused in one line."""
+
+from __future__ import annotations
+
+import matplotlib.image
+
+from tests.commands.conftest import series
+from tests.e2e.clikit import refused
+from zoo.cli import main
+from zoo.commands.plot import plot_runs
+from zoo.train.rundir import load_run
+
+
+def test_a_dp_and_a_non_dp_run_on_one_figure(runs, tmp_path):
+    plain, dp = runs / "digits-mlp", runs / "digits-mlp-dp"
+    out = tmp_path / "both.png"
+    drawn = plot_runs([load_run(plain), load_run(dp)], out)
+    assert matplotlib.image.imread(out).shape[:2][0] > 100  # a PNG that reads back
+    assert set(drawn) == {
+        (str(plain), "loss"),
+        (str(plain), "eval_loss"),
+        (str(dp), "eval_loss"),  # no training loss under DP: it is not released
+        (str(dp), "epsilon"),
+    }
+    for run_dir, key in drawn:
+        assert drawn[(run_dir, key)] == series(runs / run_dir.rsplit("/", 1)[1], key)
+    assert main(["plot", str(plain), str(dp), "--x", "time", "--out", str(tmp_path / "t.png")]) == 0
+
+
+def test_a_run_in_progress_is_plotted_from_what_it_logged(runs, tmp_path):
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    lines = (runs / "digits-mlp" / "metrics.jsonl").read_text().splitlines()
+    (partial / "recipe.json").write_text((runs / "digits-mlp" / "recipe.json").read_text())
+    (partial / "metrics.jsonl").write_text("\n".join(lines[:3]) + '\n{"step": 4, "lo')  # cut by a kill
+    drawn = plot_runs([load_run(partial)], tmp_path / "p.png")
+    assert drawn[(str(partial), "loss")][0] == [1, 2]
+    assert load_run(partial).steps_done == 2
+
+
+def test_missing_or_empty_run_directories_are_refused_in_one_line(capsys, tmp_path):
+    png = str(tmp_path / "x.png")
+    refused(capsys, ["plot", str(tmp_path / "nope"), "--out", png], "does not exist", "nope")
+    (tmp_path / "empty").mkdir()
+    refused(capsys, ["plot", str(tmp_path / "empty"), "--out", png], "no metrics.jsonl", "empty")
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")
+    refused(capsys, ["plot", str(tmp_path / "empty"), "--out", png], "an empty metrics.jsonl")

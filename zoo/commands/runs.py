@@ -1,0 +1,74 @@
+"""``zoo runs DIR``: a table of every run under DIR, finished or still going."""
+
+from __future__ import annotations
+
+from zoo.errors import ZooError
+from zoo.ui import emit_json, print_table
+
+COLUMNS = ("run", "recipe", "steps", "last eval", "epsilon", "precision", "remat", "wall time")
+
+
+def run_row(run) -> dict:
+    """What ``zoo runs`` shows of one :class:`~zoo.train.rundir.RunDir`."""
+    from zoo.train.rundir import ELAPSED
+
+    train = run.recipe.get("train", {})
+    summary = run.summary or {}
+    evals = [k for k in ("eval_accuracy", "eval_bits_per_char", "eval_loss") if run.last(k) is not None]
+    return {
+        "run": str(run.path),
+        "recipe": run.recipe.get("name", summary.get("recipe", "?")),
+        "steps_done": run.steps_done,
+        "steps": run.planned_steps,
+        "finished": run.summary is not None and run.steps_done == run.planned_steps,
+        "last_eval": {k: run.last(k) for k in evals},
+        "epsilon": run.last("epsilon"),
+        "precision": summary.get("precision", train.get("precision", "float32")),
+        "remat": summary.get("remat", train.get("remat", "none")),
+        "wall_time_sec": run.last(ELAPSED),
+    }
+
+
+def _cells(row: dict) -> tuple[str, ...]:
+    steps = f"{row['steps_done']}/{row['steps']}" if row["steps"] else str(row["steps_done"])
+    if not row["finished"]:
+        steps += " (not finished)"
+    last_eval = ",".join(f"{k.removeprefix('eval_')}={v:.4g}" for k, v in row["last_eval"].items()) or "-"
+    epsilon = "-" if row["epsilon"] is None else f"{row['epsilon']:.3g}"
+    wall = "-" if row["wall_time_sec"] is None else _duration(row["wall_time_sec"])
+    return (row["run"], row["recipe"], steps, last_eval, epsilon, row["precision"], row["remat"], wall)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
+
+
+def run_runs(args) -> int:
+    from zoo.train.rundir import find_runs, load_run
+
+    try:
+        paths = find_runs(args.dir)
+        if not paths:
+            raise ValueError(f"{args.dir!r} holds no run (no metrics.jsonl at or under it)")
+        runs = []
+        for path in paths:
+            try:
+                runs.append(load_run(path))
+            except ValueError:  # a run that has not logged its first step yet
+                continue
+    except ValueError as error:
+        raise ZooError(str(error)) from None
+    rows = [run_row(run) for run in runs]
+    if args.json:
+        emit_json(rows)
+        return 0
+    print_table(f"runs under {args.dir}", COLUMNS, [_cells(row) for row in rows])
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("runs", help="table of the runs under a folder: recipe, steps, last eval, epsilon")
+    p.add_argument("dir", metavar="DIR", help="a folder of run directories, e.g. runs/")
+    p.add_argument("--json", action="store_true", help="print the rows as one JSON line")
+    p.set_defaults(func=run_runs)

@@ -1,0 +1,89 @@
+"""A run directory read back, finished or not: its logged records, curves and facts
+(``zoo plot``, ``zoo runs``). Reads ``metrics.jsonl``, ``recipe.json`` and ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from zoo.train import runlog
+
+ELAPSED = "elapsed_sec"  # zoo.train.tracking writes it: seconds of the run, resumed segments summed
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+    records: tuple[dict, ...]
+    recipe: dict
+    summary: dict | None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def steps_done(self) -> int:
+        return max((int(r["step"]) for r in self.records), default=0)
+
+    @property
+    def planned_steps(self) -> int | None:
+        return self.recipe.get("train", {}).get("steps")
+
+    @property
+    def is_dp(self) -> bool:
+        return bool(self.recipe.get("dp", {}).get("enabled"))
+
+    def series(self, key: str, x: str = "step") -> tuple[list[float], list[float]]:
+        """``(xs, ys)`` of ``key``, one point per step (the last record of a step wins), by step."""
+        points: dict[int, tuple[float, float]] = {}
+        for record in self.records:
+            if key in record and x in record:
+                points[int(record["step"])] = (float(record[x]), float(record[key]))
+        ordered = [points[step] for step in sorted(points)]
+        return [p[0] for p in ordered], [p[1] for p in ordered]
+
+    def last(self, key: str) -> float | None:
+        _, ys = self.series(key)
+        return ys[-1] if ys else None
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of ``path/metrics.jsonl``; a line cut short by a kill is skipped."""
+    file = Path(path) / runlog.METRICS
+    records = []
+    for line in file.read_text().splitlines() if file.exists() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+    return records
+
+
+def load_run(path: str | Path) -> RunDir:
+    """The run at ``path``; ValueError, in one line, where there is no run to read."""
+    path = Path(path)
+    if not path.is_dir():
+        there = "is a file" if path.exists() else "does not exist"
+        raise ValueError(f"run directory {str(path)!r} {there}")
+    records = read_records(path)
+    if not records:
+        what = "an empty metrics.jsonl" if (path / runlog.METRICS).exists() else "no metrics.jsonl"
+        raise ValueError(f"run directory {str(path)!r} has {what}: no step of a zoo run is logged there yet")
+    try:
+        recipe = json.loads((path / runlog.RECIPE).read_text())
+    except (OSError, ValueError):
+        recipe = {}
+    return RunDir(path, tuple(records), recipe if isinstance(recipe, dict) else {}, runlog.read_summary(path))
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Every run directory at or under ``root`` (a folder with ``metrics.jsonl``), sorted."""
+    root = Path(root)
+    if not root.is_dir():
+        there = "is a file" if root.exists() else "does not exist"
+        raise ValueError(f"{str(root)!r} {there}: give a folder of runs, e.g. runs/")
+    return sorted(p.parent for p in root.rglob(runlog.METRICS))
