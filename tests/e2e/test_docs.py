@@ -15,6 +15,7 @@ or ``[long]`` (minutes of compute: a full benchmark, the whole test suite). A pl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -122,7 +123,12 @@ def run_line(line: Line, cwd: Path) -> None:
     assert not re.search(r"<[A-Z_]+>", line.text), f"{line.doc}:{line.number} shows a placeholder"
     for command in line.text.split(" && "):
         argv = _argv(command)
-        if argv[0] == "zoo":
+        assert argv, f"{line.doc}:{line.number}: {line.text}"
+        if argv[0] == "zoo" and ">" in argv:  # `zoo ... > FILE`: stdout into a file
+            at = argv.index(">")
+            with open(cwd / argv[at + 1], "w") as out, contextlib.redirect_stdout(out):
+                rc = main(argv[1:at] + argv[at + 2 :])
+        elif argv[0] == "zoo":
             rc = main(argv[1:])
         elif argv[0] in ("python", ".venv/bin/python"):
             done = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, capture_output=True, text=True)
