@@ -66,3 +66,34 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+class StepLines:
+    """Plain progress lines where a progress bar cannot be seen (stderr is a file or a pipe).
+
+    A bar redraws one line on a terminal; written to a log it would show nothing until the run
+    ends. Off a terminal, ``update`` prints ``NAME: step D/T`` every ``every`` steps (about ten
+    lines a run) with the throughput, the loss when there is one, and the latest eval figures.
+    A DP run hands no loss (it is not released), so its lines carry only released figures: the
+    step, the padded rows per second, and the eval metrics and epsilon of the latest eval.
+    """
+
+    def __init__(
+        self, console: Console, name: str, total: int, visible: bool = True, every: int | None = None
+    ):
+        self.console, self.name, self.total = console, name, total
+        self.on = visible and not console.is_terminal
+        self.every = every or max(1, total // 10)
+
+    def update(self, done: int, *, rate: float, loss: float | None = None, evals: dict | None = None) -> None:
+        if not self.on or not (done % self.every == 0 or done == self.total):
+            return
+        figures = [f"{rate:,.0f} ex/s"] + ([] if loss is None else [f"loss {loss:.4f}"])
+        figures += [f"{key} {_short(value)}" for key, value in (evals or {}).items()]
+        self.console.print(
+            Text(f"{self.name}: step {done}/{self.total}  " + ", ".join(figures)), soft_wrap=True
+        )
+
+
+def _short(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -13,6 +13,7 @@ def run_export(args) -> int:
         from zoo.errors import ZooError
 
         raise ZooError("--adapter writes PEFT adapter files, a Hugging Face format: add --format hf")
+    _check_run(args.run_dir, checkpoint)
     if args.format == "hf":  # a Hugging Face checkpoint directory (zoo.train.hf)
         from zoo.train.hf import export_hf
 
@@ -24,6 +25,24 @@ def run_export(args) -> int:
     else:
         print_table(f"export of {args.run_dir}", ["field", "value"], [(k, str(v)) for k, v in result.items()])
     return 0
+
+
+def _check_run(run_dir: str, checkpoint) -> None:
+    """A RUN with no checkpoint is refused naming both verbs that make one: an export is as
+    often of an import (`zoo import`) as of a trained run (`zoo train`)."""
+    from pathlib import Path
+
+    from zoo.errors import ZooError
+
+    path = Path(run_dir)
+    if checkpoint.saved_steps(path) or (path / "config.json").is_file():
+        return  # a run (its damaged steps are load_checkpoint's to report), or a Hugging Face folder
+    what = "no run directory" if not path.exists() else "no checkpoint in"
+    raise ZooError(
+        f"{what} {run_dir!r}: zoo export reads a zoo run; make one with "
+        f"`zoo import ORG/NAME --out {run_dir}` (a Hugging Face checkpoint) "
+        f"or `zoo train RECIPE --out {run_dir}`"
+    )
 
 
 def add_parser(sub) -> None:

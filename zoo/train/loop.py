@@ -38,6 +38,7 @@ from zoo.train.resume import (
 from zoo.train.run import Run, build_run, epsilon_at, local_batch, state_key
 from zoo.train.state import TrainState, key_bytes
 from zoo.train.summary import last_logged_loss, run_evaluation, say_resumed, summarize
+from zoo.ui import StepLines
 
 
 class TrainingDiverged(ZooError):
@@ -225,6 +226,7 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
         bar = bar_view.add_task(
             run.recipe.name, total=steps, completed=progress.start, loss="-", rate="-", visible=show_progress
         )
+        lines = StepLines(console, run.recipe.name, steps, visible=show_progress)  # off a terminal
         for step, (batch, examples) in prefetch:
             log.before_step(step)
             tic = time.perf_counter()
@@ -260,6 +262,7 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
                 with checkpoint.finish_before_interrupt():  # Ctrl-C waits for the write
                     checkpoint.save(out, done, state, lora.adapters_of(params) if run.base else params, meta)
                     progress.last_saved = done
+            lines.update(done, rate=progress.rate, loss=loss, evals=progress.eval_metrics)
     return state
 
 

@@ -104,6 +104,16 @@ def test_resume_on_an_export_says_it_has_no_training_state(capsys, lm_runs):
     assert "->" not in line  # not a list of recipe differences
 
 
+@pytest.mark.parametrize("form", [[], ["--format", "hf"]], ids=["zoo", "hf"])
+@pytest.mark.parametrize("made", [False, True], ids=["missing", "empty"])
+def test_an_export_of_no_run_names_import_as_well_as_train(capsys, tmp_path, form, made):
+    run = tmp_path / "gpt2"
+    if made:
+        run.mkdir()
+    argv = ["export", str(run), "--out", str(tmp_path / "hf"), *form]
+    refused(capsys, argv, repr(str(run)), f"zoo import ORG/NAME --out {run}", f"zoo train RECIPE --out {run}")
+
+
 def test_resume_into_a_new_directory_says_it_starts_fresh(capsys, tmp_path):
     out = tmp_path / "new"
     assert main(["train", "digits-mlp", "--resume", "--out", str(out), "--steps", "1", "--no-progress"]) == 0

@@ -1,0 +1,184 @@
+"""The README's command-line block and each doc's first example, run as written, in order, offline.
+
+A new user types the README's commands top to bottom, then a doc's first example. Each line
+here is one test, in the order shown, in one working directory per block, so a command's inputs
+must come from an earlier line (or from the repository: `tests/fixtures/...` and
+`benchmarks/...` are reachable from that directory, as from the repository root). Lines run
+in-process through ``zoo.cli.main`` (``python ...`` lines as a child), with short steps:
+``zoo train`` and ``zoo audit`` get ``--set train.steps=2``. Nothing else is changed.
+
+A line is skipped only when its comment carries an explicit marker: ``[network]`` (needs the
+Hugging Face Hub or a package index), ``[devices]`` (needs more devices than one process has)
+or ``[long]`` (minutes of compute: a full benchmark, the whole test suite). A placeholder
+(``<RUN>``) fails the test: a shown command names real inputs or is marked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from zoo.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 2
+MARKERS = ("[network]", "[devices]", "[long]")
+SHORT = {"train": ["--set", f"train.steps={STEPS}"], "audit": ["--set", f"train.steps={STEPS}"]}
+LINKED = ("tests", "benchmarks")  # repository inputs a shown command may name (fixtures, generators)
+# The README's `zoo sample` asks for 200 new tokens by default, past python-docs-lm's max_len of
+# 128: the decoding helper's branch fixes the default in zoo/commands/sample.py.
+KNOWN = {
+    'zoo sample runs/python-docs-lm --prompt "def "': "the default --max-new-tokens 200 exceeds "
+    "max_len 128 (issue 50 item 1; fixed in zoo/commands/sample.py by the decoding branch: "
+    "remove this mark after merging it)",
+}
+
+
+@dataclass(frozen=True)
+class Line:
+    doc: str  # README.md or docs/NAME.md
+    number: int  # 1-based line in the file
+    text: str  # the command as shown (continuations joined), or a whole Python block
+    python: bool = False
+
+    @property
+    def marker(self) -> str | None:
+        comment = self.text.partition(" #")[2] if not self.python else ""
+        return next((m for m in MARKERS if m in comment), None)
+
+
+def _blocks(path: Path):
+    """Every fenced block of ``path``: (language, first line number, lines)."""
+    lang, start, body = None, 0, []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            if lang is None:
+                lang, start, body = line[3:].strip() or "text", i + 1, []
+            else:
+                yield lang, start, body
+                lang = None
+        elif lang is not None:
+            body.append(line)
+
+
+def _commands(doc: str, start: int, body: list[str]) -> list[Line]:
+    """The command lines of a shell block, backslash continuations joined."""
+    lines, pending, first = [], "", start
+    for i, raw in enumerate(body, start):
+        if not pending:
+            first = i
+        if raw.rstrip().endswith("\\"):
+            pending += raw.rstrip()[:-1] + " "
+            continue
+        text, pending = (pending + raw).strip(), ""
+        if text and not text.startswith("#"):
+            lines.append(Line(doc, first, text))
+    return lines
+
+
+def readme_lines() -> list[Line]:
+    """The block under the README's "Command line" heading, then its Python block."""
+    text = (ROOT / "README.md").read_text().splitlines()
+    heading = text.index("## Command line") + 1
+    blocks = [b for b in _blocks(ROOT / "README.md") if b[1] > heading]
+    shell = next(b for b in blocks if b[0] == "bash")
+    python = next(b for b in blocks if b[0] == "python")
+    return _commands("README.md", shell[1], shell[2]) + [
+        Line("README.md", python[1], "\n".join(python[2]), python=True)
+    ]
+
+
+def first_example(doc: Path) -> list[Line]:
+    """A doc's first example: its first ``bash`` or ``python`` block."""
+    name = f"docs/{doc.name}"
+    found = next((b for b in _blocks(doc) if b[0] in ("bash", "python")), None)
+    if found is None:
+        return [Line(name, 0, "# no bash or python block: a doc's first example must be one")]
+    lang, start, body = found
+    if lang == "python":
+        return [Line(name, start, "\n".join(body), python=True)]
+    return _commands(name, start, body)
+
+
+def _argv(command: str) -> list[str]:
+    argv = shlex.split(command, comments=True)
+    if argv[:1] == ["zoo"] and len(argv) > 1 and argv[1] in SHORT:
+        argv += SHORT[argv[1]]
+    return argv
+
+
+def run_line(line: Line, cwd: Path) -> None:
+    """Run one shown line in ``cwd``; fail with what it printed when it does not exit 0."""
+    if line.python:
+        exec(compile(line.text, f"{line.doc}:{line.number}", "exec"), {"__name__": "__doc_example__"})
+        return
+    assert not re.search(r"<[A-Z_]+>", line.text), f"{line.doc}:{line.number} shows a placeholder"
+    for command in line.text.split(" && "):
+        argv = _argv(command)
+        assert argv, f"{line.doc}:{line.number}: {line.text}"
+        if argv[0] == "zoo" and ">" in argv:  # `zoo ... > FILE`: stdout into a file
+            at = argv.index(">")
+            with open(cwd / argv[at + 1], "w") as out, contextlib.redirect_stdout(out):
+                rc = main(argv[1:at] + argv[at + 2 :])
+        elif argv[0] == "zoo":
+            rc = main(argv[1:])
+        elif argv[0] in ("python", ".venv/bin/python"):
+            done = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, capture_output=True, text=True)
+            rc = done.returncode
+            assert rc == 0, done.stderr[-2000:]
+        else:
+            raise AssertionError(f"{line.doc}:{line.number}: not a command the walk knows: {command}")
+        assert rc == 0, f"{line.doc}:{line.number}: `{command}` exited {rc}"
+
+
+def _workdir(tmp_path_factory, name: str) -> Path:
+    cwd = tmp_path_factory.mktemp(name)
+    for linked in LINKED:
+        os.symlink(ROOT / linked, cwd / linked)
+    return cwd
+
+
+def _params(lines: list[Line], group: str):
+    out = []
+    for line in lines:
+        marks = [pytest.mark.xdist_group(group)]
+        if line.marker:
+            marks.append(pytest.mark.skip(reason=f"marked {line.marker} in {line.doc}"))
+        if line.text in KNOWN:
+            marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[line.text]))
+        out.append(pytest.param(line, id=f"{line.doc}:{line.number}", marks=marks))
+    return out
+
+
+@pytest.fixture(scope="module")
+def readme_dir(tmp_path_factory) -> Path:
+    return _workdir(tmp_path_factory, "readme")
+
+
+@pytest.mark.parametrize("line", _params(readme_lines(), "docs-readme"))
+def test_readme_command_runs_as_written(line, readme_dir, monkeypatch):
+    monkeypatch.chdir(readme_dir)
+    run_line(line, readme_dir)
+
+
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+_DIRS: dict[str, Path] = {}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [p for doc in DOCS for p in _params(first_example(doc), f"docs-{doc.stem}")],
+)
+def test_first_example_of_each_doc_runs_as_written(line, tmp_path_factory, monkeypatch):
+    if line.doc not in _DIRS:  # one directory per doc, shared by its lines in order
+        _DIRS[line.doc] = _workdir(tmp_path_factory, Path(line.doc).stem)
+    monkeypatch.chdir(_DIRS[line.doc])
+    run_line(line, _DIRS[line.doc])
