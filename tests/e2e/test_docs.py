@@ -33,13 +33,6 @@ STEPS = 2
 MARKERS = ("[network]", "[devices]", "[long]")
 SHORT = {"train": ["--set", f"train.steps={STEPS}"], "audit": ["--set", f"train.steps={STEPS}"]}
 LINKED = ("tests", "benchmarks")  # repository inputs a shown command may name (fixtures, generators)
-# The README's `zoo sample` asks for 200 new tokens by default, past python-docs-lm's max_len of
-# 128: the decoding helper's branch fixes the default in zoo/commands/sample.py.
-KNOWN = {
-    'zoo sample runs/python-docs-lm --prompt "def "': "the default --max-new-tokens 200 exceeds "
-    "max_len 128 (issue 50 item 1; fixed in zoo/commands/sample.py by the decoding branch: "
-    "remove this mark after merging it)",
-}
 
 
 @dataclass(frozen=True)
@@ -152,8 +145,6 @@ def _params(lines: list[Line], group: str):
         marks = [pytest.mark.xdist_group(group)]
         if line.marker:
             marks.append(pytest.mark.skip(reason=f"marked {line.marker} in {line.doc}"))
-        if line.text in KNOWN:
-            marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[line.text]))
         out.append(pytest.param(line, id=f"{line.doc}:{line.number}", marks=marks))
     return out
 
