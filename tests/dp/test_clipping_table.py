@@ -20,7 +20,7 @@ from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical, registry
 from zoo.train.engine import make_engine
-from zoo.train.run import _warn_unused_microbatch
+from zoo.train.stages import _warn_unused_microbatch
 
 TOY = "toy-half"
 
