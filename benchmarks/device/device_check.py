@@ -103,6 +103,23 @@ def sizes(small: bool) -> dict:
     return out
 
 
+def narrowed(size: dict, policies: str | None, depths: str | None) -> dict:
+    """``size`` with the memory section cut to ``policies`` and ``depths`` (one device call's
+    worth); ``none`` is kept, since every ratio is to it."""
+    mem = size["memory"]
+    if policies:
+        known = mem["policies"]
+        asked = [p.strip() for p in policies.split(",") if p.strip()]
+        bad = [p for p in asked if p not in known]
+        if bad:
+            raise SystemExit(f"--policies: unknown {', '.join(bad)}. Valid: {', '.join(known)}")
+        mem["policies"] = [p for p in known if p in asked or p == "none"]
+    if depths:
+        mem["depths"] = [int(d) for d in depths.split(",")]
+        mem["time_depth"] = mem["depths"][0]
+    return size
+
+
 def _isolate(choice: str) -> bool:
     """Memory rows in processes of their own where the device has a peak to read."""
     return choice == "always" or (choice == "auto" and device_sections.device_peak() is not None)
@@ -114,7 +131,7 @@ def _jobs(args) -> int:
 
 
 def run(args, say) -> dict:
-    size = sizes(args.small)
+    size = narrowed(sizes(args.small), args.policies, args.depths)
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     result = {
         "device": str(jax.devices()[0]),
@@ -247,6 +264,8 @@ def parse_args(argv=None):
     )
     p.add_argument("--progress", action="store_true", help="progress lines on stderr")
     p.add_argument("--variants", help="comma-separated gradient variants to check (default: all)")
+    p.add_argument("--policies", help="comma-separated memory/time policies (default: every one)")
+    p.add_argument("--depths", help="comma-separated memory depths (default: 12,24); time runs at the first")
     p.add_argument("--plant-bug", metavar="VARIANT", help="(tests) make VARIANT's gradient wrong")
     p.add_argument("--memory-child", metavar="JSON", help=argparse.SUPPRESS)
     return p.parse_args(argv)
