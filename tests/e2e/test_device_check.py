@@ -132,3 +132,20 @@ def test_memory_row_in_its_own_process(tmp_path):
     row = json.loads(done.stdout.strip().splitlines()[-1])
     assert row["status"] == "ok", row
     assert row["analysis_bytes"] > 0 and row["residual_host_bytes"] > 0 and row["loss_finite"]
+
+
+def test_policies_and_depths_narrow_the_memory_section_and_keep_none():
+    """One device call's worth (``--policies``, ``--depths``): ``none`` stays, since every ratio
+    is to it; time runs at the first depth; an unknown policy is one line naming it."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import device_check
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    size = device_check.narrowed(device_check.sizes(False), "dots,full", "24,12")
+    assert size["memory"]["policies"] == [
+        p for p in device_check.sizes(False)["memory"]["policies"] if p in ("none", "full", "dots")
+    ]
+    assert size["memory"]["depths"] == [24, 12] and size["memory"]["time_depth"] == 24
+    with pytest.raises(SystemExit, match="unknown nope. Valid: none"):
+        device_check.narrowed(device_check.sizes(False), "full,nope", None)
