@@ -6,7 +6,7 @@ in memory (``text:``) against the token store (``tokens:DIR``).
 For each size a corpus is generated (``corpus.py``, under ``--root``; not committed) and
 tokenized once into a byte-vocabulary store. Each row is a fresh interpreter running
 ``train_recipe`` on ``python-docs-lm`` (transformer-s, batch 32 x 64 tokens, byte vocabulary)
-for one step: the seconds until its data are loaded (``load_task``), until the first step's
+for one step: the seconds until its data are loaded (``zoo.train.stages.load_data``), until the first step's
 metrics line is written (from interpreter start: imports and compilation included, the same
 for every row), and the process's peak RSS (``VmHWM``). The in-memory path needs about ten
 times the text's size in RAM; ``--in-memory-max`` (MB) keeps it to what the machine holds.
@@ -39,8 +39,8 @@ T0 = time.perf_counter()
 import json, sys
 from pathlib import Path
 marks = {}
-from zoo.train import run as run_module, runlog
-write, load = runlog.MetricsLog.write, run_module.load_task
+from zoo.train import runlog, stages
+write, load = runlog.MetricsLog.write, stages.load_data
 def first_write(self, record):
     marks.setdefault("first_step_s", time.perf_counter() - T0)
     return write(self, record)
@@ -49,7 +49,7 @@ def timed_load(*args, **kwargs):
     task = load(*args, **kwargs)
     marks["data_s"] = time.perf_counter() - tic
     return task
-runlog.MetricsLog.write, run_module.load_task = first_write, timed_load
+runlog.MetricsLog.write, stages.load_data = first_write, timed_load
 from zoo import recipes
 from zoo.commands import settings
 from zoo.train.loop import train_recipe

@@ -154,9 +154,8 @@ def dp_bf16(size: dict, say=None) -> list[dict]:
     import optax
 
     from zoo.dp.plan import fixed_batch_plan
-    from zoo.freeze import resolve_freeze
     from zoo.precision import Precision
-    from zoo.train.engine import make_engine
+    from zoo.train import stages
 
     rows = []
     for model in size.get("bf16_models", list(size["models"])):
@@ -166,7 +165,7 @@ def dp_bf16(size: dict, say=None) -> list[dict]:
 
         def run(model=model, spec=spec):
             cfg = zoo.get_config(model, **spec.get("overrides", {}))
-            params = zoo.to_canonical(zoo.load_model(cfg))
+            start = stages.config_start(cfg, zoo.to_canonical(zoo.load_model(cfg)))
             x = zoo.example_batch(cfg, spec["batch"], seq_len=spec.get("seq"))
             batch = {"x": x, "y": zoo.example_labels(cfg, x), "mask": jnp.ones((spec["batch"],), jnp.float32)}
             steppers = {}
@@ -176,15 +175,10 @@ def dp_bf16(size: dict, say=None) -> list[dict]:
                 ("ghost float32", "ghost", "float32"),
             ):
                 plan = dp and fixed_batch_plan(spec["batch"], noise_multiplier=1.0, clipping=dp)
-                engine = make_engine(
-                    cfg,
-                    "nnx",
-                    resolve_freeze(params, ()),
-                    optax.sgd(1e-3),
-                    dp=plan,
-                    precision=Precision(precision),
+                engine = stages.start_engine(
+                    start, "nnx", optax.sgd(1e-3), plan=plan, precision=Precision(precision)
                 )
-                state = {"state": engine.init_state(params, 0, jax.random.key(0)), "out": None}
+                state = {"state": engine.init_state(start.params, 0, jax.random.key(0)), "out": None}
                 steppers[name] = state_stepper(lambda s, b, e=engine: _advance(e, s, b), state, batch)
             times = time_in_rounds(steppers, size["rounds"], size["steps"])
             return {

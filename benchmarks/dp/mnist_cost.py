@@ -30,24 +30,20 @@ def _ratio(rows, top: str, bottom: str) -> dict:
 
 
 def _cost_workloads(args):
-    """``(name, model config, batch, freeze patterns)``: each DP recipe's model fitted to its data
-    at its expected batch (with its fixed DP-PCA projection, frozen, when it has one), then each
-    ``PRESET@B``."""
+    """``(name, model, its config, batch)``: each DP recipe's model start from ``zoo train``'s
+    first two stages (fitted to its data, with its DP-PCA projection frozen when it has one) at
+    its expected batch, then each ``PRESET@B``."""
     from zoo import recipes
     from zoo.models.registry import get_config
-    from zoo.train import projection
-    from zoo.train.task import fit_model_to_task, load_task
+    from zoo.train import stages
 
     for name in filter(None, args.recipes.split(",")):
         recipe = recipes.load_recipe(name)
-        task = load_task(recipe.data, task="classify", seed=0)
-        cfg = fit_model_to_task(recipe.model_config, task, recipe.model.preset, dict(recipe.model.overrides))
-        cfg = projection.projected_config(cfg, recipe.data, None)
-        freeze = (*recipe.freeze.patterns, *projection.fixed_patterns(cfg))
-        yield name, cfg, recipe.dp.expected_batch_size, freeze
+        start = stages.model_start(recipe, stages.load_data(recipe))
+        yield name, start, start.cfg, recipe.dp.expected_batch_size
     for spec in filter(None, args.presets.split(",")):
         preset, _, batch = spec.partition("@")
-        yield preset, get_config(preset), int(batch), ()
+        yield preset, preset, get_config(preset), int(batch)
 
 
 def cmd_cost(args) -> None:
@@ -57,11 +53,10 @@ def cmd_cost(args) -> None:
     from zoo.dp import ghost
 
     table = []
-    for name, cfg, batch, freeze in _cost_workloads(args):
+    for name, model, cfg, batch in _cost_workloads(args):
         result = bench_dp(
-            cfg,
+            model,
             batch=batch,
-            freeze=freeze,
             methods=list(COST_METHODS),
             memory_sweep=False,
             rounds=args.rounds,

@@ -27,11 +27,9 @@ from zoo import recipes
 from zoo.bench.common import call_stepper, median_ratio, time_in_rounds
 from zoo.commands import settings
 from zoo.dp import accounting
-from zoo.dp.plan import make_plan
 from zoo.dp.sampling import PoissonSampler
-from zoo.models.registry import get_config
-from zoo.parallel import layout_for
-from zoo.train.task import load_task
+from zoo.train import stages
+from zoo.train.run import build_run
 
 DP_RECIPES = (
     "digits-mlp-dp",
@@ -44,22 +42,19 @@ EPSILONS = (1.0, 3.0, 8.0)
 OLD_TRUNCATION = 1e-9
 
 
-def num_examples(recipe, data) -> int:
-    cfg = get_config(recipe.model.preset, **dict(recipe.model.overrides))
-    return load_task(
-        data, task=cfg.task, seed=recipe.train.seed, max_len=getattr(cfg, "max_len", None)
-    ).num_train
-
-
 def plans(name: str, epsilon: float) -> dict:
     recipe = recipes.load_recipe(name)
     dp, steps = recipe.dp, recipe.train.steps
     multiple = dp.microbatch_size or 1
-    # Before: the vocabulary a DP LM fitted on its own text (data.vocabulary unset).
-    n_before = num_examples(recipe, dataclasses.replace(recipe.data, vocabulary=None))
-    n_after = num_examples(recipe, recipe.data)
+    at_eps = settings.with_values(recipe, {"dp.epsilon": epsilon, "dp.noise_multiplier": None})
+    # N from the data stage of `zoo train`. Before: loaded as then, without the DP loader (which
+    # splits before it drops the rows outside data.classes) and, for a DP LM, with the
+    # vocabulary fitted on its own text (data.vocabulary unset), which a DP run now refuses.
+    fitted = settings.with_values(recipe, {"data.vocabulary": None, "dp.enabled": False})
+    n_before = stages.load_data(fitted).num_train
+    task = stages.load_data(at_eps)
+    n_after = task.num_train
     row = {"recipe": name, "epsilon": epsilon, "steps": steps}
-    cfg = get_config(recipe.model.preset, **dict(recipe.model.overrides))
     for when, n in (("before", n_before), ("after", n_after)):
         q = dp.expected_batch_size / n
         if when == "before":
@@ -69,9 +64,9 @@ def plans(name: str, epsilon: float) -> dict:
             sampler = PoissonSampler.for_expected_batch(
                 n, dp.expected_batch_size, 0, OLD_TRUNCATION, pad_to_multiple=multiple
             )
-        else:  # the plan `zoo train` makes (zoo.dp.plan.make_plan), on one device
-            at_eps = dataclasses.replace(dp, enabled=True, epsilon=epsilon, noise_multiplier=None)
-            plan = make_plan(at_eps, n, steps, layout_for(cfg), seed=0)
+        else:  # the plan `zoo train` makes (its DP plan stage), on one device
+            start = stages.config_start(at_eps.model_config)  # the plan reads its layout alone
+            plan = stages.dp_plan(at_eps, task, start, steps, stages.root_key(at_eps))
             sigma, sampler = plan.noise_multiplier, plan.sampler
         got = accounting.guaranteed_privacy(
             sampler, noise_multiplier=sigma, delta=dp.delta, steps=steps, accountant=dp.accountant
@@ -83,8 +78,6 @@ def plans(name: str, epsilon: float) -> dict:
 
 def step_times(name: str, rounds: int, calls: int, padded: dict[str, int]) -> dict[str, float]:
     """Median seconds per DP step at each padded size, interleaved in one process."""
-    from zoo.train.loop import build_run
-
     recipe = settings.with_values(recipes.load_recipe(name), {"dp.epsilon": None, "dp.noise_multiplier": 1.0})
     run = build_run(recipe)
     engine = run.engine

@@ -23,9 +23,8 @@ import optax
 
 import zoo
 from zoo.dp.plan import fixed_batch_plan
-from zoo.freeze import resolve_freeze
-from zoo.models import canonical, registry
-from zoo.train.engine import make_engine
+from zoo.models import registry
+from zoo.train import stages
 
 
 def digest(tree) -> str:
@@ -48,10 +47,10 @@ def cases():
 
 
 def fingerprint(cfg, backend: str, clipping: str | None) -> dict:
-    params = canonical.init_params(cfg, 0)
+    start = stages.config_start(cfg, seed=0)  # the run stages' model start and engine
     plan = fixed_batch_plan(4, noise_multiplier=1.0, clip_norm=1.0, clipping=clipping) if clipping else None
-    engine = make_engine(cfg, backend, resolve_freeze(params, ()), optax.adamw(1e-2), dp=plan)
-    state, frozen = engine.init_state(params, 0, jax.random.key(5))
+    engine = stages.start_engine(start, backend, optax.adamw(1e-2), plan=plan)
+    state, frozen = engine.init_state(start.params, 0, jax.random.key(5))
     x = zoo.example_batch(cfg, 4, seed=2, seq_len=8 if cfg.max_len else None)
     batch = {"x": x, "y": zoo.example_labels(cfg, x), "mask": jnp.ones((4,), jnp.float32)}
     losses = []

@@ -1,7 +1,7 @@
 """Device bytes of a LoRA run's params and optimizer state, float32 against bfloat16.
 
-The engine a LoRA recipe builds (``zoo.train.engine.make_engine``, adapters on a frozen base)
-is made under each precision policy (``zoo.precision``) and its state placed on the device:
+The engine a LoRA run builds (the run stages' model start, adapters on a frozen base:
+``zoo.bench.finetune.lora_start``, and engine: ``zoo.train.stages.start_engine``) is made under each precision policy (``zoo.precision``) and its state placed on the device:
 the bytes of the trainable adapters, their AdamW state and the frozen base, as placed, and the
 argument bytes XLA's ``memory_analysis()`` reports for the compiled step (the batch included).
 ``--base-dtype bfloat16`` starts from a bf16 base, as ``zoo import --dtype bfloat16`` gives::
@@ -20,12 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import zoo
-from zoo import lora
 from zoo.bench.common import memory_stats
+from zoo.bench.finetune import lora_start
 from zoo.configs import LoraConfig, OptimConfig
 from zoo.models import canonical
 from zoo.precision import PRECISIONS, Precision
-from zoo.train.engine import make_engine
+from zoo.train import stages
 from zoo.train.state import make_optimizer
 
 TARGETS = ("attn.q", "attn.v", "mlp.*")  # the python-docs-llama-lora and hf-lm-lora recipes'
@@ -38,18 +38,14 @@ def device_bytes(tree) -> int:
 def measure(preset: str, base_dtype: str, rank: int, batch: int, seq: int) -> list[dict]:
     base_cfg = zoo.get_config(preset)
     base = jax.tree.map(lambda a: a.astype(base_dtype), canonical.init_params(base_cfg, 0))
-    setup = lora.resolve(base_cfg, LoraConfig(rank=rank, targets=TARGETS))
-    cfg = lora.adapted_config(base_cfg, setup)
-    params = lora.initial_params(cfg, base_cfg, base, 0)
-    x = zoo.example_batch(cfg, batch, seq_len=seq)
-    place = {"x": x, "y": zoo.example_labels(cfg, x), "mask": np.ones((batch,), np.float32)}
+    start = lora_start(base_cfg, base, LoraConfig(rank=rank, targets=TARGETS))
+    x = zoo.example_batch(start.cfg, batch, seq_len=seq)
+    place = {"x": x, "y": zoo.example_labels(start.cfg, x), "mask": np.ones((batch,), np.float32)}
     rows = []
     for precision in PRECISIONS:
         optimizer = make_optimizer(OptimConfig(lr=3e-3), 100)
-        engine = make_engine(
-            cfg, "nnx", lora.freeze_plan(cfg, setup), optimizer, precision=Precision(precision)
-        )
-        state, frozen = engine.init_state(params, 0)
+        engine = stages.start_engine(start, "nnx", optimizer, precision=Precision(precision))
+        state, frozen = engine.init_state(start.params, 0)
         compiled = engine.train_step.lower(state, frozen, place).compile()
         rows.append(
             {

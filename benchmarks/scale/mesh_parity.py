@@ -23,22 +23,17 @@ import numpy as np
 import zoo  # noqa: E402
 from zoo.bench.floats import excess
 from zoo.configs import OptimConfig  # noqa: E402
-from zoo.freeze import resolve_freeze  # noqa: E402
-from zoo.models import canonical  # noqa: E402
 from zoo.parallel import layout_for, parse_mesh  # noqa: E402
-from zoo.train.engine import make_engine  # noqa: E402
+from zoo.train import stages  # noqa: E402
 from zoo.train.state import make_optimizer  # noqa: E402
 
 MESHES = ("data=8", "fsdp=8", "data=2,fsdp=2,tensor=2")
 
 
 def run(cfg, mesh: str, steps: int, batch: int, optim: OptimConfig, backend: str):
-    params = canonical.init_params(cfg, 0)
-    layout = layout_for(cfg, parse_mesh(mesh))
-    engine = make_engine(
-        cfg, backend, resolve_freeze(params, ()), make_optimizer(optim, steps), layout=layout
-    )
-    state, frozen = engine.init_state(params, 0)
+    start = stages.config_start(cfg, seed=0, layout=layout_for(cfg, parse_mesh(mesh)))
+    engine = stages.start_engine(start, backend, make_optimizer(optim, steps))
+    state, frozen = engine.init_state(start.params, 0)
     losses = []
     for step in range(steps):
         x = np.asarray(zoo.example_batch(cfg, batch, seed=step))

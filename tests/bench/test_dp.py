@@ -3,7 +3,12 @@
 import argparse
 import json
 
+import pytest
+
+from zoo import recipes
 from zoo.bench import dp as dp_bench
+from zoo.commands import settings
+from zoo.train import stages
 
 
 def run_bench(argv, capsys):
@@ -71,3 +76,21 @@ def test_ghost_dp_step_temp_memory_is_near_the_non_private_step():
         compiled = dp_bench.compile_step(step, state, frozen, data)
         temp[name] = compiled.memory_analysis().temp_size_in_bytes
     assert temp[dp_bench.GHOST] <= 1.5 * temp["non-private"], temp
+
+
+def test_a_recipes_model_start_is_benched_with_its_params_and_freeze_plan():
+    """``bench_dp`` on a model start of the run stages (``benchmarks/dp/mnist_cost.py``): the
+    recipe's fitted config and its freeze plan (the DP-PCA projection frozen), not a preset's."""
+    recipe = settings.with_values(
+        recipes.load_recipe("digits-mlp-dp"), {"data.dp_pca": 16, "dp.pca_epsilon": 0.5}
+    )
+    start = stages.model_start(recipe, stages.load_data(recipe))
+    assert start.freeze.frozen_count > 0  # the projection
+    result = dp_bench.bench_dp(
+        start, batch=8, methods=[dp_bench.BASELINE], memory_sweep=False, rounds=1, steps_per_round=1
+    )
+    assert result["model"] == start.cfg.kind
+    assert result["trainable_params"] == start.freeze.trainable_count
+    assert result["frozen_params"] == start.freeze.frozen_count
+    with pytest.raises(ValueError, match="freeze patterns"):
+        dp_bench.bench_dp(start, batch=8, freeze=("head",), methods=[dp_bench.BASELINE], memory_sweep=False)

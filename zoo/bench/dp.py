@@ -43,7 +43,6 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from zoo import bench
 from zoo.api import example_batch, example_labels
@@ -58,14 +57,17 @@ from zoo.bench.dp_rows import (  # noqa: F401  (re-exported: the bench API)
     SIGMA,
     Setup,
     Step,
+    compile_step,
     default_methods,
+    fresh_state,
     methods,
     register_method,
+    setup_for,
+    setup_from,
 )
 from zoo.errors import ZooError, choice_error
 from zoo.models.registry import ModelConfig, check_backend, get_config
 from zoo.train import stages
-from zoo.train.state import TrainState
 
 # Bench batch per preset: big enough that per-example gradients dominate the DP step, small
 # enough that the whole bench stays quick on a CPU.
@@ -87,8 +89,8 @@ def _say(progress: Progress, message: str) -> None:
         progress(message)
 
 
-def _config(model: str | ModelConfig, batch: int | None, seq: int | None):
-    cfg = get_config(model)
+def _config(model: str | ModelConfig | stages.Start, batch: int | None, seq: int | None):
+    cfg = model.cfg if isinstance(model, stages.Start) else get_config(model)
     name = model if isinstance(model, str) else None
     batch = batch or DEFAULT_BATCH.get(name, FALLBACK_BATCH)
     if batch < 1:
@@ -110,28 +112,8 @@ def _check_microbatch(k: int, batch: int) -> int:
     return k
 
 
-def setup_for(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str], seed: int):
-    """``(Setup, params)``: the model start and engine of the run stages
-    (:func:`zoo.train.stages.config_start`, :func:`~zoo.train.stages.start_engine`) for a preset
-    on the bench's synthetic batches, with the bench's SGD with momentum."""
-    start = stages.config_start(cfg, seed=seed, patterns=tuple(freeze))
-    engine = stages.start_engine(start, backend, optax.sgd(LR, momentum=MOMENTUM))
-    return Setup(engine=engine, batch_size=batch, microbatch_size=microbatch), start.params
-
-
-def compile_step(step: Step, state, frozen, batch):
-    """``step`` jitted with its state donated, compiled for these arguments."""
-    return jax.jit(step, donate_argnames="state").lower(state, frozen, batch).compile()
-
-
-def fresh_state(setup: Setup, params, optimizer, seed: int):
-    """A fresh ``(state, frozen)`` of ``params`` (copied: the step donates its state)."""
-    trainable, frozen = setup.engine.freeze.split(jax.tree.map(jnp.copy, params))
-    return TrainState.create(trainable, optimizer, seed), frozen
-
-
 def bench_dp(
-    model: str | ModelConfig,
+    model: str | ModelConfig | stages.Start,
     backend: str = "nnx",
     batch: int | None = None,
     seq: int | None = None,
@@ -147,8 +129,11 @@ def bench_dp(
 ) -> dict:
     """Measure every method (see the module docstring) and the microbatch memory sweep.
 
-    ``microbatch`` (k of the ``zoo microbatch`` row) defaults to B/8; ``sweep`` (the k values
-    of the memory table) to B/32, B/8, B/2, each compiled at batch B and 2B.
+    ``model`` is a preset, a config, or a model start of the run stages (a recipe's,
+    :func:`zoo.train.stages.model_start`: its params and freeze plan; ``freeze`` and ``seed``'s
+    params then do not apply). ``microbatch`` (k of the ``zoo microbatch`` row) defaults to B/8;
+    ``sweep`` (the k values of the memory table) to B/32, B/8, B/2, each compiled at batch B
+    and 2B.
     """
     backend = check_backend(backend)
     cfg, batch, seq = _config(model, batch, seq)
@@ -160,7 +145,14 @@ def bench_dp(
     for name in names:
         if name not in rows:
             raise choice_error("dp bench method", name, rows)
-    setup, params = setup_for(cfg, backend, batch, microbatch, freeze, seed)
+    if isinstance(model, stages.Start):
+        if freeze:
+            raise ValueError(
+                f"freeze patterns {list(freeze)} apply to a preset; a model start has its freeze plan"
+            )
+        setup, params = setup_from(model, backend, batch, microbatch)
+    else:
+        setup, params = setup_for(cfg, backend, batch, microbatch, freeze, seed)
     data = jax.device_put(_batch(cfg, batch, seq, seed))
 
     runs = {}

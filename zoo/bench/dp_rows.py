@@ -8,7 +8,7 @@ libraries' DP-SGD steps are rows registered by name (:func:`register_method`).""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
@@ -18,6 +18,7 @@ import optax
 from zoo.dp import CLIPPING, privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
 from zoo.dp.plan import DPPlan, fixed_batch_plan
+from zoo.train import stages
 from zoo.train.engine import Engine
 from zoo.train.state import TrainState
 
@@ -51,6 +52,31 @@ class Setup:
     def one_example_loss(self, trainable, frozen, x, y):
         """Loss of one example (no leading batch axis), as the engine's DP step defines it."""
         return self.engine.example_losses(trainable, frozen, x[None], y[None])[0][0]
+
+
+def setup_for(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str], seed: int):
+    """``(Setup, params)``: the model start and engine of the run stages
+    (:func:`zoo.train.stages.config_start`, :func:`~zoo.train.stages.start_engine`) for a preset
+    on the bench's synthetic batches, with the bench's SGD with momentum."""
+    return setup_from(stages.config_start(cfg, seed=seed, patterns=tuple(freeze)), backend, batch, microbatch)
+
+
+def setup_from(start: stages.Start, backend: str, batch: int, microbatch: int):
+    """:func:`setup_for` from a model start made elsewhere: a recipe's
+    (:func:`zoo.train.stages.model_start`, its freeze plan included)."""
+    engine = stages.start_engine(start, backend, optax.sgd(LR, momentum=MOMENTUM))
+    return Setup(engine=engine, batch_size=batch, microbatch_size=microbatch), start.params
+
+
+def compile_step(step: Step, state, frozen, batch):
+    """``step`` jitted with its state donated, compiled for these arguments."""
+    return jax.jit(step, donate_argnames="state").lower(state, frozen, batch).compile()
+
+
+def fresh_state(setup: Setup, params, optimizer, seed: int):
+    """A fresh ``(state, frozen)`` of ``params`` (copied: the step donates its state)."""
+    trainable, frozen = setup.engine.freeze.split(jax.tree.map(jnp.copy, params))
+    return TrainState.create(trainable, optimizer, seed), frozen
 
 
 Builder = Callable[[Setup], tuple[Step, optax.GradientTransformation]]

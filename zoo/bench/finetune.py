@@ -11,16 +11,17 @@ over the ``lora`` step's.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import jax
 import numpy as np
 
+from zoo import lora as lora_adapters
 from zoo.api import example_batch, example_labels
 from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
-from zoo.configs import OptimConfig
+from zoo.configs import LoraConfig, OptimConfig
 from zoo.dp.plan import fixed_batch_plan
-from zoo.freeze import resolve_freeze
 from zoo.models import canonical
 from zoo.models.registry import get_config
 from zoo.train import stages
@@ -32,17 +33,16 @@ def _nbytes(tree) -> int:
     return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
 
 
-def _setup(cfg, backend, params, plan, policy, batch, dp=None):
-    """One row's run: the run stages' model start and engine (:mod:`zoo.train.stages`) with the
-    freeze ``plan`` and the DP plan ``dp`` (None: no DP), compiled for ``batch``."""
-    start = stages.config_start(cfg, params, freeze=plan)
+def _compiled_run(start: stages.Start, backend, policy, batch, dp=None):
+    """One row's run: the engine stage on the model ``start`` (:mod:`zoo.train.stages`, its
+    freeze plan) with the DP plan ``dp`` (None: no DP), compiled for ``batch``."""
     optimizer = make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000, clip=dp is None)
     engine = stages.start_engine(start, backend, optimizer, plan=dp, policy=policy)
-    state, frozen = engine.init_state(params, 0)
+    state, frozen = engine.init_state(start.params, 0)
     compiled = engine.train_step.lower(state, frozen, batch).compile()
     return dict(
         engine=engine,
-        plan=plan,
+        plan=start.freeze,
         state=state,
         frozen=frozen,
         temp=compiled.memory_analysis().temp_size_in_bytes,
@@ -50,17 +50,24 @@ def _setup(cfg, backend, params, plan, policy, batch, dp=None):
     )
 
 
-def _lora_runs(cfg, backend, params, spec: str, policy, data, batch):
-    from zoo import lora
+def lora_start(cfg, params: dict, section: LoraConfig, seed: int = 0) -> stages.Start:
+    """The model start of a LoRA run on ``params`` as its frozen base, without a recipe: the
+    adapters ``section`` names (:func:`zoo.lora.resolve`), fresh from ``seed`` as ``zoo train``
+    starts them, and the base frozen (:func:`zoo.lora.freeze_plan`), through
+    :func:`zoo.train.stages.config_start`."""
+    setup = lora_adapters.resolve(cfg, section)
+    adapted = lora_adapters.adapted_config(cfg, setup)
+    params = lora_adapters.initial_params(adapted, cfg, params, seed)
+    start = stages.config_start(adapted, params, freeze=lora_adapters.freeze_plan(adapted, setup))
+    return dataclasses.replace(start, adapters=setup)
 
-    setup = lora.resolve(cfg, lora.section_from_flag(spec))
-    adapted = lora.adapted_config(cfg, setup)
-    params = lora.initial_params(adapted, cfg, params, 0)
-    plan = lora.freeze_plan(adapted, setup)
+
+def _lora_runs(cfg, backend, params, spec: str, policy, data, batch):
+    start = lora_start(cfg, params, lora_adapters.section_from_flag(spec))
     dp = fixed_batch_plan(batch, noise_multiplier=1.0, clip_norm=1.0, clipping="ghost")
     return {
-        "lora": _setup(adapted, backend, params, plan, policy, data),
-        "dp-lora": _setup(adapted, backend, params, plan, policy, data, dp),
+        "lora": _compiled_run(start, backend, policy, data),
+        "dp-lora": _compiled_run(start, backend, policy, data, dp),
     }
 
 
@@ -87,7 +94,7 @@ def bench_finetune(
     labels = example_labels(cfg, x, seed=0)  # [B] for a classifier, [B, T] for a language model
     data = jax.device_put({"x": x, "y": labels, "mask": np.ones(batch, np.float32)})
     runs = {
-        name: _setup(cfg, backend, params, resolve_freeze(params, pats), policy, data)
+        name: _compiled_run(stages.config_start(cfg, params, patterns=pats), backend, policy, data)
         for name, pats in (("full", ()), ("frozen", patterns))
     }
     if lora:

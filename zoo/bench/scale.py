@@ -96,7 +96,7 @@ def _seq(batch) -> int | None:
     return int(batch["x"].shape[1]) if batch["x"].ndim > 1 else None
 
 
-def _setup(cfg, backend, mesh_text, remat, params, batch):
+def _mesh_run(cfg, backend, mesh_text, remat, params, batch):
     spec = parse_mesh(mesh_text)
     # A bench mesh may use fewer devices than there are (tensor=2 next to data=8): the first ones.
     layout = layout_for(cfg, spec, jax.devices()[: spec.devices] if spec.data else None)
@@ -148,7 +148,7 @@ def bench_scale(
     x = np.asarray(example_batch(cfg, batch, seed=0, seq_len=seq))
     data = {"x": x, "y": np.asarray(example_labels(cfg, x)), "mask": np.ones(batch, np.float32)}
     params = canonical.init_params(cfg, 0)
-    runs = {m: _setup(cfg, backend, m, remat, params, data) for m in meshes}
+    runs = {m: _mesh_run(cfg, backend, m, remat, params, data) for m in meshes}
     if len({r["row"]["mesh"] for r in runs.values()}) < len(runs):
         raise ZooError(f"--mesh lists one mesh twice: {';'.join(meshes)}")
     steppers = {
