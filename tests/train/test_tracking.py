@@ -194,3 +194,21 @@ def test_train_tensorboard_takes_only_true_or_false():
         settings.with_values(recipes.load_recipe("digits-mlp"), {"train.tensorboard": "yes"})
     with pytest.raises(ZooError, match="train.tensorboard must be true or false, got 1"):  # the Python API
         TrainConfig(tensorboard=1)
+
+
+@pytest.mark.parametrize("schedule,warmup", [("cosine", 2), ("constant", 0), ("constant", 2)])
+def test_the_logged_learning_rate_is_the_schedule_at_each_step(schedule, warmup):
+    """optax's constant schedule returns one scalar for a vector of counts: each step still
+    gets its own rate, equal to the schedule called one count at a time."""
+    from types import SimpleNamespace
+
+    from zoo.configs import OptimConfig
+    from zoo.train.state import learning_rate
+    from zoo.train.tracking import learning_rates
+
+    optim = OptimConfig(schedule=schedule, warmup_steps=warmup, lr=0.01)
+    run = SimpleNamespace(recipe=SimpleNamespace(optim=optim), plan_steps=10)
+    rates = learning_rates(run, [1, 3, 5, 10])
+    one_at_a_time = {s: float(learning_rate(optim, 10)(s - 1)) for s in (1, 3, 5, 10)}
+    assert rates.keys() == one_at_a_time.keys()
+    assert_close(np.array(list(rates.values())), np.array(list(one_at_a_time.values())), n=1)

@@ -73,6 +73,7 @@ def learning_rates(run, steps) -> dict[int, float]:
 
     steps = np.asarray(sorted(set(steps)), dtype=np.int64)
     rates = np.asarray(learning_rate(run.recipe.optim, run.plan_steps)(steps - 1), dtype=np.float64)
+    rates = np.broadcast_to(rates, steps.shape)  # optax's constant schedule gives one scalar
     return dict(zip(steps.tolist(), rates.tolist(), strict=True))
 
 
@@ -120,7 +121,7 @@ class Tracker:
         if "examples_per_sec" not in record:  # an eval record
             return {}
         task = self._run.task
-        lm = {"tokens_per_sec": record["examples_per_sec"] * task.seq_len} if task.is_lm else {}
+        lm = {"tokens_per_sec": record["examples_per_sec"] * task.seq_len} if task.type.tokenized else {}
         step = record["step"]
         rate = self._rates.get(step)
         if rate is None:  # not on the cadence (never, as the loop logs)
@@ -187,7 +188,7 @@ def residual_table(run) -> str | None:
             policy,
             backend=run.engine.backend,
             batch=run.batch_rows,
-            seq=run.task.seq_len if run.task.is_lm else None,
+            seq=run.task.seq_len if run.task.type.tokenized else None,
             precision=run.precision,
         )
     except (ValueError, TypeError, ZooError) as error:
