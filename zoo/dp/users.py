@@ -18,7 +18,7 @@ silently.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax.numpy as jnp
 import numpy as np
@@ -41,8 +41,8 @@ class UserSampler:
 
     units: PoissonSampler
     records_per_user: int
-    offsets: np.ndarray  # int64 [N_users + 1]
-    rows: np.ndarray  # int64 [records]: record indices grouped by user
+    offsets: np.ndarray = field(repr=False)  # int64 [N_users + 1]
+    rows: np.ndarray = field(repr=False)  # int64 [records]: record indices grouped by user
 
     def __post_init__(self):
         require_positive_int("records_per_user", self.records_per_user)
