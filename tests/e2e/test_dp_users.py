@@ -95,12 +95,13 @@ def test_settings_that_cannot_give_users_are_refused_before_the_data_is_read(cap
     refused(capsys, argv, *fragments)
 
 
-def test_a_form_without_users_and_a_language_model_are_refused(capsys, tmp_path):
-    vmap = ["--set", "data.user_column=user", "--set", "dp.unit=user", "--set", "dp.clipping=vmap"]
-    refused(
-        capsys, ["train", "digits-mlp-dp", "--steps", "1", *vmap], "'digits' cannot give users", "csv:PATH"
-    )
-    lm = ["train", "python-docs-lm-dp", "--steps", "1", "--dataset", "csv:/nonexistent/users.csv", *vmap]
+@pytest.mark.parametrize("unit", ["user", "record"])
+def test_a_form_without_users_and_a_language_model_are_refused(capsys, unit):
+    """A user column is never ignored: where it cannot be read, it is refused under either unit."""
+    sets = ["--set", "data.user_column=user", "--set", f"dp.unit={unit}", "--set", "dp.clipping=vmap"]
+    digits = ["train", "digits-mlp-dp", "--steps", "1", *sets]
+    refused(capsys, digits, "'digits' cannot give users", "csv:PATH")
+    lm = ["train", "python-docs-lm-dp", "--steps", "1", "--dataset", "csv:/nonexistent/users.csv", *sets]
     refused(capsys, lm, "not supported for language models")
 
 

@@ -125,30 +125,23 @@ def check_pca(cfg: DPConfig, dp_pca: int | None) -> None:
 
 def check_unit(cfg: DPConfig, data: DataConfig) -> None:
     """The privacy unit against the settings that must give it, from settings only (never from
-    the data, so the refusal releases nothing): ``dp.unit = "user"`` needs DP, a
-    ``data.user_column``, a dataset form that reads users (:class:`zoo.data.table.DatasetForm`'s
-    ``users``) and a clipping method that clips a user as one unit. ``data.user_column`` is
-    read only by a DP run for now."""
-    if data.user_column is not None and not cfg.enabled:
-        raise ZooError(
-            f"data.user_column = {data.user_column!r} is read only under DP for now (dp.enabled = true, "
-            "with dp.unit = 'user' to protect users); unset it to train without DP"
-        )
+    the data, so the refusal releases nothing): ``data.user_column`` is read only by a DP run,
+    from a dataset form that reads users (:class:`zoo.data.table.DatasetForm`'s ``users``);
+    ``dp.unit = "user"`` needs a ``data.user_column`` and a clipping method that clips a user
+    as one unit."""
+    if data.user_column is not None:
+        if not cfg.enabled:
+            raise ZooError(
+                f"data.user_column = {data.user_column!r} is read only under DP for now (dp.enabled = "
+                "true, with dp.unit = 'user' to protect users); unset it to train without DP"
+            )
+        _check_form_gives_users(data)
     if cfg.unit != "user" or not cfg.enabled:
         return
     if data.user_column is None:
         raise ZooError(
             "dp.unit = 'user' needs the column that names each record's user: set data.user_column "
             "(or dp.unit = 'record' to protect single records)"
-        )
-    from zoo.data.table import forms, lookup
-
-    form, _ = lookup(data.dataset.strip())
-    if not form.users:
-        readers = ", ".join(f.usage for f in forms() if f.users)
-        raise ZooError(
-            f"dp.unit = 'user': {data.dataset!r} cannot give users yet; users are read from {readers} "
-            "(data.user_column)"
         )
     method = clipping_method(cfg.clipping)
     if not method.clips_users:
@@ -159,11 +152,23 @@ def check_unit(cfg: DPConfig, data: DataConfig) -> None:
         )
 
 
-def check_user_task(cfg: DPConfig, tokenized: bool) -> None:
-    """``dp.unit = "user"`` for a model's task: users are read for classifiers only so far
-    (a language model's windows carry no user yet). Settings only, before any data is read."""
-    if cfg.enabled and cfg.unit == "user" and tokenized:
+def _check_form_gives_users(data: DataConfig) -> None:
+    from zoo.data.table import forms, lookup
+
+    form, _ = lookup(data.dataset.strip())
+    if not form.users:
+        readers = ", ".join(f.usage for f in forms() if f.users)
         raise ZooError(
-            "dp.unit = 'user' is not supported for language models yet (their windows carry no "
-            "user); use a classifier, or dp.unit = 'record'"
+            f"data.user_column = {data.user_column!r}: {data.dataset!r} cannot give users yet; users "
+            f"are read from {readers}"
+        )
+
+
+def check_user_task(cfg: DPConfig, data: DataConfig, tokenized: bool) -> None:
+    """Users for a model's task: read for classifiers only so far (a language model's windows
+    carry no user yet). Settings only, before any data is read."""
+    if cfg.enabled and tokenized and (cfg.unit == "user" or data.user_column is not None):
+        raise ZooError(
+            "users (data.user_column, dp.unit = 'user') are not supported for language models yet "
+            "(their windows carry no user); use a classifier, or dp.unit = 'record' without a user column"
         )

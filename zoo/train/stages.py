@@ -77,7 +77,7 @@ def load_data(recipe: Recipe, source=None) -> Task:
     preset_cfg = recipe.model_config
     start = recipe.model.init_from
     if recipe.dp.enabled:
-        check_user_task(recipe.dp, task_type(preset_cfg.task).tokenized)  # settings only
+        check_user_task(recipe.dp, recipe.data, task_type(preset_cfg.task).tokenized)  # settings only
         check_public_domain(recipe.data, preset_cfg.task, checkpoint=start)
     with warnings.catch_warnings():
         if recipe.dp.enabled:  # a notice that depends on the records is a release too
