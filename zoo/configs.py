@@ -52,6 +52,7 @@ class ByteSize(int):
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "constant")
 LAYOUTS = ("flat", "rows")
+UNITS = ("record", "user")  # what a DP run protects (dp.unit; docs/dp.md "What is guaranteed")
 DEFAULT_NOISE_PRNG = "philox4x32"  # the JAX PRNG that draws DP noise (zoo.dp.noise.NOISE_PRNGS)
 
 
@@ -90,9 +91,13 @@ class DataConfig:
     vocabulary: str | None = None
     image_max: float | None = None
     dp_pca: int | None = None
+    # The column naming each record's user (dp.unit = "user"): read as text, never a feature.
+    user_column: str | None = None
 
     def __post_init__(self) -> None:
         require_choice("data.layout", self.layout, LAYOUTS)
+        if self.user_column is not None and not (isinstance(self.user_column, str) and self.user_column):
+            raise ZooError(f"data.user_column must be a column name; got {self.user_column!r}")
         if self.image_max is not None:
             require_number("data.image_max", self.image_max, positive=True, finite=True, error=ZooError)
         if self.dp_pca is not None:
@@ -266,6 +271,15 @@ class DPConfig:
     # state. An int makes the run repeatable, and the noise only as secret as that int.
     noise_seed: int | None = None
     pca_epsilon: float | None = None  # with data.dp_pca: what the projection alone spends, at delta
+    # The privacy unit: a record, or a user (all the records of one data.user_column value).
+    # Under "user", expected_batch_size counts users, and a drawn user contributes at most
+    # records_per_user of its records (zoo.dp.users).
+    unit: str = "record"
+    records_per_user: int = 4
+
+    def __post_init__(self) -> None:
+        require_choice("dp.unit", self.unit, UNITS)
+        require_positive_int("dp.records_per_user", self.records_per_user, error=ZooError)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from zoo.configs import (
     TrainConfig,
 )
 from zoo.dp import check_choices, check_pca
+from zoo.dp.validate import check_unit
 from zoo.errors import ZooError, choice_error
 from zoo.models.registry import check_backend, get_config
 from zoo.remat import parse_bytes
@@ -53,6 +54,7 @@ class Recipe:
     def __post_init__(self) -> None:
         check_choices(self.dp)  # clipping and sampler name rows of zoo.dp's tables
         check_pca(self.dp, self.data.dp_pca)  # dp.pca_epsilon exactly with data.dp_pca
+        check_unit(self.dp, self.data)  # dp.unit = "user" only where the settings give users
 
     @property
     def model_config(self):

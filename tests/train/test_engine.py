@@ -13,6 +13,7 @@ import pytest
 
 import zoo
 from tests.conftest import labels_for, random_params
+from tests.numerics import assert_close
 from zoo import lora
 from zoo.bench.common import memory_stats, train_step
 from zoo.configs import LoraConfig
@@ -218,3 +219,39 @@ def test_bf16_temp_bytes_over_float32(policy):
         lowered = step.lower(params, jax.eval_shape(optimizer.init, params), x, zoo.example_labels(cfg, x))
         temp[precision] = memory_stats(lowered.compile())["temp_size_in_bytes"]
     assert temp["bfloat16"] <= TEMP_RATIO_AT_MOST[policy] * temp["float32"], temp
+
+
+# -- dp.unit = "user": each user's mean gradient clipped as one unit ---------------------------
+@pytest.mark.numerics
+@pytest.mark.parametrize("cfg", [MLP, TRANSFORMER], ids=["mlp", "transformer"])
+def test_a_user_level_step_clips_each_users_mean_gradient(cfg):
+    """The engine under a plan with ``records_per_user`` (the step's rows as [users, k] slots)
+    against plain ``jax.grad`` of each user's mean loss over its filled records alone, clipped
+    and summed in float64 NumPy. An engine that clips rows, not users, fails it."""
+    from zoo.dp.users import group_users
+
+    k, users, clip = 3, 4, 0.5
+    plan = dataclasses.replace(fixed_batch_plan(users, clip_norm=clip, clipping="vmap"), records_per_user=k)
+    params = random_params(cfg, 1)
+    freeze = resolve_freeze(params, ())
+    engine = make_engine(cfg, "nnx", freeze, optax.sgd(0.1), dp=plan)
+    state, frozen = engine.init_state(params, 0, jax.random.key(3))
+    batch = batch_of(cfg, users * k)
+    mask = np.ones(users * k, np.float32)
+    mask[[1, 2, 5, 9, 10, 11]] = 0.0  # users of 1, 2, 3 records and a padding user
+    batch["mask"] = jnp.asarray(mask)
+    summed, _, _ = engine.clipped_sum(state, frozen, group_users(batch, k))
+    expected = jax.tree.map(lambda p: np.zeros(p.shape, np.float64), state.params)
+    for user in range(users):
+        rows = np.flatnonzero(mask[user * k : (user + 1) * k]) + user * k
+        if not len(rows):
+            continue
+
+        def mean_loss(trainable, rows=rows):
+            return engine.example_losses(trainable, frozen, batch["x"][rows], batch["y"][rows])[0].mean()
+
+        grad = jax.tree.map(lambda g: np.asarray(g, np.float64), jax.grad(mean_loss)(state.params))
+        norm = np.sqrt(sum(float((g**2).sum()) for g in jax.tree.leaves(grad)))
+        scale = min(1.0, clip / norm)
+        expected = jax.tree.map(lambda e, g, s=scale: e + s * g, expected, grad)
+    assert_close(jax.tree.map(np.asarray, summed), expected, n=64, what=cfg.kind)

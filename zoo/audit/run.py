@@ -85,6 +85,11 @@ def check_request(recipe: Recipe, num_canaries: int, mode: str, confidence: floa
         )
     if no_noise and not recipe.dp.enabled:
         raise ZooError(f"--no-noise turns off the noise of a DP recipe; {recipe.name!r} is not DP")
+    if recipe.dp.enabled and recipe.dp.unit != "record":
+        raise ZooError(
+            f"zoo audit plants canary records; dp.unit = {recipe.dp.unit!r} has no audit yet (its "
+            "canaries would be users holding dp.records_per_user records each): audit dp.unit = 'record'"
+        )
 
 
 def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = False) -> AuditPlan:

@@ -264,6 +264,8 @@ class Dataset:
     tokenizer: CharTokenizer | None = None
     store: object | None = None  # the zoo.data.tokens.TokenStore the lm splits are mapped from
     notice: str | None = None  # one line a run says about its data when it starts (Source.notice)
+    # classify under data.user_column: each training row's user, int32 [N] in 0..U-1 (zoo.data.users)
+    users_train: np.ndarray | None = None
 
     @classmethod
     def from_store(cls, name: str, store) -> Dataset:
@@ -280,9 +282,11 @@ class Dataset:
         )
 
     def __post_init__(self) -> None:
-        for field in ("x_train", "y_train", "x_eval", "y_eval"):
+        for field in ("x_train", "y_train", "x_eval", "y_eval", "users_train"):
             object.__setattr__(self, field, _frozen(getattr(self, field)))
         self.task_type.check(self)
+        if self.users_train is not None and self.users_train.shape != (self.num_train,):
+            raise DatasetError(f"users_train must be [{self.num_train}], one user per training row")
 
     @property
     def task_type(self) -> TaskType:

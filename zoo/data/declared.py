@@ -31,6 +31,7 @@ from zoo.data.arrays import image_scale, require_column, split_indices
 from zoo.data.dataset import Dataset
 from zoo.data.errors import DatasetError
 from zoo.data.table import Source
+from zoo.data.users import dense_ids, split_users, user_values
 
 _UNMATCHED = -1
 
@@ -117,8 +118,11 @@ def declared_features(
 def _rows(
     ds, spec, src: Source, classes, image_max
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple | None]:
-    """``(x, y, keep, shape)`` of every row; ``keep`` marks the rows the rules keep."""
+    """``(x, y, keep, shape)`` of every row; ``keep`` marks the rows the rules keep. The user
+    column (``src.user_column``) names the user, and is not a feature."""
     y = declared_labels(ds, spec, src.label_column, classes)
+    if src.user_column is not None and src.user_column in ds.column_names:
+        ds = ds.remove_columns([src.user_column])
     x, shape = declared_features(
         ds, source=spec, image_column=src.image_column, label_column=src.label_column, image_max=image_max
     )
@@ -138,8 +142,16 @@ def classify_declared(
         raise DatasetError(
             f"{spec!r} under DP: list the classes (data.classes); they are not read off the labels"
         )
+    users = None if src.user_column is None else user_values(src.rows, spec, src.user_column)
     x, y, keep, shape = _rows(src.rows, spec, src, tuple(classes), image_max)
-    if src.eval_rows is None:  # split the rows first: a dropped row moves no other row
+    users_train = None
+    if users is not None:  # whole users held out (zoo.data.users); a row with no user is dropped
+        if src.eval_rows is not None:
+            raise DatasetError(f"{spec!r} has its own eval split: users cannot be held out of it")
+        train, held, owner = split_users(users, eval_fraction, seed, spec)
+        parts = [(x[i][keep[i]], y[i][keep[i]]) for i in (train, held)]
+        users_train = dense_ids(owner[train][keep[train]])
+    elif src.eval_rows is None:  # split the rows first: a dropped row moves no other row
         train, held = split_indices(len(y), eval_fraction, seed, spec)
         parts = [(x[i][keep[i]], y[i][keep[i]]) for i in (train, held)]
     else:
@@ -155,4 +167,5 @@ def classify_declared(
         y_eval=y_eval,
         num_classes=len(classes),
         feature_shape=shape,
+        users_train=users_train,
     )

@@ -138,6 +138,7 @@ def load_dataset(
     tokenizer: CharTokenizer | None = None,
     image_max: float | None = None,
     private: bool = False,
+    user_column: str | None = None,
 ) -> Dataset:
     """Load ``spec`` (a form of :func:`zoo.data.table.dataset_kinds`) for ``task`` ("classify" or "lm").
 
@@ -145,7 +146,8 @@ def load_dataset(
     ``classes`` keeps only those original labels and renumbers them 0..len(classes)-1 in order.
     ``image_max`` divides images (default: their format's range). ``private`` (a DP run):
     nothing that sets the model's shape, the printed text or whether the load succeeds is read
-    off the records (:mod:`zoo.data.declared`).
+    off the records (:mod:`zoo.data.declared`). ``user_column`` (a DP classifier's csv): the
+    column naming each row's user; the eval split holds out whole users (:mod:`zoo.data.users`).
     lm: the text is joined, tokenized per character (``tokenizer`` if given, else one fitted on the
     whole text) and the last ``eval_fraction`` of the tokens is the eval split (``seed`` is unused).
     """
@@ -157,7 +159,7 @@ def load_dataset(
     if task not in form.tasks:
         only = form.tasks[0] if len(form.tasks) == 1 else form.tasks
         raise DatasetError(f"{spec!r} supports only task={only!r}, not {task!r}")
-    src = form.read(spec, rest, Columns(text_column, image_column, label_column, private))
+    src = form.read(spec, rest, Columns(text_column, image_column, label_column, private, user_column))
     if isinstance(src, TokenSource):  # ids on disk, read by index (zoo.data.tokens)
         store = src.open(tokenizer, eval_fraction)
         return Dataset.from_store(spec, private_rule(store) if private else store)

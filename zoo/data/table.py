@@ -38,6 +38,7 @@ class Columns:
     image: str = "image"
     label: str = "label"
     private: bool = False  # a DP run: a CSV's records are read by one rule (zoo.data.records)
+    user: str | None = None  # data.user_column: the column naming each record's user
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Source:
     separator: str = ROW_SEPARATOR
     eval_rows: datasets.Dataset | None = None  # an official test split: eval there, not on a slice of rows
     notice: str | None = None  # the line a run says about these rows (text: is tokenized in memory)
+    user_column: str | None = None  # the column naming each row's user (zoo.data.users)
 
 
 Reader = Callable[[str, str, Columns], Source]  # (the whole spec, the part after "SCHEME:", columns)
@@ -69,6 +71,7 @@ class DatasetForm:
     # (spec, rest, text_column, piece_chars) -> zoo.data.tokens.documents.DocumentStream: how
     # zoo tokenize streams its documents; None: not a text source to tokenize
     documents: Callable | None = None
+    users: bool = False  # a DP classifier's rows name their user (data.user_column, zoo.data.users)
 
     @property
     def is_scheme(self) -> bool:

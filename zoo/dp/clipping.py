@@ -85,6 +85,9 @@ class ClippingMethod:
     clip: ClipFn
     uses_microbatch: Callable[[Any], bool] = lambda cfg: True
     bench_label: str | None = None
+    # Clips a user's mean gradient as one unit (dp.unit = "user": the loss of one example is
+    # then the mean over a user's record slots, zoo.dp.users).
+    clips_users: bool = False
     bench_microbatch_label: str | None = None
 
     @property
@@ -330,5 +333,6 @@ register_clipping(
         _vmap_clip,
         bench_label="zoo vmap",
         bench_microbatch_label="zoo microbatch",
+        clips_users=True,
     )
 )

@@ -17,6 +17,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from zoo.checks import require_int, require_number, require_positive_int
 from zoo.configs import DPConfig
 from zoo.dp.accounting import (
@@ -27,6 +29,7 @@ from zoo.dp.accounting import (
     truncation_budget,
 )
 from zoo.dp.sampling import PoissonSampler, make_sampler
+from zoo.dp.users import UserSampler
 from zoo.parallel.layout import Layout
 
 __all__ = ["DPPlan", "fixed_batch_plan", "make_plan"]
@@ -56,6 +59,9 @@ class DPPlan:
     truncation_prob: float | None = None  # per-step bound the padding is sized for
     # The DP-PCA's Gaussian release before the first step (zoo.dp.pca; data.dp_pca), or None.
     pca_noise_multiplier: float | None = None
+    # dp.unit = "user": the record slots of a user (the batch is [users, k]; zoo.dp.users).
+    # None: the unit is a record.
+    records_per_user: int | None = None
 
     def epsilon_at(self, steps: int) -> float:
         """Epsilon spent after ``steps`` steps at the plan's ``delta`` (before the first: 0, or
@@ -75,7 +81,7 @@ class DPPlan:
         """The ``(epsilon, delta)`` guaranteed after ``steps`` steps, the Poisson truncation
         included (:func:`zoo.dp.accounting.guaranteed_privacy`; with DP-PCA, each part too)."""
         return guaranteed_privacy(
-            self.sampler,
+            self.sampler.units,
             noise_multiplier=self.noise_multiplier,
             delta=self.delta,
             steps=steps,
@@ -93,6 +99,7 @@ def make_plan(
     seed: int,
     canaries: int = 0,
     canary_rows: bool = False,
+    users: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> DPPlan:
     """The plan of an enabled ``[dp]`` section for ``num_records`` private records, ``steps``
     planned steps and the run's ``layout``; the sampler draws with ``seed``.
@@ -107,7 +114,16 @@ def make_plan(
     (a multiple of their lcm), and is sized so that truncating a draw adds at most
     ``delta / 1000`` to delta (docs/dp.md, "Fixed shapes"). Padding only adds masked rows:
     the sample, the clipped sum and the accounting stay.
+
+    Under ``dp.unit = "user"``, ``users`` (``(offsets, rows)``, :func:`zoo.data.users.group_rows`)
+    groups the records by user: the unit counted, sampled and padded is a user
+    (:class:`zoo.dp.users.UserSampler`), and ``num_records`` is unused.
     """
+    if dp.unit == "user":
+        by_user = dataclasses.replace(dp, unit="record")  # the same plan, over users as records
+        return _user_plan(
+            make_plan(by_user, _user_count(users, canaries), steps, layout, seed=seed), dp, users
+        )
     require_positive_int("num_records", num_records)
     canaries = require_int("canaries", canaries, lo=0, what="an int >= 0")
     accounted = num_records + canaries // 2
@@ -140,6 +156,22 @@ def make_plan(
         truncation_prob=truncation,
         pca_noise_multiplier=pca,
     )
+
+
+def _user_count(users, canaries: int) -> int:
+    """The number of users, the records a user-level plan is made over."""
+    if users is None:
+        raise ValueError("dp.unit = 'user' needs the records grouped by user (data.user_column)")
+    if canaries:
+        raise ValueError("zoo audit does not plant canary users yet: dp.unit = 'user' has no audit")
+    return len(users[0]) - 1
+
+
+def _user_plan(plan: DPPlan, dp: DPConfig, users) -> DPPlan:
+    """``plan`` (made over users) drawing each user's records: at most ``dp.records_per_user``."""
+    offsets, rows = users
+    sampler = UserSampler(plan.sampler, dp.records_per_user, offsets, rows)
+    return dataclasses.replace(plan, sampler=sampler, records_per_user=dp.records_per_user)
 
 
 def pca_noise_multiplier(dp: DPConfig) -> float | None:

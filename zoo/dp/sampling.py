@@ -95,6 +95,12 @@ class PoissonSampler:
     def expected_batch_size(self) -> float:
         return self.num_examples * self.sampling_prob
 
+    @property
+    def units(self) -> PoissonSampler:
+        """The sampler of the privacy units, whose truncation the accounting bounds: itself
+        (a record is the unit; :class:`zoo.dp.users.UserSampler`'s are its users)."""
+        return self
+
     @classmethod
     def for_expected_batch(
         cls,

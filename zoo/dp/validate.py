@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 
 from zoo.checks import is_int, is_number
-from zoo.configs import DPConfig
-from zoo.dp.clipping import clipping_method
+from zoo.configs import DataConfig, DPConfig
+from zoo.dp.clipping import CLIPPING, clipping_method
 from zoo.dp.noise import NOISE_PRNGS
 from zoo.dp.sampling import SAMPLERS
 from zoo.errors import ZooError, choice_error
 
-__all__ = ["ACCOUNTANTS", "check_choices", "check_pca", "validate"]
+__all__ = ["ACCOUNTANTS", "check_choices", "check_pca", "check_unit", "check_user_task", "validate"]
 
 ACCOUNTANTS = ("pld", "rdp")
 
@@ -120,4 +120,55 @@ def check_pca(cfg: DPConfig, dp_pca: int | None) -> None:
         raise ZooError(
             f"dp.pca_epsilon = {eps!r} must be below dp.epsilon = {cfg.epsilon!r}: it is the "
             "projection's share of the run's budget, and DP-SGD needs the rest"
+        )
+
+
+def check_unit(cfg: DPConfig, data: DataConfig) -> None:
+    """The privacy unit against the settings that must give it, from settings only (never from
+    the data, so the refusal releases nothing): ``data.user_column`` is read only by a DP run,
+    from a dataset form that reads users (:class:`zoo.data.table.DatasetForm`'s ``users``);
+    ``dp.unit = "user"`` needs a ``data.user_column`` and a clipping method that clips a user
+    as one unit."""
+    if data.user_column is not None:
+        if not cfg.enabled:
+            raise ZooError(
+                f"data.user_column = {data.user_column!r} is read only under DP for now (dp.enabled = "
+                "true, with dp.unit = 'user' to protect users); unset it to train without DP"
+            )
+        _check_form_gives_users(data)
+    if cfg.unit != "user" or not cfg.enabled:
+        return
+    if data.user_column is None:
+        raise ZooError(
+            "dp.unit = 'user' needs the column that names each record's user: set data.user_column "
+            "(or dp.unit = 'record' to protect single records)"
+        )
+    method = clipping_method(cfg.clipping)
+    if not method.clips_users:
+        able = ", ".join(name for name, m in CLIPPING.items() if m.clips_users)
+        raise ZooError(
+            f"dp.clipping = {cfg.clipping!r} under dp.unit = 'user' is not supported yet; the "
+            f"clipping methods that clip a user as one unit: {able}"
+        )
+
+
+def _check_form_gives_users(data: DataConfig) -> None:
+    from zoo.data.table import forms, lookup
+
+    form, _ = lookup(data.dataset.strip())
+    if not form.users:
+        readers = ", ".join(f.usage for f in forms() if f.users)
+        raise ZooError(
+            f"data.user_column = {data.user_column!r}: {data.dataset!r} cannot give users yet; users "
+            f"are read from {readers}"
+        )
+
+
+def check_user_task(cfg: DPConfig, data: DataConfig, tokenized: bool) -> None:
+    """Users for a model's task: read for classifiers only so far (a language model's windows
+    carry no user yet). Settings only, before any data is read."""
+    if cfg.enabled and tokenized and (cfg.unit == "user" or data.user_column is not None):
+        raise ZooError(
+            "users (data.user_column, dp.unit = 'user') are not supported for language models yet "
+            "(their windows carry no user); use a classifier, or dp.unit = 'record' without a user column"
         )

@@ -18,6 +18,7 @@ from zoo.api import apply_fn
 from zoo.dp import ClipModel, clipping_method, privatize
 from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform, ClipRequest
 from zoo.dp.plan import DPPlan
+from zoo.dp.users import group_users, user_loss
 from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
 from zoo.models.registry import ModelConfig
@@ -83,6 +84,10 @@ class Engine:
         def one_example(trainable, frozen, x, y):
             return self.example_losses(trainable, frozen, x[None], y[None])[0][0]
 
+        if self.dp.records_per_user:  # dp.unit = "user": one "example" is a user's [k] slots
+            one_example = user_loss(
+                lambda trainable, frozen, x, y: self.example_losses(trainable, frozen, x, y)[0]
+            )
         return ClipModel(self.cfg, self.backend, self.stack, self.freeze, one_example, self.precision)
 
     def noise_key(self, state: TrainState) -> jax.Array:
@@ -102,6 +107,8 @@ class Engine:
 
     def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
         """``(loss, noisy mean gradient, report)`` of the DP step."""
+        if self.dp.records_per_user:  # dp.unit = "user": the rows as [users, k] slots
+            batch = group_users(batch, self.dp.records_per_user)
         # The logged loss comes from the clipping pass itself: no extra forward over the batch.
         grad_sum, _, losses = self.clipped_sum(state, frozen, batch)
         loss = masked_mean(losses, batch["mask"])

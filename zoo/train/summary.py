@@ -31,10 +31,14 @@ def task_metrics(task: Task, metrics: dict) -> dict:
 GROUP_PRIVACY = "a document or person spanning k units: about k x epsilon (docs/dp.md#what-is-guaranteed)"
 
 
-def privacy_unit(task: Task) -> dict:
+def privacy_unit(task: Task, plan=None) -> dict:
     """What a DP run protects: one unit (a row, or one ``seq_len``-token window of an LM's
     train split), the number of them (``N``, public: the sampling rate publishes it), and
-    where group privacy over several units is explained."""
+    where group privacy over several units is explained. Under ``dp.unit = "user"`` (the
+    ``plan`` says): a user, the number of users and the records a user gives a step."""
+    if plan is not None and plan.records_per_user:
+        users = plan.sampler.num_examples
+        return {"privacy_unit": "user", "privacy_units": users, "records_per_user": plan.records_per_user}
     unit = f"window of {task.seq_len} tokens" if task.type.tokenized else "row"
     return {"privacy_unit": unit, "privacy_units": task.num_train, "group_privacy": GROUP_PRIVACY}
 
@@ -95,7 +99,7 @@ def summarize(
     if run.dp:
         summary.update(
             **privacy_at(run, steps),
-            **privacy_unit(run.task),
+            **privacy_unit(run.task, run.dp),
             noise_multiplier=run.dp.noise_multiplier,
             sampling_prob=run.dp.sampler.sampling_prob,
             clip_norm=run.dp.clip_norm,

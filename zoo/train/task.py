@@ -15,6 +15,7 @@ from zoo.configs import DataConfig
 from zoo.data import CharTokenizer, Dataset, eval_batches, load_dataset, sample_batch
 from zoo.data.dataset import TaskType, eval_chars, task_type
 from zoo.data.public import declared_tokenizer
+from zoo.data.users import group_rows
 from zoo.errors import ZooError
 from zoo.models.registry import DataFit, ModelConfig, get_config
 
@@ -39,6 +40,12 @@ class Task:
     def num_train(self) -> int:
         """Examples for Poisson sampling: rows, or non-overlapping LM windows."""
         return self.type.num_records(self.data, self.seq_len)
+
+    def user_groups(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(offsets, rows)`` of the training records by user (``data.user_column``;
+        :func:`zoo.data.users.group_rows`), or None when the rows name no users."""
+        users = self.data.users_train
+        return None if users is None else group_rows(users)
 
     def shape_x(self, x: np.ndarray) -> np.ndarray:
         return x.reshape(x.shape[0], *self.row_shape) if self.row_shape else x
@@ -99,6 +106,7 @@ def load_task(
         tokenizer=declared_tokenizer(data.vocabulary, tokenizer) if task_type(task).tokenized else tokenizer,
         image_max=data.image_max,
         private=private,
+        user_column=data.user_column,
     )
     seq_len = dataset.task_type.seq_len(data.seq_len or max_len)
     if seq_len is not None:

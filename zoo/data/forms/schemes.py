@@ -56,7 +56,8 @@ def read_table(spec: str, rest: str, columns: Columns) -> Source:
     if builder == "csv" and columns.private:  # one rule for every record, malformed or not
         from zoo.data.records import read_csv_records
 
-        return Source(read_csv_records(spec, paths[0]), columns.text, columns.image, columns.label)
+        rows = read_csv_records(spec, paths[0])
+        return Source(rows, columns.text, columns.image, columns.label, user_column=columns.user)
     return Source(
         train_rows(load_local(spec, builder, paths), spec), columns.text, columns.image, columns.label
     )
@@ -83,8 +84,9 @@ def _scheme(
     description: str,
     offline: bool = True,
     documents=None,
+    users: bool = False,
 ):
-    register_form(DatasetForm(name, usage, tasks, read, description, offline, documents))
+    register_form(DatasetForm(name, usage, tasks, read, description, offline, documents, users))
 
 
 def _documents(name: str):
@@ -115,7 +117,7 @@ _scheme(
     "local text files; {stdlib} is the standard library",
     documents=_documents("text_documents"),
 )
-_scheme("csv", "csv:PATH", BOTH, read_table, "a local CSV table with named columns")
+_scheme("csv", "csv:PATH", BOTH, read_table, "a local CSV table with named columns", users=True)
 _scheme(
     "parquet",
     "parquet:PATH",

@@ -1,0 +1,111 @@
+"""dp.unit = "user" from the command line (zoo.dp.users, zoo.data.users): a DP run on a CSV with
+a user column protects users. Removing one user with all of its records leaves every shape,
+message, summary field and exit status equal (only the weights, the eval figures and the DP
+figures that follow the public number of users may differ); settings that cannot give users
+are refused in one line, before any data is read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.e2e.clikit import refused
+from tests.e2e.test_dp_neighbours import MLP, outcome
+from zoo.data.arrays import split_indices
+from zoo.dp import plan as dp_plan
+
+pytestmark = pytest.mark.xdist_group("dp-neighbours")
+
+K = 3
+
+
+def _largest_training_user(records_of: list[int]) -> int:
+    """A user in the training split (the eval split holds out 20% of the users, by their
+    names: zoo.data.users), made the one with the most records."""
+    names = sorted(f"person-{u}" for u in range(len(records_of)))
+    held = {names[i] for i in split_indices(len(names), 0.2, 0, "users")[1]}
+    return next(u for u in range(len(records_of)) if f"person-{u}" not in held)
+
+
+RECORDS_OF = [1, 2, 1, 1, 3, 2, 1, 4, 2, 1] * 4  # 40 users, skewed
+LARGEST = _largest_training_user(RECORDS_OF)
+RECORDS_OF[LARGEST] = 7  # above k = 3: subsampled, silently
+USERS = ["--set", "data.user_column=user", "--set", "data.classes=[0, 1, 2]", "--set", "dp.unit=user"]
+USERS += ["--set", "dp.clipping=vmap", "--set", f"dp.records_per_user={K}"]
+USERS += ["--set", "dp.expected_batch_size=8", "--set", "dp.delta=1e-3"]
+
+
+def users_table(skip: int | None = None) -> str:
+    """``user,a,b,label`` rows, user ``u`` with ``RECORDS_OF[u]`` records; ``skip``: a user left out."""
+    rng = np.random.default_rng(0)
+    lines = ["user,a,b,label"]
+    for user, count in enumerate(RECORDS_OF):
+        for _ in range(count):
+            a, b = rng.normal(size=2)
+            if user != skip:
+                lines.append(f"person-{user},{a:.3f},{b:.3f},{(user + int(a > 0)) % 3}")
+    return "\n".join(lines) + "\n"
+
+
+def neighbour_users(capsys, tmp_path) -> tuple[dict, dict]:
+    seen = []
+    for i, text in enumerate((users_table(), users_table(skip=LARGEST))):
+        path = tmp_path / "data.csv"  # the same path for both: the spec is public
+        path.write_text(text)
+        seen.append(outcome(capsys, tmp_path, f"run{i}", [*MLP, *USERS, "--dataset", f"csv:{path}"]))
+    return seen[0], seen[1]
+
+
+def test_removing_a_user_with_all_its_records_changes_nothing_released(capsys, tmp_path):
+    a, b = neighbour_users(capsys, tmp_path)
+    assert a["code"] == 0, a["printed"][-3:]
+    assert a == b
+    assert a["summary"]["privacy_unit"] == "user" and a["summary"]["records_per_user"] == K
+
+
+def test_a_cap_read_off_the_largest_user_tells_the_neighbours_apart(capsys, tmp_path, monkeypatch):
+    """Planted: k taken from how many records the largest user has (not dp.records_per_user)
+    shows in the released summary, and the comparison above catches it."""
+    made = dp_plan._user_plan
+
+    def cap_from_the_data(plan, dp, users):
+        offsets, _ = users
+        largest = int(np.diff(offsets).max())
+        return made(plan, dp.__class__(**{**dp.__dict__, "records_per_user": largest}), users)
+
+    monkeypatch.setattr(dp_plan, "_user_plan", cap_from_the_data)
+    a, b = neighbour_users(capsys, tmp_path)
+    assert a["code"] == b["code"] == 0
+    assert a != b
+
+
+@pytest.mark.parametrize(
+    ("sets", "fragments"),
+    [
+        (["--set", "dp.unit=user"], ("dp.unit = 'user' needs", "data.user_column")),
+        (["--set", "data.user_column=user", "--set", "dp.unit=user"], ("dp.clipping = 'ghost'", "vmap")),
+        (["--set", "dp.unit=users"], ("dp.unit", "'users'", "record, user")),
+        (["--set", "dp.records_per_user=0"], ("dp.records_per_user", "0")),
+        (["--set", "data.user_column=user", "--set", "dp.enabled=false"], ("only under DP",)),
+    ],
+)
+def test_settings_that_cannot_give_users_are_refused_before_the_data_is_read(capsys, sets, fragments):
+    """The CSV does not exist: each refusal comes from the settings, not from reading it."""
+    argv = ["train", "digits-mlp-dp", "--steps", "1", "--dataset", "csv:/nonexistent/users.csv", *sets]
+    refused(capsys, argv, *fragments)
+
+
+@pytest.mark.parametrize("unit", ["user", "record"])
+def test_a_form_without_users_and_a_language_model_are_refused(capsys, unit):
+    """A user column is never ignored: where it cannot be read, it is refused under either unit."""
+    sets = ["--set", "data.user_column=user", "--set", f"dp.unit={unit}", "--set", "dp.clipping=vmap"]
+    digits = ["train", "digits-mlp-dp", "--steps", "1", *sets]
+    refused(capsys, digits, "'digits' cannot give users", "csv:PATH")
+    lm = ["train", "python-docs-lm-dp", "--steps", "1", "--dataset", "csv:/nonexistent/users.csv", *sets]
+    refused(capsys, lm, "not supported for language models")
+
+
+def test_an_audit_of_users_is_refused_until_it_plants_canary_users(capsys):
+    sets = ["--set", "data.user_column=user", "--set", "dp.unit=user", "--set", "dp.clipping=vmap"]
+    argv = ["audit", "digits-mlp-dp", "--steps", "1", "--dataset", "csv:/nonexistent/users.csv", *sets]
+    refused(capsys, argv, "zoo audit plants canary records", "dp.unit = 'user'")
