@@ -68,3 +68,19 @@ def test_a_run_built_with_a_root_draws_that_roots_batches():
     assert again.dp.sampler == first.dp.sampler and fresh.dp.sampler != first.dp.sampler
     np.testing.assert_array_equal(train_batch(again, 3)["x"], train_batch(first, 3)["x"])
     assert dataclasses.replace(fresh.dp.sampler, seed=first.dp.sampler.seed) == first.dp.sampler
+
+
+def test_many_processes_without_a_mesh_are_refused_in_one_line(monkeypatch):
+    """Without --mesh a run is placed on jax.devices()[0], process 0's: another process could
+    not read its own metrics. The refusal names the fix before anything loads."""
+    import pytest
+
+    from zoo.errors import ZooError
+
+    recipe = recipes.load_recipe("digits-mlp")
+    assert stages.start_checkpoint(recipe) is None  # one process: no mesh needed
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ZooError, match=r"over 2 processes needs a mesh .* --mesh auto"):
+        stages.start_checkpoint(recipe)
+    meshed = settings.with_values(recipe, {"mesh.data": "auto"})
+    assert stages.start_checkpoint(meshed) is None

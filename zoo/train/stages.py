@@ -60,6 +60,12 @@ def start_checkpoint(recipe: Recipe):
     The LoRA section and the mesh are checked first: a bad one fails before anything loads."""
     lora.check_section(recipe.lora, recipe.freeze, recipe.model.init_from)
     mesh = spec_from_section(recipe.mesh)
+    if mesh.is_single and jax.process_count() > 1:  # one device would be process 0's alone
+        raise ZooError(
+            f"a run over {jax.process_count()} processes needs a mesh over their "
+            f"{jax.device_count()} devices: pass --mesh auto (every device on data) or a spec "
+            "such as --mesh data=2,fsdp=4 (sizes multiply to the device count)"
+        )
     mesh.resolve(1 if mesh.is_single else jax.device_count())
     start = recipe.model.init_from
     if not start:
