@@ -62,6 +62,11 @@ def params_of(cfg):
             value = 0.1 * rng.standard_normal(shape)
         elif path == "pos.w" or (path == "embed.w" and not getattr(cfg, "d_in", 1)):
             value = 0.3 * rng.standard_normal(shape)  # embedding tables
+        elif path.endswith("lora_b.w"):
+            # The adapter's update (alpha / rank) A B sized like one dense layer's weights, not
+            # alpha / rank times that: at 5x the base layer, llama's attention logits saturate
+            # and the float32 norms of *either* path miss float64's by 5.6x the float rule.
+            value = rng.standard_normal(shape) * shape[-2] ** -0.5 * cfg.lora.rank / cfg.lora.alpha
         else:
             value = rng.standard_normal(shape) * shape[-2] ** -0.5  # dense [in, out]
         node = out
@@ -286,21 +291,7 @@ def test_frozen_rows_that_are_not_a_prefix_second_backward():
     assert ours["blocks"]["mlp"]["up"]["w"].shape[0] == 1 and "ln_f" not in ours
 
 
-# Open finding (2026-12-05): on an Intel Xeon (avx512) host, llama's ghost norm of one example
-# is 1559.7468 against vmap's 1559.5302 (1.4e-4 relative, 4x the float rule) when XLA's Eigen
-# matmuls run multi-threaded; with --xla_cpu_multi_thread_eigen=false ghost gives 1559.5303
-# and the test passes, and on the AMD EPYC host it passed. Vmap does not move: the ghost form's
-# sum over token pairs is sensitive to summation order here. Not a pass: kept visible as an
-# expected failure (non-strict: it passes where the order is benign) until the norm is made
-# robust or the rule's scale is derived for the pair sum.
-_ORDER_SENSITIVE = pytest.mark.xfail(
-    raises=AssertionError, strict=False, reason="ghost norm order-sensitive on multi-threaded Eigen"
-)
-
-
-@pytest.mark.parametrize(
-    "kind", [pytest.param(k, marks=_ORDER_SENSITIVE) if k == "llama" else k for k in KINDS]
-)
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_lora_adapters_on_a_frozen_base(kind):
     # DP-LoRA: each adapter half is a dense op, so its ghost norm is the dense rule's; the base
     # is frozen (only adapters, and in one layer only, are differentiated on the transformer).
