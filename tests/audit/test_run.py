@@ -216,6 +216,9 @@ def test_blackbox_canaries_look_like_the_task_examples():
         (["--confidence", "1.0"], "--confidence must be in (0, 1)"),
         (["--confidence", "0"], "--confidence must be in (0, 1)"),
         (["--mode", "grey"], "unknown mode 'grey'. Valid: blackbox, whitebox"),
+        (["--unit", "person"], "unknown --unit 'person'. Valid: record, user"),
+        (["--unit", "user"], "needs the column that names each record's user"),
+        (["--unit", "user", "--set", "dp.enabled=false", "--mode", "blackbox"], "'digits-mlp-dp' is not DP"),
     ],
 )
 def test_bad_values_are_refused_in_one_line(argv, message, capsys):
@@ -314,3 +317,88 @@ def test_the_audit_check_catches_a_projection_fitted_without_noise(monkeypatch):
     monkeypatch.setattr(audit_run, "build_run", audited_build)
     with pytest.raises(AssertionError):
         check_audit_builds_the_training_run(recipe, 100)
+
+
+# --- dp.unit = "user": each canary is a user holding dp.records_per_user records ----------
+
+K = 3
+
+
+def users_recipe(tmp_path, **values):
+    """digits-mlp-dp's model on a CSV of 150 users with 1 to 9 records each, users declared by
+    a column, under dp.unit = "user" with k = 3 (users above 3 records are subsampled)."""
+    rng = np.random.default_rng(0)
+    lines = ["user,a,b,label"]
+    for user in range(150):
+        for _ in range(1 + user % 9):
+            a, b = rng.normal(size=2)
+            lines.append(f"u{user},{a:.3f},{b:.3f},{int(a + b > 0)}")
+    path = tmp_path / "users.csv"
+    path.write_text("\n".join(lines) + "\n")
+    sets = {
+        "data.dataset": f"csv:{path}",
+        "data.user_column": "user",
+        "data.classes": [0, 1],
+        "dp.unit": "user",
+        "dp.clipping": "vmap",
+        "dp.records_per_user": K,
+        "dp.expected_batch_size": 16,
+        "model.d_hidden": 8,
+        "train.steps": 30,
+    }
+    return dp_recipe(**{**sets, **values})
+
+
+def test_canary_users_are_drawn_as_users_and_fill_k_slots(tmp_path):
+    """A black-box canary user is k canary records in one user's k consecutive slots, drawn at
+    the users' rate q = E / (N_users + M/2); the real users keep the sampler's slot mask. A
+    canary of one record (k = 1) or a q over records fails."""
+    recipe = users_recipe(tmp_path)
+    plan = plan_audit(recipe, 40, "blackbox")
+    assert plan.records_per_canary == K
+    n_users = plan.sampler.num_examples
+    assert n_users < plan.num_real  # users, not records
+    assert plan.sampler.sampling_prob == pytest.approx(recipe.dp.expected_batch_size / (n_users + 20))
+    batches = Batches(plan)
+    assert batches.examples["x"].shape[0] == 40 * K
+    seen = 0
+    for step in range(plan.steps):
+        batch, sampled = batches.at(step)
+        indices, mask, realised = plan.sampler.batch_indices(step)
+        used = realised * K
+        np.testing.assert_array_equal(batch["mask"][:used], mask[:used])
+        drawn = np.flatnonzero(sampled)
+        assert plan.included[drawn].all()
+        for i, j in enumerate(drawn):  # canary user j fills the i-th slot row after the real users
+            slots = slice(used + i * K, used + (i + 1) * K)
+            np.testing.assert_array_equal(batch["x"][slots], batches.examples["x"][j * K : (j + 1) * K])
+            np.testing.assert_array_equal(batch["mask"][slots], 1.0)
+        assert not batch["mask"][used + drawn.size * K :].any()
+        seen += drawn.size
+    assert seen > 0
+
+
+@pytest.mark.slow
+def test_a_user_level_audit_without_noise_shows_the_leak_and_with_noise_stays_below(tmp_path, capsys):
+    """``zoo audit --unit user``: canary users in the clipped sum, the bound on the user-level
+    epsilon. Without noise the canaries stand out; with the recipe's noise the bound stays at
+    or below the claimed user-level epsilon."""
+    recipe = users_recipe(tmp_path, **{"dp.unit": "record"})  # --unit user sets it back
+    path = recipe.data.dataset
+    argv = ["audit", "digits-mlp-dp", "--dataset", path, "--unit", "user", "--canaries", "300"]
+    argv += ["--steps", "100", "--json", "--no-progress", "--set", "data.user_column=user"]
+    argv += ["--set", "data.classes=[0, 1]", "--set", "dp.clipping=vmap", "--set", f"dp.records_per_user={K}"]
+    argv += ["--set", "dp.expected_batch_size=16", "--set", "model.d_hidden=8"]
+    bounds = {}
+    for noise in (False, True):
+        out = tmp_path / f"noise-{noise}"
+        assert main([*argv, "--out", str(out), *([] if noise else ["--no-noise"])]) == 0
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["unit"] == "user" and summary["records_per_canary"] == K
+        bounds[noise] = summary
+    assert bounds[False]["epsilon_claimed"] == math.inf
+    assert bounds[False]["epsilon_lower_bound"] > 2.0, bounds[False]
+    assert bounds[True]["epsilon_lower_bound"] <= bounds[True]["epsilon_claimed"], bounds[True]
+    print(
+        "user-level audit:", {k: (v["epsilon_lower_bound"], v["epsilon_claimed"]) for k, v in bounds.items()}
+    )

@@ -103,9 +103,3 @@ def test_a_form_without_users_and_a_language_model_are_refused(capsys, unit):
     refused(capsys, digits, "'digits' cannot give users", "csv:PATH")
     lm = ["train", "python-docs-lm-dp", "--steps", "1", "--dataset", "csv:/nonexistent/users.csv", *sets]
     refused(capsys, lm, "not supported for language models")
-
-
-def test_an_audit_of_users_is_refused_until_it_plants_canary_users(capsys):
-    sets = ["--set", "data.user_column=user", "--set", "dp.unit=user", "--set", "dp.clipping=vmap"]
-    argv = ["audit", "digits-mlp-dp", "--steps", "1", "--dataset", "csv:/nonexistent/users.csv", *sets]
-    refused(capsys, argv, "zoo audit plants canary records", "dp.unit = 'user'")

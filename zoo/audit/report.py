@@ -56,6 +56,7 @@ def audit(
         "recipe": recipe.name,
         "mode": mode,
         "canaries": canaries,
+        **canary_unit(plan),
         "confidence": confidence,
         "epsilon_claimed": plan.epsilon_claimed,
         **claim_parts(plan),
@@ -75,6 +76,13 @@ def audit(
         summary["plot"] = histogram(out / PLOT, scores, plan.included, summary)
     (out / RESULT).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def canary_unit(plan) -> dict:
+    """What one canary is: a record, or (``dp.unit = "user"``) a user holding
+    ``records_per_user`` records; the bound is on the epsilon of that unit."""
+    unit = plan.recipe.dp.unit if plan.recipe.dp.enabled else "record"
+    return {"unit": unit, "records_per_canary": plan.records_per_canary}
 
 
 def claim_parts(plan) -> dict:

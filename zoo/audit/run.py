@@ -62,6 +62,12 @@ class AuditPlan:
         return self.run.task.num_train
 
     @property
+    def records_per_canary(self) -> int:
+        """Under ``dp.unit = "user"`` a canary is a user holding ``dp.records_per_user``
+        records (its ``[k]`` slots); otherwise one record."""
+        return (self.engine.dp.records_per_user if self.engine.dp else None) or 1
+
+    @property
     def steps(self) -> int:
         return self.recipe.train.steps
 
@@ -83,13 +89,13 @@ def check_request(recipe: Recipe, num_canaries: int, mode: str, confidence: floa
             f"recipe {recipe.name!r} is not DP (dp.enabled = false): a white-box audit plants "
             "gradients in the DP step's clipped sum; use --mode blackbox, or a DP recipe"
         )
+    if recipe.dp.unit == "user" and not recipe.dp.enabled:
+        raise ZooError(
+            f"a user-level audit (dp.unit = 'user', --unit user) bounds a DP recipe's user-level "
+            f"epsilon; {recipe.name!r} is not DP (dp.enabled = false)"
+        )
     if no_noise and not recipe.dp.enabled:
         raise ZooError(f"--no-noise turns off the noise of a DP recipe; {recipe.name!r} is not DP")
-    if recipe.dp.enabled and recipe.dp.unit != "record":
-        raise ZooError(
-            f"zoo audit plants canary records; dp.unit = {recipe.dp.unit!r} has no audit yet (its "
-            "canaries would be users holding dp.records_per_user records each): audit dp.unit = 'record'"
-        )
 
 
 def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = False) -> AuditPlan:
@@ -152,7 +158,8 @@ class Batches:
 
     def __init__(self, plan: AuditPlan):
         self.plan = plan
-        self.examples = example_canaries(plan.run.task, plan.num_canaries, plan.recipe.train.seed)
+        self.k = plan.records_per_canary  # canary j's rows: examples[j * k : (j + 1) * k]
+        self.examples = example_canaries(plan.run.task, plan.num_canaries * self.k, plan.recipe.train.seed)
 
     def canaries_drawn(self, step: int) -> np.ndarray:
         """Bool ``[M]``: the included canaries in this step's batch."""
@@ -160,8 +167,9 @@ class Batches:
         coins = audit_rng(plan.recipe.train.seed, 3, step).random(plan.num_canaries)
         return (coins < plan.sampler.sampling_prob) & plan.included
 
-    def at(self, step: int) -> tuple[dict, np.ndarray]:
-        """``(batch, sampled)``: ``sampled`` ``[M]`` is 1 for the included canaries drawn."""
+    def _real(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """``(real indices, their mask, canaries drawn, batch rows)``: the real rows come
+        first (under users, ``[k]`` slots per drawn user, empty slots masked)."""
         plan, n = self.plan, self.plan.num_real
         if plan.sampler is None:
             rng = np.random.default_rng([plan.recipe.train.seed, step])
@@ -170,20 +178,24 @@ class Batches:
             drawn_ids = indices[indices >= n] - n
             drawn_ids = drawn_ids[plan.included[drawn_ids]]
             real = indices[indices < n]
-            mask = np.ones((size,), np.float32)
-            mask[real.size + drawn_ids.size :] = 0  # excluded canaries drawn: masked out
-        else:
-            indices, mask, realised = plan.sampler.batch_indices(step)
-            real = indices[:realised]
-            drawn_ids = np.flatnonzero(self.canaries_drawn(step))
+            # excluded canaries drawn stay masked out
+            return real, np.ones((real.size,), np.float32), drawn_ids, size
+        indices, mask, realised = plan.sampler.batch_indices(step)
+        used = realised * self.k
+        return indices[:used], mask[:used], np.flatnonzero(self.canaries_drawn(step)), mask.size
+
+    def at(self, step: int) -> tuple[dict, np.ndarray]:
+        """``(batch, sampled)``: ``sampled`` ``[M]`` is 1 for the included canaries drawn."""
+        plan, k = self.plan, self.k
+        real, real_mask, drawn_ids, size = self._real(step)
         batch = plan.run.task.examples(
-            np.concatenate([real, np.zeros(mask.size - real.size, np.int64)]), mask
+            np.concatenate([real, np.zeros(size - real.size, np.int64)]), np.ones((size,), np.float32)
         )
         batch = {key: np.array(value) for key, value in batch.items()}  # own copies, then edit
-        mask = np.zeros((mask.size,), np.float32)
-        mask[: real.size] = 1.0
+        mask = np.zeros((size,), np.float32)
+        mask[: real.size] = real_mask
         if plan.mode == "blackbox":
-            room = mask.size - real.size
+            room = (size - real.size) // k
             if drawn_ids.size > room:
                 warnings.warn(
                     f"step {step} drew {drawn_ids.size} canaries with room for {room}; dropping the rest",
@@ -191,9 +203,10 @@ class Batches:
                     stacklevel=2,
                 )
                 drawn_ids = drawn_ids[:room]
-            slots = real.size + np.arange(drawn_ids.size)
-            batch["x"][slots] = self.examples["x"][drawn_ids]
-            batch["y"][slots] = self.examples["y"][drawn_ids]
+            slots = real.size + np.arange(drawn_ids.size * k)
+            rows = (drawn_ids[:, None] * k + np.arange(k)).reshape(-1)
+            batch["x"][slots] = self.examples["x"][rows]
+            batch["y"][slots] = self.examples["y"][rows]
             mask[slots] = 1.0
         batch["mask"] = mask
         sampled = np.zeros((plan.num_canaries,), np.float32)
@@ -235,7 +248,8 @@ def train_with_canaries(plan: AuditPlan, progress=None, engine: Engine | None = 
 
 
 def canary_losses(engine: Engine, state, frozen, batches: Batches) -> np.ndarray:
-    """``[M]`` per-example loss of every black-box canary under the state's params."""
+    """``[M]`` loss of every black-box canary under the state's params: a canary user's is
+    the mean over its ``k`` records, as its clipped gradient is."""
     losses = jax.jit(lambda p, fz, x, y: engine.example_losses(p, fz, x, y)[0])
     x, y = batches.examples["x"], batches.examples["y"]
     chunk = 256
@@ -247,4 +261,4 @@ def canary_losses(engine: Engine, state, frozen, batches: Batches) -> np.ndarray
             xs = np.concatenate([xs, np.repeat(xs[:1], chunk - rows, axis=0)])
             ys = np.concatenate([ys, np.repeat(ys[:1], chunk - rows, axis=0)])
         out.append(np.asarray(losses(state.params, frozen, xs, ys))[:rows])
-    return np.concatenate(out).astype(np.float64)
+    return np.concatenate(out).astype(np.float64).reshape(-1, batches.k).mean(axis=1)

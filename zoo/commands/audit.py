@@ -19,6 +19,14 @@ def run_audit(args) -> int:
     from zoo.train import runlog
 
     recipe = resolve_recipe(args)
+    if args.unit is not None:  # as --set dp.unit=UNIT would
+        from zoo.configs import UNITS
+        from zoo.errors import choice_error
+        from zoo.recipes import override
+
+        if args.unit not in UNITS:
+            raise choice_error("--unit", args.unit, UNITS)
+        recipe = override(recipe, {"dp": {"unit": args.unit}})
     check_request(recipe, args.canaries, args.mode, args.confidence, args.no_noise)
     out = Path(args.out or f"runs/audit-{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     with runlog.progress_bar(Console(stderr=True)) as progress:
@@ -79,6 +87,12 @@ def add_parser(sub) -> None:
         "--no-noise",
         action="store_true",
         help="audit only: clip but add no noise (the claimed epsilon is infinite); shows the audit's power",
+    )
+    p.add_argument(
+        "--unit",
+        metavar="record|user",
+        help="the privacy unit audited (default: the recipe's dp.unit): under user, each canary is "
+        "a user holding dp.records_per_user records, and the bound is on the user-level epsilon",
     )
     p.add_argument("--out", metavar="DIR", help="where audit.json, scores.npz and scores.png go")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")

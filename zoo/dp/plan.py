@@ -117,13 +117,16 @@ def make_plan(
 
     Under ``dp.unit = "user"``, ``users`` (``(offsets, rows)``, :func:`zoo.data.users.group_rows`)
     groups the records by user: the unit counted, sampled and padded is a user
-    (:class:`zoo.dp.users.UserSampler`), and ``num_records`` is unused.
+    (:class:`zoo.dp.users.UserSampler`), ``num_records`` is unused, and the canaries are users
+    (black-box: ``canary_rows`` pads for the canary users drawn too, ``[k]`` slots each).
     """
     if dp.unit == "user":
         by_user = dataclasses.replace(dp, unit="record")  # the same plan, over users as records
-        return _user_plan(
-            make_plan(by_user, _user_count(users, canaries), steps, layout, seed=seed), dp, users
+        # zoo audit's canaries are users then: counted, padded (black-box) and drawn as users.
+        over_users = make_plan(
+            by_user, _user_count(users), steps, layout, seed=seed, canaries=canaries, canary_rows=canary_rows
         )
+        return _user_plan(over_users, dp, users)
     require_positive_int("num_records", num_records)
     canaries = require_int("canaries", canaries, lo=0, what="an int >= 0")
     accounted = num_records + canaries // 2
@@ -158,12 +161,10 @@ def make_plan(
     )
 
 
-def _user_count(users, canaries: int) -> int:
+def _user_count(users) -> int:
     """The number of users, the records a user-level plan is made over."""
     if users is None:
         raise ValueError("dp.unit = 'user' needs the records grouped by user (data.user_column)")
-    if canaries:
-        raise ValueError("zoo audit does not plant canary users yet: dp.unit = 'user' has no audit")
     return len(users[0]) - 1
 
 
