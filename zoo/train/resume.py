@@ -206,11 +206,12 @@ def data_digest(arrays, key: bytes | None = None) -> str:
 
 def dataset_digest(dataset, key: bytes | None = None) -> str:
     """What tells a run's training data from other data: a token store's digest (its files'
-    checksums, taken when written: nothing is read), else :func:`data_digest` of the arrays.
+    checksums, taken when written: nothing is read), else :func:`data_digest` of the arrays
+    (with each row's user under ``data.user_column``).
     With ``key`` (under DP) keyed, as :func:`data_digest` explains."""
     store = dataset.store
-    if store is None:
-        return data_digest((dataset.x_train, dataset.y_train), key)
+    if store is None:  # the users too: the same rows grouped otherwise are other users' data
+        return data_digest((dataset.x_train, dataset.y_train, dataset.users_train), key)
     if key is None:
         return store.digest
     return hashlib.blake2b(store.digest.encode(), key=key[:64]).hexdigest()[:16]
