@@ -89,6 +89,17 @@ def test_validation_warnings_and_the_bench_read_the_table(toy_method):
     assert f"zoo {TOY}" in dp_rows.default_methods()
 
 
+def test_under_users_only_the_methods_that_clip_users_are_taken(toy_method):
+    """Both built-in methods clip a user's mean gradient as one (zoo.dp.users, and
+    zoo.dp.ghost.units); a method that does not is refused, naming those that do."""
+    recipe = recipes.load_recipe("digits-mlp-dp")
+    users = {"data.dataset": "csv:/nonexistent/users.csv", "data.user_column": "user", "dp.unit": "user"}
+    for name in ("vmap", "ghost"):
+        assert settings.with_values(recipe, {**users, "dp.clipping": name}).dp.clipping == name
+    with pytest.raises(ZooError, match=rf"dp.clipping = '{TOY}' under dp.unit = 'user'.*: vmap, ghost$"):
+        settings.with_values(recipe, {**users, "dp.clipping": TOY})
+
+
 def test_an_unregistered_method_is_gone_everywhere(toy_method):
     dp.unregister_clipping(TOY)
     try:

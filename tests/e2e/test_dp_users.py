@@ -83,7 +83,6 @@ def test_a_cap_read_off_the_largest_user_tells_the_neighbours_apart(capsys, tmp_
     ("sets", "fragments"),
     [
         (["--set", "dp.unit=user"], ("dp.unit = 'user' needs", "data.user_column")),
-        (["--set", "data.user_column=user", "--set", "dp.unit=user"], ("dp.clipping = 'ghost'", "vmap")),
         (["--set", "dp.unit=users"], ("dp.unit", "'users'", "record, user")),
         (["--set", "dp.records_per_user=0"], ("dp.records_per_user", "0")),
         (["--set", "data.user_column=user", "--set", "dp.enabled=false"], ("only under DP",)),

@@ -223,15 +223,21 @@ def test_bf16_temp_bytes_over_float32(policy):
 
 # -- dp.unit = "user": each user's mean gradient clipped as one unit ---------------------------
 @pytest.mark.numerics
-@pytest.mark.parametrize("cfg", [MLP, TRANSFORMER], ids=["mlp", "transformer"])
-def test_a_user_level_step_clips_each_users_mean_gradient(cfg):
+@pytest.mark.parametrize(
+    ("cfg", "clipping"),
+    [(MLP, "vmap"), (TRANSFORMER, "vmap"), (MLP, "ghost")],
+    ids=["mlp-vmap", "transformer-vmap", "mlp-ghost"],
+)
+def test_a_user_level_step_clips_each_users_mean_gradient(cfg, clipping):
     """The engine under a plan with ``records_per_user`` (the step's rows as [users, k] slots)
     against plain ``jax.grad`` of each user's mean loss over its filled records alone, clipped
-    and summed in float64 NumPy. An engine that clips rows, not users, fails it."""
+    and summed in float64 NumPy, by each clipping method (ghost clipping's users on every kind:
+    tests/dp/ghost/test_units.py). An engine that clips rows, not users, fails it."""
     from zoo.dp.users import group_users
 
     k, users, clip = 3, 4, 0.5
-    plan = dataclasses.replace(fixed_batch_plan(users, clip_norm=clip, clipping="vmap"), records_per_user=k)
+    plan = fixed_batch_plan(users, clip_norm=clip, clipping=clipping)
+    plan = dataclasses.replace(plan, records_per_user=k)
     params = random_params(cfg, 1)
     freeze = resolve_freeze(params, ())
     engine = make_engine(cfg, "nnx", freeze, optax.sgd(0.1), dp=plan)
@@ -240,7 +246,7 @@ def test_a_user_level_step_clips_each_users_mean_gradient(cfg):
     mask = np.ones(users * k, np.float32)
     mask[[1, 2, 5, 9, 10, 11]] = 0.0  # users of 1, 2, 3 records and a padding user
     batch["mask"] = jnp.asarray(mask)
-    summed, _, _ = engine.clipped_sum(state, frozen, group_users(batch, k))
+    summed, _, _ = jax.jit(engine.clipped_sum)(state, frozen, group_users(batch, k))
     expected = jax.tree.map(lambda p: np.zeros(p.shape, np.float64), state.params)
     for user in range(users):
         rows = np.flatnonzero(mask[user * k : (user + 1) * k]) + user * k

@@ -53,7 +53,10 @@ class ClipModel:
     stack plan (remat policy and frozen prefix), the freeze plan, and the loss of one example
     ``example_loss(trainable, frozen, x, y) -> scalar`` (``x``, ``y`` without a batch axis),
     which applies the run's ``precision`` itself; a method that runs the model another way
-    applies ``precision`` (:meth:`zoo.precision.Precision.apply`) as the loss does."""
+    applies ``precision`` (:meth:`zoo.precision.Precision.apply`) as the loss does.
+    ``records_per_user``: ``k`` under ``dp.unit = "user"`` (the batch is then
+    :func:`zoo.dp.users.group_users`'s, one example a user's ``k`` slots, and ``example_loss``
+    the user's mean loss), ``None`` when the unit is a record."""
 
     cfg: Any
     backend: str
@@ -61,6 +64,7 @@ class ClipModel:
     freeze: Any  # zoo.freeze.FreezePlan
     example_loss: Callable[..., jax.Array]
     precision: Precision = FLOAT32
+    records_per_user: int | None = None
 
 
 # clip(model, trainable, frozen, batch, request: ClipRequest)

@@ -88,7 +88,15 @@ class Engine:
             one_example = user_loss(
                 lambda trainable, frozen, x, y: self.example_losses(trainable, frozen, x, y)[0]
             )
-        return ClipModel(self.cfg, self.backend, self.stack, self.freeze, one_example, self.precision)
+        return ClipModel(
+            self.cfg,
+            self.backend,
+            self.stack,
+            self.freeze,
+            one_example,
+            self.precision,
+            self.dp.records_per_user,
+        )
 
     def noise_key(self, state: TrainState) -> jax.Array:
         return state.step_key()

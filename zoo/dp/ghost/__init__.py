@@ -45,6 +45,11 @@ Two ways to the clipped sum (``method``):
 
 ``"auto"`` (default, :func:`choose_method`) takes book-keeping without remat and the second
 backward under a remat policy.  Measurements are in ``docs/ghost.md``.
+
+Users (``dp.unit = "user"``): with ``slots`` [U, k], each user's mean gradient over its
+filled slots is clipped as one, by both methods, still without per-user gradients: the
+backward starts from the slot weights, and each op's rows are grouped by user before its rule,
+so the user's records become positions of one example (:mod:`zoo.dp.ghost.units`).
 """
 
 from zoo.dp.ghost.api import ghost_clipped_grad_sum, ghost_forward, supports, unsupported_reason
@@ -63,12 +68,14 @@ from zoo.dp.ghost.stages import (
     tap_pass,
     weighted_backward,
 )
+from zoo.dp.ghost.units import Units
 
 __all__ = [
     "METHODS",
     "Conv",
     "GhostPlan",
     "Site",
+    "Units",
     "book_kept_sum",
     "choose_method",
     "clip_factors",

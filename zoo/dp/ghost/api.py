@@ -23,6 +23,7 @@ from zoo.dp.ghost.stages import (
     tap_pass,
     weighted_backward,
 )
+from zoo.dp.ghost.units import Units, from_grouped
 from zoo.errors import ZooError
 from zoo.losses import per_example_loss
 from zoo.models.paths import flat_by_path, nest_by_path
@@ -85,11 +86,6 @@ def _resolve_freeze(params, frozen, freeze_plan):
     return full, resolve_freeze(full, sorted(f_flat))
 
 
-def _rows(flags, x):
-    """``flags`` [B] shaped to broadcast against ``x`` [B, ...]."""
-    return flags.reshape((-1,) + (1,) * (x.ndim - 1))
-
-
 def ghost_clipped_grad_sum(
     cfg: ModelConfig,
     params: dict,
@@ -104,6 +100,7 @@ def ghost_clipped_grad_sum(
     method: str = "auto",
     dense: str | None = None,
     precision=None,
+    slots: jax.Array | None = None,
 ):
     """Sum of per-example clipped gradients, the pre-clip norms and the losses, by ghost norms.
 
@@ -131,58 +128,64 @@ def ghost_clipped_grad_sum(
     ``zoo.apply_fn(cfg, backend)`` (the request's microbatch size applies there; ghost
     clipping itself needs no microbatching).
 
+    ``slots`` ``[U, k]`` makes the examples users (``dp.unit = "user"``, :mod:`zoo.dp.users`;
+    :mod:`zoo.dp.ghost.units`): row ``u * k + j`` of ``x`` and ``y`` is slot ``j`` of user
+    ``u``, filled where ``slots > 0``. A user's loss is the mean over its filled slots, its
+    gradient (the mean of its records') is clipped as one, the request's mask is ``[U]`` and
+    ``norms`` and ``losses`` are per user; the model still runs on each record alone.
+
     Returns ``(grad_sum, norms, losses)``: ``grad_sum`` has the structure of ``params``;
     ``norms`` is float32 ``[B]``; ``losses`` ``[B]`` the per-example losses of the same forward
     pass (the values of masked examples are unspecified).
     """
-    keep = _check_args(method, dense, request, x, y)
+    units = Units.of(slots, x.shape[0])
+    keep = _check_args(method, dense, request, x, y, units)
     full, plan = _resolve_freeze(params, frozen, freeze_plan)
     reason = (
         f"ghost clipping needs a registered model config, not {type(cfg).__name__}"
         if not is_config(cfg)
         else None
     )
-    gp = None if reason else prepare(cfg, x, plan, remat, precision)
+    gp = None if reason else prepare(cfg, x, plan, remat, precision, units.records)
     reason = reason or gp.problem
     if not reason and shared_sites(gp) and choose_method(gp.policy, method) == "backward":
         reason = "a leaf read by two ops (a tied head) needs the book-keeping method, not backward"
     if reason:
         apply = _apply_merged(cfg, backend, frozen, freeze_plan, precision)
-        return _fallback(apply, params, x, y, request, remat, reason)
+        return _fallback(apply, params, x, y, request, remat, reason, units)
 
     clip = request.clip_norm
     if choose_method(gp.policy, method) == "backward":
-        return _second_backward(gp, params, frozen, full, x, y, keep, clip, dense)
-    losses, caps, deltas = probe_pass(gp, full, x, y)
+        return _second_backward(gp, params, frozen, full, x, y, keep, clip, dense, units)
+    losses, caps, deltas = probe_pass(gp, full, x, y, units.row_weights())
     with float32_scope("f32_per_example_norms"):
-        sq, rules = squared_norms(gp, caps, deltas, x.shape[0], dense)
+        sq, rules = squared_norms(gp, caps, deltas, units.count(x.shape[0]), dense)
     norms, weights, use = clip_factors(sq, keep, clip)
     with float32_scope("f32_clipped_sum"):
-        return book_kept_sum(gp, full, rules, weights, use), norms, losses
+        return book_kept_sum(gp, full, rules, weights, use), norms, units.losses(losses)
 
 
-def _check_args(method, dense, request: ClipRequest, x, y) -> jax.Array:
-    """The keep flags ``[B]`` after checking the ghost options and the batch (the request
-    checks itself: :meth:`~zoo.dp.clipping.ClipRequest.keep`)."""
+def _check_args(method, dense, request: ClipRequest, x, y, units: Units) -> jax.Array:
+    """The keep flags ``[B]`` (``[U]``) after checking the ghost options and the batch (the
+    request checks itself: :meth:`~zoo.dp.clipping.ClipRequest.keep`)."""
     require_choice("ghost clipping method", method, METHODS)
     if dense is not None:
         require_choice("dense norm method", dense, ("gram", "materialise"))
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y disagree on the batch size: {x.shape[0]} vs {y.shape[0]}")
     # Ghost clipping needs no microbatches: only the vmap fallback cuts the batch into them.
-    return dataclasses.replace(request, microbatch_size=None).keep(x.shape[0])
+    return dataclasses.replace(request, microbatch_size=None).keep(units.count(x.shape[0]))
 
 
-def _second_backward(gp, params, frozen, full, x, y, keep, l2_clip_norm, dense):
+def _second_backward(gp, params, frozen, full, x, y, keep, l2_clip_norm, dense, units: Units):
     """``(grads, norms, losses)`` by taps, then an ordinary backward of the weighted loss."""
-    losses, sq = tap_pass(gp, full, x, y, dense)
+    losses, sq = tap_pass(gp, full, x, y, dense, units.row_weights())
     norms, weights, use = clip_factors(sq, keep, l2_clip_norm)
     # Batched backprop multiplies a zero cotangent by the example's own activations, and
     # 0 * NaN is NaN: dropped examples (masked, or with a non-finite gradient) rerun as a
     # copy of a kept one, with weight 0. Their contribution is then exactly zero.
-    first = jnp.argmax(use)
-    x2 = jnp.where(_rows(use, x), x, x[first])
-    y2 = jnp.where(_rows(use, y), y, y[first])
+    x2, y2 = units.keep_or_copy(x, use), units.keep_or_copy(y, use)
+    weights = units.spread(weights)  # a row's weight: its unit's clip factor times its slot's
     # The cond also skips the pass when no example is kept; and XLA's CPU buffer
     # assignment reuses the first pass's memory for a branch, not for straight-line code.
     grads = jax.lax.cond(
@@ -191,7 +194,7 @@ def _second_backward(gp, params, frozen, full, x, y, keep, l2_clip_norm, dense):
         lambda: jax.tree_util.tree_map(jnp.zeros_like, params),
     )
     grads = jax.tree_util.tree_map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
-    return grads, norms, losses
+    return grads, norms, units.losses(losses)
 
 
 def _apply_merged(cfg, backend, frozen, freeze_plan, precision=None):
@@ -212,31 +215,36 @@ def _apply_merged(cfg, backend, frozen, freeze_plan, precision=None):
     return merged
 
 
-def _fallback(apply, params, x, y, request: ClipRequest, remat, reason: str):
-    """vmap clipping of ``apply`` (the model on the merged tree), with a warning saying why."""
+def _fallback(apply, params, x, y, request: ClipRequest, remat, reason: str, units: Units):
+    """vmap clipping of ``apply`` (the model on the merged tree), per example or per unit, with
+    a warning saying why."""
     warnings.warn(
         f"ghost clipping unavailable ({reason}); using the vmap path (zoo.dp.clipped_grad_sum)", stacklevel=3
     )
 
-    def loss(p, fz, xi, yi):
-        del fz  # the frozen tree is closed over by ``apply``
-        return per_example_loss(apply(p, xi[None], remat), yi[None])[0]
+    def losses(p, xs, ys):  # the frozen tree is closed over by ``apply``
+        return per_example_loss(apply(p, xs, remat), ys)
 
-    return clipped_grad_sum(loss, params, x, y, request=request, frozen={})
+    xs, ys = units.vmap_batch(x, y)
+    return clipped_grad_sum(units.vmap_loss(losses), params, xs, ys, request=request, frozen={})
 
 
 def _ghost_clip(model, trainable, frozen, batch, request: ClipRequest):
+    x, y, slots = batch["x"], batch["y"], None
+    if model.records_per_user:  # zoo.dp.users.group_users's batch: an example is a user's k slots
+        x, y, slots = from_grouped(batch)
     return ghost_clipped_grad_sum(
         model.cfg,
         trainable,
-        batch["x"],
-        batch["y"],
+        x,
+        y,
         request,
         frozen=frozen,
         freeze_plan=model.freeze,
         remat=model.stack,
         backend=model.backend,
         precision=model.precision,
+        slots=slots,
     )
 
 
@@ -248,5 +256,6 @@ register_clipping(
         # microbatching applies only where ghost falls back to the vmap path
         uses_microbatch=lambda cfg: not supports(cfg),
         bench_label="ghost",
+        clips_users=True,  # zoo.dp.ghost.units
     )
 )

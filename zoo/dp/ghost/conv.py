@@ -60,7 +60,11 @@ def chunk_size(batch: int, positions: int, window: int, itemsize: int = 4) -> in
 def windows(x: jax.Array, window, strides, padding) -> jax.Array:
     """``a [P, K]``: the input windows of one example's image ``x`` [H, W, C], one row per
     output position (row-major over H' x W'), each ``kh x kw x C`` in the kernel's order (one
-    gather of the windows, no arithmetic)."""
+    gather of the windows, no arithmetic). For a unit's images ``[records, H, W, C]``
+    (:meth:`zoo.dp.ghost.rules.Rule.group`), each record's windows in turn: ``[records * P, K]``."""
+    if x.ndim == 4:
+        a = jax.vmap(lambda image: windows(image, window, strides, padding))(x)
+        return a.reshape(-1, a.shape[-1])
     (kh, kw), (sh, sw) = window, strides
     x = jnp.pad(x, (*padding, (0, 0)))
     oh, ow = (x.shape[0] - kh) // sh + 1, (x.shape[1] - kw) // sw + 1
@@ -79,11 +83,13 @@ def kernel_grad(inp: ConvInput, d: jax.Array, kernel_shape) -> jax.Array:
     (a non-private backward's weight gradient) on the images of ``inp`` and the output
     gradients ``d``."""
 
-    def conv(w):
-        return jax.lax.conv_general_dilated(inp.x, w, inp.strides, inp.padding, dimension_numbers=DIMENSIONS)
+    images = inp.x.reshape(-1, *inp.x.shape[-3:])  # a unit's records are images like any other
 
-    spec = jax.ShapeDtypeStruct(kernel_shape, inp.x.dtype)
-    return jax.linear_transpose(conv, spec)(d.astype(inp.x.dtype))[0]
+    def conv(w):
+        return jax.lax.conv_general_dilated(images, w, inp.strides, inp.padding, dimension_numbers=DIMENSIONS)
+
+    spec = jax.ShapeDtypeStruct(kernel_shape, images.dtype)
+    return jax.linear_transpose(conv, spec)(d.reshape(-1, *d.shape[-3:]).astype(images.dtype))[0]
 
 
 def _per_example(geometry, method):
@@ -102,7 +108,9 @@ def _per_example(geometry, method):
 
 class Conv(Rule):
     """``z = conv(x, w) (+ b)``: ``inputs`` a :class:`~zoo.models.ops.ConvInput` (images
-    [B, H, W, C]), delta [B, H', W', out]."""
+    [B, H, W, C]), delta [B, H', W', out]; for units of several records, images
+    [U, records, H, W, C] and delta [U, records, H', W', out], the records' output positions
+    read as the unit's."""
 
     def __init__(self, inputs: ConvInput, d, leaves, rows=None, force=None):
         del rows
@@ -146,7 +154,8 @@ class Conv(Rule):
                 scaled = jnp.where(use[:, None, None], arr["gT"] * weights[:, None, None], 0.0)
                 out["w"] = jnp.sum(scaled, axis=0).T.reshape(kernel)
             else:
-                scaled = keep(arr["d"], use) * weights.reshape(-1, 1, 1, 1)
+                d = arr["d"]
+                scaled = keep(d, use) * weights.reshape((-1,) + (1,) * (d.ndim - 1))
                 images = keep(arr["x"], use).astype(jnp.float32)  # the sum stays float32
                 out["w"] = kernel_grad(ConvInput(images, *geometry), scaled, kernel)
         if "b" in leaves:

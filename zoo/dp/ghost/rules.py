@@ -2,8 +2,13 @@
 clipped sum of its per-example gradients, from the op's input and output gradient.
 
 One rule per op kind (``dense``, ``norm``, ``gather``, ``rows``), not per model. A rule works
-on one (unstacked) layer; its arrays carry the example axis first. Rules are pytrees (arrays
-as children, the method and leaf names static), so stacked sites ``vmap`` them over layers.
+on one (unstacked) layer; its arrays carry the example axis first, and it reads every axis
+between that one and the feature axis as positions. Rules are pytrees (arrays as children, the
+method and leaf names static), so stacked sites ``vmap`` them over layers.
+
+An example may be a *unit* of several records (a user's slots, :mod:`zoo.dp.ghost.units`):
+:func:`build` groups the op's rows ``[U * k, ...]`` as ``[U, k, ...]`` first
+(:meth:`Rule.group`), so the unit's records become positions of one example.
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ def keep(x, use):
     return jnp.where(use.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
 
 
+def by_unit(tree, records: int):
+    """Arrays ``[U * records, ...]`` as ``[U, records, ...]``: the rows of a unit together."""
+    return jax.tree_util.tree_map(lambda a: a.reshape((a.shape[0] // records, records) + a.shape[1:]), tree)
+
+
 def _as_sequence(x):
     """[B, ..., D] -> [B, T, D] (T = 1 without a position axis)."""
     return x.reshape(x.shape[0], -1, x.shape[-1])
@@ -54,6 +64,14 @@ class Rule:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         jax.tree_util.register_pytree_node(cls, cls._flatten, cls._unflatten)
+
+    @classmethod
+    def group(cls, inputs, d, records: int):
+        """``(inputs, d)`` of units of ``records`` rows: the records' axis placed after the
+        unit's, read by the rule as positions. A unit's gradient is the sum of its records'
+        (their output gradients carry the slot weights), and each per-record gradient is a sum
+        over its positions, so the unit's is the same sum over all of its records' positions."""
+        return by_unit(inputs, records), by_unit(d, records)
 
     def _flatten(self):
         keys = tuple(sorted(self.arrays))
@@ -177,6 +195,11 @@ class Rows(Rule):
     """Positional table [max_len, D] read as rows 0..T-1, each once per example: row t gets
     delta_t, so the per-example norm is ``||delta||``."""
 
+    @classmethod
+    def group(cls, inputs, d, records):
+        """Every record of a unit reads the same rows 0..T-1: their gradients add row by row."""
+        return inputs, by_unit(d, records).sum(axis=1)
+
     def __init__(self, inputs, d, leaves, rows, force=None):
         del inputs, leaves, force
         self.static = rows
@@ -219,5 +242,19 @@ RULES: dict[str, type[Rule]] = {
     "rows": Rows,
     "unembed": Unembed,
 }
+
+
+def grouped(kind: str, inputs, d, records: int = 1):
+    """``(inputs, d)`` of one op as its rule reads them for units of ``records`` rows
+    (unchanged for ``records = 1``: each row its own example)."""
+    return (inputs, d) if records == 1 else RULES[kind].group(inputs, d, records)
+
+
+def build(kind: str, inputs, d, leaves, rows=None, force=None, records: int = 1) -> Rule:
+    """The rule of an op of ``kind`` on its input and output gradient, per example or per
+    unit of ``records`` consecutive rows; the one place sites and stages make rules."""
+    return RULES[kind](*grouped(kind, inputs, d, records), leaves, rows, force)
+
+
 # Op kinds that may read the same leaf: (first, second) -> the cross term of their gradients
 SHARED = {("gather", "unembed"): tied_cross}

@@ -10,7 +10,8 @@ parameter leaves and output shapes come from running the model's own forward und
   gradient of ``sum_i L_i`` with respect to a probe is the per-example output gradient.
 * ``tap``: route the output through :func:`_tap`, whose backward rule turns the op's input
   (a residual, saved or recomputed as the remat policy says) and its output gradient into
-  per-example squared norms, returned as the gradient of a zero ``[B, leaves]`` array.
+  per-example squared norms, returned as the gradient of a zero ``[B, leaves]`` array (``[U,
+  leaves]`` for units of several records: :func:`zoo.dp.ghost.rules.build`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo import hooks
-from zoo.dp.ghost.rules import RULES, SHARED
+from zoo.dp.ghost.rules import SHARED, build
 from zoo.models import canonical
 from zoo.models.paths import flat_by_path
 from zoo.models.registry import STACK
@@ -71,9 +72,9 @@ def _tap_fwd(spec, z, inputs, tap):
 
 
 def _tap_bwd(spec, inputs, dz):
-    kind, leaves, rows, force = spec
+    kind, leaves, rows, force, records = spec
     with float32_scope("f32_per_example_norms"):
-        sq = RULES[kind](inputs, dz, leaves, rows, force).sq()
+        sq = build(kind, inputs, dz, leaves, rows, force, records).sq()
     return dz, None, jnp.stack([sq[leaf] for leaf in leaves], axis=-1)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from zoo.checks import require_choice
 from zoo.dp import clipping
-from zoo.dp.ghost.rules import RULES, SHARED
+from zoo.dp.ghost.rules import SHARED, build, grouped
 from zoo.dp.ghost.sites import Site, coverage_problem, discover, run
 from zoo.losses import per_example_loss
 from zoo.models.canonical import canonical_shapes
@@ -57,7 +57,9 @@ class GhostPlan:
     """Static choices for one call: the sites that need a probe or tap (those with a trainable
     leaf or row), their trainable rows, the frozen prefix of the stack and the remat policy.
     ``problem`` says why ghost clipping cannot run (unclaimed or doubly read leaves);
-    ``precision`` is the policy the passes run the model under (:mod:`zoo.precision`)."""
+    ``precision`` is the policy the passes run the model under (:mod:`zoo.precision`);
+    ``records`` the rows of one clipping unit (1: each row is an example; ``k``: users of
+    ``k`` slots, :mod:`zoo.dp.ghost.units`)."""
 
     cfg: ModelConfig
     active: tuple[Site, ...]
@@ -67,6 +69,7 @@ class GhostPlan:
     freeze: object  # FreezePlan | None
     problem: str | None = None
     precision: Precision = FLOAT32
+    records: int = 1
 
     def rows_of(self, path: str) -> dict:
         return dict(dict(self.rows)[path])
@@ -76,9 +79,10 @@ class GhostPlan:
         return StackPlan(self.policy, self.prefix)
 
 
-def prepare(cfg: ModelConfig, x, plan=None, remat="none", precision=None) -> GhostPlan:
+def prepare(cfg: ModelConfig, x, plan=None, remat="none", precision=None, records: int = 1) -> GhostPlan:
     """Trace the model on inputs shaped like ``x``; keep the sites with a trainable leaf (stacked:
-    row), and check that every trainable leaf is claimed by exactly one site."""
+    row), and check that every trainable leaf is claimed by exactly one site. ``records``: the
+    rows of ``x`` that make one clipping unit."""
     stack = as_plan(remat)
     num_layers = cfg.num_layers
     prefix = max(stack.frozen_prefix, plan.frozen_prefix if plan is not None else 0)
@@ -101,7 +105,15 @@ def prepare(cfg: ModelConfig, x, plan=None, remat="none", precision=None) -> Gho
             active.append(Site(site.path, site.kind, leaves, site.stacked, site.shape, site.rows))
             rows.append((site.path, tuple(site_rows)))
     return GhostPlan(
-        cfg, tuple(active), tuple(rows), prefix, stack.policy, plan, problem, get_precision(precision)
+        cfg,
+        tuple(active),
+        tuple(rows),
+        prefix,
+        stack.policy,
+        plan,
+        problem,
+        get_precision(precision),
+        records,
     )
 
 
@@ -116,9 +128,10 @@ def _zeros_per_site(gp: GhostPlan, shape_of) -> dict:
     return {s.key: jnp.zeros(((layers,) if s.stacked else ()) + shape_of(s), jnp.float32) for s in gp.active}
 
 
-def probe_pass(gp: GhostPlan, full, x, y):
-    """One forward and one activation-only backward of ``sum_i L_i`` with respect to the
-    probes (the parameters are constants here).  Returns ``(losses [B], captures, deltas)``."""
+def probe_pass(gp: GhostPlan, full, x, y, row_weights=None):
+    """One forward and one activation-only backward of ``sum_i L_i`` (``sum_i row_weights_i
+    L_i`` when given: a unit's slot weights) with respect to the probes (the parameters are
+    constants here).  Returns ``(losses [B], captures, deltas)``."""
     probes = _zeros_per_site(gp, lambda s: s.shape)
 
     def losses_of(pr):
@@ -126,28 +139,29 @@ def probe_pass(gp: GhostPlan, full, x, y):
         return per_example_loss(logits, y), top.captures
 
     losses, vjp, caps = jax.vjp(losses_of, probes, has_aux=True)
-    (deltas,) = vjp(jnp.ones_like(losses))
+    (deltas,) = vjp(jnp.ones_like(losses) if row_weights is None else row_weights)
     return losses, caps, deltas
 
 
-def tap_pass(gp: GhostPlan, full, x, y, dense=None):
-    """Forward and one activation-only backward (parameters constant) through norm taps.
+def tap_pass(gp: GhostPlan, full, x, y, dense=None, row_weights=None):
+    """Forward and one activation-only backward (parameters constant) through norm taps, from
+    ``row_weights`` (default ones) as :func:`probe_pass`.
 
-    Returns ``(losses [B], sq [B])``: ``sq`` is what the taps' backward rules collected, the
-    per-example squared gradient norms over the trainable leaves and rows.  Only what the
-    remat policy saves is kept for the backward.
+    Returns ``(losses [B], sq [U])``: ``sq`` is what the taps' backward rules collected, the
+    per-example (per-unit: ``U = B / gp.records``) squared gradient norms over the trainable
+    leaves and rows.  Only what the remat policy saves is kept for the backward.
     """
-    b = x.shape[0]
-    specs = {s.key: (s.kind, s.leaves, s.rows, dense) for s in gp.active}
-    taps = _zeros_per_site(gp, lambda s: (b, len(s.leaves)))
+    units = x.shape[0] // gp.records
+    specs = {s.key: (s.kind, s.leaves, s.rows, dense, gp.records) for s in gp.active}
+    taps = _zeros_per_site(gp, lambda s: (units, len(s.leaves)))
 
     def losses_of(tp):
         logits, _ = _run(gp, full, x, "tap", tp, specs)
         return per_example_loss(logits, y)
 
     losses, vjp = jax.vjp(losses_of, taps)
-    (collected,) = vjp(jnp.ones_like(losses))
-    sq = jnp.zeros((b,), jnp.float32)
+    (collected,) = vjp(jnp.ones_like(losses) if row_weights is None else row_weights)
+    sq = jnp.zeros((units,), jnp.float32)
     for site in gp.active:
         got = collected[site.key]
         for j, r in enumerate(gp.rows_of(site.path).values()):
@@ -167,13 +181,14 @@ def weighted_backward(gp: GhostPlan, params, frozen, x, y, weights):
 
 
 def squared_norms(gp: GhostPlan, caps, deltas, batch_size: int, dense=None):
-    """``(sum over trainable leaves of ||g_i||^2 [B], rules)``; stacked sites vmap over layers."""
+    """``(sum over trainable leaves of ||g_i||^2 [B], rules)``; stacked sites vmap over layers.
+    ``batch_size`` counts examples (units: rows / ``gp.records``)."""
     sq = jnp.zeros((batch_size,), jnp.float32)
     rules = {}
     for site in gp.active:
 
         def make(inputs, delta, s=site):
-            rule = RULES[s.kind](inputs, delta, s.leaves, s.rows, dense)
+            rule = build(s.kind, inputs, delta, s.leaves, s.rows, dense, gp.records)
             return rule.sq(), rule
 
         if site.stacked:
@@ -187,7 +202,8 @@ def squared_norms(gp: GhostPlan, caps, deltas, batch_size: int, dense=None):
         rules[site.key] = rule
     for first, second in shared_sites(gp):  # a leaf read by two ops: |g1 + g2|^2's cross term
         cross = SHARED[(first.kind, second.kind)]
-        sq = sq + 2 * cross(caps[first.key], deltas[first.key], caps[second.key], deltas[second.key])
+        pairs = [grouped(s.kind, caps[s.key], deltas[s.key], gp.records) for s in (first, second)]
+        sq = sq + 2 * cross(*pairs[0], *pairs[1])
     return sq, rules
 
 
