@@ -387,7 +387,7 @@ def test_a_user_level_audit_without_noise_shows_the_leak_and_with_noise_stays_be
     path = recipe.data.dataset
     argv = ["audit", "digits-mlp-dp", "--dataset", path, "--unit", "user", "--canaries", "300"]
     argv += ["--steps", "100", "--json", "--no-progress", "--set", "data.user_column=user"]
-    argv += ["--set", "data.classes=[0, 1]", "--set", "dp.clipping=vmap", "--set", f"dp.records_per_user={K}"]
+    argv += ["--set", "data.classes=[0, 1]", "--set", f"dp.records_per_user={K}"]
     argv += ["--set", "dp.expected_batch_size=16", "--set", "model.d_hidden=8"]
     bounds = {}
     for noise in (False, True):
