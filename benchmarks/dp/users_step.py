@@ -89,7 +89,11 @@ def main(argv=None) -> int:
         # the same rows without their users: every row is a record
         record = settings.with_values(
             base,
-            {**common, "data.dataset": f"csv:{records}", "dp.expected_batch_size": args.users_per_step * args.k},
+            {
+                **common,
+                "data.dataset": f"csv:{records}",
+                "dp.expected_batch_size": args.users_per_step * args.k,
+            },
         )
         steppers, rows = {}, {}
         for name, recipe in (("uls", uls), ("record", record)):
