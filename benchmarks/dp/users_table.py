@@ -1,0 +1,190 @@
+"""User-level DP three ways on one dataset with users: ULS, ELS, and record-level DP-SGD
+turned into a user-level guarantee by group privacy. Eval loss against the user-level
+epsilon, a table and a plot.
+
+The data is generated (``users_csv``): 2,000 users whose numbers of records are skewed (41 for
+the heaviest, 1 for the lightest, 5.3 on average), 16 features, two classes, with a label rule
+shared by all and an offset of each user's own. Every run reads the same CSV with its user
+column, so train and eval hold the same whole users (the eval split holds out 20% of them).
+
+- ``uls``: ``dp.unit = "user"``, E users a step, ``k`` records each, the user's mean gradient
+  clipped (zoo.dp.users); its epsilon is per user.
+- ``els``: ``dp.unit = "user"`` with ``dp.sampler = "els"``: records sampled, each user capped at
+  ``k`` records, accounted per user with the mixture-of-Gaussians accountant.
+- ``group``: ``dp.unit = "record"`` calibrated to ``(eps / g, delta / (g e^((g-1) eps / g)))``
+  per record, ``g`` the most records a user has: by group privacy that is
+  ``(eps, delta)`` per user.
+
+Each row of the JSONL output is one run: algorithm, the user-level epsilon asked for, eval loss
+and accuracy. The table gives each algorithm's eval loss at epsilon 8 and the epsilon at
+which it reaches ULS's loss at epsilon 8 (log-linear between the runs)::
+
+    .venv/bin/python benchmarks/dp/users_table.py --epsilons 1,2,4,8,16 --out benchmarks/dp/results/users
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from zoo import recipes
+from zoo.commands import settings
+from zoo.train.loop import train_recipe
+
+USERS, FEATURES, DELTA = 2000, 16, 1e-5
+
+
+def records_of(user: int) -> int:
+    return 1 + 40 // (1 + user % 40)
+
+
+def users_csv(path: Path, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=FEATURES)
+    lines = ["user," + ",".join(f"f{i}" for i in range(FEATURES)) + ",label"]
+    for user in range(USERS):
+        offset = rng.normal(scale=1.0)
+        for _ in range(records_of(user)):
+            x = rng.normal(size=FEATURES)
+            label = int(x @ w / math.sqrt(FEATURES) + offset + 0.5 * rng.normal() > 0)
+            lines.append(f"u{user}," + ",".join(f"{v:.3f}" for v in x) + f",{label}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def group_budget(epsilon: float, delta: float, g: int) -> tuple[float, float]:
+    """Per-record ``(eps, delta)`` that group privacy turns into ``(epsilon, delta)`` for a
+    group of ``g`` records: ``(g e, g e^((g-1) e) d)``."""
+    e = epsilon / g
+    return e, delta / (g * math.exp((g - 1) * e))
+
+
+def recipe_for(algorithm: str, epsilon: float, path: Path, args) -> object:
+    values = {
+        "data.dataset": f"csv:{path}",
+        "data.user_column": "user",
+        "data.classes": [0, 1],
+        "dp.epsilon": epsilon,
+        "dp.noise_multiplier": None,
+        "dp.delta": DELTA,
+        "dp.records_per_user": args.k,
+        "train.steps": args.steps,
+        "train.eval_every": args.steps,
+        "train.checkpoint_every": args.steps,
+        "train.tensorboard": False,
+    }
+    if algorithm == "uls":
+        values |= {"dp.unit": "user", "dp.expected_batch_size": args.users_per_step}
+    elif algorithm == "els":
+        values |= {
+            "dp.unit": "user",
+            "dp.sampler": "els",
+            "dp.expected_batch_size": args.users_per_step * args.k,
+        }
+    else:  # record-level, a user-level guarantee by group privacy over the heaviest user's records
+        e, d = group_budget(epsilon, DELTA, max(records_of(u) for u in range(USERS)))
+        values |= {"dp.unit": "record", "dp.epsilon": e, "dp.delta": d}
+        values["dp.expected_batch_size"] = args.users_per_step * args.k
+    return settings.with_values(recipes.load_recipe("digits-mlp-dp"), values)
+
+
+def at_epsilon(rows, target: float) -> float:
+    """Eval loss at ``target`` epsilon, log-linear between the runs (NaN outside them)."""
+    eps = np.log([r["epsilon"] for r in rows])
+    return float(np.interp(math.log(target), eps, [r["eval_loss"] for r in rows], left=np.nan, right=np.nan))
+
+
+def epsilon_at_loss(rows, loss: float) -> float:
+    """The epsilon at which the (decreasing) loss curve reaches ``loss`` (NaN if it never does)."""
+    losses = [r["eval_loss"] for r in rows]
+    if not min(losses) <= loss <= max(losses):
+        return math.nan
+    order = np.argsort(losses)
+    eps = np.log([rows[i]["epsilon"] for i in order])
+    return float(math.exp(np.interp(loss, np.asarray(losses)[order], eps)))
+
+
+def plot(by_algorithm: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8), dpi=120)
+    labels = {
+        "uls": "ULS (users sampled)",
+        "els": "ELS (records, capped)",
+        "group": "record-level, group privacy",
+    }
+    for name, rows in by_algorithm.items():
+        ax.plot([r["epsilon"] for r in rows], [r["eval_loss"] for r in rows], "o-", label=labels[name])
+    ax.set_xscale("log")
+    ax.set_xlabel("user-level epsilon (delta = 1e-5)")
+    ax.set_ylabel("eval loss")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--algorithms", default="uls,els,group")
+    p.add_argument("--epsilons", default="1,2,4,8,16")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--users-per-step", type=int, default=64)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--out", default="benchmarks/dp/results/users")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    by_algorithm: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = users_csv(Path(tmp) / "users.csv")
+        for algorithm in args.algorithms.split(","):
+            for epsilon in map(float, args.epsilons.split(",")):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    summary = train_recipe(
+                        recipe_for(algorithm, epsilon, path, args),
+                        Path(tmp) / f"{algorithm}-{epsilon}",
+                        show_progress=False,
+                    )
+                g = max(records_of(u) for u in range(USERS)) if algorithm == "group" else 1
+                user_eps = g * summary["epsilon"]  # what the run's own (eps, delta) give a user
+                user_delta = g * math.exp((g - 1) * summary["epsilon"]) * summary["delta"]
+                row = {
+                    "algorithm": algorithm,
+                    "epsilon": epsilon,
+                    "eval_loss": summary["eval_loss"],
+                    "eval_accuracy": summary["eval_accuracy"],
+                    "run_epsilon": summary["epsilon"],
+                    "run_delta": summary["delta"],
+                    "user_epsilon": user_eps,
+                    "user_delta": user_delta,
+                    "privacy_unit": summary["privacy_unit"],
+                    "steps": args.steps,
+                }
+                print(json.dumps(row), flush=True)
+                by_algorithm.setdefault(algorithm, []).append(row)
+    with open(out / "users_table.jsonl", "w") as f:
+        for rows in by_algorithm.values():
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    plot(by_algorithm, out / "users_table.png")
+    reference = at_epsilon(by_algorithm.get("uls", []), 8.0) if "uls" in by_algorithm else math.nan
+    print("| algorithm | eval loss at user-level epsilon 8 | epsilon at ULS's loss at 8 |")
+    print("|---|---|---|")
+    for name, rows in by_algorithm.items():
+        print(f"| {name} | {at_epsilon(rows, 8.0):.4f} | {epsilon_at_loss(rows, reference):.3g} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
