@@ -2,22 +2,22 @@
 turned into a user-level guarantee by group privacy. Eval loss against the user-level
 epsilon, a table and a plot.
 
-The data is generated (``users_csv``): 2,000 users whose numbers of records are skewed (41 for
-the heaviest, 1 for the lightest, 5.3 on average), 16 features, two classes, with a label rule
-shared by all and an offset of each user's own. Every run reads the same CSV with its user
-column, so train and eval hold the same whole users (the eval split holds out 20% of them).
+Every run is the recipe ``skewed-users-mlp-dp`` (the ``skewed-users`` table: 2,000 users with
+2 to 41 records each; its user column read, so train and eval hold the same whole users) with
+its privacy settings changed:
 
-- ``uls``: ``dp.unit = "user"``, E users a step, ``k`` records each, the user's mean gradient
-  clipped (zoo.dp.users); its epsilon is per user.
+- ``uls``: as the recipe: ``dp.unit = "user"``, E users a step, ``k`` records each, the user's
+  mean gradient clipped (zoo.dp.users); its epsilon is per user.
 - ``els``: ``dp.unit = "user"`` with ``dp.sampler = "els"``: records sampled, each user capped at
   ``k`` records, accounted per user with the mixture-of-Gaussians accountant.
 - ``group``: ``dp.unit = "record"`` calibrated to ``(eps / g, delta / (g e^((g-1) eps / g)))``
-  per record, ``g`` the most records a user has: by group privacy that is
-  ``(eps, delta)`` per user.
+  per record, ``g = 41`` the most records a user has: by group privacy, ``(eps, delta)`` per
+  user.
 
 Each row of the JSONL output is one run: algorithm, the user-level epsilon asked for, eval loss
-and accuracy. The table gives each algorithm's eval loss at epsilon 8 and the epsilon at
-which it reaches ULS's loss at epsilon 8 (log-linear between the runs)::
+and accuracy, and the run's own (epsilon, delta) turned into the user's. The table gives each
+algorithm's eval loss at epsilon 8 and the epsilon at which it reaches ULS's loss at epsilon 8
+(log-linear between the runs)::
 
     .venv/bin/python benchmarks/dp/users_table.py --epsilons 1,2,4,8,16 --out benchmarks/dp/results/users
 """
@@ -35,27 +35,11 @@ import numpy as np
 
 from zoo import recipes
 from zoo.commands import settings
+from zoo.data.forms.skewed_users import HEAVIEST
 from zoo.train.loop import train_recipe
 
-USERS, FEATURES, DELTA = 2000, 16, 1e-5
-
-
-def records_of(user: int) -> int:
-    return 1 + 40 // (1 + user % 40)
-
-
-def users_csv(path: Path, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    w = rng.normal(size=FEATURES)
-    lines = ["user," + ",".join(f"f{i}" for i in range(FEATURES)) + ",label"]
-    for user in range(USERS):
-        offset = rng.normal(scale=1.0)
-        for _ in range(records_of(user)):
-            x = rng.normal(size=FEATURES)
-            label = int(x @ w / math.sqrt(FEATURES) + offset + 0.5 * rng.normal() > 0)
-            lines.append(f"u{user}," + ",".join(f"{v:.3f}" for v in x) + f",{label}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
+DELTA = 1e-5
+RECIPE = "skewed-users-mlp-dp"
 
 
 def group_budget(epsilon: float, delta: float, g: int) -> tuple[float, float]:
@@ -65,11 +49,8 @@ def group_budget(epsilon: float, delta: float, g: int) -> tuple[float, float]:
     return e, delta / (g * math.exp((g - 1) * e))
 
 
-def recipe_for(algorithm: str, epsilon: float, path: Path, args) -> object:
+def recipe_for(algorithm: str, epsilon: float, args) -> object:
     values = {
-        "data.dataset": f"csv:{path}",
-        "data.user_column": "user",
-        "data.classes": [0, 1],
         "dp.epsilon": epsilon,
         "dp.noise_multiplier": None,
         "dp.delta": DELTA,
@@ -88,10 +69,10 @@ def recipe_for(algorithm: str, epsilon: float, path: Path, args) -> object:
             "dp.expected_batch_size": args.users_per_step * args.k,
         }
     else:  # record-level, a user-level guarantee by group privacy over the heaviest user's records
-        e, d = group_budget(epsilon, DELTA, max(records_of(u) for u in range(USERS)))
+        e, d = group_budget(epsilon, DELTA, HEAVIEST)
         values |= {"dp.unit": "record", "dp.epsilon": e, "dp.delta": d}
         values["dp.expected_batch_size"] = args.users_per_step * args.k
-    return settings.with_values(recipes.load_recipe("digits-mlp-dp"), values)
+    return settings.with_values(recipes.load_recipe(RECIPE), values)
 
 
 def at_epsilon(rows, target: float) -> float:
@@ -146,17 +127,16 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     by_algorithm: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = users_csv(Path(tmp) / "users.csv")
         for algorithm in args.algorithms.split(","):
             for epsilon in map(float, args.epsilons.split(",")):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     summary = train_recipe(
-                        recipe_for(algorithm, epsilon, path, args),
+                        recipe_for(algorithm, epsilon, args),
                         Path(tmp) / f"{algorithm}-{epsilon}",
                         show_progress=False,
                     )
-                g = max(records_of(u) for u in range(USERS)) if algorithm == "group" else 1
+                g = HEAVIEST if algorithm == "group" else 1
                 user_eps = g * summary["epsilon"]  # what the run's own (eps, delta) give a user
                 user_delta = g * math.exp((g - 1) * summary["epsilon"]) * summary["delta"]
                 row = {

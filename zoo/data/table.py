@@ -13,6 +13,8 @@ Nothing here imports `datasets`: ``zoo train --help`` lists the forms without lo
 
 from __future__ import annotations
 
+import dataclasses
+
 import difflib
 import importlib
 import pkgutil
@@ -100,15 +102,31 @@ def register_form(form: DatasetForm) -> DatasetForm:
 
 
 def register_builtin(
-    name: str, task: str, read: Callable[[], Source], *, description: str, offline: bool = True
+    name: str,
+    task: str,
+    read: Callable[[], Source],
+    *,
+    description: str,
+    offline: bool = True,
+    user_column: str | None = None,
 ) -> DatasetForm:
     """Make ``name`` a dataset spec: ``read()`` returns its rows (cache it; it is called on
-    every load), ``task`` is the only task it serves."""
+    every load), ``task`` is the only task it serves. ``user_column``: the column naming each
+    row's user, read under ``data.user_column``, and left out of the rows otherwise (it is never
+    a feature)."""
     if ":" in name:
         raise ValueError(f"builtin dataset {name!r} has a ':'")
-    return register_form(
-        DatasetForm(name, name, (task,), lambda spec, rest, columns: read(), description, offline)
-    )
+
+    def reader(spec, rest, columns):
+        source = read()
+        if user_column is None:
+            return source
+        if columns.user is None:
+            return dataclasses.replace(source, rows=source.rows.remove_columns([user_column]))
+        return dataclasses.replace(source, user_column=columns.user)
+
+    form = DatasetForm(name, name, (task,), reader, description, offline, users=user_column is not None)
+    return register_form(form)
 
 
 def unregister(name: str) -> None:
