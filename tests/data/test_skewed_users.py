@@ -15,7 +15,12 @@ def test_the_rows_hold_the_declared_skew():
     users, x, y = make_rows()
     counts = np.bincount(users, minlength=USERS)
     assert counts.tolist() == [records_of(u) for u in range(USERS)]
-    assert counts.max() == HEAVIEST and counts.min() == 2 and counts.sum() == 9900 and x.shape == (users.size, FEATURES)
+    assert (
+        counts.max() == HEAVIEST
+        and counts.min() == 2
+        and counts.sum() == 9900
+        and x.shape == (users.size, FEATURES)
+    )
     assert 0.3 < y.mean() < 0.7  # both classes well represented
     again = make_rows()
     assert all(np.array_equal(a, b) for a, b in zip((users, x, y), again, strict=True))

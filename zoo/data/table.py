@@ -14,7 +14,6 @@ Nothing here imports `datasets`: ``zoo train --help`` lists the forms without lo
 from __future__ import annotations
 
 import dataclasses
-
 import difflib
 import importlib
 import pkgutil
