@@ -32,9 +32,9 @@ DP = DPConfig(
 STEPS = 40
 
 
-def user_plan(dp: DPConfig = DP):
+def user_plan(dp: DPConfig = DP, canaries: int = 0):
     layout = layout_for(get_config("mlp-s"))
-    return make_plan(dp, len(USERS), STEPS, layout, seed=3, users=group_rows(USERS))
+    return make_plan(dp, len(USERS), STEPS, layout, seed=3, users=group_rows(USERS), canaries=canaries)
 
 
 def pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
@@ -78,12 +78,24 @@ def test_the_padding_of_a_user_level_batch_follows_the_users_and_k_only():
     assert other.sampler.padded_batch_size == plan.sampler.padded_batch_size
 
 
-def test_a_user_level_plan_without_users_or_with_canaries_is_refused():
+def test_a_user_level_plan_without_users_is_refused():
     layout = layout_for(get_config("mlp-s"))
     with pytest.raises(ValueError, match="data.user_column"):
         make_plan(DP, len(USERS), STEPS, layout, seed=3)
-    with pytest.raises(ValueError, match="canary users"):
-        make_plan(DP, len(USERS), STEPS, layout, seed=3, users=group_rows(USERS), canaries=10)
+
+
+def test_the_canaries_of_a_user_level_plan_are_users():
+    """zoo audit's canaries under dp.unit = "user" are users: the accounting counts N_users +
+    M/2 units (q = E / 65 here; canaries counted among records would give E / 275), and a
+    black-box plan pads for the canary users drawn as well, k slots each."""
+    layout = layout_for(get_config("mlp-s"))
+    m, users = 10, group_rows(USERS)
+    plan = make_plan(DP, len(USERS), STEPS, layout, seed=3, users=users, canaries=m)
+    assert plan.sampler.sampling_prob == pytest.approx(DP.expected_batch_size / (len(RECORDS_OF) + m // 2))
+    assert plan.sampler.num_examples == len(RECORDS_OF)  # the sampler draws the real users only
+    rows = make_plan(DP, len(USERS), STEPS, layout, seed=3, users=users, canaries=m, canary_rows=True)
+    assert rows.sampler.padded_users > plan.sampler.padded_users  # Binomial(N_users + M, q) users
+    assert rows.sampler.padded_batch_size == rows.sampler.padded_users * DP.records_per_user
 
 
 # -- ELS: records drawn at q = E / (N_users * k), at most k per user, accounted per user --------
@@ -135,3 +147,8 @@ def test_a_calibrated_els_plan_spends_its_epsilon_per_user():
         records, ELS.expected_batch_size, plan.noise_multiplier, STEPS, k, DP.delta
     )
     assert 0.99 * 1.0 <= spent <= 1.0
+
+
+def test_an_els_plan_takes_no_canary_users_yet():
+    with pytest.raises(ValueError, match="dp.sampler = 'els' has no audit yet"):
+        user_plan(dataclasses.replace(ELS, noise_multiplier=50.0), canaries=10)

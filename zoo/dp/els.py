@@ -83,9 +83,16 @@ class CappedRecordSampler:
         truncation_prob: float,
         *,
         pad_to_multiple=1,
+        population=None,
+        extra_rows=0,
     ) -> CappedRecordSampler:
-        """ELS over ``users`` (``(offsets, rows)``) at ``q = expected_batch_size / (N_users * k)``."""
+        """ELS over ``users`` (``(offsets, rows)``) at ``q = expected_batch_size / (N_users * k)``
+        (``population``: the users counted, all of them: ELS takes no canary users yet)."""
         offsets, rows = users
+        if extra_rows or population not in (None, len(offsets) - 1):
+            raise ValueError(
+                "zoo audit's canary users are drawn as units (ULS); dp.sampler = 'els' has no audit yet"
+            )
         k = require_positive_int("records_per_user", records_per_user)
         units = PoissonSampler.for_expected_batch(
             (len(offsets) - 1) * k,

@@ -128,7 +128,7 @@ def make_plan(
     (:class:`zoo.dp.els.CappedRecordSampler`), and the accounting is per user for both.
     """
     if dp.unit == "user":
-        return _user_plan(dp, steps, layout, seed, users, canaries)
+        return _user_plan(dp, steps, layout, seed, users, canaries, canary_rows)
     require_positive_int("num_records", num_records)
     canaries = require_int("canaries", canaries, lo=0, what="an int >= 0")
     accounted = num_records + canaries // 2
@@ -176,24 +176,34 @@ def _plan(dp: DPConfig, units: int, steps: int, layout: Layout, draw, records_pe
     )
 
 
-def _user_plan(dp: DPConfig, steps: int, layout: Layout, seed: int, users, canaries: int) -> DPPlan:
-    """The plan of ``dp.unit = "user"``: the sampler row's way of drawing users' records."""
-    n_users = _user_count(users, canaries)
+def _user_plan(dp: DPConfig, steps: int, layout: Layout, seed: int, users, canaries, canary_rows) -> DPPlan:
+    """The plan of ``dp.unit = "user"``: the sampler row's way of drawing users' records. zoo
+    audit's canaries are users then, counted (``N_users + M // 2``), padded (black-box) and
+    drawn as users (ULS; ELS refuses them)."""
+    n_users, canaries = _user_count(users), require_int("canaries", canaries, lo=0, what="an int >= 0")
     draws, k = SAMPLERS[dp.sampler].users, dp.records_per_user  # the row: validate.check_choices
+    accounted, extra_rows = n_users + canaries // 2, canaries if canary_rows else 0
 
     def sampler(truncation: float, multiple: int):
-        return draws.make(users, k, dp.expected_batch_size, seed, truncation, pad_to_multiple=multiple)
+        return draws.make(
+            users,
+            k,
+            dp.expected_batch_size,
+            seed,
+            truncation,
+            pad_to_multiple=multiple,
+            population=accounted,
+            extra_rows=extra_rows,
+        )
 
     per_unit, slots = (k, None) if draws.per_record else (1, k)
-    return _plan(dp, n_users, steps, layout, sampler, per_unit, unit="user", records_per_user=slots)
+    return _plan(dp, accounted, steps, layout, sampler, per_unit, unit="user", records_per_user=slots)
 
 
-def _user_count(users, canaries: int) -> int:
+def _user_count(users) -> int:
     """The number of users, the records a user-level plan is made over."""
     if users is None:
         raise ValueError("dp.unit = 'user' needs the records grouped by user (data.user_column)")
-    if canaries:
-        raise ValueError("zoo audit does not plant canary users yet: dp.unit = 'user' has no audit")
     return len(users[0]) - 1
 
 

@@ -189,7 +189,9 @@ class UserDraws:
     """How a sampler row draws under ``dp.unit = "user"`` (:mod:`zoo.dp.users`, :mod:`zoo.dp.els`).
 
     ``make(users, records_per_user, expected_batch_size, seed, truncation_prob, *,
-    pad_to_multiple)``, ``users`` the ``(offsets, rows)`` of :func:`zoo.data.users.group_rows`,
+    pad_to_multiple, population, extra_rows)``, ``users`` the ``(offsets, rows)`` of
+    :func:`zoo.data.users.group_rows` (``population``, ``extra_rows``: zoo audit's canary users,
+    as :meth:`PoissonSampler.for_expected_batch`'s),
     returns a sampler as :class:`SamplerKind`'s, with ``units`` (what its truncation is
     bounded over), ``users``, ``records_per_user`` and ``algorithm`` (its name in the summary).
 
@@ -266,7 +268,15 @@ def make_sampler(
 
 
 def _users_as_units(
-    users, records_per_user: int, expected_batch_size, seed, truncation_prob, *, pad_to_multiple=1
+    users,
+    records_per_user: int,
+    expected_batch_size,
+    seed,
+    truncation_prob,
+    *,
+    pad_to_multiple=1,
+    population=None,
+    extra_rows=0,
 ):
     """ULS: users Poisson-sampled at ``q = E / N_users``, each giving at most ``k`` records."""
     from zoo.dp.users import UserSampler  # it imports this module
@@ -279,6 +289,8 @@ def _users_as_units(
         truncation_prob,
         pad_to_multiple=pad_to_multiple,
         neighbours=True,
+        population=population,
+        extra_rows=extra_rows,
     )
     return UserSampler(units, records_per_user, offsets, rows)
 
