@@ -31,6 +31,7 @@ import numpy as np
 
 from zoo.checks import require_positive_int
 from zoo.dp.sampling import PoissonSampler, SamplerKind, UserDraws, register_sampler
+from zoo.errors import ZooError
 
 __all__ = ["CappedRecordSampler", "cap_records"]
 
@@ -90,7 +91,7 @@ class CappedRecordSampler:
         (``population``: the users counted, all of them: ELS takes no canary users yet)."""
         offsets, rows = users
         if extra_rows or population not in (None, len(offsets) - 1):
-            raise ValueError(
+            raise ZooError(
                 "zoo audit's canary users are drawn as units (ULS); dp.sampler = 'els' has no audit yet"
             )
         k = require_positive_int("records_per_user", records_per_user)
