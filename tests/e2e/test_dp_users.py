@@ -74,11 +74,16 @@ def test_a_cap_read_off_the_largest_user_tells_the_neighbours_apart(capsys, tmp_
     shows in the released summary, and the comparison above catches it."""
     made = dp_plan._user_plan
 
-    def cap_from_the_data(dp, steps, layout, seed, users, canaries):
+    def cap_from_the_data(dp, steps, layout, seed, users, *canaries):
         offsets, _ = users
         largest = int(np.diff(offsets).max())
         return made(
-            dp.__class__(**{**dp.__dict__, "records_per_user": largest}), steps, layout, seed, users, canaries
+            dp.__class__(**{**dp.__dict__, "records_per_user": largest}),
+            steps,
+            layout,
+            seed,
+            users,
+            *canaries,
         )
 
     monkeypatch.setattr(dp_plan, "_user_plan", cap_from_the_data)
