@@ -272,8 +272,8 @@ class DPConfig:
     noise_seed: int | None = None
     pca_epsilon: float | None = None  # with data.dp_pca: what the projection alone spends, at delta
     # The privacy unit: a record, or a user (all the records of one data.user_column value).
-    # Under "user", expected_batch_size counts users, and a drawn user contributes at most
-    # records_per_user of its records (zoo.dp.users).
+    # Under "user", a user gives at most records_per_user records; expected_batch_size counts
+    # users (ULS, sampler "poisson": zoo.dp.users) or records (ELS, sampler "els": zoo.dp.els).
     unit: str = "record"
     records_per_user: int = 4
 

@@ -1,6 +1,7 @@
 """Tests for zoo.dp accounting (dp_accounting PLD / RDP) and DPConfig validation."""
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -87,9 +88,11 @@ def test_a_coarse_sigma_that_fails_the_fine_grid_is_searched_again_there(monkeyp
     search = accounting._search_sigma
     grids = []
 
-    def too_small_on_the_coarse_grid(epsilon, delta, q, steps, accountant, grid, lower=0.0, pca=None):
+    def too_small_on_the_coarse_grid(
+        epsilon, delta, q, steps, accountant, grid, lower=0.0, pca=None, per_unit=1
+    ):
         grids.append(grid)
-        sigma = search(epsilon, delta, q, steps, accountant, grid, lower, pca=pca)
+        sigma = search(epsilon, delta, q, steps, accountant, grid, lower, pca=pca, per_unit=per_unit)
         return 0.99 * sigma if grid == accounting.SEARCH_PLD_DISCRETIZATION else sigma
 
     monkeypatch.setattr(accounting, "_search_sigma", too_small_on_the_coarse_grid)
@@ -246,7 +249,8 @@ def test_the_composition_check_still_catches_a_dropped_projection(monkeypatch):
     from zoo.dp import accounting
 
     original = accounting._dpsgd_event
-    monkeypatch.setattr(accounting, "_dpsgd_event", lambda s, q, steps, pca=None: original(s, q, steps))
+    dropped = lambda s, q, steps, pca=None, per_unit=1: original(s, q, steps, None, per_unit)  # noqa: E731
+    monkeypatch.setattr(accounting, "_dpsgd_event", dropped)
     with pytest.raises(AssertionError):
         check_composed("rdp")
     accounting._epsilon_spent.cache_clear()
@@ -289,3 +293,61 @@ def test_the_summary_parts_are_each_mechanism_alone():
         max(got["epsilon_pca"], got["epsilon_sgd"]) < got["epsilon"] < got["epsilon_pca"] + got["epsilon_sgd"]
     )
     assert "epsilon_pca" not in guaranteed_privacy(sampler, noise_multiplier=1.0, delta=DELTA, steps=100)
+
+
+# -- a unit of k records, each drawn on its own (ELS): jax_privacy's user-level accountant ------
+@functools.lru_cache
+def jax_privacy_user_epsilon(records: int, batch: int, sigma: float, steps: int, k: int) -> float:
+    """jax_privacy 2.0's DpsgdTrainingUserLevelAccountant: ``records`` examples, ``k`` per user,
+    each Poisson-sampled at ``batch / records``, on zoo's grid for a mixture."""
+    from jax_privacy import accounting as jp
+
+    from zoo.dp.accounting import MIXTURE_PLD_DISCRETIZATION
+
+    params = jp.DpParams(
+        noise_multipliers=sigma, num_samples=records, delta=DELTA, batch_size=batch, examples_per_user=k
+    )
+    grid = jp.PldAccountantConfig(value_discretization_interval=MIXTURE_PLD_DISCRETIZATION)
+    return jp.DpsgdTrainingUserLevelAccountant(grid).compute_epsilon(steps, params)
+
+
+USER_LEVEL = [(600, 30, 3.0, 200, 3), (300, 30, 4.0, 40, 2)]  # records, E, sigma, steps, k
+
+
+def check_user_level(records: int, batch: int, sigma: float, steps: int, k: int) -> None:
+    got = epsilon_spent(
+        noise_multiplier=sigma, delta=DELTA, sampling_prob=batch / records, steps=steps, records_per_unit=k
+    )
+    assert got == pytest.approx(jax_privacy_user_epsilon(records, batch, sigma, steps, k), rel=1e-6)
+
+
+@pytest.mark.parametrize(("records", "batch", "sigma", "steps", "k"), USER_LEVEL)
+def test_a_unit_of_k_records_spends_jax_privacys_user_level_epsilon(records, batch, sigma, steps, k):
+    check_user_level(records, batch, sigma, steps, k)
+
+
+def test_the_user_level_check_catches_a_step_that_ignores_k(monkeypatch):
+    """Planted: each step the Poisson-subsampled Gaussian of one record, whatever k."""
+    from zoo.dp import accounting
+
+    original = accounting._dpsgd_event
+    ignored = lambda s, q, steps, pca=None, per_unit=1: original(s, q, steps, pca)  # noqa: E731
+    monkeypatch.setattr(accounting, "_dpsgd_event", ignored)
+    accounting._epsilon_spent.cache_clear()
+    try:
+        with pytest.raises(AssertionError):
+            check_user_level(*USER_LEVEL[0])
+    finally:
+        accounting._epsilon_spent.cache_clear()
+
+
+def test_a_unit_of_k_records_is_accounted_by_pld_only():
+    with pytest.raises(ValueError, match="accounted by 'pld' only"):
+        epsilon_spent(
+            noise_multiplier=1.0,
+            delta=DELTA,
+            sampling_prob=0.1,
+            steps=5,
+            records_per_unit=3,
+            accountant="rdp",
+        )

@@ -118,7 +118,7 @@ def test_an_unregistered_method_is_gone_everywhere(toy_method):
 
 def test_the_built_in_rows():
     assert dp.clipping_names()[:2] == ["vmap", "ghost"]
-    assert list(dp.SAMPLERS) == ["poisson"]
+    assert list(dp.SAMPLERS) == ["poisson", "els"]
     assert not dp.clipping_method("ghost").uses_microbatch(registry.get_kind("mlp").small)
     with pytest.raises(ValueError, match="already registered"):
         dp.register_clipping(dp.clipping_method("vmap"))

@@ -562,7 +562,9 @@ def test_accountant_is_monotone_infinite_without_noise_and_agrees_with_dp_accoun
 def test_accountant_check_still_catches_a_dropped_step(monkeypatch):
     original = accounting._dpsgd_event
     monkeypatch.setattr(
-        accounting, "_dpsgd_event", lambda s, q, steps, pca=None: original(s, q, max(steps - 1, 1), pca)
+        accounting,
+        "_dpsgd_event",
+        lambda s, q, steps, pca=None, per_unit=1: original(s, q, max(steps - 1, 1), pca, per_unit),
     )
     accounting._epsilon_spent.cache_clear()
     try:

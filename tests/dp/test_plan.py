@@ -1,14 +1,16 @@
-"""The DP plan (zoo.dp.plan.make_plan) under dp.unit = "user": the unit it samples, pads and
-accounts is a user."""
+"""The DP plan (zoo.dp.plan.make_plan) under dp.unit = "user": the unit it accounts is a user,
+sampled as one unit (ULS) or record by record with at most k per user (ELS)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting.pld import PLDAccountant
+from scipy import stats
 
 from zoo.configs import DPConfig
 from zoo.data.users import group_rows
@@ -30,9 +32,9 @@ DP = DPConfig(
 STEPS = 40
 
 
-def user_plan(dp: DPConfig = DP):
+def user_plan(dp: DPConfig = DP, canaries: int = 0):
     layout = layout_for(get_config("mlp-s"))
-    return make_plan(dp, len(USERS), STEPS, layout, seed=3, users=group_rows(USERS))
+    return make_plan(dp, len(USERS), STEPS, layout, seed=3, users=group_rows(USERS), canaries=canaries)
 
 
 def pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
@@ -94,3 +96,59 @@ def test_the_canaries_of_a_user_level_plan_are_users():
     rows = make_plan(DP, len(USERS), STEPS, layout, seed=3, users=users, canaries=m, canary_rows=True)
     assert rows.sampler.padded_users > plan.sampler.padded_users  # Binomial(N_users + M, q) users
     assert rows.sampler.padded_batch_size == rows.sampler.padded_users * DP.records_per_user
+
+
+# -- ELS: records drawn at q = E / (N_users * k), at most k per user, accounted per user --------
+# k = 2 and sigma = 3: a mixture's PLD is built point by point, and these keep it to a second
+ELS = dataclasses.replace(DP, sampler="els", expected_batch_size=30, noise_multiplier=3.0, records_per_user=2)
+
+
+def jax_privacy_user_epsilon(records: int, batch: int, sigma: float, steps: int, k: int, delta: float):
+    """jax_privacy 2.0's user-level accountant: ``records`` examples, at most ``k`` per user (on
+    zoo's grid for a mixture of Gaussians)."""
+    from jax_privacy import accounting as jp
+
+    from zoo.dp.accounting import MIXTURE_PLD_DISCRETIZATION
+
+    params = jp.DpParams(
+        noise_multipliers=sigma, num_samples=records, delta=delta, batch_size=batch, examples_per_user=k
+    )
+    grid = jp.PldAccountantConfig(value_discretization_interval=MIXTURE_PLD_DISCRETIZATION)
+    return jp.DpsgdTrainingUserLevelAccountant(grid).compute_epsilon(steps, params)
+
+
+def test_an_els_plan_spends_jax_privacys_user_level_epsilon_over_users_times_k():
+    """ELS's epsilon is jax_privacy's user-level accountant over N_users * k records, k per
+    user. A q over the records kept (E / 102, not E / 120) or a step that ignores k (the
+    record-level Poisson Gaussian) is far from it, and fails."""
+    plan = user_plan(ELS)
+    n_users, k = len(RECORDS_OF), ELS.records_per_user
+    assert plan.sampler.sampling_prob == ELS.expected_batch_size / (n_users * k)
+    assert (plan.unit, plan.records_per_unit) == ("user", k)
+    assert plan.records_per_user is None  # no [users, k] slots: each record is clipped alone
+    assert plan.sampler.algorithm == "ELS" and plan.sampler.users == n_users
+    assert plan.expected_batch_size == pytest.approx(ELS.expected_batch_size)  # the normaliser counts records
+    expected = jax_privacy_user_epsilon(
+        n_users * k, ELS.expected_batch_size, ELS.noise_multiplier, STEPS, k, DP.delta
+    )
+    privacy = plan.privacy_at(STEPS)
+    assert privacy["epsilon"] == pytest.approx(expected, rel=1e-6)
+    assert pld_epsilon(plan.sampler.sampling_prob, ELS.noise_multiplier, STEPS, DP.delta) < 0.7 * expected
+    # truncation: the larger neighbour holds one more user's k records
+    size, q = plan.sampler.padded_batch_size, plan.sampler.sampling_prob
+    bound = (1 + math.exp(privacy["epsilon"])) * STEPS * stats.binom.sf(size, (n_users + 1) * k, q)
+    assert privacy["delta_truncation"] == pytest.approx(bound, rel=1e-9, abs=1e-300)
+
+
+def test_a_calibrated_els_plan_spends_its_epsilon_per_user():
+    plan = user_plan(dataclasses.replace(ELS, noise_multiplier=None, epsilon=1.0))
+    records, k = len(RECORDS_OF) * ELS.records_per_user, ELS.records_per_user
+    spent = jax_privacy_user_epsilon(
+        records, ELS.expected_batch_size, plan.noise_multiplier, STEPS, k, DP.delta
+    )
+    assert 0.99 * 1.0 <= spent <= 1.0
+
+
+def test_an_els_plan_takes_no_canary_users_yet():
+    with pytest.raises(ValueError, match="dp.sampler = 'els' has no audit yet"):
+        user_plan(dataclasses.replace(ELS, noise_multiplier=50.0), canaries=10)

@@ -1,10 +1,11 @@
-"""zoo.dp.validate: the DP-PCA budget against the [data] section, one line per mistake."""
+"""zoo.dp.validate: the DP-PCA budget against the [data] section, and the sampler row against
+the privacy unit and the accountant, one line per mistake."""
 
 import pytest
 
 from zoo import recipes
 from zoo.configs import DPConfig
-from zoo.dp.validate import check_pca
+from zoo.dp.validate import check_choices, check_pca
 from zoo.errors import ZooError
 
 ON = DPConfig(enabled=True, epsilon=2.0, pca_epsilon=0.2)
@@ -18,6 +19,8 @@ ON = DPConfig(enabled=True, epsilon=2.0, pca_epsilon=0.2)
         (DPConfig(enabled=True, epsilon=2.0, pca_epsilon=2.0), 60, "must be below dp.epsilon = 2.0"),
         (DPConfig(enabled=True, epsilon=2.0, pca_epsilon=-1.0), 60, "finite number > 0"),
         (DPConfig(enabled=True, epsilon=2.0, pca_epsilon=float("inf")), 60, "finite number > 0"),
+        # the projection is fitted on every record: one user moves it by all of theirs
+        (DPConfig(enabled=True, epsilon=2.0, pca_epsilon=0.2, unit="user"), 60, "under dp.unit = 'user'"),
     ],
 )
 def test_a_dp_pca_budget_that_does_not_fit_is_one_line(dp, dp_pca, words):
@@ -44,3 +47,25 @@ def test_a_recipe_is_checked_when_it_is_read_and_when_a_value_changes():
         recipes.override(recipe, {"data": {"dp_pca": 0}})
     plain = recipes.override(recipe, {"dp": {"enabled": False}})
     assert plain.data.dp_pca == 60  # without DP: plain PCA
+
+
+@pytest.mark.parametrize(
+    ("dp", "words"),
+    [
+        (DPConfig(enabled=True, epsilon=2.0, sampler="els"), "draws the units user, not dp.unit = 'record'"),
+        (
+            DPConfig(enabled=True, epsilon=2.0, sampler="els", accountant="rdp"),
+            "samplers of records: poisson",
+        ),
+        (
+            DPConfig(enabled=True, epsilon=2.0, unit="user", sampler="els", accountant="rdp"),
+            "its accountants: pld",
+        ),
+    ],
+)
+def test_a_sampler_row_is_refused_outside_its_units_and_accountants(dp, words):
+    with pytest.raises(ZooError) as error:
+        check_choices(dp)
+    assert words in str(error.value) and "\n" not in str(error.value)
+    check_choices(DPConfig(enabled=True, epsilon=2.0, unit="user", sampler="els"))  # its unit, pld
+    check_choices(DPConfig(enabled=True, epsilon=2.0, unit="user"))  # ULS: poisson over users

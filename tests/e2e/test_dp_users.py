@@ -1,8 +1,9 @@
-"""dp.unit = "user" from the command line (zoo.dp.users, zoo.data.users): a DP run on a CSV with
-a user column protects users. Removing one user with all of its records leaves every shape,
-message, summary field and exit status equal (only the weights, the eval figures and the DP
-figures that follow the public number of users may differ); settings that cannot give users
-are refused in one line, before any data is read."""
+"""dp.unit = "user" from the command line (zoo.dp.users, zoo.dp.els, zoo.data.users): a DP run on
+a CSV with a user column protects users, by ULS (the default) or ELS (dp.sampler = "els").
+Removing one user with all of its records leaves every shape, message, summary field and exit
+status equal (only the weights, the eval figures and the DP figures that follow the public
+number of users may differ); settings that cannot give users are refused in one line, before
+any data is read."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ RECORDS_OF[LARGEST] = 7  # above k = 3: subsampled, silently
 USERS = ["--set", "data.user_column=user", "--set", "data.classes=[0, 1, 2]", "--set", "dp.unit=user"]
 USERS += ["--set", "dp.clipping=vmap", "--set", f"dp.records_per_user={K}"]
 USERS += ["--set", "dp.expected_batch_size=8", "--set", "dp.delta=1e-3"]
+# ELS clips each record, so ghost clipping serves it; its mixture of Gaussians needs pld
+ELS = ("--set", "dp.sampler=els", "--set", "dp.accountant=pld", "--set", "dp.clipping=ghost")
 
 
 def users_table(skip: int | None = None) -> str:
@@ -47,20 +50,23 @@ def users_table(skip: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def neighbour_users(capsys, tmp_path) -> tuple[dict, dict]:
+def neighbour_users(capsys, tmp_path, sampler: tuple[str, ...] = ()) -> tuple[dict, dict]:
     seen = []
     for i, text in enumerate((users_table(), users_table(skip=LARGEST))):
         path = tmp_path / "data.csv"  # the same path for both: the spec is public
         path.write_text(text)
-        seen.append(outcome(capsys, tmp_path, f"run{i}", [*MLP, *USERS, "--dataset", f"csv:{path}"]))
+        argv = [*MLP, *USERS, *sampler, "--dataset", f"csv:{path}"]
+        seen.append(outcome(capsys, tmp_path, f"run{i}", argv))
     return seen[0], seen[1]
 
 
-def test_removing_a_user_with_all_its_records_changes_nothing_released(capsys, tmp_path):
-    a, b = neighbour_users(capsys, tmp_path)
+@pytest.mark.parametrize(("sampler", "algorithm"), [((), "ULS"), (ELS, "ELS")], ids=["uls", "els"])
+def test_removing_a_user_with_all_its_records_changes_nothing_released(capsys, tmp_path, sampler, algorithm):
+    a, b = neighbour_users(capsys, tmp_path, sampler)
     assert a["code"] == 0, a["printed"][-3:]
     assert a == b
     assert a["summary"]["privacy_unit"] == "user" and a["summary"]["records_per_user"] == K
+    assert a["summary"]["user_sampling"] == algorithm
 
 
 def test_a_cap_read_off_the_largest_user_tells_the_neighbours_apart(capsys, tmp_path, monkeypatch):
@@ -68,10 +74,17 @@ def test_a_cap_read_off_the_largest_user_tells_the_neighbours_apart(capsys, tmp_
     shows in the released summary, and the comparison above catches it."""
     made = dp_plan._user_plan
 
-    def cap_from_the_data(plan, dp, users):
+    def cap_from_the_data(dp, steps, layout, seed, users, *canaries):
         offsets, _ = users
         largest = int(np.diff(offsets).max())
-        return made(plan, dp.__class__(**{**dp.__dict__, "records_per_user": largest}), users)
+        return made(
+            dp.__class__(**{**dp.__dict__, "records_per_user": largest}),
+            steps,
+            layout,
+            seed,
+            users,
+            *canaries,
+        )
 
     monkeypatch.setattr(dp_plan, "_user_plan", cap_from_the_data)
     a, b = neighbour_users(capsys, tmp_path)
@@ -86,6 +99,11 @@ def test_a_cap_read_off_the_largest_user_tells_the_neighbours_apart(capsys, tmp_
         (["--set", "dp.unit=users"], ("dp.unit", "'users'", "record, user")),
         (["--set", "dp.records_per_user=0"], ("dp.records_per_user", "0")),
         (["--set", "data.user_column=user", "--set", "dp.enabled=false"], ("only under DP",)),
+        (["--set", "dp.sampler=els"], ("dp.sampler = 'els' draws the units user", "poisson")),
+        (
+            "--set data.user_column=user --set dp.unit=user --set dp.sampler=els --set dp.accountant=rdp".split(),
+            ("dp.accountant = 'rdp' cannot account dp.sampler = 'els'", "pld"),
+        ),
     ],
 )
 def test_settings_that_cannot_give_users_are_refused_before_the_data_is_read(capsys, sets, fragments):

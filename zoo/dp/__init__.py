@@ -11,8 +11,8 @@ one registration.
 
 from zoo.configs import DPConfig
 
-# ghost registers its clipping method in the table on import
-from zoo.dp import ghost  # noqa: E402, I001
+# ghost registers its clipping method in the table on import, els its sampler (ELS)
+from zoo.dp import els, ghost  # noqa: E402, I001
 from zoo.dp.accounting import (
     ACCOUNTANTS,
     calibrate_noise_multiplier,
@@ -61,6 +61,7 @@ __all__ = [
     "clipped_grad_sum",
     "clipping_method",
     "clipping_names",
+    "els",
     "ghost",
     "make_sampler",
     "register_clipping",

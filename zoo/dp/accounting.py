@@ -4,7 +4,10 @@ One DP-SGD step is modelled as ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma)
 (Poisson subsampling with rate ``q``, Gaussian noise with multiplier ``sigma``
 relative to the clip norm); ``steps`` steps are its self-composition.  The
 neighbouring relation is add/remove-one example, matching the sensitivity ``C``
-of the clipped sum in :mod:`zoo.dp.clipping`.
+of the clipped sum in :mod:`zoo.dp.clipping`. A unit with ``records_per_unit = k > 1``
+records, each Poisson-sampled on its own (ELS, :mod:`zoo.dp.els`), moves the sum by
+``Binomial(k, q)`` clip norms: the step is dp_accounting's ``MixtureOfGaussiansDpEvent``
+over that sensitivity, as jax_privacy's ``DpsgdTrainingUserLevelAccountant`` builds it.
 
 Accountants: ``"pld"`` (privacy loss distributions, tight; the default) and
 ``"rdp"`` (Renyi DP, faster but looser).  The PLD discretisation is exposed as
@@ -21,6 +24,8 @@ from typing import TYPE_CHECKING
 from zoo.checks import is_int, is_number
 from zoo.configs import DPConfig
 from zoo.dp import bounds
+from zoo.dp.truncation import check_steps as _check_steps
+from zoo.dp.truncation import truncation_budget, truncation_delta
 from zoo.dp.validate import ACCOUNTANTS, check_choices, check_pca, validate
 from zoo.errors import ZooError, choice_error
 
@@ -50,6 +55,17 @@ DEFAULT_PLD_DISCRETIZATION = 1e-4  # dp_accounting's own default
 # bound on epsilon, so the sigma it finds meets the budget, only slightly above the sigma the
 # default grid finds, and it finds it sooner (the comparison is in docs/dp.md).
 SEARCH_PLD_DISCRETIZATION = 1e-3
+# A mixture of Gaussians (a unit of several records, ELS) has no closed-form PLD: dp_accounting
+# builds it point by point, seconds per step's PLD on a 1e-3 grid and 10x that on 1e-4. It is
+# reported on the 1e-3 grid (1e-6 relative from 1e-4's, measured) and searched on 1e-2.
+MIXTURE_PLD_DISCRETIZATION, MIXTURE_SEARCH_PLD_DISCRETIZATION = 1e-3, 1e-2
+
+
+def _grids(pld_discretization: float, per_unit: int) -> tuple[float, float]:
+    """The PLD grids ``(searched, reported)`` for a unit of ``per_unit`` records."""
+    if per_unit == 1:
+        return SEARCH_PLD_DISCRETIZATION, pld_discretization
+    return MIXTURE_SEARCH_PLD_DISCRETIZATION, max(pld_discretization, MIXTURE_PLD_DISCRETIZATION)
 
 
 def _dp_accounting():
@@ -78,19 +94,20 @@ def _check_common(delta: float, sampling_prob: float) -> None:
         raise ZooError(f"sampling_prob must be in (0, 1]; got sampling_prob={sampling_prob!r}.")
 
 
-def _check_steps(steps: int) -> int:
-    if not is_int(steps) or steps < 0:
-        raise ZooError(f"steps must be a non-negative int; got steps={steps!r}.")
-    return int(steps)
-
-
 def _dpsgd_event(
-    noise_multiplier: float, sampling_prob: float, steps: int, pca: float | None = None
+    noise_multiplier: float, sampling_prob: float, steps: int, pca: float | None = None, per_unit: int = 1
 ) -> DpEvent:
-    """``steps`` Poisson-subsampled Gaussian steps, after one Gaussian release of noise
-    multiplier ``pca`` when the run fits a DP-PCA projection first (:mod:`zoo.dp.pca`)."""
+    """``steps`` Poisson-subsampled Gaussian steps (a mixture of Gaussians for ``per_unit > 1``
+    records per unit), after one Gaussian release of noise multiplier ``pca`` when the run fits
+    a DP-PCA projection first (:mod:`zoo.dp.pca`)."""
     dp_accounting = _dp_accounting()
     step = dp_accounting.PoissonSampledDpEvent(sampling_prob, dp_accounting.GaussianDpEvent(noise_multiplier))
+    if per_unit > 1:  # the unit is drawn Binomial(per_unit, q) times in a step
+        from scipy import stats
+
+        draws = range(per_unit + 1)
+        chances = [float(stats.binom.pmf(x, per_unit, sampling_prob)) for x in draws]
+        step = dp_accounting.dp_event.MixtureOfGaussiansDpEvent(noise_multiplier, list(draws), chances)
     sgd = dp_accounting.SelfComposedDpEvent(step, steps)
     if pca is None:
         return sgd
@@ -107,9 +124,12 @@ def epsilon_spent(
     accountant: str = "pld",
     pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
     pca_noise_multiplier: float | None = None,
+    records_per_unit: int = 1,
 ) -> float:
     """Epsilon at ``delta`` after ``steps`` Poisson-subsampled Gaussian steps (composed with
-    the DP-PCA's Gaussian release of ``pca_noise_multiplier``, when given)."""
+    the DP-PCA's Gaussian release of ``pca_noise_multiplier``, when given), for a unit of
+    ``records_per_unit`` records each drawn on its own (ELS; the PLD accountant only, on a grid
+    no finer than :data:`MIXTURE_PLD_DISCRETIZATION`)."""
     _check_common(delta, sampling_prob)
     steps = _check_steps(steps)
     for name, value in (
@@ -119,29 +139,33 @@ def epsilon_spent(
         if value is not None and not (is_number(value) and value >= 0):
             raise ZooError(f"{name} must be >= 0; got {name}={value!r}.")
     pca = None if pca_noise_multiplier is None else float(pca_noise_multiplier)
-    return _epsilon_spent(
-        float(noise_multiplier),
-        float(delta),
-        float(sampling_prob),
-        steps,
-        accountant,
-        pld_discretization,
-        pca,
-    )
+    per_unit = _per_unit(records_per_unit, accountant)
+    args = (float(noise_multiplier), float(delta), float(sampling_prob), steps, accountant)
+    return _epsilon_spent(*args, _grids(pld_discretization, per_unit)[1], pca, per_unit)
+
+
+def _per_unit(records_per_unit: int, accountant: str) -> int:
+    if not (is_int(records_per_unit) and records_per_unit >= 1):
+        raise ZooError(f"records_per_unit must be an int >= 1; got records_per_unit={records_per_unit!r}.")
+    if records_per_unit > 1 and accountant != "pld":
+        raise ZooError(
+            f"a unit of {records_per_unit} records is accounted by 'pld' only; got accountant={accountant!r}"
+        )
+    return int(records_per_unit)
 
 
 # Both are pure functions of a few numbers and take seconds (a PLD composition; a search over
 # them): a run asks the same question at every eval, on resume and for its summary.
 @functools.lru_cache(maxsize=256)
 def _epsilon_spent(
-    noise_multiplier, delta, sampling_prob, steps, accountant, pld_discretization, pca=None
+    noise_multiplier, delta, sampling_prob, steps, accountant, pld_discretization, pca=None, per_unit=1
 ) -> float:
     if steps == 0 and pca is None:
         return 0.0
     if (steps and noise_multiplier == 0) or pca == 0:
         return math.inf
     acc = _make_accountant(accountant, pld_discretization)()
-    acc.compose(_dpsgd_event(noise_multiplier, sampling_prob, steps, pca))
+    acc.compose(_dpsgd_event(noise_multiplier, sampling_prob, steps, pca, per_unit))
     return float(acc.get_epsilon(delta))
 
 
@@ -155,9 +179,11 @@ def calibrate_noise_multiplier(
     accountant: str = "pld",
     pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
     pca_noise_multiplier: float | None = None,
+    records_per_unit: int = 1,
 ) -> float:
     """A noise multiplier whose epsilon after ``steps`` (composed with a DP-PCA release of
-    ``pca_noise_multiplier``, when given) is <= ``epsilon``: the smallest one
+    ``pca_noise_multiplier``, when given; ``records_per_unit`` as :func:`epsilon_spent`) is
+    <= ``epsilon``: the smallest one
     (to ~1e-6) on the PLD grid :data:`SEARCH_PLD_DISCRETIZATION`, whose pessimistic epsilon
     bounds the one on the finer ``pld_discretization`` grid from above; the result is then
     checked on the finer grid (and searched there again in the unlikely case it fails).
@@ -171,33 +197,34 @@ def calibrate_noise_multiplier(
         raise ZooError("steps must be >= 1 to calibrate a noise multiplier; got steps=0.")
     if not (is_number(epsilon) and epsilon > 0 and math.isfinite(epsilon)):
         raise ZooError(f"epsilon must be a finite number > 0; got epsilon={epsilon!r}.")
-    pca = pca_noise_multiplier
-    if accountant == "pld" and pld_discretization < SEARCH_PLD_DISCRETIZATION:
-        sigma = _search_sigma(
-            epsilon, delta, sampling_prob, steps, accountant, SEARCH_PLD_DISCRETIZATION, pca=pca
-        )
-        spent = _epsilon_spent(sigma, delta, sampling_prob, steps, accountant, pld_discretization, pca)
-        if spent <= epsilon:
+    pca, per_unit = pca_noise_multiplier, _per_unit(records_per_unit, accountant)
+    search = functools.partial(
+        _search_sigma, epsilon, delta, sampling_prob, steps, accountant, pca=pca, per_unit=per_unit
+    )
+    coarse, fine = _grids(pld_discretization, per_unit)
+    if accountant == "pld" and fine < coarse:
+        sigma = search(coarse)
+        if _epsilon_spent(sigma, delta, sampling_prob, steps, accountant, fine, pca, per_unit) <= epsilon:
             return sigma
         # Too little noise on the fine grid: the answer there lies above the coarse sigma.
-        return _search_sigma(
-            epsilon, delta, sampling_prob, steps, accountant, pld_discretization, sigma, pca=pca
-        )
-    return _search_sigma(epsilon, delta, sampling_prob, steps, accountant, pld_discretization, pca=pca)
+        return search(fine, sigma)
+    return search(fine)
 
 
 def _search_sigma(
-    epsilon, delta, sampling_prob, steps, accountant, pld_discretization, lower=0.0, pca=None
+    epsilon, delta, sampling_prob, steps, accountant, pld_discretization, lower=0.0, pca=None, per_unit=1
 ) -> float:
     make_acc = _make_accountant(accountant, pld_discretization)
     q = float(sampling_prob)
     dp_accounting = _dp_accounting()
     if not lower:  # zoo.dp.bounds: search only where the accountant answers in seconds
-        spent = lambda s: _epsilon_spent(s, delta, q, steps, accountant, pld_discretization, pca)  # noqa: E731
+        spent = lambda s: _epsilon_spent(  # noqa: E731
+            s, delta, q, steps, accountant, pld_discretization, pca, per_unit=per_unit
+        )
         bounds.check_in_range(epsilon, delta, steps, spent)
     sigma = dp_accounting.calibrate_dp_mechanism(
         bounds.with_deadline(make_acc),
-        lambda s: _dpsgd_event(s, q, steps, pca),
+        lambda s: _dpsgd_event(s, q, steps, pca, per_unit),
         float(epsilon),
         float(delta),
         bracket_interval=dp_accounting.LowerEndpointAndGuess(lower, 1.05 * lower if lower else 1.0),
@@ -291,11 +318,17 @@ def max_steps_within_budget(
 
 
 def resolve_noise_multiplier(
-    cfg: DPConfig, num_examples: int, steps: int, pca_noise_multiplier: float | None = None
+    cfg: DPConfig,
+    num_examples: int,
+    steps: int,
+    pca_noise_multiplier: float | None = None,
+    records_per_unit: int = 1,
 ) -> tuple[float, float]:
     """``(noise_multiplier, epsilon)`` for a validated, enabled config run for ``steps`` steps
     (after a DP-PCA release of ``pca_noise_multiplier``, when given: the epsilon is the two
-    composed, and a calibrated noise multiplier is DP-SGD's share of ``cfg.epsilon``).
+    composed, and a calibrated noise multiplier is DP-SGD's share of ``cfg.epsilon``), over
+    ``num_examples`` units of ``records_per_unit`` records each drawn on its own (``q = E /
+    (num_examples * records_per_unit)``; ELS's users, :mod:`zoo.dp.els`).
 
     With ``cfg.epsilon`` set the noise multiplier is calibrated to it (and the
     returned epsilon is what that multiplier actually spends, <= target); with
@@ -303,49 +336,14 @@ def resolve_noise_multiplier(
     """
     if not cfg.enabled:
         raise ZooError("resolve_noise_multiplier needs a config with enabled=True.")
-    validate(cfg, num_examples)
-    common = {"delta": cfg.delta, "sampling_prob": cfg.expected_batch_size / num_examples, "steps": steps}
+    validate(cfg, num_examples, records_per_unit)
+    q = cfg.expected_batch_size / (num_examples * records_per_unit)
+    common = {"delta": cfg.delta, "sampling_prob": q, "steps": steps, "records_per_unit": records_per_unit}
     common.update(accountant=cfg.accountant, pca_noise_multiplier=pca_noise_multiplier)
     sigma = cfg.noise_multiplier
     if sigma is None:
         sigma = calibrate_noise_multiplier(epsilon=cfg.epsilon, **common)
     return float(sigma), epsilon_spent(noise_multiplier=sigma, **common)
-
-
-# Fixed-shape Poisson batches drop records when a draw exceeds the padded size. That event is
-# not part of the accounted mechanism; the padding is sized so that it adds at most this share
-# of delta over the run, and the delta a run reports includes what it does add.
-TRUNCATION_SHARE = 1e-3
-
-
-def truncation_budget(*, delta: float, epsilon: float, steps: int, share: float = TRUNCATION_SHARE) -> float:
-    """Per-step truncation probability ``p`` whose cost ``(1 + e^epsilon) * steps * p`` on delta
-    (:func:`truncation_delta`) is ``share * delta``."""
-    if not (is_number(epsilon) and epsilon >= 0):
-        raise ZooError(f"epsilon must be a number >= 0; got epsilon={epsilon!r}.")
-    steps = max(_check_steps(steps), 1)
-    return 0.0 if not epsilon < 700 else share * delta / (steps * (1.0 + math.exp(epsilon)))
-
-
-def truncation_delta(
-    *, num_examples: int, sampling_prob: float, padded_batch_size: int, steps: int, epsilon: float
-) -> float:
-    """What truncating Poisson draws to ``padded_batch_size`` adds to delta over ``steps`` steps.
-
-    The truncated mechanism M' and the accounted one M differ only when a draw exceeds the
-    padding: per step with probability at most ``p = P(Binomial(N + 1, q) > P)`` on either
-    neighbour (the larger has N + 1 examples), so M'(D), M(D) are within ``steps * p`` in total
-    variation and M' is ``(eps, delta + (1 + e^eps) * steps * p)``-DP. Returns at most 1.
-    """
-    steps, n = _check_steps(steps), int(num_examples)
-    if steps == 0 or padded_batch_size >= n + 1:
-        return 0.0
-    from scipy import stats  # on first use: scipy.stats takes most of a second to import
-
-    p = float(stats.binom.sf(int(padded_batch_size), n + 1, float(sampling_prob)))
-    if p == 0.0:
-        return 0.0
-    return 1.0 if not epsilon < 700 else min(1.0, (1.0 + math.exp(epsilon)) * steps * p)
 
 
 def guaranteed_privacy(
@@ -356,9 +354,11 @@ def guaranteed_privacy(
     steps: int,
     accountant: str = "pld",
     pca_noise_multiplier: float | None = None,
+    records_per_unit: int = 1,
 ) -> dict[str, float]:
     """The ``(epsilon, delta)`` a DP-SGD run with this fixed-shape ``sampler`` guarantees after
-    ``steps`` steps (after a DP-PCA release of ``pca_noise_multiplier``, when given).
+    ``steps`` steps (after a DP-PCA release of ``pca_noise_multiplier``, when given), for units
+    of ``records_per_unit`` records each drawn on its own (:func:`epsilon_spent`).
 
     ``epsilon`` is accounted at the accountant's ``delta`` (:func:`epsilon_spent`);
     ``delta_truncation`` is what truncating the Poisson draws to the sampler's padded size adds
@@ -368,6 +368,7 @@ def guaranteed_privacy(
     alone at the same delta (the parts do not add up: ``epsilon`` is their composition).
     """
     common = {"delta": delta, "sampling_prob": sampler.sampling_prob, "accountant": accountant}
+    common["records_per_unit"] = records_per_unit
     eps = epsilon_spent(
         noise_multiplier=noise_multiplier, steps=steps, pca_noise_multiplier=pca_noise_multiplier, **common
     )
@@ -385,6 +386,7 @@ def guaranteed_privacy(
         padded_batch_size=sampler.padded_batch_size,
         steps=steps,
         epsilon=eps,
+        records_per_unit=records_per_unit,
     )
     return {
         "epsilon": eps,

@@ -28,8 +28,7 @@ from zoo.dp.accounting import (
     resolve_noise_multiplier,
     truncation_budget,
 )
-from zoo.dp.sampling import PoissonSampler, make_sampler
-from zoo.dp.users import UserSampler
+from zoo.dp.sampling import SAMPLERS, PoissonSampler, make_sampler
 from zoo.parallel.layout import Layout
 
 __all__ = ["DPPlan", "fixed_batch_plan", "make_plan"]
@@ -59,9 +58,14 @@ class DPPlan:
     truncation_prob: float | None = None  # per-step bound the padding is sized for
     # The DP-PCA's Gaussian release before the first step (zoo.dp.pca; data.dp_pca), or None.
     pca_noise_multiplier: float | None = None
-    # dp.unit = "user": the record slots of a user (the batch is [users, k]; zoo.dp.users).
-    # None: the unit is a record.
+    # dp.unit = "user" under ULS: the record slots of a user (the batch is [users, k];
+    # zoo.dp.users). None: a row of the batch is one record, clipped alone.
     records_per_user: int | None = None
+    unit: str = _DEFAULTS.unit  # what the epsilon protects: a record or a user (dp.unit)
+    # The records of one unit that a step draws each on its own, each a step's clipped term:
+    # 1 (a record; a ULS user, drawn as one unit), or k = dp.records_per_user under ELS
+    # (zoo.dp.els), accounted as a mixture of Gaussians (zoo.dp.accounting).
+    records_per_unit: int = 1
 
     def epsilon_at(self, steps: int) -> float:
         """Epsilon spent after ``steps`` steps at the plan's ``delta`` (before the first: 0, or
@@ -75,6 +79,7 @@ class DPPlan:
             steps=steps,
             accountant=self.accountant,
             pca_noise_multiplier=self.pca_noise_multiplier,
+            records_per_unit=self.records_per_unit,
         )
 
     def privacy_at(self, steps: int) -> dict[str, float]:
@@ -87,6 +92,7 @@ class DPPlan:
             steps=steps,
             accountant=self.accountant,
             pca_noise_multiplier=self.pca_noise_multiplier,
+            records_per_unit=self.records_per_unit,
         )
 
 
@@ -116,38 +122,45 @@ def make_plan(
     the sample, the clipped sum and the accounting stay.
 
     Under ``dp.unit = "user"``, ``users`` (``(offsets, rows)``, :func:`zoo.data.users.group_rows`)
-    groups the records by user: the unit counted, sampled and padded is a user
-    (:class:`zoo.dp.users.UserSampler`), ``num_records`` is unused, and the canaries are users
-    (black-box: ``canary_rows`` pads for the canary users drawn too, ``[k]`` slots each).
+    groups the records by user, ``num_records`` is unused, and the sampler row's ``users``
+    (:class:`zoo.dp.sampling.UserDraws`) draws them: ULS counts, samples and pads users
+    (:class:`zoo.dp.users.UserSampler`), ELS records, at most ``k`` per user
+    (:class:`zoo.dp.els.CappedRecordSampler`), and the accounting is per user for both.
     """
     if dp.unit == "user":
-        by_user = dataclasses.replace(dp, unit="record")  # the same plan, over users as records
-        # zoo audit's canaries are users then: counted, padded (black-box) and drawn as users.
-        over_users = make_plan(
-            by_user, _user_count(users), steps, layout, seed=seed, canaries=canaries, canary_rows=canary_rows
-        )
-        return _user_plan(over_users, dp, users)
+        return _user_plan(dp, steps, layout, seed, users, canaries, canary_rows)
     require_positive_int("num_records", num_records)
     canaries = require_int("canaries", canaries, lo=0, what="an int >= 0")
     accounted = num_records + canaries // 2
+    extra_rows = canaries if canary_rows else 0
+
+    def sampler(truncation: float, multiple: int):
+        return make_sampler(
+            dp.sampler,
+            num_records,
+            dp.expected_batch_size,
+            seed,
+            truncation,
+            pad_to_multiple=multiple,
+            population=accounted,
+            extra_rows=extra_rows,
+        )
+
+    return _plan(dp, accounted, steps, layout, sampler)
+
+
+def _plan(dp: DPConfig, units: int, steps: int, layout: Layout, draw, records_per_unit: int = 1, **fields):
+    """The plan over ``units`` privacy units of ``records_per_unit`` records each drawn on its
+    own: the noise for them, and the sampler ``draw(truncation_prob, pad_to_multiple)``."""
     pca = pca_noise_multiplier(dp)
-    sigma, epsilon = resolve_noise_multiplier(dp, accounted, steps, pca)
+    sigma, epsilon = resolve_noise_multiplier(dp, units, steps, pca, records_per_unit)
     multiple = math.lcm(dp.microbatch_size or 1, layout.spec.batch_ways)
     truncation = truncation_budget(delta=dp.delta, epsilon=epsilon, steps=steps)
-    sampler = make_sampler(
-        dp.sampler,
-        num_records,
-        dp.expected_batch_size,
-        seed,
-        truncation,
-        pad_to_multiple=multiple,
-        population=accounted,
-        extra_rows=canaries if canary_rows else 0,
-    )
+    sampler = draw(truncation, multiple)
     return DPPlan(
         noise_multiplier=sigma,
         clip_norm=dp.clip_norm,
-        expected_batch_size=sampler.sampling_prob * accounted,
+        expected_batch_size=sampler.sampling_prob * units * records_per_unit,
         microbatch_size=dp.microbatch_size,
         clipping=dp.clipping,
         noise_prng=dp.noise_prng,
@@ -158,7 +171,33 @@ def make_plan(
         pad_multiple=multiple,
         truncation_prob=truncation,
         pca_noise_multiplier=pca,
+        records_per_unit=records_per_unit,
+        **fields,
     )
+
+
+def _user_plan(dp: DPConfig, steps: int, layout: Layout, seed: int, users, canaries, canary_rows) -> DPPlan:
+    """The plan of ``dp.unit = "user"``: the sampler row's way of drawing users' records. zoo
+    audit's canaries are users then, counted (``N_users + M // 2``), padded (black-box) and
+    drawn as users (ULS; ELS refuses them)."""
+    n_users, canaries = _user_count(users), require_int("canaries", canaries, lo=0, what="an int >= 0")
+    draws, k = SAMPLERS[dp.sampler].users, dp.records_per_user  # the row: validate.check_choices
+    accounted, extra_rows = n_users + canaries // 2, canaries if canary_rows else 0
+
+    def sampler(truncation: float, multiple: int):
+        return draws.make(
+            users,
+            k,
+            dp.expected_batch_size,
+            seed,
+            truncation,
+            pad_to_multiple=multiple,
+            population=accounted,
+            extra_rows=extra_rows,
+        )
+
+    per_unit, slots = (k, None) if draws.per_record else (1, k)
+    return _plan(dp, accounted, steps, layout, sampler, per_unit, unit="user", records_per_user=slots)
 
 
 def _user_count(users) -> int:
@@ -166,13 +205,6 @@ def _user_count(users) -> int:
     if users is None:
         raise ValueError("dp.unit = 'user' needs the records grouped by user (data.user_column)")
     return len(users[0]) - 1
-
-
-def _user_plan(plan: DPPlan, dp: DPConfig, users) -> DPPlan:
-    """``plan`` (made over users) drawing each user's records: at most ``dp.records_per_user``."""
-    offsets, rows = users
-    sampler = UserSampler(plan.sampler, dp.records_per_user, offsets, rows)
-    return dataclasses.replace(plan, sampler=sampler, records_per_user=dp.records_per_user)
 
 
 def pca_noise_multiplier(dp: DPConfig) -> float | None:

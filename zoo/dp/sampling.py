@@ -36,7 +36,15 @@ import numpy as np
 
 from zoo.checks import require_int, require_number, require_positive_int
 
-__all__ = ["SAMPLERS", "PoissonSampler", "SamplerKind", "make_sampler", "padded_size_for", "register_sampler"]
+__all__ = [
+    "SAMPLERS",
+    "PoissonSampler",
+    "SamplerKind",
+    "UserDraws",
+    "make_sampler",
+    "padded_size_for",
+    "register_sampler",
+]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -177,17 +185,47 @@ class PoissonSampler:
 
 
 @dataclass(frozen=True)
+class UserDraws:
+    """How a sampler row draws under ``dp.unit = "user"`` (:mod:`zoo.dp.users`, :mod:`zoo.dp.els`).
+
+    ``make(users, records_per_user, expected_batch_size, seed, truncation_prob, *,
+    pad_to_multiple, population, extra_rows)``, ``users`` the ``(offsets, rows)`` of
+    :func:`zoo.data.users.group_rows` (``population``, ``extra_rows``: zoo audit's canary users,
+    as :meth:`PoissonSampler.for_expected_batch`'s),
+    returns a sampler as :class:`SamplerKind`'s, with ``units`` (what its truncation is
+    bounded over), ``users``, ``records_per_user`` and ``algorithm`` (its name in the summary).
+
+    ``per_record``: False, a user is drawn as one unit and clipped as one (ULS: the accounting
+    counts users); True, each of a user's (at most ``k``) records is drawn on its own and
+    clipped alone (ELS: the accounting counts ``N_users * k`` records, ``k`` per user, with the
+    mixture of Gaussians of :mod:`zoo.dp.accounting`)."""
+
+    make: Callable[..., object]
+    per_record: bool = False
+
+
+@dataclass(frozen=True)
 class SamplerKind:
     """A row of the sampler table: ``make(num_examples, expected_batch_size, seed,
     truncation_prob, *, pad_to_multiple, population, extra_rows)`` (as
     :meth:`PoissonSampler.for_expected_batch`) returns a sampler with ``batch_indices(step) -> (indices, mask,
-    realised)``, ``sampling_prob``, ``padded_batch_size`` and ``expected_batch_size``.
+    realised)``, ``sampling_prob``, ``padded_batch_size`` and ``expected_batch_size``; None
+    where the row draws only users. ``users`` says how the row draws under ``dp.unit =
+    "user"`` (None: it does not).
     The accountant (:mod:`zoo.dp.accounting`) models Poisson subsampling: a sampler added here
-    must draw batches that the accounting holds for."""
+    must draw batches that the accounting holds for. ``accountants``: the ones that can account
+    it (None: every one)."""
 
     name: str
     description: str
-    make: Callable[..., PoissonSampler]
+    make: Callable[..., PoissonSampler] | None
+    users: UserDraws | None = None
+    accountants: tuple[str, ...] | None = None
+
+    @property
+    def privacy_units(self) -> tuple[str, ...]:
+        """The privacy units (``dp.unit``) the row draws."""
+        return (("record",) if self.make else ()) + (("user",) if self.users else ())
 
 
 SAMPLERS: dict[str, SamplerKind] = {}
@@ -215,8 +253,9 @@ def make_sampler(
     either of two neighbouring datasets is truncated with probability at most
     ``truncation_prob`` per step (``population``, ``extra_rows``: see
     :meth:`PoissonSampler.for_expected_batch`)."""
-    if name not in SAMPLERS:
-        raise ValueError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
+    if name not in SAMPLERS or SAMPLERS[name].make is None:
+        able = ", ".join(n for n, kind in SAMPLERS.items() if kind.make)
+        raise ValueError(f"sampler {name!r} does not draw records; the samplers of records: {able}")
     return SAMPLERS[name].make(
         num_examples,
         expected_batch_size,
@@ -228,10 +267,40 @@ def make_sampler(
     )
 
 
+def _users_as_units(
+    users,
+    records_per_user: int,
+    expected_batch_size,
+    seed,
+    truncation_prob,
+    *,
+    pad_to_multiple=1,
+    population=None,
+    extra_rows=0,
+):
+    """ULS: users Poisson-sampled at ``q = E / N_users``, each giving at most ``k`` records."""
+    from zoo.dp.users import UserSampler  # it imports this module
+
+    offsets, rows = users
+    units = PoissonSampler.for_expected_batch(
+        len(offsets) - 1,
+        expected_batch_size,
+        seed,
+        truncation_prob,
+        pad_to_multiple=pad_to_multiple,
+        neighbours=True,
+        population=population,
+        extra_rows=extra_rows,
+    )
+    return UserSampler(units, records_per_user, offsets, rows)
+
+
 register_sampler(
     SamplerKind(
         "poisson",
-        "each example joins each step's batch independently with probability q, padded to a fixed shape",
+        "each unit (a record; under dp.unit = 'user' a user, ULS) joins each step's batch "
+        "independently with probability q, padded to a fixed shape",
         functools.partial(PoissonSampler.for_expected_batch, neighbours=True),
+        users=UserDraws(_users_as_units),
     )
 )

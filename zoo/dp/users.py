@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import jax.numpy as jnp
 import numpy as np
@@ -43,6 +44,7 @@ class UserSampler:
     records_per_user: int
     offsets: np.ndarray = field(repr=False)  # int64 [N_users + 1]
     rows: np.ndarray = field(repr=False)  # int64 [records]: record indices grouped by user
+    algorithm: ClassVar[str] = "ULS"
 
     def __post_init__(self):
         require_positive_int("records_per_user", self.records_per_user)
@@ -55,6 +57,10 @@ class UserSampler:
     @property
     def num_examples(self) -> int:
         """Users (the privacy units)."""
+        return self.units.num_examples
+
+    @property
+    def users(self) -> int:
         return self.units.num_examples
 
     @property

@@ -31,13 +31,31 @@ def check_choices(cfg: DPConfig) -> None:
         )
     if cfg.accountant not in ACCOUNTANTS:
         raise choice_error("accountant", cfg.accountant, ACCOUNTANTS)
+    _check_sampler_row(cfg, SAMPLERS[cfg.sampler])
     clipping_method(cfg.clipping)
     if cfg.noise_prng not in NOISE_PRNGS:
         raise choice_error("noise_prng", cfg.noise_prng, NOISE_PRNGS)
 
 
-def validate(cfg: DPConfig, num_examples: int) -> None:
-    """Raise :class:`zoo.errors.ZooError` (a ``ValueError``) saying what is wrong.
+def _check_sampler_row(cfg: DPConfig, kind) -> None:
+    """The sampler row against the privacy unit and the accountant (settings only)."""
+    if cfg.unit not in kind.privacy_units:
+        able = ", ".join(name for name, row in SAMPLERS.items() if cfg.unit in row.privacy_units)
+        raise ZooError(
+            f"dp.sampler = {cfg.sampler!r} draws the units {', '.join(kind.privacy_units)}, not "
+            f"dp.unit = {cfg.unit!r}; the samplers of {cfg.unit}s: {able}"
+        )
+    if kind.accountants is not None and cfg.accountant not in kind.accountants:
+        raise ZooError(
+            f"dp.accountant = {cfg.accountant!r} cannot account dp.sampler = {cfg.sampler!r}; "
+            f"its accountants: {', '.join(kind.accountants)}"
+        )
+
+
+def validate(cfg: DPConfig, num_examples: int, records_per_unit: int = 1) -> None:
+    """Raise :class:`zoo.errors.ZooError` (a ``ValueError``) saying what is wrong, for
+    ``num_examples`` units of ``records_per_unit`` records each drawn on its own (ELS's users:
+    ``q = E / (num_examples * records_per_unit)``).
 
     A disabled config (``enabled=False``) is not checked: its DP fields are unused.
     """
@@ -83,11 +101,12 @@ def validate(cfg: DPConfig, num_examples: int) -> None:
         raise ZooError(
             f"expected_batch_size must be > 0; got expected_batch_size={cfg.expected_batch_size!r}."
         )
-    q = cfg.expected_batch_size / n
+    q = cfg.expected_batch_size / (n * records_per_unit)
     if not (0.0 < q <= 1.0):
+        over = f"{n}" if records_per_unit == 1 else f"({n} users x {records_per_unit} records_per_user)"
         raise ZooError(
             f"sampling rate q = expected_batch_size / num_examples = "
-            f"{cfg.expected_batch_size}/{n} = {q:.6g} is outside (0, 1]; lower "
+            f"{cfg.expected_batch_size}/{over} = {q:.6g} is outside (0, 1]; lower "
             "expected_batch_size or use more data."
         )
     mb = cfg.microbatch_size
@@ -101,6 +120,11 @@ def check_pca(cfg: DPConfig, dp_pca: int | None) -> None:
     DP, ``data.dp_pca`` is plain PCA and ``pca_epsilon`` is unused."""
     if not cfg.enabled:
         return
+    if dp_pca and cfg.unit == "user":
+        raise ZooError(
+            f"data.dp_pca = {dp_pca} under dp.unit = 'user' is not supported yet (the projection is "
+            "fitted on every record, so one user moves it by as many records as it has); unset data.dp_pca"
+        )
     if dp_pca and cfg.pca_epsilon is None:
         raise ZooError(
             f"data.dp_pca = {dp_pca} under DP needs its share of the budget: set dp.pca_epsilon "
@@ -127,8 +151,8 @@ def check_unit(cfg: DPConfig, data: DataConfig) -> None:
     """The privacy unit against the settings that must give it, from settings only (never from
     the data, so the refusal releases nothing): ``data.user_column`` is read only by a DP run,
     from a dataset form that reads users (:class:`zoo.data.table.DatasetForm`'s ``users``);
-    ``dp.unit = "user"`` needs a ``data.user_column`` and a clipping method that clips a user
-    as one unit."""
+    ``dp.unit = "user"`` needs a ``data.user_column`` and, where the sampler draws a user as
+    one unit (ULS), a clipping method that clips it as one (ELS clips each record)."""
     if data.user_column is not None:
         if not cfg.enabled:
             raise ZooError(
@@ -144,11 +168,13 @@ def check_unit(cfg: DPConfig, data: DataConfig) -> None:
             "(or dp.unit = 'record' to protect single records)"
         )
     method = clipping_method(cfg.clipping)
-    if not method.clips_users:
+    if not SAMPLERS[cfg.sampler].users.per_record and not method.clips_users:  # ELS clips records
         able = ", ".join(name for name, m in CLIPPING.items() if m.clips_users)
+        per_record = ", ".join(name for name, row in SAMPLERS.items() if row.users and row.users.per_record)
         raise ZooError(
             f"dp.clipping = {cfg.clipping!r} under dp.unit = 'user' is not supported yet; the "
-            f"clipping methods that clip a user as one unit: {able}"
+            f"clipping methods that clip a user as one unit: {able} (or dp.sampler = {per_record}, "
+            "which clips each record)"
         )
 
 

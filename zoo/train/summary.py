@@ -35,10 +35,15 @@ def privacy_unit(task: Task, plan=None) -> dict:
     """What a DP run protects: one unit (a row, or one ``seq_len``-token window of an LM's
     train split), the number of them (``N``, public: the sampling rate publishes it), and
     where group privacy over several units is explained. Under ``dp.unit = "user"`` (the
-    ``plan`` says): a user, the number of users and the records a user gives a step."""
-    if plan is not None and plan.records_per_user:
-        users = plan.sampler.num_examples
-        return {"privacy_unit": "user", "privacy_units": users, "records_per_user": plan.records_per_user}
+    ``plan`` says): a user, the number of users, the most records a user gives a step, and
+    the algorithm that draws them (``ULS`` or ``ELS``, zoo.dp.users and zoo.dp.els)."""
+    if plan is not None and plan.unit == "user":
+        return {
+            "privacy_unit": "user",
+            "privacy_units": plan.sampler.users,
+            "records_per_user": plan.sampler.records_per_user,
+            "user_sampling": plan.sampler.algorithm,
+        }
     unit = f"window of {task.seq_len} tokens" if task.type.tokenized else "row"
     return {"privacy_unit": unit, "privacy_units": task.num_train, "group_privacy": GROUP_PRIVACY}
 
