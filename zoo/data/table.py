@@ -71,7 +71,10 @@ class DatasetForm:
     # (spec, rest, text_column, piece_chars) -> zoo.data.tokens.documents.DocumentStream: how
     # zoo tokenize streams its documents; None: not a text source to tokenize
     documents: Callable | None = None
-    users: bool = False  # a DP classifier's rows name their user (data.user_column, zoo.data.users)
+    users: bool = False  # a DP run's records name their user (data.user_column, zoo.data.users)
+    # The one data.user_column the form reads its users by ("file" for text:, each file one
+    # user); None: any column of its rows.
+    user_column: str | None = None
 
     @property
     def is_scheme(self) -> bool:
