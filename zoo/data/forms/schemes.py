@@ -29,7 +29,7 @@ def read_hub(spec: str, rest: str, columns: Columns) -> Source:
     if not name.strip():
         raise DatasetError(f"{spec!r} names no dataset; use hf:NAME[:CONFIG], e.g. hf:mnist")
     rows = train_rows(load_hub(spec, name.strip(), config.strip() or None), spec)
-    return Source(rows, columns.text, columns.image, columns.label)
+    return Source(rows, columns.text, columns.image, columns.label, user_column=columns.user)
 
 
 IN_MEMORY = (  # the same line for every corpus: under DP no notice may depend on the records
@@ -130,6 +130,7 @@ _scheme(
     "a Hugging Face Hub dataset, e.g. hf:mnist",
     offline=False,
     documents=_documents("hub_documents"),
+    users=True,
 )
 _scheme(
     "text",
