@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import zoo.data.hub as hub
-from zoo.data import DatasetError, load_dataset
+from zoo.data import CharTokenizer, DatasetError, load_dataset
 
 ALTERNATIVES = ("digits", "python-docs", "text:PATH", "csv:PATH", "parquet:PATH")
 
@@ -141,3 +141,31 @@ def test_hf_lm_reads_train_text(monkeypatch):
     ds = load_dataset("hf:karpathy/tiny_shakespeare", task="lm")
     assert ds.tokenizer.decode(np.concatenate([ds.x_train, ds.x_eval])) == text
     assert "Q" not in ds.tokenizer.chars
+
+
+def test_hf_lm_reads_users_from_a_user_column(monkeypatch):
+    """A Hub dataset's rows with a user column, under DP: whole users held out, and every
+    window cut from one user's own text (its rows joined), naming that user."""
+    from tests.data.test_users import LETTERS, user_text
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(hub, "unreachable_reason", lambda *a, **k: None)
+    rows = [(line, f"u{u}") for u in range(len(LETTERS)) for line in user_text(u).splitlines()]
+    table = {"text": [t for t, _ in rows], "user": [u for _, u in rows]}
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict(table)})
+    monkeypatch.setattr(hub.datasets, "load_dataset", lambda name, config=None, **kw: splits)
+    tok = CharTokenizer.utf8_bytes()
+    ds = load_dataset("hf:someone/notes", task="lm", private=True, user_column="user", tokenizer=tok)
+    held = set(tok.decode(np.asarray(ds.x_eval))) - {"\n"}
+    kept = sorted({u for _, u in rows} - {f"u{LETTERS.index(c)}" for c in held})  # ids: name order
+    assert (
+        held
+        and kept
+        and set(tok.decode(np.asarray(ds.x_train))) - {"\n"} == {LETTERS[int(u[1:])] for u in kept}
+    )
+    count = ds.task_type.num_records(ds, 8)
+    batch = ds.task_type.examples(ds, np.arange(count), np.ones(count, np.float32), 8)
+    owners = ds.task_type.record_users(ds, 8)
+    for owner, window in zip(owners, np.concatenate([batch["x"], batch["y"][:, -1:]], axis=1), strict=True):
+        assert set(tok.decode(window)) - {"\n"} == {LETTERS[int(kept[owner][1:])]}

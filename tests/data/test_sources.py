@@ -124,3 +124,16 @@ def test_unknown_spec_suggests_close_match():
 def test_unknown_scheme_suggests_close_scheme():
     with pytest.raises(DatasetError, match="csv:data.csv"):
         load_dataset("cvs:data.csv", task="classify")
+
+
+def test_a_user_column_is_never_ignored(tmp_path):
+    """Read under DP only, from a form that gives users, by the column it names them by; else
+    refused before anything is read. Planted: a guard left out loads the rows without users."""
+    path = tmp_path / "notes.txt"
+    path.write_text("a line of notes\n" * 20)
+    with pytest.raises(DatasetError, match="read only under DP"):
+        load_dataset(f"text:{path}", task="lm", user_column="file")
+    with pytest.raises(DatasetError, match="'python-docs' cannot give users"):
+        load_dataset("python-docs", task="lm", user_column="file", private=True)
+    with pytest.raises(DatasetError, match="it names users by user_column='file'"):
+        load_dataset(f"text:{path}", task="lm", user_column="user", private=True)

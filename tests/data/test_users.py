@@ -1,9 +1,12 @@
-"""A DP classifier's users (zoo.data.users): the user column names users and is not a
-feature, rows with no user are dropped, and the eval split holds out whole users."""
+"""Users (zoo.data.users): a DP classifier's user column names users and is not a feature, rows
+with no user are dropped, and the eval split holds out whole users; a language model's users
+(each file of text:DIR, or a user column) hold out whole users too, and each window is cut
+from one user's own text."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from zoo.data import load_dataset
 from zoo.data.users import group_rows, split_users
@@ -30,8 +33,19 @@ def load(spec: str):
     )
 
 
-def test_the_eval_split_holds_out_whole_users(tmp_path):
-    ds = load(write_table(tmp_path))
+def as_parquet(spec: str) -> str:
+    """The table of ``csv:PATH`` as a parquet file of typed columns."""
+    import pandas as pd
+
+    path = spec.partition(":")[2]
+    pd.read_csv(path).to_parquet(path + ".parquet")
+    return f"parquet:{path}.parquet"
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_the_eval_split_holds_out_whole_users(tmp_path, kind):
+    spec = write_table(tmp_path)
+    ds = load(spec if kind == "csv" else as_parquet(spec))
     train_users = set(ds.x_train[:, 0].tolist())
     eval_users = set(ds.x_eval[:, 0].tolist())
     assert train_users and eval_users and not train_users & eval_users
@@ -72,3 +86,95 @@ def test_group_rows_lists_each_users_rows():
     offsets, rows = group_rows(users)
     assert offsets.tolist() == [0, 2, 3, 6]
     assert [sorted(rows[offsets[u] : offsets[u + 1]].tolist()) for u in range(3)] == [[1, 4], [3], [0, 2, 5]]
+
+
+# -- a language model's users: each file (or user column value) one segment of windows ---------
+SEQ = 8
+LETTERS = "abcdefghij"
+
+
+def user_text(user: int) -> str:
+    """A user's text: its own letter only, so a window tells whose text it holds."""
+    return "".join(LETTERS[user] * (4 + (line + user) % 7) + "\n" for line in range(3 + user))
+
+
+def text_dir(tmp_path) -> tuple[str, dict[str, str]]:
+    """``text:DIR`` of one file per user; the users' names (the paths) and texts."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    texts = {}
+    for user in range(len(LETTERS)):
+        path = root / f"{user:02d}.txt"
+        path.write_text(user_text(user))
+        texts[str(path)] = user_text(user)
+    return f"text:{root}", texts
+
+
+def text_table(tmp_path, kind: str = "csv") -> tuple[str, dict[str, str]]:
+    """``csv:`` (or ``parquet:``) rows ``text,user``: a user's documents are its rows (its
+    lines, interleaved with other users' rows); its text is them joined by newlines, in order."""
+    rows = [(line, f"u{user}") for user in range(len(LETTERS)) for line in user_text(user).splitlines()]
+    rows.sort(key=lambda row: (len(row[0]), row[1]))  # users interleaved, each in its own order
+    path = tmp_path / f"docs.{kind}"
+    if kind == "csv":
+        path.write_text("text,user\n" + "".join(f"{text},{user}\n" for text, user in rows))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": [t for t, _ in rows], "user": [u for _, u in rows]}), path)
+    texts = {name: "\n".join(t for t, u in rows if u == name) for name in {u for _, u in rows}}
+    return f"{kind}:{path}", texts
+
+
+def load_lm(spec: str, column: str):
+    from zoo.data import CharTokenizer
+
+    tok = CharTokenizer.utf8_bytes()
+    return load_dataset(spec, task="lm", private=True, user_column=column, eval_fraction=0.2, tokenizer=tok)
+
+
+def letters(ds, ids) -> set[str]:
+    return set(ds.tokenizer.decode(np.asarray(ids))) - {"\n"}
+
+
+SOURCES = {
+    "text:DIR": (text_dir, "file"),
+    "csv": (text_table, "user"),
+    "parquet": (lambda tmp_path: text_table(tmp_path, "parquet"), "user"),
+}
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_an_lm_holds_out_whole_users(tmp_path, source):
+    """Planted: the eval split as the stream's last tokens (lm_cut) puts a user in both."""
+    make, column = SOURCES[source]
+    spec, _ = make(tmp_path)
+    ds = load_lm(spec, column)
+    held, kept = letters(ds, ds.x_eval), letters(ds, ds.x_train)
+    assert not held & kept and held | kept == set(LETTERS) and len(held) == 2
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_every_lm_window_is_a_window_of_its_users_own_text(tmp_path, source):
+    """Each record is the ``j``-th window of ``seq_len + 1`` tokens of one training user's text
+    (its file, or its rows joined), and names that user: none mixes two users.
+    Planted: windows at stride ``seq_len`` over the whole train stream cross users."""
+    make, column = SOURCES[source]
+    spec, texts = make(tmp_path)
+    ds = load_lm(spec, column)
+    held = letters(ds, ds.x_eval)
+    names = sorted(name for name, text in texts.items() if text[0] not in held)  # ids: name order
+    expected = []
+    for user, name in enumerate(names):
+        data = texts[name].encode()
+        expected += [(user, data[j * SEQ : j * SEQ + SEQ + 1]) for j in range((len(data) - 1) // SEQ)]
+    kind = ds.task_type
+    count = kind.num_records(ds, SEQ)
+    batch = kind.examples(ds, np.arange(count), np.ones(count, np.float32), SEQ)
+    windows = np.concatenate([batch["x"], batch["y"][:, -1:]], axis=1)
+    found = [
+        (int(u), ds.tokenizer.decode(w).encode())
+        for u, w in zip(kind.record_users(ds, SEQ), windows, strict=True)
+    ]
+    assert found == expected

@@ -1,5 +1,6 @@
 """dp.unit = "user" from the command line (zoo.dp.users, zoo.dp.els, zoo.data.users): a DP run on
-a CSV with a user column protects users, by ULS (the default) or ELS (dp.sampler = "els").
+a CSV with a user column, or a language model on text:DIR with each file one user, protects
+users, by ULS (the default) or ELS (dp.sampler = "els").
 Removing one user with all of its records leaves every shape, message, summary field and exit
 status equal (only the weights, the eval figures and the DP figures that follow the public
 number of users may differ); settings that cannot give users are refused in one line, before
@@ -7,11 +8,13 @@ any data is read."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from tests.e2e.clikit import refused
-from tests.e2e.test_dp_neighbours import MLP, outcome
+from tests.e2e.test_dp_neighbours import MLP, TINY, outcome
 from zoo.data.arrays import split_indices
 from zoo.dp import plan as dp_plan
 
@@ -113,10 +116,51 @@ def test_settings_that_cannot_give_users_are_refused_before_the_data_is_read(cap
 
 
 @pytest.mark.parametrize("unit", ["user", "record"])
-def test_a_form_without_users_and_a_language_model_are_refused(capsys, unit):
-    """A user column is never ignored: where it cannot be read, it is refused under either unit."""
+def test_a_form_without_users_is_refused_naming_the_forms_with_them(capsys, unit):
+    """A user column is never ignored: where it cannot be read, it is refused under either unit,
+    for a classifier and a language model alike, and text files take users by file only."""
     sets = ["--set", "data.user_column=user", "--set", f"dp.unit={unit}", "--set", "dp.clipping=vmap"]
+    with_users = ("csv:PATH", "text:PATH[,PATH...] (data.user_column = 'file')")
     digits = ["train", "digits-mlp-dp", "--steps", "1", *sets]
-    refused(capsys, digits, "'digits' cannot give users", "csv:PATH")
-    lm = ["train", "python-docs-lm-dp", "--steps", "1", "--dataset", "csv:/nonexistent/users.csv", *sets]
-    refused(capsys, lm, "not supported for language models")
+    refused(capsys, digits, "'digits' cannot give users", *with_users)
+    lm = ["train", "python-docs-lm-dp", "--steps", "1", *sets]
+    refused(capsys, lm, "'python-docs' cannot give users", *with_users)
+    text = [*lm, "--dataset", "text:/nonexistent/corpus"]
+    refused(capsys, text, "data.user_column = 'user'", "names its users by data.user_column = 'file' only")
+
+
+# -- a language model on text:DIR, each file one user --------------------------------------------
+FILES = 12
+LM = ["train", "python-docs-lm-dp", *TINY, "--set", "data.user_column=file", "--set", "dp.unit=user"]
+LM += ["--set", "dp.clipping=vmap", "--set", f"dp.records_per_user={K}", "--set", "dp.expected_batch_size=4"]
+LM += ["--set", "data.eval_fraction=0.25", "--set", "data.seq_len=8", "--set", "model.max_len=8"]
+LM += ["--set", "model.d_model=16", "--set", "model.num_layers=1", "--set", "model.d_ff=16", "--steps", "1"]
+
+
+def write_corpus(root) -> list:
+    """``FILES`` text files of different lengths (4 to 32 windows of 8 tokens each)."""
+    root.mkdir()
+    paths = []
+    for user in range(FILES):
+        path = root / f"{user:02d}.txt"
+        path.write_text("".join(f"note {line} of person {user}\n" for line in range(2 + user)))
+        paths.append(path)
+    return paths
+
+
+def test_removing_a_file_from_an_lm_run_over_users_changes_nothing_released(capsys, tmp_path):
+    """Each file of text:DIR is one user: the summary counts the training files as users, and a
+    run without the largest training file releases the same (only the weights, the eval figures
+    and the DP figures that follow the public number of users may differ)."""
+    paths = write_corpus(tmp_path / "corpus")
+    train, _ = split_indices(FILES, 0.25, 0, "users")  # held out by name (zoo.data.users)
+    argv = [*LM, "--dataset", f"text:{tmp_path / 'corpus'}"]
+    first = outcome(capsys, tmp_path, "run0", argv)
+    paths[int(train.max())].unlink()  # the longest file among the training users
+    second = outcome(capsys, tmp_path, "run1", argv)
+    assert first["code"] == 0, first["printed"][-3:]
+    assert first == second
+    summaries = [json.loads((tmp_path / run / "summary.json").read_text()) for run in ("run0", "run1")]
+    assert [s["privacy_unit"] for s in summaries] == ["user", "user"]
+    assert [s["privacy_units"] for s in summaries] == [len(train), len(train) - 1]
+    assert summaries[0]["records_per_user"] == K

@@ -95,6 +95,33 @@ def test_an_lm_task_reads_windows_and_reports_bits_per_character():
     assert task.eval_chars(2) == 2 * SEQ
 
 
+def test_an_lm_tasks_users_own_the_windows_of_their_segments():
+    """Users of 20, 5 and 30 tokens give 2, 0 and 3 windows of SEQ + 1: the groups are the two
+    users with windows (the one shorter than a window is not a user), each holding its own.
+    Planted: grouping the window owners without renumbering leaves an empty user in the count."""
+    base = _lm_task().data
+    ids = np.arange(55, dtype=np.int32) % base.vocab_size
+    bounds = np.array([0, 20, 25, 55])
+    users = np.array([0, 1, 2], np.int32)
+    ds = Dataset(
+        "toy-lm",
+        "lm",
+        ids,
+        None,
+        base.x_eval,
+        None,
+        tokenizer=base.tokenizer,
+        users_train=users,
+        segments_train=bounds,
+    )
+    task = Task(data=ds, config=recipes.load_recipe("python-docs-lm").data, seq_len=SEQ, row_shape=None)
+    assert task.num_train == 5
+    offsets, rows = task.user_groups()
+    assert offsets.tolist() == [0, 2, 5] and rows.tolist() == [0, 1, 2, 3, 4]
+    ex = task.examples(np.array([1, 2]), np.ones(2, np.float32))
+    np.testing.assert_array_equal(ex["x"], np.stack([ids[SEQ : 2 * SEQ], ids[25 : 25 + SEQ]]))
+
+
 def test_the_model_is_fitted_to_its_tasks_sizes():
     digits = load_task(recipes.load_recipe("digits-mlp").data, task="classify", seed=0)
     cfg = fit_model_to_task(zoo.get_config("mlp-s"), digits, "mlp-s", {})

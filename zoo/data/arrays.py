@@ -197,10 +197,10 @@ def split_indices(n: int, eval_fraction: float, seed: int, source: str) -> tuple
     return train, test
 
 
-def join_text(
-    ds: datasets.Dataset, *, source: str, text_column: str, separator: str, private: bool = False
-) -> str:
-    """All rows of ``text_column`` joined with ``separator`` (None rows are skipped).
+def text_values(
+    ds: datasets.Dataset, *, source: str, text_column: str, private: bool = False
+) -> list[str | None]:
+    """Each row's ``text_column`` value as text (None: a missing value).
 
     A column of another type is refused, unless ``private`` (a DP run): a CSV column's type is
     read off its values, so one record could decide it; there, every value is its text."""
@@ -210,7 +210,16 @@ def join_text(
     if not (text or private):
         raise DatasetError(f"{source!r}: text column {text_column!r} is {feature}, not text")
     rows = ds.select_columns([text_column])[:][text_column]
-    return separator.join(str(r) for r in rows if r is not None)
+    return [None if r is None else str(r) for r in rows]
+
+
+def join_text(
+    ds: datasets.Dataset, *, source: str, text_column: str, separator: str, private: bool = False
+) -> str:
+    """All rows of ``text_column`` joined with ``separator`` (None rows are skipped; the column
+    is read by :func:`text_values`)."""
+    values = text_values(ds, source=source, text_column=text_column, private=private)
+    return separator.join(v for v in values if v is not None)
 
 
 def lm_cut(n: int, eval_fraction: float, source: str) -> int:

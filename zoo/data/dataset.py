@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from zoo.data import batches
+from zoo.data import batches, windows
 from zoo.data.errors import DatasetError
 from zoo.data.tokenizer import CharTokenizer
 
@@ -65,6 +65,11 @@ class TaskType:
     def num_records(self, ds: Dataset, seq_len: int | None) -> int:
         """Training records: what Poisson sampling draws and DP counts."""
         return ds.num_train
+
+    def record_users(self, ds: Dataset, seq_len: int | None) -> np.ndarray | None:
+        """The user of each training record, in record order (``data.user_column``), or None
+        when the data name no users."""
+        return ds.users_train
 
     def examples(self, ds: Dataset, indices: np.ndarray, mask: np.ndarray, seq_len) -> dict:
         """Training records by index (a Poisson-sampled DP batch)."""
@@ -109,6 +114,10 @@ class Classify(TaskType):
         if ds.feature_shape is not None and int(np.prod(ds.feature_shape)) != ds.x_train.shape[1]:
             width = ds.x_train.shape[1]
             raise DatasetError(f"feature_shape {ds.feature_shape} does not match {width} features")
+        if ds.segments_train is not None:
+            raise DatasetError("classify datasets have no segments: a row is a record")
+        if ds.users_train is not None and ds.users_train.shape != (ds.num_train,):
+            raise DatasetError(f"users_train must be [{ds.num_train}], one user per training row")
 
     def describe(self, ds: Dataset) -> str:
         return (
@@ -159,6 +168,15 @@ class LanguageModel(TaskType):
                 raise DatasetError(f"lm datasets have no {split} labels (targets are shifted inputs)")
         if ds.tokenizer is None:
             raise DatasetError("lm datasets need a tokenizer")
+        if (ds.users_train is None) != (ds.segments_train is None):
+            raise DatasetError("an lm dataset's users_train and segments_train come together")
+        if ds.segments_train is not None:
+            problem = windows.check_bounds(ds.segments_train, ds.num_train)
+            segments = ds.segments_train.shape[0] - 1
+            if problem is None and ds.users_train.shape != (segments,):
+                problem = f"users_train must be [{segments}], one user per segment"
+            if problem is not None:
+                raise DatasetError(problem)
 
     def describe(self, ds: Dataset) -> str:
         return f"vocab_size={ds.vocab_size}"
@@ -176,11 +194,22 @@ class LanguageModel(TaskType):
         return max_batches  # an LM's eval split may be a corpus: a run reads a fixed prefix
 
     def num_records(self, ds, seq_len):
+        if ds.segments_train is not None:  # by user: the windows of each (zoo.data.windows)
+            return int(windows.window_counts(ds.segments_train, seq_len).sum())
         return (ds.x_train.shape[0] - 1) // seq_len  # non-overlapping windows
 
+    def record_users(self, ds, seq_len):
+        if ds.segments_train is None:
+            return None
+        return windows.window_owners(ds.segments_train, ds.users_train, seq_len)
+
     def examples(self, ds, indices, mask, seq_len):
-        """Record ``i`` is the window of ``seq_len + 1`` tokens from ``i * seq_len``."""
-        starts = indices.astype(np.int64) * seq_len
+        """Record ``i`` is the window of ``seq_len + 1`` tokens from ``i * seq_len``; with
+        users, the ``i``-th of the windows cut from each user's segment in turn."""
+        if ds.segments_train is not None:
+            starts = windows.window_starts(ds.segments_train, seq_len, indices)
+        else:
+            starts = indices.astype(np.int64) * seq_len
         window = batches.read_windows(
             ds.x_train, starts, seq_len + 1, ds.vocab_size, batches.refusal(ds, "train")
         )
@@ -264,12 +293,17 @@ class Dataset:
     tokenizer: CharTokenizer | None = None
     store: object | None = None  # the zoo.data.tokens.TokenStore the lm splits are mapped from
     notice: str | None = None  # one line a run says about its data when it starts (Source.notice)
-    # classify under data.user_column: each training row's user, int32 [N] in 0..U-1 (zoo.data.users)
+    # Under data.user_column (zoo.data.users), users int32 in 0..U-1. classify: each training
+    # row's user [N]. lm: the user of each segment [S] of the train stream, whose bounds are
+    # segments_train int64 [S + 1]; a window never crosses a bound (zoo.data.windows).
     users_train: np.ndarray | None = None
+    segments_train: np.ndarray | None = None
 
     @classmethod
-    def from_store(cls, name: str, store) -> Dataset:
-        """The lm dataset whose splits are ``store`` 's memory-mapped ids."""
+    def from_store(cls, name: str, store, segments: np.ndarray | None = None) -> Dataset:
+        """The lm dataset whose splits are ``store`` 's memory-mapped ids; ``segments``: the
+        bounds of its train documents, each one user (``zoo.data.tokens.store.file_segments``)."""
+        users = None if segments is None else np.arange(len(segments) - 1, dtype=np.int32)
         return cls(
             name,
             LanguageModel.name,
@@ -279,14 +313,14 @@ class Dataset:
             None,
             tokenizer=store.tokenizer,
             store=store,
+            users_train=users,
+            segments_train=segments,
         )
 
     def __post_init__(self) -> None:
-        for field in ("x_train", "y_train", "x_eval", "y_eval", "users_train"):
+        for field in ("x_train", "y_train", "x_eval", "y_eval", "users_train", "segments_train"):
             object.__setattr__(self, field, _frozen(getattr(self, field)))
         self.task_type.check(self)
-        if self.users_train is not None and self.users_train.shape != (self.num_train,):
-            raise DatasetError(f"users_train must be [{self.num_train}], one user per training row")
 
     @property
     def task_type(self) -> TaskType:

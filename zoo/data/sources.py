@@ -24,7 +24,8 @@ from zoo.data.declared import classify_declared
 from zoo.data.errors import DatasetError
 from zoo.data.table import Columns, Source, lookup
 from zoo.data.tokenizer import CharTokenizer
-from zoo.data.tokens.store import TokenSource, private_rule
+from zoo.data.tokens.store import TokenSource, file_segments, private_rule
+from zoo.data.users import lm_by_user
 
 MAX_SEED = 2**32 - 1  # the largest seed `datasets`' train_test_split (numpy's legacy seeding) takes
 
@@ -146,23 +147,31 @@ def load_dataset(
     ``classes`` keeps only those original labels and renumbers them 0..len(classes)-1 in order.
     ``image_max`` divides images (default: their format's range). ``private`` (a DP run):
     nothing that sets the model's shape, the printed text or whether the load succeeds is read
-    off the records (:mod:`zoo.data.declared`). ``user_column`` (a DP classifier's csv): the
-    column naming each row's user; the eval split holds out whole users (:mod:`zoo.data.users`).
+    off the records (:mod:`zoo.data.declared`). ``user_column`` (a DP run): the column naming
+    each row's user (``"file"`` for ``text:``: each file one user); the eval split holds out
+    whole users, ``eval_fraction`` of them by ``seed`` (:mod:`zoo.data.users`).
     lm: the text is joined, tokenized per character (``tokenizer`` if given, else one fitted on the
-    whole text) and the last ``eval_fraction`` of the tokens is the eval split (``seed`` is unused).
+    whole text) and the last ``eval_fraction`` of the tokens is the eval split (``seed`` is unused);
+    with users, each train user's text is a segment of its own (:func:`zoo.data.users.lm_by_user`).
     """
     if not isinstance(spec, str):
         raise DatasetError(f"dataset spec must be a string, got {type(spec).__name__}")
     _check_args(task, seed, eval_fraction, classes, tokenizer)
+    if user_column is not None and not private:  # read by the DP loaders only (zoo.data.users)
+        raise DatasetError(f"user_column={user_column!r} is read only under DP (private=True)")
     spec = spec.strip()
     form, rest = lookup(spec)
     if task not in form.tasks:
         only = form.tasks[0] if len(form.tasks) == 1 else form.tasks
         raise DatasetError(f"{spec!r} supports only task={only!r}, not {task!r}")
+    if user_column is not None and not (form.users and form.user_column in (None, user_column)):
+        named = f"; it names users by user_column={form.user_column!r}" if form.users else ""
+        raise DatasetError(f"{spec!r} cannot give users by user_column={user_column!r}{named}")
     src = form.read(spec, rest, Columns(text_column, image_column, label_column, private, user_column))
     if isinstance(src, TokenSource):  # ids on disk, read by index (zoo.data.tokens)
         store = src.open(tokenizer, eval_fraction)
-        return Dataset.from_store(spec, private_rule(store) if private else store)
+        segments = None if user_column is None else file_segments(store, spec)  # each file a user
+        return Dataset.from_store(spec, private_rule(store) if private else store, segments)
     read = _READERS[task]
     return read(spec, src, seed, eval_fraction, classes, tokenizer, image_max, private)
 
@@ -173,6 +182,8 @@ def _read_classify(spec, src, seed, eval_fraction, classes, tokenizer, image_max
 
 
 def _read_lm(spec, src, seed, eval_fraction, classes, tokenizer, image_max, private) -> Dataset:
+    if src.user_column is not None:  # a segment per user, whole users held out (zoo.data.users)
+        return lm_by_user(spec, src, seed, eval_fraction, tokenizer, private)
     return _lm(spec, src, eval_fraction, tokenizer, private)
 
 

@@ -72,7 +72,10 @@ class DatasetForm:
     # (spec, rest, text_column, piece_chars) -> zoo.data.tokens.documents.DocumentStream: how
     # zoo tokenize streams its documents; None: not a text source to tokenize
     documents: Callable | None = None
-    users: bool = False  # a DP classifier's rows name their user (data.user_column, zoo.data.users)
+    users: bool = False  # a DP run's records name their user (data.user_column, zoo.data.users)
+    # The one data.user_column the form reads its users by ("file" for text:, each file one
+    # user); None: any column of its rows.
+    user_column: str | None = None
 
     @property
     def is_scheme(self) -> bool:
@@ -124,7 +127,16 @@ def register_builtin(
             return dataclasses.replace(source, rows=source.rows.remove_columns([user_column]))
         return dataclasses.replace(source, user_column=columns.user)
 
-    form = DatasetForm(name, name, (task,), reader, description, offline, users=user_column is not None)
+    form = DatasetForm(
+        name,
+        name,
+        (task,),
+        reader,
+        description,
+        offline,
+        users=user_column is not None,
+        user_column=user_column,
+    )
     return register_form(form)
 
 

@@ -8,17 +8,29 @@ The eval split holds out whole users: the users are split (``data.eval_fraction`
 the same seeded split as rows, :func:`zoo.data.arrays.split_indices`), then every row goes with
 its user, so no user is in both splits. The number of users, like the number of rows, is
 treated as public: the sampling rate ``q = E / N_users`` publishes it.
+
+A language model's users (:func:`lm_by_user`) are read the same way: a row is a document, with
+its text and its user; ``text:PATH`` names each file's user by its path
+(``data.user_column = "file"``, :data:`FILE_USERS`). Each user's documents, joined in order,
+are tokenized on their own into one segment of the train stream, and the windows DP counts are
+cut per segment (:mod:`zoo.data.windows`), so a window never holds two users' text. The eval
+stream is the held-out users' text, joined. A user whose text is shorter than one window gives
+no record and is not counted, as a user whose rows are all dropped.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from zoo.data.arrays import require_column, split_indices
+from zoo.data.arrays import require_column, split_indices, text_values
+from zoo.data.dataset import Dataset, LanguageModel
+from zoo.data.errors import DatasetError
+from zoo.data.tokenizer import CharTokenizer
 
-__all__ = ["group_rows", "split_users", "user_values"]
+__all__ = ["FILE_USERS", "dense_ids", "group_rows", "lm_by_user", "split_users", "user_values"]
 
 _NO_USER = -1
+FILE_USERS = "file"  # data.user_column of text:PATH: each file is one user, named by its path
 
 
 def user_values(ds, source: str, user_column: str) -> list[str | None]:
@@ -58,3 +70,48 @@ def group_rows(users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     counts = np.bincount(users, minlength=int(users.max()) + 1 if users.size else 0)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     return offsets, rows.astype(np.int64)
+
+
+def _user_texts(texts: list, owner: np.ndarray, rows: np.ndarray, separator: str) -> list[str]:
+    """The text of each user of ``rows`` (its documents in row order, joined; a missing text
+    is skipped), users in the order of their ids."""
+    by_user: dict[int, list[str]] = {}
+    for row in rows.tolist():
+        own = by_user.setdefault(int(owner[row]), [])
+        if texts[row] is not None:
+            own.append(texts[row])
+    return [separator.join(by_user[user]) for user in sorted(by_user)]
+
+
+def _encode_each(tokenizer, texts: list[str]) -> list[np.ndarray]:
+    many = getattr(tokenizer, "encode_batch", None)  # a BPE tokenizer encodes on its threads
+    found = many(texts) if many is not None and texts else [tokenizer.encode(t) for t in texts]
+    return [np.asarray(ids, np.int32) for ids in found]
+
+
+def lm_by_user(spec: str, src, seed: int, eval_fraction: float, tokenizer, private: bool) -> Dataset:
+    """A language model's :class:`zoo.data.dataset.Dataset` whose train stream is one segment per
+    training user (module docstring); ``tokenizer`` None: one fitted on the whole text."""
+    if src.eval_rows is not None:
+        raise DatasetError(f"{spec!r} has its own eval split: users cannot be held out of it")
+    users = user_values(src.rows, spec, src.user_column)
+    texts = text_values(src.rows, source=spec, text_column=src.text_column, private=private)
+    train, held, owner = split_users(users, eval_fraction, seed, spec)
+    own = _user_texts(texts, owner, train, src.separator)
+    eval_text = src.separator.join(_user_texts(texts, owner, held, src.separator))
+    if tokenizer is None:
+        tokenizer = CharTokenizer.fit(src.separator.join([*own, eval_text]))
+    segments = _encode_each(tokenizer, own)
+    bounds = np.concatenate([[0], np.cumsum([len(ids) for ids in segments])]).astype(np.int64)
+    return Dataset(
+        name=spec,
+        task=LanguageModel.name,
+        x_train=np.concatenate([np.zeros(0, np.int32), *segments]),
+        y_train=None,
+        x_eval=tokenizer.encode(eval_text).astype(np.int32),
+        y_eval=None,
+        tokenizer=tokenizer,
+        notice=src.notice,
+        users_train=np.arange(len(segments), dtype=np.int32),
+        segments_train=bounds,
+    )

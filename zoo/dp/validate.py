@@ -13,7 +13,7 @@ from zoo.dp.noise import NOISE_PRNGS
 from zoo.dp.sampling import SAMPLERS
 from zoo.errors import ZooError, choice_error
 
-__all__ = ["ACCOUNTANTS", "check_choices", "check_pca", "check_unit", "check_user_task", "validate"]
+__all__ = ["ACCOUNTANTS", "check_choices", "check_pca", "check_unit", "validate"]
 
 ACCOUNTANTS = ("pld", "rdp")
 
@@ -182,19 +182,20 @@ def _check_form_gives_users(data: DataConfig) -> None:
     from zoo.data.table import forms, lookup
 
     form, _ = lookup(data.dataset.strip())
-    if not form.users:
-        readers = ", ".join(f.usage for f in forms() if f.users)
+    fixed = form.user_column
+    if form.users and (fixed is None or data.user_column == fixed):
+        return
+    if form.users:
         raise ZooError(
-            f"data.user_column = {data.user_column!r}: {data.dataset!r} cannot give users yet; users "
-            f"are read from {readers}"
+            f"data.user_column = {data.user_column!r}: {form.usage} names its users by "
+            f"data.user_column = {fixed!r} only"
         )
-
-
-def check_user_task(cfg: DPConfig, data: DataConfig, tokenized: bool) -> None:
-    """Users for a model's task: read for classifiers only so far (a language model's windows
-    carry no user yet). Settings only, before any data is read."""
-    if cfg.enabled and tokenized and (cfg.unit == "user" or data.user_column is not None):
-        raise ZooError(
-            "users (data.user_column, dp.unit = 'user') are not supported for language models yet "
-            "(their windows carry no user); use a classifier, or dp.unit = 'record' without a user column"
-        )
+    readers = ", ".join(
+        f.usage + (f" (data.user_column = {f.user_column!r})" if f.user_column else "")
+        for f in forms()
+        if f.users
+    )
+    raise ZooError(
+        f"data.user_column = {data.user_column!r}: {data.dataset!r} cannot give users yet; users "
+        f"are read from {readers}"
+    )

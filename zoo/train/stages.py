@@ -19,13 +19,11 @@ import jax
 import optax
 
 from zoo import lora
-from zoo.data.dataset import task_type
 from zoo.data.errors import DataDependentWarning
 from zoo.data.public import check_public_domain
 from zoo.dp import clipping_method
 from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform
 from zoo.dp.plan import DPPlan, make_plan
-from zoo.dp.validate import check_user_task
 from zoo.errors import ZooError
 from zoo.freeze import FreezePlan, resolve_freeze
 from zoo.models import canonical
@@ -83,7 +81,6 @@ def load_data(recipe: Recipe, source=None) -> Task:
     preset_cfg = recipe.model_config
     start = recipe.model.init_from
     if recipe.dp.enabled:
-        check_user_task(recipe.dp, recipe.data, task_type(preset_cfg.task).tokenized)  # settings only
         check_public_domain(recipe.data, preset_cfg.task, checkpoint=start)
     with warnings.catch_warnings():
         if recipe.dp.enabled:  # a notice that depends on the records is a release too

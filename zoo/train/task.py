@@ -15,7 +15,7 @@ from zoo.configs import DataConfig
 from zoo.data import CharTokenizer, Dataset, eval_batches, load_dataset, sample_batch
 from zoo.data.dataset import TaskType, eval_chars, task_type
 from zoo.data.public import declared_tokenizer
-from zoo.data.users import group_rows
+from zoo.data.users import dense_ids, group_rows
 from zoo.errors import ZooError
 from zoo.models.registry import DataFit, ModelConfig, get_config
 
@@ -43,9 +43,10 @@ class Task:
 
     def user_groups(self) -> tuple[np.ndarray, np.ndarray] | None:
         """``(offsets, rows)`` of the training records by user (``data.user_column``;
-        :func:`zoo.data.users.group_rows`), or None when the rows name no users."""
-        users = self.data.users_train
-        return None if users is None else group_rows(users)
+        :func:`zoo.data.users.group_rows`), or None when the records name no users. A user
+        with no record (an LM's text shorter than one window) is not among them."""
+        users = self.type.record_users(self.data, self.seq_len)
+        return None if users is None else group_rows(dense_ids(users))
 
     def shape_x(self, x: np.ndarray) -> np.ndarray:
         return x.reshape(x.shape[0], *self.row_shape) if self.row_shape else x

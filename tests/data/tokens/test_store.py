@@ -180,3 +180,34 @@ def test_a_uint32_id_past_int32_is_caught_before_the_cast():
     assert read_windows(tokens, np.array([0]), 4, 70_000).tolist() == [[5, 0, 7, 9]]
     with pytest.raises(DatasetError, match="id 2,147,483,653 at token 1"):
         read_windows(tokens, np.array([0]), 4, 70_000, Path("train.bin"))
+
+
+def test_a_store_of_text_files_gives_each_file_as_a_user(tmp_path):
+    """tokens:DIR of ``text:DIR`` held out by whole documents: with ``user_column = "file"``
+    every window is cut from one training file and names it, and no file is in both splits.
+    Planted: the store's train split as one segment (no document starts) mixes files."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    letters, seq = "abcdefghij", 8
+    for i, letter in enumerate(letters):
+        (corpus / f"{i:02d}.txt").write_text((letter * (5 + 3 * i) + "\n") * (2 + i))
+    tokenize(f"text:{corpus}", tmp_path / "store", "bytes", eval_fraction=0.2, split="documents")
+    ds = load_dataset(f"tokens:{tmp_path / 'store'}", task="lm", private=True, user_column="file")
+    decode = ds.tokenizer.decode
+    held = set(decode(np.asarray(ds.x_eval))) - {"\n"}
+    kept = [letter for letter in letters if letter not in held]  # the users, in file order
+    assert len(held) == 2 and set(decode(np.asarray(ds.x_train))) - {"\n"} == set(kept)
+    count = ds.task_type.num_records(ds, seq)
+    batch = ds.task_type.examples(ds, np.arange(count), np.ones(count, np.float32), seq)
+    windows = np.concatenate([batch["x"], batch["y"][:, -1:]], axis=1)
+    owners = ds.task_type.record_users(ds, seq)
+    assert sorted(set(owners.tolist())) == list(range(len(kept)))
+    for owner, window in zip(owners, windows, strict=True):
+        assert set(decode(window)) - {"\n"} == {kept[owner]}
+
+
+def test_users_by_file_need_a_store_of_files_held_out_whole(tmp_path):
+    (tmp_path / "one.txt").write_text("a few words of text\n" * 20)
+    tokenize(f"text:{tmp_path / 'one.txt'}", tmp_path / "store", "bytes", split="tail")
+    with pytest.raises(DatasetError, match="users by file need a store of text: files held out whole"):
+        load_dataset(f"tokens:{tmp_path / 'store'}", task="lm", private=True, user_column="file")

@@ -69,7 +69,7 @@ def test_a_directory_is_not_called_a_missing_file(tmp_path, capsys):
         "--out",
         str(tmp_path / "r"),
     ]
-    line = refused(capsys, argv, "is a directory", "name its files")
+    line = refused(capsys, argv, "the directory", "holds no files")  # a directory: its files
     assert "not found" not in line
 
 

@@ -29,7 +29,7 @@ def read_hub(spec: str, rest: str, columns: Columns) -> Source:
     if not name.strip():
         raise DatasetError(f"{spec!r} names no dataset; use hf:NAME[:CONFIG], e.g. hf:mnist")
     rows = train_rows(load_hub(spec, name.strip(), config.strip() or None), spec)
-    return Source(rows, columns.text, columns.image, columns.label)
+    return Source(rows, columns.text, columns.image, columns.label, user_column=columns.user)
 
 
 IN_MEMORY = (  # the same line for every corpus: under DP no notice may depend on the records
@@ -39,11 +39,28 @@ IN_MEMORY = (  # the same line for every corpus: under DP no notice may depend o
 
 
 def read_text(spec: str, rest: str, columns: Columns) -> Source:
-    from zoo.data.files import load_local, local_paths
+    """``text:PATH[,PATH...]``, a directory standing for its files (as ``zoo tokenize`` reads
+    them): each file one row. Under DP every file is read by one rule, a byte that is not UTF-8
+    read as U+FFFD (refusing the file would depend on it); outside DP such a file is refused in
+    one line naming it. ``data.user_column = "file"`` (under DP only): each file is one user,
+    named by its path (:data:`zoo.data.users.FILE_USERS`)."""
+    from zoo.data.files import load_local
+    from zoo.data.tokens.documents import source_paths
+    from zoo.data.users import FILE_USERS
 
-    paths = local_paths(spec, rest, many=True, forms=valid_forms())
-    rows = train_rows(load_local(spec, "text", paths, sample_by="document"), spec)
-    return Source(rows, "text", columns.image, columns.label, notice=IN_MEMORY.format(spec=spec))
+    paths = [os.path.abspath(path) for path in source_paths(spec, rest)]
+    notice = IN_MEMORY.format(spec=spec)
+    if not columns.private:
+        rows = train_rows(load_local(spec, "text", paths, sample_by="document"), spec)
+        return Source(rows, "text", columns.image, columns.label, notice=notice)
+    import datasets
+
+    texts = []
+    for path in paths:  # universal newlines, as `datasets`' text builder reads a file
+        with open(path, encoding="utf-8", errors="replace") as f:
+            texts.append(f.read())
+    rows = datasets.Dataset.from_dict({"text": texts, FILE_USERS: paths})
+    return Source(rows, "text", columns.image, columns.label, notice=notice, user_column=columns.user)
 
 
 def read_table(spec: str, rest: str, columns: Columns) -> Source:
@@ -59,7 +76,11 @@ def read_table(spec: str, rest: str, columns: Columns) -> Source:
         rows = read_csv_records(spec, paths[0])
         return Source(rows, columns.text, columns.image, columns.label, user_column=columns.user)
     return Source(
-        train_rows(load_local(spec, builder, paths), spec), columns.text, columns.image, columns.label
+        train_rows(load_local(spec, builder, paths), spec),
+        columns.text,
+        columns.image,
+        columns.label,
+        user_column=columns.user,
     )
 
 
@@ -85,8 +106,9 @@ def _scheme(
     offline: bool = True,
     documents=None,
     users: bool = False,
+    user_column: str | None = None,
 ):
-    register_form(DatasetForm(name, usage, tasks, read, description, offline, documents, users))
+    register_form(DatasetForm(name, usage, tasks, read, description, offline, documents, users, user_column))
 
 
 def _documents(name: str):
@@ -108,14 +130,17 @@ _scheme(
     "a Hugging Face Hub dataset, e.g. hf:mnist",
     offline=False,
     documents=_documents("hub_documents"),
+    users=True,
 )
 _scheme(
     "text",
     "text:PATH[,PATH...]",
     ("lm",),
     read_text,
-    "local text files; {stdlib} is the standard library",
+    "local text files (a directory: its files); {stdlib} is the standard library",
     documents=_documents("text_documents"),
+    users=True,
+    user_column="file",  # zoo.data.users.FILE_USERS: each file one user
 )
 _scheme("csv", "csv:PATH", BOTH, read_table, "a local CSV table with named columns", users=True)
 _scheme(
@@ -124,6 +149,7 @@ _scheme(
     BOTH,
     read_table,
     "a local parquet table with named columns",
+    users=True,
     documents=_documents("parquet_documents"),
 )
 _scheme("idx", "idx:DIR", ("classify",), read_idx_dir, "a directory of the four MNIST-style idx files")

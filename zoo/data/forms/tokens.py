@@ -55,6 +55,8 @@ register_form(
         read_tokens,
         "a token store written by zoo tokenize, read by index from disk",
         offline=True,
+        users=True,  # a store of text: files held out whole: each file one user (file_segments)
+        user_column="file",
     )
 )
 register_form(

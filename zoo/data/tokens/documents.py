@@ -50,7 +50,7 @@ def cut(text: str, limit: int) -> list[str]:
     return [*out, text] if text or not out else out
 
 
-def _paths(spec: str, rest: str, suffix: str | None) -> list[Path]:
+def source_paths(spec: str, rest: str, suffix: str | None = None) -> list[Path]:
     """The files ``rest`` names (comma-separated; a directory stands for its files, walked in
     name order, hidden ones left out; with ``suffix``, only files ending so)."""
     parts = [p.strip() for p in rest.split(",") if p.strip()]
@@ -162,7 +162,7 @@ def _hub_rows(spec: str, rest: str, column: str) -> Iterator[str | None]:
 
 def text_documents(spec: str, rest: str, text_column: str, piece_chars: int) -> DocumentStream:
     """``text:PATH[,PATH...]``: each file a document (a directory: its files)."""
-    paths = _paths(spec, rest, None)
+    paths = source_paths(spec, rest)
     total = sum(p.stat().st_size for p in paths)
     return DocumentStream(spec, "bytes", total, _text_pieces(spec, paths, piece_chars), len(paths))
 
@@ -171,7 +171,7 @@ def parquet_documents(spec: str, rest: str, text_column: str, piece_chars: int) 
     """``parquet:PATH[,PATH...]``: each row of ``text_column`` a document."""
     import pyarrow.parquet as pq
 
-    paths = _paths(spec, rest, ".parquet")
+    paths = source_paths(spec, rest, ".parquet")
     total = sum(pq.read_metadata(p).num_rows for p in paths)
     rows = _parquet_rows(spec, paths, text_column)
     return DocumentStream(spec, "rows", total, _row_pieces(rows, piece_chars), total)

@@ -84,6 +84,10 @@ class TokenStore:
     # and store.json bounds) or read it as 0, "<unk>" (a raw .bin, said when it is opened; and
     # every DP run, the same for every record and without a word: :func:`private_rule`).
     past_vocabulary: str = "refuse"
+    # What zoo tokenize read (store.json's "source" and "split"): whether its documents are the
+    # files of a text: source, held out whole (file_segments: each file one user).
+    source: str | None = None
+    split_rule: str | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -182,7 +186,18 @@ def open_store(root: str | Path) -> TokenStore:
             f"{root / META}: its largest id {max_id} is past its vocabulary of {vocab_size} ids"
         )
     digest = _digest(checksums, dtype=dtype.name)
-    return TokenStore(root, splits["train"], splits["eval"], tokenizer, digest, vocabulary, checksums, max_id)
+    return TokenStore(
+        root,
+        splits["train"],
+        splits["eval"],
+        tokenizer,
+        digest,
+        vocabulary,
+        checksums,
+        max_id,
+        source=meta.get("source"),
+        split_rule=meta.get("split"),
+    )
 
 
 def open_bin(paths: list[Path], tokenizer, eval_fraction: float) -> TokenStore:
@@ -219,6 +234,22 @@ def private_rule(store: TokenStore) -> TokenStore:
     checks (each file's size against the recorded token count, the recorded largest id
     against the vocabulary) reads ``store.json`` and the file sizes, never an id."""
     return replace(store, past_vocabulary="unk")
+
+
+def file_segments(store: TokenStore, spec: str) -> np.ndarray:
+    """int64 ``[D + 1]``: the bounds of the train split's documents, for a store whose
+    documents are the files of a ``text:`` source held out whole (``zoo tokenize text:DIR
+    --split documents``), so that each file is one user (``data.user_column = "file"``). A
+    document's segment ends with the separator that follows it. Reads ``train.docs`` (one
+    number per document), never an id; DatasetError for another store."""
+    if not (store.source or "").startswith("text:") or store.split_rule != "documents":
+        raise DatasetError(
+            f"{spec!r}: users by file need a store of text: files held out whole (zoo tokenize "
+            f"text:DIR --split documents); this one was written from {store.source!r} with "
+            f"--split {store.split_rule}"
+        )
+    starts = np.fromfile(store.path / docs_file("train"), dtype=np.uint64).astype(np.int64)
+    return np.concatenate([starts, [store.train.shape[0]]]).astype(np.int64)
 
 
 def _scan(path: Path, dtype: np.dtype) -> tuple[str, int]:
