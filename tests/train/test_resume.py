@@ -22,3 +22,19 @@ def test_the_data_digest_covers_each_rows_user():
     assert dataset_digest(table()) not in (dataset_digest(one), dataset_digest(other))
     key = b"k" * 32
     assert dataset_digest(one, key) != dataset_digest(other, key)
+
+
+def test_the_data_digest_covers_where_each_users_text_lies():
+    """A language model's users own segments of the train stream: the same tokens cut into
+    users at other bounds are other data."""
+    tokens = np.arange(40, dtype=np.int32) % 7
+    from zoo.data.tokenizer import CharTokenizer
+
+    def lm(bounds):
+        return Dataset(
+            "t", "lm", tokens, None, tokens[:10], None, tokenizer=CharTokenizer.fit("abcdef"),
+            users_train=np.array([0, 1], np.int64), segments_train=np.array(bounds, np.int64),
+        )  # fmt: skip
+
+    assert dataset_digest(lm([0, 20, 40])) != dataset_digest(lm([0, 24, 40]))
+    assert dataset_digest(lm([0, 20, 40])) == dataset_digest(lm([0, 20, 40]))

@@ -211,7 +211,8 @@ def dataset_digest(dataset, key: bytes | None = None) -> str:
     With ``key`` (under DP) keyed, as :func:`data_digest` explains."""
     store = dataset.store
     if store is None:  # the users too: the same rows grouped otherwise are other users' data
-        return data_digest((dataset.x_train, dataset.y_train, dataset.users_train), key)
+        users = (dataset.users_train, dataset.segments_train)  # an lm's: each segment's user, bounds
+        return data_digest((dataset.x_train, dataset.y_train, *users), key)
     if key is None:
         return store.digest
     return hashlib.blake2b(store.digest.encode(), key=key[:64]).hexdigest()[:16]
