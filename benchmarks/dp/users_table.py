@@ -77,7 +77,7 @@ def recipe_for(algorithm: str, epsilon: float, args) -> object:
 
 def at_epsilon(rows, target: float) -> float:
     """Eval loss at ``target`` epsilon, log-linear between the runs (NaN outside them)."""
-    eps = np.log([r["epsilon"] for r in rows])
+    eps = np.log([r["user_epsilon"] for r in rows])
     return float(np.interp(math.log(target), eps, [r["eval_loss"] for r in rows], left=np.nan, right=np.nan))
 
 
@@ -87,31 +87,46 @@ def epsilon_at_loss(rows, loss: float) -> float:
     if not min(losses) <= loss <= max(losses):
         return math.nan
     order = np.argsort(losses)
-    eps = np.log([rows[i]["epsilon"] for i in order])
+    eps = np.log([rows[i]["user_epsilon"] for i in order])
     return float(math.exp(np.interp(loss, np.asarray(losses)[order], eps)))
 
 
 def plot(by_algorithm: dict, path: Path) -> None:
+    """Eval loss (log scale: group privacy's small budgets diverge) and accuracy against the
+    user-level epsilon."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.8), dpi=120)
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.6), dpi=120)
     labels = {
         "uls": "ULS (users sampled)",
         "els": "ELS (records, capped)",
         "group": "record-level, group privacy",
     }
     for name, rows in by_algorithm.items():
-        ax.plot([r["epsilon"] for r in rows], [r["eval_loss"] for r in rows], "o-", label=labels[name])
-    ax.set_xscale("log")
-    ax.set_xlabel("user-level epsilon (delta = 1e-5)")
-    ax.set_ylabel("eval loss")
-    ax.legend(fontsize=8)
+        eps = [r["user_epsilon"] for r in rows]
+        axes[0].plot(eps, [r["eval_loss"] for r in rows], "o-", label=labels[name])
+        axes[1].plot(eps, [r["eval_accuracy"] for r in rows], "o-", label=labels[name])
+    for ax, what in zip(axes, ("eval loss (log scale)", "eval accuracy"), strict=True):
+        ax.set_xscale("log")
+        ax.set_xlabel("user-level epsilon (delta = 1e-5)")
+        ax.set_ylabel(what)
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("skewed-users-mlp-dp: 1,600 training users of 2 to 41 records, 300 steps", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def table(by_algorithm: dict) -> None:
+    reference = at_epsilon(by_algorithm["uls"], 8.0) if "uls" in by_algorithm else math.nan
+    print("| algorithm | eval loss at user-level epsilon 8 | epsilon at ULS's loss at 8 |")
+    print("|---|---|---|")
+    for name, rows in by_algorithm.items():
+        print(f"| {name} | {at_epsilon(rows, 8.0):.4f} | {epsilon_at_loss(rows, reference):.3g} |")
 
 
 def main(argv=None) -> int:
@@ -122,10 +137,17 @@ def main(argv=None) -> int:
     p.add_argument("--users-per-step", type=int, default=64)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--out", default="benchmarks/dp/results/users")
+    p.add_argument("--replot", action="store_true", help="only redraw the plot and table from OUT's JSONL")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     by_algorithm: dict[str, list[dict]] = {}
+    if args.replot:
+        for row in map(json.loads, (out / "users_table.jsonl").read_text().splitlines()):
+            by_algorithm.setdefault(row["algorithm"], []).append(row)
+        plot(by_algorithm, out / "users_table.png")
+        table(by_algorithm)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         for algorithm in args.algorithms.split(","):
             for epsilon in map(float, args.epsilons.split(",")):
@@ -158,11 +180,7 @@ def main(argv=None) -> int:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
     plot(by_algorithm, out / "users_table.png")
-    reference = at_epsilon(by_algorithm.get("uls", []), 8.0) if "uls" in by_algorithm else math.nan
-    print("| algorithm | eval loss at user-level epsilon 8 | epsilon at ULS's loss at 8 |")
-    print("|---|---|---|")
-    for name, rows in by_algorithm.items():
-        print(f"| {name} | {at_epsilon(rows, 8.0):.4f} | {epsilon_at_loss(rows, reference):.3g} |")
+    table(by_algorithm)
     return 0
 
 
