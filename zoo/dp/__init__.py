@@ -11,8 +11,9 @@ one registration.
 
 from zoo.configs import DPConfig
 
-# ghost registers its clipping method in the table on import, els its sampler (ELS)
-from zoo.dp import els, ghost  # noqa: E402, I001
+# ghost registers its clipping method in the table on import, els its sampler (ELS), users the
+# poisson row's draws of users (ULS)
+from zoo.dp import els, ghost, users  # noqa: E402, I001
 from zoo.dp.accounting import (
     ACCOUNTANTS,
     calibrate_noise_multiplier,
@@ -63,6 +64,7 @@ __all__ = [
     "clipping_names",
     "els",
     "ghost",
+    "users",
     "make_sampler",
     "register_clipping",
     "register_sampler",

@@ -26,6 +26,7 @@ reported delta (a DP run asks for at most ``delta / 1000``,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -267,32 +268,14 @@ def make_sampler(
     )
 
 
-def _users_as_units(
-    users,
-    records_per_user: int,
-    expected_batch_size,
-    seed,
-    truncation_prob,
-    *,
-    pad_to_multiple=1,
-    population=None,
-    extra_rows=0,
-):
-    """ULS: users Poisson-sampled at ``q = E / N_users``, each giving at most ``k`` records."""
-    from zoo.dp.users import UserSampler  # it imports this module
-
-    offsets, rows = users
-    units = PoissonSampler.for_expected_batch(
-        len(offsets) - 1,
-        expected_batch_size,
-        seed,
-        truncation_prob,
-        pad_to_multiple=pad_to_multiple,
-        neighbours=True,
-        population=population,
-        extra_rows=extra_rows,
-    )
-    return UserSampler(units, records_per_user, offsets, rows)
+def add_user_draws(name: str, draws: UserDraws) -> SamplerKind:
+    """Give row ``name`` its draws under ``dp.unit = "user"``, from the module that holds its
+    user sampler (:mod:`zoo.dp.users` gives ``poisson`` its ULS draws)."""
+    kind = SAMPLERS[name]
+    if kind.users is not None:
+        raise ValueError(f"sampler {name!r} already draws users")
+    SAMPLERS[name] = dataclasses.replace(kind, users=draws)
+    return SAMPLERS[name]
 
 
 register_sampler(
@@ -301,6 +284,5 @@ register_sampler(
         "each unit (a record; under dp.unit = 'user' a user, ULS) joins each step's batch "
         "independently with probability q, padded to a fixed shape",
         functools.partial(PoissonSampler.for_expected_batch, neighbours=True),
-        users=UserDraws(_users_as_units),
-    )
+    )  # its ULS draws: zoo.dp.users (add_user_draws)
 )

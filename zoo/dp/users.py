@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from zoo.checks import require_positive_int
-from zoo.dp.sampling import PoissonSampler
+from zoo.dp.sampling import PoissonSampler, UserDraws, add_user_draws
 
 __all__ = ["UserSampler", "group_users", "user_loss"]
 
@@ -130,3 +130,32 @@ def user_loss(batch_losses: Callable) -> Callable:
         return total / jnp.maximum(keep.sum(), 1).astype(jnp.float32)
 
     return loss
+
+
+def _uls_draws(
+    users,
+    records_per_user: int,
+    expected_batch_size,
+    seed,
+    truncation_prob,
+    *,
+    pad_to_multiple=1,
+    population=None,
+    extra_rows=0,
+) -> UserSampler:
+    """ULS: users Poisson-sampled at ``q = E / N_users``, each giving at most ``k`` records."""
+    offsets, rows = users
+    units = PoissonSampler.for_expected_batch(
+        len(offsets) - 1,
+        expected_batch_size,
+        seed,
+        truncation_prob,
+        pad_to_multiple=pad_to_multiple,
+        neighbours=True,
+        population=population,
+        extra_rows=extra_rows,
+    )
+    return UserSampler(units, records_per_user, offsets, rows)
+
+
+add_user_draws("poisson", UserDraws(_uls_draws))
