@@ -3,7 +3,7 @@ attention. Each returns a list of JSON-ready rows; a row that raises records its
 skipped (a JAX 0.12-only policy or API missing on the device's JAX 0.11 must not end the run).
 
 Only public zoo entry points are used (``zoo.load_model``, ``zoo.apply_fn``, ``zoo.get_config``,
-``zoo.remat``, ``zoo.bench.common``, ``zoo.bench.dp``), so model files may move underneath.
+``zoo.remat``, ``zoo.bench.common``, ``zoo.bench.step``, ``zoo.bench.dp``), so model files may move underneath.
 """
 
 from __future__ import annotations
@@ -20,12 +20,8 @@ import numpy as np
 
 import zoo
 from zoo.bench import floats
-from zoo.bench.common import (
-    compile_timed,
-    memory_stats,
-    state_stepper,
-    train_step,
-)
+from zoo.bench.common import memory_stats
+from zoo.bench.step import compile_step
 from zoo.losses import per_example_loss
 from zoo.remat import policy_names
 
@@ -173,22 +169,18 @@ def device_peak() -> int | None:
 def memory_row(
     size: dict, policy: str, depth: int, keep: dict | None = None, precision: str = "float32"
 ) -> dict:
-    """Compile and run two AdamW steps of the memory model at ``depth`` under ``policy`` and
-    the ``precision`` policy (``zoo.precision``: float32 params, bf16 compute for "bfloat16").
+    """Compile and run two steps of the memory model at ``depth`` under ``policy`` and the
+    ``precision`` policy (``zoo.precision``: float32 params, bf16 compute for "bfloat16"): the
+    step ``zoo train --remat POLICY --precision P`` runs (``zoo.bench.step.compile_step``).
     ``keep`` (in-process runs) receives the compiled step and its state for the time section."""
     cfg = zoo.get_config(size["model"], **size["overrides"], num_layers=depth)
     x, y = _inputs(cfg, size["batch"], size["seq"])
-    step, optimizer = train_step(cfg, "nnx", policy, precision=precision)
     params = zoo.to_canonical(zoo.load_model(cfg))
-    state = {"state": (params, optimizer.init(params)), "out": None}
-    compiled, _, compile_s = compile_timed(step, *state["state"], x, y)
+    step = compile_step(cfg, x, y, remat=policy, precision=precision, params=params)
+    compiled, compile_s = step.compiled, step.compile_s
     analysis = memory_stats(compiled)
-
-    def train(s, x, y):
-        p, o, loss = compiled(*s, x, y)
-        return (p, o), loss
-
-    stepper = state_stepper(train, state, x, y)
+    state = {"state": step.state, "out": None}
+    stepper = step.stepper(state)
     stepper(2)
     report = zoo.residual_report(cfg, policy, batch=size["batch"], seq=size["seq"], precision=precision)
     if keep is not None:
@@ -205,7 +197,7 @@ def memory_row(
         "residual_device_bytes": report["total_device_bytes"],
         "residual_host_bytes": report["total_host_bytes"],
         "compile_s": round(compile_s, 3),
-        "loss_finite": bool(np.isfinite(float(state["out"]))),
+        "loss_finite": bool(np.isfinite(float(state["out"]["loss"]))),
     }
 
 

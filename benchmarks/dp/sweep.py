@@ -227,15 +227,8 @@ def run_sweep(args) -> dict:
     epsilons = _parse_epsilons(args.epsilons)
     tasks = validation_tasks(base, seeds, args.inputs, args.val_size)
     n_sweep = next(iter(tasks.values())).num_train
-    ref = load_dataset(
-        base.data.dataset,
-        task="classify",
-        seed=seeds[0],
-        eval_fraction=base.data.eval_fraction,
-        classes=base.data.classes,
-        label_column=base.data.label_column,
-    )
-    n_full = ref.num_train
+    # The recipe's N, as `zoo train` loads it: the data stage (the DP loader under DP).
+    n_full = stages.load_data(base, stages.start_checkpoint(base)).num_train
     grid = _parse_grid(args.grid)
     keys = list(grid)
     _say(

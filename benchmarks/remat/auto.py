@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 
-import jax
-
 from zoo.api import example_batch, example_labels
-from zoo.bench.common import DEFAULT_SHAPES, memory_stats, train_step
+from zoo.bench.common import memory_stats
 from zoo.bench.remat import bench_remat
+from zoo.bench.step import DEFAULT_SHAPES, compile_step
 from zoo.configs import add_model_flags, model_flag_overrides
-from zoo.models import canonical
 from zoo.models.registry import get_config
 from zoo.remat import choose_under_budget, footprint
 
@@ -35,10 +33,8 @@ def default_none_temp(model: str, layers: int) -> int:
     """Compiled temp of ``none`` on the default config of ``model`` at the bench's shape."""
     cfg = get_config(model, num_layers=layers)
     x = example_batch(cfg, DEFAULT_SHAPES[model]["batch"], seed=0, seq_len=DEFAULT_SHAPES[model]["seq"])
-    step, optimizer = train_step(cfg, "nnx", "none")
-    params = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
-    compiled = step.lower(params, jax.eval_shape(optimizer.init, params), x, example_labels(cfg, x)).compile()
-    return memory_stats(compiled)["temp_size_in_bytes"]
+    step = compile_step(cfg, x, example_labels(cfg, x), remat="none")  # zoo train's step
+    return memory_stats(step.compiled)["temp_size_in_bytes"]
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,8 @@
         [--batch 16] [--seq 128] [--policies full,full-lean] [--attention-chunks 16,64]
         [--mlp-chunks 0,16,32] [--backend nnx]
 
-Compiled temp bytes come from XLA's memory_analysis of the `zoo bench remat` AdamW train step;
+Compiled temp bytes come from XLA's memory_analysis of the step `zoo train --remat POLICY` runs,
+as `zoo bench remat` builds it (`zoo.bench.step.compile_step`: the run's stages, the recipe's optimizer);
 with `--repeats N` every row's step is also run and timed, in N interleaved rounds (median ms
 and the median per-round ratio to the baseline). The baseline is the model as configured by default -- dense attention, the MLP over the whole
 sequence -- under `none`; every other row is a policy with dense or chunked attention
@@ -19,29 +20,19 @@ import argparse
 import json
 import statistics
 
-import jax
-
 from zoo.api import example_batch, example_labels
-from zoo.bench.common import median_ratio, memory_stats, state_stepper, time_in_rounds, train_step
+from zoo.bench.common import median_ratio, memory_stats, time_in_rounds
+from zoo.bench.step import compile_step
 from zoo.models import canonical
 from zoo.models.registry import get_config
 
 
-def compile_step(cfg, policy: str, backend: str, x, y, run: bool):
+def temp_and_stepper(cfg, policy: str, backend: str, x, y, run: bool):
     """``(temp bytes, stepper or None)`` of the train step of ``cfg`` under ``policy``."""
-    step, optimizer = train_step(cfg, backend, policy)
-    params = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
-    compiled = step.lower(params, jax.eval_shape(optimizer.init, params), x, y).compile()
-    if not run:
-        return memory_stats(compiled)["temp_size_in_bytes"], None
-    params = canonical.init_params(cfg, 0)
-    state = {"state": (params, optimizer.init(params)), "out": None}
-
-    def train(state, x, y):
-        params, opt_state, loss = compiled(*state, x, y)
-        return (params, opt_state), loss
-
-    return memory_stats(compiled)["temp_size_in_bytes"], state_stepper(train, state, x, y)
+    params = canonical.init_params(cfg, 0) if run else None  # None: compiled from shapes alone
+    step = compile_step(cfg, x, y, backend=backend, remat=policy, params=params)
+    temp = memory_stats(step.compiled)["temp_size_in_bytes"]
+    return temp, step.stepper({"state": step.state, "out": None}) if run else None
 
 
 def main() -> None:
@@ -60,7 +51,7 @@ def main() -> None:
     x = example_batch(base_cfg, args.batch, seed=0, seq_len=args.seq)
     y = example_labels(base_cfg, x)
     run = args.repeats > 0
-    base, stepper = compile_step(base_cfg, "none", args.backend, x, y, run)
+    base, stepper = temp_and_stepper(base_cfg, "none", args.backend, x, y, run)
     rows = [{"policy": "none", "attention": "dense", "mlp_chunk": 0, "temp_bytes": base, "of_none": 1.0}]
     steppers = [stepper]
     attentions = [("dense", None)] + [("chunked", int(c)) for c in args.attention_chunks.split(",")]
@@ -71,7 +62,7 @@ def main() -> None:
                 if chunk:
                     over["attention_chunk"] = chunk
                 cfg = get_config(args.model, num_layers=args.layers, **over)
-                t, stepper = compile_step(cfg, policy, args.backend, x, y, run)
+                t, stepper = temp_and_stepper(cfg, policy, args.backend, x, y, run)
                 steppers.append(stepper)
                 rows.append({"policy": policy, **over, "temp_bytes": t, "of_none": round(t / base, 4)})
                 print(json.dumps({**vars(args), **rows[-1]}), flush=True)

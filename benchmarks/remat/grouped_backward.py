@@ -6,8 +6,9 @@
 ``zoo.grouped`` writes the backward pass of a grouped stack by hand (one gradient buffer,
 parameters read by index). The autodiff version it replaced -- nested ``jax.checkpoint`` around
 nested ``lax.scan``, every level slicing its groups' parameters -- is rebuilt here, and both
-are compiled side by side in one process for each policy and depth: the same AdamW train step
-as ``zoo bench remat``, XLA's compiled temp bytes, and (with ``--repeats``) the median step
+are compiled side by side in one process for each policy and depth: the step ``zoo train
+--remat POLICY`` runs, as ``zoo bench remat`` builds it (``zoo.bench.step.compile_step``), XLA's
+compiled temp bytes, and (with ``--repeats``) the median step
 time over interleaved rounds at the shallowest depth. Both must give the same gradients; the
 script checks that too, at the shallowest depth.
 """
@@ -24,7 +25,8 @@ import jax.numpy as jnp
 
 from zoo import scan
 from zoo.api import apply_fn, example_batch, example_labels
-from zoo.bench.common import memory_stats, state_stepper, time_in_rounds, train_step
+from zoo.bench.common import memory_stats, time_in_rounds
+from zoo.bench.step import compile_step
 from zoo.losses import per_example_loss
 from zoo.models import canonical
 from zoo.models.registry import get_config
@@ -63,14 +65,6 @@ def loss_fn(apply, x, y, policy):
     return lambda p: per_example_loss(apply(p, x, policy), y).mean()
 
 
-def _stepper(compiled, params, opt_state, x, y):
-    def train(state, x, y):
-        params, opt_state, loss = compiled(*state, x, y)
-        return (params, opt_state), loss
-
-    return state_stepper(train, {"state": (params, opt_state), "out": None}, x, y)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="transformer-s")
@@ -94,15 +88,13 @@ def main() -> None:
         for policy in policies:
             for kind in kinds:
                 with backward(kind):
-                    step, optimizer = train_step(cfg, "nnx", policy)
                     params = canonical.init_params(cfg, 0)
-                    opt_state = optimizer.init(params)
-                    compiled = step.lower(params, opt_state, x, y).compile()
+                    step = compile_step(cfg, x, y, remat=policy, params=params)
                     if depth == depths[0]:
                         grads[policy, kind] = jax.jit(jax.grad(loss_fn(apply, x, y, policy)))(params)
                         if args.repeats:
-                            steppers[policy, kind] = _stepper(compiled, params, opt_state, x, y)
-                temp = memory_stats(compiled)["temp_size_in_bytes"]
+                            steppers[policy, kind] = step.stepper({"state": step.state, "out": None})
+                temp = memory_stats(step.compiled)["temp_size_in_bytes"]
                 rows.append({"policy": policy, "backward": kind, "layers": depth, "temp_bytes": temp})
                 print(json.dumps(rows[-1]), flush=True)
     for policy in policies:

@@ -1,6 +1,7 @@
 """Compiled temp memory of the train step in bfloat16 against float32, per remat policy.
 
-The same jitted AdamW step as ``zoo bench remat`` (``zoo.bench.common.train_step``), compiled
+The step ``zoo train --remat POLICY --precision P`` runs, as ``zoo bench remat`` builds it
+(``zoo.bench.step.compile_step``: the run's stages, the recipe's optimizer), compiled
 (not run) under each precision policy (``zoo.precision``), in one process: XLA's
 ``memory_analysis()`` temp bytes, and the activation bytes the residual inspector says the
 policy keeps on device and on host. Ratios are bfloat16 over float32::
@@ -14,12 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 
-import jax
-
 from zoo.api import example_batch, example_labels
-from zoo.bench.common import bench_shape, memory_stats, train_step
+from zoo.bench.common import memory_stats
+from zoo.bench.step import bench_shape, compile_step
 from zoo.configs import add_model_flags, model_flag_overrides
-from zoo.models import canonical
 from zoo.models.registry import get_config
 from zoo.precision import PRECISIONS
 from zoo.residuals import residual_report
@@ -30,10 +29,8 @@ POLICIES = "none,full,minimal,offload-layer-input,offload-minimal"
 def compiled_row(cfg, policy: str, precision: str, batch: int, seq: int | None) -> dict:
     """Temp and argument bytes of one compiled step, and the residual inspector's totals."""
     x = example_batch(cfg, batch, seed=0, seq_len=seq)
-    step, optimizer = train_step(cfg, "nnx", policy, precision=precision)
-    params = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
-    compiled = step.lower(params, jax.eval_shape(optimizer.init, params), x, example_labels(cfg, x)).compile()
-    stats = memory_stats(compiled)
+    step = compile_step(cfg, x, example_labels(cfg, x), remat=policy, precision=precision)
+    stats = memory_stats(step.compiled)
     report = residual_report(cfg, policy, batch=batch, seq=seq, precision=precision)
     return {
         "temp_bytes": stats["temp_size_in_bytes"],

@@ -11,7 +11,8 @@ import zoo
 from tests.conftest import fast_jit, labels_for, loss_of, random_params, reduction_size
 from tests.numerics import assert_close
 from zoo import hooks
-from zoo.bench.common import memory_stats, train_step
+from zoo.bench.common import memory_stats
+from zoo.bench.step import compile_step
 from zoo.errors import ZooError
 from zoo.models import canonical, ops, registry
 from zoo.models.attention import attention
@@ -118,10 +119,8 @@ def test_full_needs_less_temp_memory_with_a_chunked_mlp():
     for mlp_chunk in (0, 8):
         cfg = zoo.get_config("transformer-xs", mlp_chunk=mlp_chunk)
         x = zoo.example_batch(cfg, 8, seed=0, seq_len=64)
-        step, optimizer = train_step(cfg, "nnx", "full")
-        params = jax.eval_shape(lambda cfg=cfg: canonical.init_params(cfg, 0))
-        compiled = step.lower(params, jax.eval_shape(optimizer.init, params), x, labels_for(cfg, x)).compile()
-        temp[mlp_chunk] = memory_stats(compiled)["temp_size_in_bytes"]
+        step = compile_step(cfg, x, labels_for(cfg, x), remat="full")
+        temp[mlp_chunk] = memory_stats(step.compiled)["temp_size_in_bytes"]
     assert temp[8] < 0.85 * temp[0], temp
 
 

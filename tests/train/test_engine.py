@@ -15,12 +15,13 @@ import zoo
 from tests.conftest import labels_for, random_params
 from tests.numerics import assert_close
 from zoo import lora
-from zoo.bench.common import memory_stats, train_step
+from zoo.bench.common import memory_stats
+from zoo.bench.step import compile_step
 from zoo.configs import LoraConfig
 from zoo.dp.plan import fixed_batch_plan
 from zoo.freeze import resolve_freeze
 from zoo.jaxprs import iter_eqns, scope_float_dtypes
-from zoo.models import canonical, registry
+from zoo.models import registry
 from zoo.precision import Precision
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
@@ -204,7 +205,7 @@ def test_privatize_is_what_the_planted_engine_overrides():
 # width: what is left above half is param-sized (the float32 master's gradient against the bf16
 # gradient and the bf16 copy of the params) and XLA's CPU float32 scratch for bf16 dots; measured
 # 0.548. Under `full` the kept layer inputs are a small part of the temp and the scratch a larger
-# one; measured 0.706 (docs/precision.md has transformer-s at L=12 and the reasons).
+# one; measured 0.705 (docs/precision.md has transformer-s at L=12 and the reasons).
 TEMP_RATIO_AT_MOST = {"none": 0.6, "full": 0.75}
 
 
@@ -214,10 +215,8 @@ def test_bf16_temp_bytes_over_float32(policy):
     x = zoo.example_batch(cfg, 8, seed=0, seq_len=64)
     temp = {}
     for precision in ("float32", "bfloat16"):
-        step, optimizer = train_step(cfg, "nnx", policy, precision=precision)
-        params = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
-        lowered = step.lower(params, jax.eval_shape(optimizer.init, params), x, zoo.example_labels(cfg, x))
-        temp[precision] = memory_stats(lowered.compile())["temp_size_in_bytes"]
+        step = compile_step(cfg, x, zoo.example_labels(cfg, x), remat=policy, precision=precision)
+        temp[precision] = memory_stats(step.compiled)["temp_size_in_bytes"]
     assert temp["bfloat16"] <= TEMP_RATIO_AT_MOST[policy] * temp["float32"], temp
 
 

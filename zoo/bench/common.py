@@ -1,7 +1,8 @@
-"""The harness every benchmark shares (``zoo bench`` and the scripts under ``benchmarks/``): a
-jitted train step, timed compilation, compiled-memory figures, the timing loop in interleaved
-rounds, the median of per-round ratios with its quartiles, a ``zoo train --json`` child run that
-becomes one JSON line, and a labelled scatter plot."""
+"""The harness every benchmark shares (``zoo bench`` and the scripts under ``benchmarks/``): timed
+compilation, compiled-memory figures, the timing loop in interleaved rounds, the median of
+per-round ratios with its quartiles, a ``zoo train --json`` child run that becomes one JSON
+line, and a labelled scatter plot. The train step the remat benchmarks compile is ``zoo
+train``'s own, from its stages: :mod:`zoo.bench.step`."""
 
 from __future__ import annotations
 
@@ -18,38 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax
-import optax
 
-from zoo.api import apply_fn, example_batch, example_labels
 from zoo.errors import ZooError
-from zoo.losses import per_example_loss
-from zoo.models import canonical
-from zoo.models.registry import ModelConfig, get_config
-
-
-def train_step(
-    cfg: ModelConfig,
-    backend: str,
-    remat="none",
-    optimizer: optax.GradientTransformation | None = None,
-    precision=None,
-):
-    """``(step, optimizer)``: a jitted AdamW step on canonical params, params and optimizer
-    state donated. ``step(params, opt_state, x, y) -> (params, opt_state, loss)``, where the
-    loss is the mean cross-entropy of ``zoo.apply_fn(cfg, backend, precision=precision)``
-    under ``remat`` (``precision``: :mod:`zoo.precision`, float32 by default)."""
-    apply = apply_fn(cfg, backend, precision=precision)
-    optimizer = optimizer or optax.adamw(1e-3)
-
-    def step(params, opt_state, x, y):
-        def loss_fn(p):
-            return per_example_loss(apply(p, x, remat), y).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return jax.jit(step, donate_argnums=(0, 1)), optimizer
 
 
 def compile_timed(jitted, *args) -> tuple[object, float, float]:
@@ -349,49 +320,3 @@ def _place_labels(fig, ax, points, colors) -> None:
                 break  # the last try is the default spot again: every other one collided
             note.remove()
         placed.append(box)
-
-
-# --- the shared set-up of the train-step benches (zoo bench remat, its depth sweep) ------------
-
-# Bench shapes per preset: big enough that activations dominate, small enough that the whole
-# default remat bench (every policy) stays quick on a CPU.
-DEFAULT_SHAPES = {"transformer-s": {"batch": 16, "seq": 128}}
-FALLBACK_BATCH = 8
-
-Progress = Callable[[str], None] | None
-
-
-def say(progress: Progress, message: str) -> None:
-    """Send ``message`` to ``progress`` (a progress line printer), if there is one."""
-    if progress is not None:
-        progress(message)
-
-
-def bench_shape(model, cfg, batch: int | None, seq: int | None) -> tuple[int, int | None]:
-    """(batch, seq) of a bench: the ones given, else the preset's :data:`DEFAULT_SHAPES`."""
-    defaults = DEFAULT_SHAPES.get(model, {}) if isinstance(model, str) else {}
-    batch = batch or defaults.get("batch", FALLBACK_BATCH)
-    return batch, cfg.seq_or_default(seq or defaults.get("seq"))
-
-
-def bench_config(model, num_layers: int | None, overrides: dict | None = None) -> ModelConfig:
-    """The preset's config with the bench's overrides and, if given, its layer count."""
-    return get_config(model, **(overrides or {}), **({"num_layers": num_layers} if num_layers else {}))
-
-
-def _warm_up(cfg, backend: str, x, y, seed: int) -> None:
-    """Compile one small step first, so that one-time start-up costs (XLA and JAX caches)
-    are not charged to whichever policy happens to compile first."""
-    step, optimizer = train_step(cfg, backend, "full")
-    params = jax.eval_shape(lambda: canonical.init_params(cfg, seed))
-    compile_timed(step, params, jax.eval_shape(optimizer.init, params), x[:1], y[:1])
-
-
-def warmed_inputs(model, cfg, backend: str, batch, seq, seed: int, progress, label: str):
-    """The bench shape, an example batch and its labels, after the warm-up compile."""
-    batch, seq = bench_shape(model, cfg, batch, seq)
-    x = example_batch(cfg, batch, seed=seed, seq_len=seq)
-    y = example_labels(cfg, x)
-    say(progress, f"{label}: warm-up compile")
-    _warm_up(cfg, backend, x, y, seed)
-    return batch, seq, x, y

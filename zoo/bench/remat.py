@@ -1,8 +1,8 @@
 """``zoo bench remat``: every remat policy side by side on one model, in one process.
 
-For each policy we build the same jitted AdamW train step (mean cross-entropy, params and
-optimizer state donated), lower and compile it, read XLA's ``memory_analysis()`` temp bytes,
-and ask the residual inspector (:mod:`zoo.residuals`) how many activation bytes the policy keeps
+For each policy we build the step ``zoo train --remat POLICY`` runs (:mod:`zoo.bench.step`: the
+run's stages on the preset, with the recipe's optimizer; the state donated), lower and compile
+it, read XLA's ``memory_analysis()`` temp bytes, and ask the residual inspector (:mod:`zoo.residuals`) how many activation bytes the policy keeps
 on device and on host. Then the policies take turns in timed rounds (one untimed and one timed
 step each per round), so that all of them see the same machine load. Ratios are relative to
 ``none`` (always measured); the step ratio is the median over rounds of the per-round ratio.
@@ -20,22 +20,9 @@ from collections.abc import Iterable
 import jax
 
 from zoo import bench
-from zoo.bench.common import (
-    FALLBACK_BATCH,
-    Progress,
-    bench_config,
-    compile_timed,
-    median_ratio,
-    memory_stats,
-    positive_int,
-    say,
-    scatter_plot,
-    state_stepper,
-    time_in_rounds,
-    train_step,
-    warmed_inputs,
-)
+from zoo.bench.common import median_ratio, memory_stats, positive_int, scatter_plot, time_in_rounds
 from zoo.bench.remat_depths import bench_depths, parse_depths
+from zoo.bench.step import FALLBACK_BATCH, Progress, bench_config, compile_step, say, warmed_inputs
 from zoo.configs import add_model_flags, add_precision_flag, model_flag_overrides
 from zoo.errors import ZooError
 from zoo.models import canonical
@@ -104,7 +91,7 @@ def bench_remat(
         "num_layers": cfg.num_layers,
         "repeats": repeats,
         "device": jax.devices()[0].platform,
-        "rows": _timed_rows(runs, x, y, repeats, progress),
+        "rows": _timed_rows(runs, repeats, progress),
     }
     if budget is not None:
         result["budget"] = parse_bytes(budget)
@@ -115,41 +102,35 @@ def bench_remat(
 
 
 def _compiled_run(cfg, backend: str, name: str, batch: int, seq, seed: int, x, y, precision) -> dict:
-    """Policy ``name``'s compiled step, its first state and its untimed row (memory, compile
-    time, what the residual inspector says it keeps)."""
-    step, optimizer = train_step(cfg, backend, name, precision=precision)
-    params = canonical.init_params(cfg, seed)
-    opt_state = optimizer.init(params)
-    compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
+    """Policy ``name``'s compiled step (``zoo train``'s), its first state and its untimed row
+    (memory, compile time, what the residual inspector says it keeps)."""
+    step = compile_step(
+        cfg, x, y, backend=backend, remat=name, precision=precision, seed=seed,
+        params=canonical.init_params(cfg, seed),
+    )  # fmt: skip
     report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed, precision=precision)
+    stats = memory_stats(step.compiled)
     return {
-        "compiled": compiled,
-        "state": (params, opt_state),
+        "step": step,
+        "state": step.state,
         "row": {
             "policy": name,
-            "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
-            "argument_bytes": memory_stats(compiled)["argument_size_in_bytes"],
-            "compile_s": round(compile_s, 3),
-            "lower_s": round(lower_s, 3),
+            "temp_bytes": stats["temp_size_in_bytes"],
+            "argument_bytes": stats["argument_size_in_bytes"],
+            "compile_s": round(step.compile_s, 3),
+            "lower_s": round(step.lower_s, 3),
             "residual_device_bytes": report["total_device_bytes"],
             "residual_host_bytes": report["total_host_bytes"],
+            "program": step.program,
         },
     }
 
 
-def _timed_rows(runs: dict, x, y, repeats: int, progress: Progress) -> list[dict]:
+def _timed_rows(runs: dict, repeats: int, progress: Progress) -> list[dict]:
     """The policies take turns in timed rounds; each row gets its median step time and its
     ratios to the baseline."""
-
-    def stepper(run):
-        def train(state, x, y):  # (params, opt_state) -> (params, opt_state), loss
-            params, opt_state, loss = run["compiled"](*state, x, y)
-            return (params, opt_state), loss
-
-        return state_stepper(train, run, x, y)
-
     times = time_in_rounds(
-        {name: stepper(run) for name, run in runs.items()},
+        {name: run["step"].stepper(run) for name, run in runs.items()},
         repeats,
         on_round=lambda r: say(progress, f"remat bench: timing round {r + 1}/{repeats}"),
     )
@@ -160,7 +141,7 @@ def _timed_rows(runs: dict, x, y, repeats: int, progress: Progress) -> list[dict
         row["step_ms"] = round(1e3 * statistics.median(times[name]), 3)
         row["step_ratio"] = round(median_ratio(times[name], times[BASELINE]), 4)
         row["temp_ratio"] = round(row["temp_bytes"] / base["temp_bytes"], 4) if base["temp_bytes"] else None
-        row["loss"] = float(run["out"])
+        row["loss"] = float(run["out"]["loss"])
         rows.append(_ordered(row))
     return rows
 

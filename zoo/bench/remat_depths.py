@@ -1,24 +1,16 @@
-"""``zoo bench remat --depths``: the train step compiled (never run) at several layer counts
-for each policy, to show how temp memory and compile time grow with depth."""
+"""``zoo bench remat --depths``: ``zoo train``'s step (:mod:`zoo.bench.step`) compiled (never
+run) at several layer counts for each policy, to show how temp memory and compile time grow
+with depth."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import jax
 
-from zoo.bench.common import (
-    Progress,
-    bench_config,
-    compile_timed,
-    memory_stats,
-    say,
-    train_step,
-    warmed_inputs,
-)
+from zoo.bench.common import memory_stats
+from zoo.bench.step import Progress, bench_config, compile_step, say, warmed_inputs
 from zoo.errors import ZooError
-from zoo.models import canonical
 from zoo.models.registry import check_backend
 from zoo.remat import get_policy, policy_names
 from zoo.residuals import residual_report
@@ -85,19 +77,18 @@ def bench_depths(
 
 def _depth_row(cfg, backend, name, depth, batch, seq, seed, x, y, residuals: bool, precision) -> dict:
     """One policy at one depth, compiled from shapes only (nothing is allocated or run)."""
-    step, optimizer = train_step(cfg, backend, name, precision=precision)
-    params = jax.eval_shape(functools.partial(canonical.init_params, cfg, seed))
-    opt_state = jax.eval_shape(optimizer.init, params)
-    compiled, lower_s, compile_s = compile_timed(step, params, opt_state, x, y)
+    step = compile_step(cfg, x, y, backend=backend, remat=name, precision=precision, seed=seed)
+    stats = memory_stats(step.compiled)
     row = {
         "policy": name,
         "num_layers": depth,
-        "temp_bytes": memory_stats(compiled)["temp_size_in_bytes"],
-        "argument_bytes": memory_stats(compiled)["argument_size_in_bytes"],
-        "compile_s": round(compile_s, 3),
-        "lower_s": round(lower_s, 3),
+        "temp_bytes": stats["temp_size_in_bytes"],
+        "argument_bytes": stats["argument_size_in_bytes"],
+        "compile_s": round(step.compile_s, 3),
+        "lower_s": round(step.lower_s, 3),
         # the gradient is a temp buffer of this size, and it grows with depth too
-        "param_bytes": sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(params)),
+        "param_bytes": sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(step.state.params)),
+        "program": step.program,
     }
     if residuals:
         report = residual_report(
