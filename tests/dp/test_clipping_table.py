@@ -96,7 +96,9 @@ def test_under_users_only_the_methods_that_clip_users_are_taken(toy_method):
     users = {"data.dataset": "csv:/nonexistent/users.csv", "data.user_column": "user", "dp.unit": "user"}
     for name in ("vmap", "ghost"):
         assert settings.with_values(recipe, {**users, "dp.clipping": name}).dp.clipping == name
-    with pytest.raises(ZooError, match=rf"dp.clipping = '{TOY}' under dp.unit = 'user'.*: vmap, ghost \(or dp.sampler = els"):
+    with pytest.raises(
+        ZooError, match=rf"dp.clipping = '{TOY}' under dp.unit = 'user'.*: vmap, ghost \(or dp.sampler = els"
+    ):
         settings.with_values(recipe, {**users, "dp.clipping": TOY})
 
 
