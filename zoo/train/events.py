@@ -24,7 +24,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 EVENTS_GLOB = "events.out.tfevents.*"
-FLUSH_SECS = 10  # a run in progress shows its newest points within this many seconds
+FLUSH_SECS = 10  # a run in progress shows a record at most this many seconds after the next one is written
 
 
 class EventWriter:
