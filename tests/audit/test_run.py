@@ -219,6 +219,11 @@ def test_blackbox_canaries_look_like_the_task_examples():
         (["--unit", "person"], "unknown --unit 'person'. Valid: record, user"),
         (["--unit", "user"], "needs the column that names each record's user"),
         (["--unit", "user", "--set", "dp.enabled=false", "--mode", "blackbox"], "'digits-mlp-dp' is not DP"),
+        (
+            ["--dataset", "csv:/nonexistent/u.csv", "--set", "data.user_column=user"]
+            + ["--set", "dp.unit=user", "--set", "dp.sampler=els"],
+            "dp.sampler = 'els' has no audit yet",  # refused before the data is read
+        ),
     ],
 )
 def test_bad_values_are_refused_in_one_line(argv, message, capsys):

@@ -94,6 +94,11 @@ def check_request(recipe: Recipe, num_canaries: int, mode: str, confidence: floa
             f"a user-level audit (dp.unit = 'user', --unit user) bounds a DP recipe's user-level "
             f"epsilon; {recipe.name!r} is not DP (dp.enabled = false)"
         )
+    if recipe.dp.enabled and recipe.dp.unit == "user" and recipe.dp.sampler == "els":
+        raise ZooError(
+            "zoo audit plants canary users drawn as units (ULS); dp.sampler = 'els' has no audit yet: "
+            "audit dp.sampler = 'poisson'"
+        )
     if no_noise and not recipe.dp.enabled:
         raise ZooError(f"--no-noise turns off the noise of a DP recipe; {recipe.name!r} is not DP")
 
