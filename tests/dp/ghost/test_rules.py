@@ -1,7 +1,10 @@
-"""Ghost clipping of a leaf shared by two ops: the token table read by the embedding gather and
+"""The per-op norm rules (``zoo.dp.ghost.rules``).
+
+Ghost clipping of a leaf shared by two ops: the token table read by the embedding gather and
 by a head tied to it (GPT-2, Llama 3.2). The per-example norm is ``|g_embed + g_head|^2`` with
 its cross term (``zoo.dp.ghost.rules.tied_cross``); it must equal the vmap path's on the real
-tied models, and the coverage check must still refuse any other double claim."""
+tied models, and the coverage check must still refuse any other double claim. And the choice
+of a dense op's norm form."""
 
 import warnings
 
@@ -68,3 +71,17 @@ def test_coverage_allows_only_the_tied_pair(sites, refused):
     paths = {f"{s.path}.w" for s in sites}
     problem = coverage_problem(sites, (), paths)
     assert (problem is not None) == refused, problem
+
+
+@pytest.mark.parametrize(
+    "seq, d_in, d_out, form",
+    [
+        (4, 64, 2, "gram"),  # a user of 4 single-row records: fewer flops materialised, too few positions
+        (16, 32, 32, "gram"),  # the same at 16
+        (32, 32, 32, "materialise"),  # fewer flops, enough positions
+        (64, 64, 256, "materialise"),
+        (64, 256, 256, "gram"),  # more flops materialised
+    ],
+)
+def test_dense_method_materialises_only_with_fewer_flops_and_enough_positions(seq, d_in, d_out, form):
+    assert rules.dense_method(seq, d_in, d_out) == form

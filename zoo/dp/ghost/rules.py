@@ -16,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+MATERIALISE_MIN_POSITIONS = 32
+
 
 def dense_method(seq: int, d_in: int, d_out: int) -> str:
     """``"gram"`` or ``"materialise"`` for a dense op on a length-``seq`` sequence.
@@ -24,9 +26,16 @@ def dense_method(seq: int, d_in: int, d_out: int) -> str:
     ``a^T delta`` costs ~``seq d_in d_out`` and ``d_in d_out`` floats, and its result also
     serves the clipped sum (no second weight-gradient matmul).  We materialise when that is at
     most the per-example size of the op's own activations, ``seq (d_in + d_out)`` -- which is
-    exactly when it also takes fewer flops than the Gram form.
+    exactly when it also takes fewer flops than the Gram form -- and when there are at least
+    :data:`MATERIALISE_MIN_POSITIONS` positions. Below that the Gram matrices are a few KiB
+    an example, while the materialised contraction over so few positions writes a whole
+    ``d_in x d_out`` block for every ``seq`` multiply-adds: on CPU, where the flops favoured
+    it, it took 1.45 to 3.0 times the Gram form's time at 4 to 16 positions (0.94 in one
+    case; ``benchmarks/dp/ghost_forms.py``). A user of ``k`` single-row records is ``k``
+    positions (:mod:`zoo.dp.ghost.units`).
     """
-    return "materialise" if d_in * d_out <= seq * (d_in + d_out) else "gram"
+    fewer_flops = d_in * d_out <= seq * (d_in + d_out)
+    return "materialise" if fewer_flops and seq >= MATERIALISE_MIN_POSITIONS else "gram"
 
 
 def gather_method(seq: int, rows: int, width: int) -> str:
@@ -47,6 +56,18 @@ def keep(x, use):
 def by_unit(tree, records: int):
     """Arrays ``[U * records, ...]`` as ``[U, records, ...]``: the rows of a unit together."""
     return jax.tree_util.tree_map(lambda a: a.reshape((a.shape[0] // records, records) + a.shape[1:]), tree)
+
+
+def _per_position(a, d, weights, use):
+    """``(a, d)`` [B, T, .] as rows [B * T, .], with each example's weight and flag repeated
+    over its positions: ``sum_b w_b sum_t a_bt d_bt^T`` is one matmul over the rows. (XLA on
+    CPU copies a transposed ``[d_in, B * T]`` operand to contract ``bti,bto->io``, which took
+    more time than the matmul itself for a user's ``k`` records.)"""
+    if a.ndim == 2:
+        return a, d, weights, use
+    positions = a.shape[1]
+    a, d = a.reshape(-1, a.shape[-1]), d.reshape(-1, d.shape[-1])
+    return a, d, jnp.repeat(weights, positions), jnp.repeat(use, positions)
 
 
 def _as_sequence(x):
@@ -129,10 +150,8 @@ class Dense(Rule):
             if method == "materialise":
                 out["w"] = jnp.einsum("b,bio->io", weights, keep(arr["g"], use))
             else:
-                d = arr["d"]
-                scaled = keep(d, use) * weights.reshape((-1,) + (1,) * (d.ndim - 1))
-                spec = "bi,bo->io" if method == "flat" else "bti,bto->io"
-                out["w"] = jnp.einsum(spec, keep(arr["a"], use), scaled)
+                a, d, row_weights, row_use = _per_position(arr["a"], arr["d"], weights, use)
+                out["w"] = jnp.einsum("ri,ro->io", keep(a, row_use), keep(d, row_use) * row_weights[:, None])
         if "b" in leaves:
             out["b"] = weights @ keep(arr["gb"], use)
         return out
