@@ -302,7 +302,7 @@ def jax_privacy_user_epsilon(records: int, batch: int, sigma: float, steps: int,
     each Poisson-sampled at ``batch / records``, on zoo's grid for a mixture."""
     from jax_privacy import accounting as jp
 
-    from zoo.dp.accounting import MIXTURE_PLD_DISCRETIZATION
+    from zoo.dp.mixture import MIXTURE_PLD_DISCRETIZATION
 
     params = jp.DpParams(
         noise_multipliers=sigma, num_samples=records, delta=DELTA, batch_size=batch, examples_per_user=k

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from zoo.checks import is_int, is_number
 from zoo.configs import DPConfig
-from zoo.dp import bounds
+from zoo.dp import bounds, mixture
 from zoo.dp.truncation import check_steps as _check_steps
 from zoo.dp.truncation import truncation_budget, truncation_delta
 from zoo.dp.validate import ACCOUNTANTS, check_choices, check_pca, validate
@@ -55,17 +55,11 @@ DEFAULT_PLD_DISCRETIZATION = 1e-4  # dp_accounting's own default
 # bound on epsilon, so the sigma it finds meets the budget, only slightly above the sigma the
 # default grid finds, and it finds it sooner (the comparison is in docs/dp.md).
 SEARCH_PLD_DISCRETIZATION = 1e-3
-# A mixture of Gaussians (a unit of several records, ELS) has no closed-form PLD: dp_accounting
-# builds it point by point, seconds per step's PLD on a 1e-3 grid and 10x that on 1e-4. It is
-# reported on the 1e-3 grid (1e-6 relative from 1e-4's, measured) and searched on 1e-2.
-MIXTURE_PLD_DISCRETIZATION, MIXTURE_SEARCH_PLD_DISCRETIZATION = 1e-3, 1e-2
 
 
 def _grids(pld_discretization: float, per_unit: int) -> tuple[float, float]:
     """The PLD grids ``(searched, reported)`` for a unit of ``per_unit`` records."""
-    if per_unit == 1:
-        return SEARCH_PLD_DISCRETIZATION, pld_discretization
-    return MIXTURE_SEARCH_PLD_DISCRETIZATION, max(pld_discretization, MIXTURE_PLD_DISCRETIZATION)
+    return mixture.grids(pld_discretization, per_unit, SEARCH_PLD_DISCRETIZATION)
 
 
 def _dp_accounting():
@@ -129,7 +123,7 @@ def epsilon_spent(
     """Epsilon at ``delta`` after ``steps`` Poisson-subsampled Gaussian steps (composed with
     the DP-PCA's Gaussian release of ``pca_noise_multiplier``, when given), for a unit of
     ``records_per_unit`` records each drawn on its own (ELS; the PLD accountant only, on a grid
-    no finer than :data:`MIXTURE_PLD_DISCRETIZATION`)."""
+    no finer than :data:`zoo.dp.mixture.MIXTURE_PLD_DISCRETIZATION`)."""
     _check_common(delta, sampling_prob)
     steps = _check_steps(steps)
     for name, value in (
@@ -164,8 +158,12 @@ def _epsilon_spent(
         return 0.0
     if (steps and noise_multiplier == 0) or pca == 0:
         return math.inf
+    event = _dpsgd_event(noise_multiplier, sampling_prob, steps, pca, per_unit)
+    kept = mixture.self_composed_epsilon(event, delta, pld_discretization) if accountant == "pld" else None
+    if kept is not None:  # ELS: the accountant's answer, with the step's PLD built once
+        return kept
     acc = _make_accountant(accountant, pld_discretization)()
-    acc.compose(_dpsgd_event(noise_multiplier, sampling_prob, steps, pca, per_unit))
+    acc.compose(event)
     return float(acc.get_epsilon(delta))
 
 
