@@ -11,6 +11,10 @@ gives each ``[k]`` slots (``P * k`` rows, ``P`` the padded users), record-level 
 ULS / record-level (target: at most 1.2)::
 
     .venv/bin/python benchmarks/dp/users_step.py --rounds 15
+
+``--same-rows`` instead gives the record-level run the expected batch whose padded batch has
+(at least) ULS's ``P * k`` rows: the ratio is then the cost of clipping users rather than
+records on the same rows, without the padding of fewer, larger units.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 from zoo import recipes
 from zoo.bench.common import median_ratio, ratio_spread, state_stepper, time_in_rounds
 from zoo.commands import settings
+from zoo.dp.sampling import padded_size_for
 from zoo.train.run import build_run, state_key, train_batch
 
 
@@ -55,6 +60,19 @@ def stepper(recipe):
     return step, run.dp.sampler.padded_batch_size
 
 
+def same_rows_batch(recipe, rows: int) -> int:
+    """The smallest expected batch whose padded batch has at least ``rows`` rows, at the
+    truncation bound of ``recipe``'s run (the bound moves little with the batch: the run is
+    rebuilt at the answer and its own rows reported)."""
+    plan = build_run(recipe).dp
+    n, p = plan.sampler.num_examples, plan.truncation_prob
+    lo, hi = 1, rows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if padded_size_for(n, mid / n, p) < rows else (lo, mid)
+    return lo
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--users", type=int, default=4000)
@@ -64,6 +82,7 @@ def main(argv=None) -> int:
     p.add_argument("--clipping", default="vmap")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--steps-per-round", type=int, default=5)
+    p.add_argument("--same-rows", action="store_true", help="record-level DP on as many padded rows as ULS")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         with_users, records = users_csv(Path(tmp), args.users, args.k, args.features)
@@ -96,8 +115,12 @@ def main(argv=None) -> int:
             },
         )
         steppers, rows = {}, {}
-        for name, recipe in (("uls", uls), ("record", record)):
-            steppers[name], rows[name] = stepper(recipe)
+        steppers["uls"], rows["uls"] = stepper(uls)
+        if args.same_rows:
+            record = settings.with_values(
+                record, {"dp.expected_batch_size": same_rows_batch(record, rows["uls"])}
+            )
+        steppers["record"], rows["record"] = stepper(record)
         times = time_in_rounds(steppers, args.rounds, args.steps_per_round)
     spread = ratio_spread(times["uls"], times["record"])
     row = {
@@ -107,6 +130,7 @@ def main(argv=None) -> int:
         "clipping": args.clipping,
         "uls_rows": rows["uls"],
         "record_rows": rows["record"],
+        "record_expected": record.dp.expected_batch_size,
         "uls_ms": round(1e3 * statistics.median(times["uls"]), 2),
         "record_ms": round(1e3 * statistics.median(times["record"]), 2),
         "ratio": round(median_ratio(times["uls"], times["record"]), 3),

@@ -14,12 +14,14 @@ its privacy settings changed:
   per record, ``g = 41`` the most records a user has: by group privacy, ``(eps, delta)`` per
   user.
 
-Each row of the JSONL output is one run: algorithm, the user-level epsilon asked for, eval loss
-and accuracy, and the run's own (epsilon, delta) turned into the user's. The table gives each
-algorithm's eval loss at epsilon 8 and the epsilon at which it reaches ULS's loss at epsilon 8
-(log-linear between the runs)::
+Each row of the JSONL output is one run: algorithm, the user-level epsilon asked for, the seed
+(``train.seed``: the split, the init and the draws; the noise is each run's own secret), eval
+loss and accuracy, and the run's own (epsilon, delta) turned into the user's. The table and the
+plot take each cell's mean over the seeds (the plot's bars span their min and max); the table
+gives each algorithm's eval loss at epsilon 8 and the epsilon at which it reaches ULS's loss at
+epsilon 8 (log-linear between the cells)::
 
-    .venv/bin/python benchmarks/dp/users_table.py --epsilons 1,2,4,8,16 --out benchmarks/dp/results/users
+    .venv/bin/python benchmarks/dp/users_table.py --epsilons 1,2,4,8,16 --seeds 0,1,2 --out benchmarks/dp/results/users
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def group_budget(epsilon: float, delta: float, g: int) -> tuple[float, float]:
     return e, delta / (g * math.exp((g - 1) * e))
 
 
-def recipe_for(algorithm: str, epsilon: float, args) -> object:
+def recipe_for(algorithm: str, epsilon: float, args, seed: int = 0) -> object:
     values = {
         "dp.epsilon": epsilon,
         "dp.noise_multiplier": None,
@@ -59,6 +61,7 @@ def recipe_for(algorithm: str, epsilon: float, args) -> object:
         "train.eval_every": args.steps,
         "train.checkpoint_every": args.steps,
         "train.tensorboard": False,
+        "train.seed": seed,
     }
     if algorithm == "uls":
         values |= {"dp.unit": "user", "dp.expected_batch_size": args.users_per_step}
@@ -73,6 +76,22 @@ def recipe_for(algorithm: str, epsilon: float, args) -> object:
         values |= {"dp.unit": "record", "dp.epsilon": e, "dp.delta": d}
         values["dp.expected_batch_size"] = args.users_per_step * args.k
     return settings.with_values(recipes.load_recipe(RECIPE), values)
+
+
+def cells(rows: list[dict]) -> list[dict]:
+    """One row per asked epsilon: the mean over its seeds of the user-level epsilon, the eval
+    loss and the accuracy, with the loss's and accuracy's (min, max) over the seeds."""
+    by_epsilon: dict[float, list[dict]] = {}
+    for row in rows:
+        by_epsilon.setdefault(row["epsilon"], []).append(row)
+    out = []
+    for epsilon, group in sorted(by_epsilon.items()):
+        cell = {"epsilon": epsilon, "seeds": len(group)}
+        for key in ("user_epsilon", "eval_loss", "eval_accuracy"):
+            values = [r[key] for r in group]
+            cell[key], cell[f"{key}_range"] = float(np.mean(values)), (min(values), max(values))
+        out.append(cell)
+    return out
 
 
 def at_epsilon(rows, target: float) -> float:
@@ -107,8 +126,10 @@ def plot(by_algorithm: dict, path: Path) -> None:
     }
     for name, rows in by_algorithm.items():
         eps = [r["user_epsilon"] for r in rows]
-        axes[0].plot(eps, [r["eval_loss"] for r in rows], "o-", label=labels[name])
-        axes[1].plot(eps, [r["eval_accuracy"] for r in rows], "o-", label=labels[name])
+        for ax, key in zip(axes, ("eval_loss", "eval_accuracy"), strict=True):
+            mean = np.array([r[key] for r in rows])
+            spread = np.abs(np.array([r[f"{key}_range"] for r in rows]).T - mean)
+            ax.errorbar(eps, mean, yerr=spread, fmt="o-", capsize=3, label=labels[name])
     for ax, what in zip(axes, ("eval loss (log scale)", "eval accuracy"), strict=True):
         ax.set_xscale("log")
         ax.set_xlabel("user-level epsilon (delta = 1e-5)")
@@ -122,11 +143,55 @@ def plot(by_algorithm: dict, path: Path) -> None:
 
 
 def table(by_algorithm: dict) -> None:
+    """The cells (mean over seeds, loss range), then each algorithm's figures at epsilon 8."""
+    print(
+        "| algorithm | epsilon asked | user-level epsilon | seeds | eval loss (min, max) | accuracy (min, max) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, rows in by_algorithm.items():
+        for r in rows:
+            (lo, hi), (alo, ahi) = r["eval_loss_range"], r["eval_accuracy_range"]
+            print(
+                f"| {name} | {r['epsilon']:g} | {r['user_epsilon']:.3g} | {r['seeds']} | {r['eval_loss']:.3f} "
+                f"({lo:.3f}, {hi:.3f}) | {r['eval_accuracy']:.1%} ({alo:.1%}, {ahi:.1%}) |"
+            )
     reference = at_epsilon(by_algorithm["uls"], 8.0) if "uls" in by_algorithm else math.nan
-    print("| algorithm | eval loss at user-level epsilon 8 | epsilon at ULS's loss at 8 |")
+    print("\n| algorithm | eval loss at user-level epsilon 8 | epsilon at ULS's loss at 8 |")
     print("|---|---|---|")
     for name, rows in by_algorithm.items():
         print(f"| {name} | {at_epsilon(rows, 8.0):.4f} | {epsilon_at_loss(rows, reference):.3g} |")
+
+
+def report(by_algorithm: dict, out: Path) -> None:
+    """The plot and the tables of the runs' rows, by algorithm."""
+    by_cell = {name: cells(rows) for name, rows in by_algorithm.items()}
+    plot(by_cell, out / "users_table.png")
+    table(by_cell)
+
+
+def run_row(algorithm: str, epsilon: float, seed: int, args, tmp: Path) -> dict:
+    """Train one cell's run; its row: the eval figures and the user-level (epsilon, delta)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        summary = train_recipe(
+            recipe_for(algorithm, epsilon, args, seed),
+            tmp / f"{algorithm}-{epsilon}-{seed}",
+            show_progress=False,
+        )
+    g = HEAVIEST if algorithm == "group" else 1
+    return {
+        "algorithm": algorithm,
+        "epsilon": epsilon,
+        "seed": seed,
+        "eval_loss": summary["eval_loss"],
+        "eval_accuracy": summary["eval_accuracy"],
+        "run_epsilon": summary["epsilon"],
+        "run_delta": summary["delta"],
+        "user_epsilon": g * summary["epsilon"],  # what the run's own (eps, delta) give a user
+        "user_delta": g * math.exp((g - 1) * summary["epsilon"]) * summary["delta"],
+        "privacy_unit": summary["privacy_unit"],
+        "steps": args.steps,
+    }
 
 
 def main(argv=None) -> int:
@@ -136,6 +201,7 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--users-per-step", type=int, default=64)
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--seeds", default="0", help="train.seed of each cell's runs, comma-separated")
     p.add_argument("--out", default="benchmarks/dp/results/users")
     p.add_argument("--replot", action="store_true", help="only redraw the plot and table from OUT's JSONL")
     args = p.parse_args(argv)
@@ -145,42 +211,24 @@ def main(argv=None) -> int:
     if args.replot:
         for row in map(json.loads, (out / "users_table.jsonl").read_text().splitlines()):
             by_algorithm.setdefault(row["algorithm"], []).append(row)
-        plot(by_algorithm, out / "users_table.png")
-        table(by_algorithm)
+        report(by_algorithm, out)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        for algorithm in args.algorithms.split(","):
-            for epsilon in map(float, args.epsilons.split(",")):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    summary = train_recipe(
-                        recipe_for(algorithm, epsilon, args),
-                        Path(tmp) / f"{algorithm}-{epsilon}",
-                        show_progress=False,
-                    )
-                g = HEAVIEST if algorithm == "group" else 1
-                user_eps = g * summary["epsilon"]  # what the run's own (eps, delta) give a user
-                user_delta = g * math.exp((g - 1) * summary["epsilon"]) * summary["delta"]
-                row = {
-                    "algorithm": algorithm,
-                    "epsilon": epsilon,
-                    "eval_loss": summary["eval_loss"],
-                    "eval_accuracy": summary["eval_accuracy"],
-                    "run_epsilon": summary["epsilon"],
-                    "run_delta": summary["delta"],
-                    "user_epsilon": user_eps,
-                    "user_delta": user_delta,
-                    "privacy_unit": summary["privacy_unit"],
-                    "steps": args.steps,
-                }
-                print(json.dumps(row), flush=True)
-                by_algorithm.setdefault(algorithm, []).append(row)
+        runs = [
+            (algorithm, epsilon, seed)
+            for algorithm in args.algorithms.split(",")
+            for epsilon in map(float, args.epsilons.split(","))
+            for seed in map(int, args.seeds.split(","))
+        ]
+        for algorithm, epsilon, seed in runs:
+            row = run_row(algorithm, epsilon, seed, args, Path(tmp))
+            print(json.dumps(row), flush=True)
+            by_algorithm.setdefault(algorithm, []).append(row)
     with open(out / "users_table.jsonl", "w") as f:
         for rows in by_algorithm.values():
             for row in rows:
                 f.write(json.dumps(row) + "\n")
-    plot(by_algorithm, out / "users_table.png")
-    table(by_algorithm)
+    report(by_algorithm, out)
     return 0
 
 
