@@ -169,6 +169,19 @@ def report(by_algorithm: dict, out: Path) -> None:
     table(by_cell)
 
 
+def seed_list(text: str) -> list[int]:
+    """``--seeds``: ints >= 0, comma-separated."""
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(
+            f"--seeds takes ints >= 0, comma-separated (e.g. 0,1,2); got {text!r}"
+        )
+    return seeds
+
+
 def run_row(algorithm: str, epsilon: float, seed: int, args, tmp: Path) -> dict:
     """Train one cell's run; its row: the eval figures and the user-level (epsilon, delta)."""
     with warnings.catch_warnings():
@@ -201,7 +214,9 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--users-per-step", type=int, default=64)
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seeds", default="0", help="train.seed of each cell's runs, comma-separated")
+    p.add_argument(
+        "--seeds", type=seed_list, default="0", help="train.seed of each cell's runs, comma-separated"
+    )
     p.add_argument("--out", default="benchmarks/dp/results/users")
     p.add_argument("--replot", action="store_true", help="only redraw the plot and table from OUT's JSONL")
     args = p.parse_args(argv)
@@ -218,7 +233,7 @@ def main(argv=None) -> int:
             (algorithm, epsilon, seed)
             for algorithm in args.algorithms.split(",")
             for epsilon in map(float, args.epsilons.split(","))
-            for seed in map(int, args.seeds.split(","))
+            for seed in args.seeds
         ]
         for algorithm, epsilon, seed in runs:
             row = run_row(algorithm, epsilon, seed, args, Path(tmp))
