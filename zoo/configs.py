@@ -9,7 +9,7 @@ from zoo.checks import require_choice, require_int, require_number, require_posi
 from zoo.errors import ZooError
 from zoo.precision import PRECISIONS
 
-ATTENTIONS = ("dense", "chunked")  # a model's attention (zoo.models.attention.attention)
+ATTENTIONS = ("auto", "dense", "chunked", "splash")  # a model's attention (zoo.models.attention.attention)
 
 
 def add_model_flags(parser) -> None:

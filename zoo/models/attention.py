@@ -33,9 +33,10 @@ import jax
 import jax.numpy as jnp
 
 from zoo.models.ops import in_float32
+from zoo.models.splash import resolve, splash
 from zoo.precision import float32_scope
 
-KINDS = ("dense", "chunked")
+KINDS = ("auto", "dense", "chunked", "splash")
 
 
 class CacheSlice(NamedTuple):
@@ -317,7 +318,9 @@ def attention(
     """``softmax(q k^T / sqrt(d_head) + mask) v`` per head: the models' attention.
 
     q: [..., T, H * d_head]; k, v: [..., T, KV * d_head] (KV = ``num_kv_heads``, dividing H).
-    ``kind``: ``"dense"`` or ``"chunked"`` (keys ``chunk`` at a time; T need not divide by it).
+    ``kind``: ``"dense"``, ``"chunked"`` (keys ``chunk`` at a time; T need not divide by it),
+    ``"splash"`` (the Pallas TPU kernel, :mod:`zoo.models.splash`; interpreted off a TPU) or
+    ``"auto"`` (splash on a TPU, dense elsewhere: :func:`zoo.models.splash.resolve`).
     ``causal`` adds the causal mask and ``key_mask`` [..., T] (True = a real key) masks padding;
     a query row with no key to attend to gives zeros (chunked and cached). ``cache``: the
     queries are new tokens [B, S, ...] at slots [slot, slot + S) that also read the cache
@@ -329,9 +332,12 @@ def attention(
     if rule not in RULES:
         raise ValueError(f"unknown attention remat rule {rule!r}; valid: {', '.join(RULES)}")
     num_kv_heads = num_kv_heads or num_heads
+    kind = resolve(kind)
     chunk = chunk if kind == "chunked" else 0
     if cache is not None:
         return _cached(q, k, v, num_heads, num_kv_heads, cache, chunk)
+    if kind == "splash":
+        return splash(q, k, v, num_heads, num_kv_heads, causal=causal, key_mask=key_mask)
     if chunk:
         return _chunked(q, k, v, num_heads, num_kv_heads, chunk, causal, key_mask, rule)
     return _dense(q, k, v, num_heads, num_kv_heads, causal, key_mask)

@@ -50,7 +50,9 @@ class SequenceConfig(ModelConfig):
     num_heads: int = 4
     num_layers: int = 2
     max_len: int = 64
-    attention: str = "dense"  # or "chunked": key chunks, online softmax (zoo.models.attention)
+    attention: str = (
+        "auto"  # splash on a TPU, dense elsewhere; or "dense", "chunked", "splash" (zoo.models.attention)
+    )
     attention_chunk: int = 64
     mlp_chunk: int = 0  # tokens per MLP chunk, recomputed in backward (ops.token_chunks); 0: all at once
 

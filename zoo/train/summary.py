@@ -6,8 +6,10 @@ import json
 import warnings
 from pathlib import Path
 
+import jax
 from rich.console import Console
 
+from zoo.models.splash import resolve
 from zoo.train import runlog
 from zoo.train.engine import evaluate
 from zoo.train.resume import ResumePoint, fingerprint
@@ -68,6 +70,13 @@ def say_resumed(console: Console, out: Path, point: ResumePoint, run: Run) -> No
         )
 
 
+def attention_ran(cfg) -> dict:
+    """``{"attention": kind}``: the attention the model ran on this backend (``auto`` resolved:
+    :func:`zoo.models.splash.resolve`), for the kinds that have one; ``{}`` for the rest."""
+    kind = getattr(cfg, "attention", None)
+    return {} if kind is None else {"attention": resolve(kind), "platform": jax.default_backend()}
+
+
 def summarize(
     run: Run,
     out: Path,
@@ -84,6 +93,7 @@ def summarize(
         "backend": run.engine.backend,
         "remat": run.remat,
         "precision": run.precision.name,
+        **attention_ran(run.engine.cfg),
         "model": recipe.model.preset,
         "dataset": recipe.data.dataset,
         "steps": steps,

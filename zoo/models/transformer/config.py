@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import jax
@@ -148,6 +148,17 @@ class TransformerConfig(SequenceConfig):
         return ("embed", "pos", *super().frozen_prefix())
 
 
+GPT2 = TransformerConfig(
+    vocab_size=50257,
+    d_model=768,
+    num_heads=12,
+    num_layers=12,
+    max_len=1024,
+    d_ff=3072,
+    attn_bias=True,
+    tie_head=True,
+)
+
 KIND = register(
     TransformerConfig,
     nnx="zoo.models.transformer.nnx:Transformer",
@@ -160,6 +171,13 @@ KIND = register(
         "transformer-s": (
             TransformerConfig(vocab_size=128, d_model=128, num_heads=4, d_ff=512, num_layers=4, max_len=128),
             "4-layer d=128 char LM, context 128",
+        ),
+        # GPT-2's shapes (Hugging Face openai-community/gpt2 and gpt2-medium): what `zoo import`
+        # makes of those checkpoints, tied head, biases everywhere, 50,257 tokens, context 1024.
+        "gpt2-124m": (GPT2, "GPT-2 small: 12 layers, d=768, 12 heads, context 1024 (124,439,808 params)"),
+        "gpt2-355m": (
+            replace(GPT2, d_model=1024, num_heads=16, num_layers=24, d_ff=4096),
+            "GPT-2 medium: 24 layers, d=1024, 16 heads, context 1024 (354,823,168 params)",
         ),
         "transformer-digits": (
             TransformerConfig(
