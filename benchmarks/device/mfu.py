@@ -150,6 +150,7 @@ def measure(args) -> dict:
     cfg = get_config(args.preset, **overrides)
     seq = args.seq or cfg.max_len
     splash.BLOCK = args.block
+    splash.FUSED_BACKWARD = plain_step.FUSED = args.fused
     zoo_list = parse_rows("zoo", args.zoo, args.batch)
     plain_list = parse_rows("plain", args.plain, args.batch)
     built = {**plain_rows(cfg, plain_list, seq, args.precision, args.block)}
@@ -162,6 +163,7 @@ def measure(args) -> dict:
         "seq": seq,
         "vocab": cfg.vocab_size,
         "block": args.block,
+        "fused_backward": args.fused,
         "rows": [],
     }
     for b in args.batch:
@@ -180,6 +182,10 @@ def measure(args) -> dict:
                     "compile_s": compile_s,
                 }
             )
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:  # the process's peak: every row's, and both states
+        result["hbm_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
+        result["hbm_limit_gib"] = stats.get("bytes_limit", 0) / 2**30
     for wanted in filter(None, args.profile.split(",")):
         match = [(row, v) for row, v in built.items() if row.name == wanted]
         if match:
@@ -193,7 +199,8 @@ def measure(args) -> dict:
 def table(result: dict) -> str:
     lines = [
         f"{result['preset']} T={result['seq']} vocab={result['vocab']} splash block={result['block']} "
-        f"on {result['device']}, jax {result['jax']}",
+        f"{', fused backward' if result['fused_backward'] else ''} on {result['device']}, jax {result['jax']}"
+        + (f"; HBM peak of the process {result['hbm_peak_gib']:.2f} GiB" if "hbm_peak_gib" in result else ""),
         "",
         "| row | ms/step | MFU | tokens/s | temp MiB | x plain splash (tokens/s) | compile s |",
         "|---|---|---|---|---|---|---|",
@@ -230,6 +237,7 @@ def parse_args(argv=None):
     parser.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--vocab", type=int, default=0, help="override the vocabulary (e.g. 50304)")
     parser.add_argument("--block", type=int, default=splash.BLOCK, help="splash block size (both steps)")
+    parser.add_argument("--fused", action="store_true", help="splash's fused backward kernel (both steps)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
     parser.add_argument("--profile", default="", help="rows to profile, comma-separated")

@@ -43,6 +43,11 @@ def _metadata(hlo_text: str) -> dict[str, tuple[str, str]]:
     return meta
 
 
+def _container(text: str) -> bool:
+    """A while loop, call or conditional: its time is its body's operations', counted there."""
+    return re.search(r"=.*?\b(while|call|conditional)\(", text) is not None and "custom-call(" not in text
+
+
 def _device_events(trace) -> tuple[collections.Counter, dict]:
     """Nanoseconds per operation name, and each operation's event stats (on a TPU these say
     its ``hlo_category`` and JAX op, ``tf_op``)."""
@@ -53,10 +58,12 @@ def _device_events(trace) -> tuple[collections.Counter, dict]:
             cpu = line.name.startswith("tf_XLAEigen")
             if tpu or cpu:
                 for event in line.events:
-                    if not event.name.startswith(("ThunkExecutor", "SlinkyThreadPool")):
-                        spent[event.name] += event.duration_ns
-                        if event.name not in stats:
-                            stats[event.name] = {k: str(v) for k, v in event.stats}
+                    # a TPU event is named by its HLO text: "%fusion.12 = bf16[...] fusion(...)"
+                    name = re.match(r"%?([^\s=]+)", event.name).group(1)
+                    if event.name.startswith(("ThunkExecutor", "SlinkyThreadPool")) or _container(event.name):
+                        continue
+                    spent[name] += event.duration_ns
+                    stats.setdefault(name, {k: str(v) for k, v in event.stats})
     return spent, stats
 
 
@@ -74,7 +81,7 @@ def op_times(call, hlo_text: str, calls: int = 3) -> list[dict]:
     meta = _metadata(hlo_text)
     rows = []
     for op, ns in spent.most_common():
-        opcode, jax_op = meta.get(op.lstrip("%"), ("?", ""))
+        opcode, jax_op = meta.get(op, ("?", ""))
         extra = stats.get(op, {})
         category = extra.get("hlo_category", "")
         jax_op = jax_op or extra.get("tf_op", "") or extra.get("long_name", "")

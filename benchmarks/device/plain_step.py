@@ -59,6 +59,9 @@ def _xla_attention(q, k, v):
     return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, -1).astype(v.dtype), v)
 
 
+FUSED = False  # splash's one backward kernel for dq, dk and dv
+
+
 def _splash_kernel(seq: int, heads: int, block: int, interpret: bool):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
@@ -66,7 +69,7 @@ def _splash_kernel(seq: int, heads: int, block: int, interpret: bool):
     sizes = sk.BlockSizes(
         block_q=block, block_kv=block, block_kv_compute=block,
         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-        block_q_dq=block, block_kv_dq=block,
+        **({"use_fused_bwd_kernel": True} if FUSED else {"block_q_dq": block, "block_kv_dq": block}),
     )  # fmt: skip
     mask = sm.MultiHeadMask([sm.CausalMask((seq, seq))] * heads)
     return sk.make_splash_mha_single_device(mask, block_sizes=sizes, interpret=interpret)

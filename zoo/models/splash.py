@@ -41,6 +41,7 @@ from zoo import names
 
 LANES = 128  # the kernel's blocks are multiples of this many tokens
 BLOCK = 512  # tokens per block, capped by the (padded) sequence: tuned on a TPU v5e
+FUSED_BACKWARD = False  # one backward kernel for dq, dk and dv (the library's option)
 
 
 def on_tpu() -> bool:
@@ -73,6 +74,7 @@ def _kernel(seq: int, group: int, causal: bool, block: int, interpret: bool):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
     one = sm.CausalMask((seq, seq)) if causal else sm.FullMask((seq, seq))
+    dq = {} if FUSED_BACKWARD else {"block_q_dq": block, "block_kv_dq": block}
     sizes = sk.BlockSizes(
         block_q=block,
         block_kv=block,
@@ -80,8 +82,8 @@ def _kernel(seq: int, group: int, causal: bool, block: int, interpret: bool):
         block_q_dkv=block,
         block_kv_dkv=block,
         block_kv_dkv_compute=block,
-        block_q_dq=block,
-        block_kv_dq=block,
+        use_fused_bwd_kernel=FUSED_BACKWARD,
+        **dq,
     )
     return sk.make_splash_mqa_single_device(
         sm.MultiHeadMask([one] * group),
