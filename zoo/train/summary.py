@@ -84,6 +84,7 @@ def summarize(
         "backend": run.engine.backend,
         "remat": run.remat,
         "precision": run.precision.name,
+        "offload": run.engine.offload,
         "model": recipe.model.preset,
         "dataset": recipe.data.dataset,
         "steps": steps,
