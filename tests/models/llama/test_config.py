@@ -79,3 +79,19 @@ def test_hugging_face_configs_map_onto_the_presets_and_back(preset):
     assert hf.config_from_hf(HF_CONFIGS[preset]) == cfg
     assert cfg.rope_scaling == "llama3" and cfg.rope_freq() is not None  # Llama 3.2's scaled rotary
     assert hf.config_from_hf(hf.config_to_hf(cfg)) == cfg
+
+
+@pytest.mark.parametrize("name", ["llama-1b-tokens", "llama-1b-tokens-lora"])
+def test_the_llama_1b_recipes_are_listed_and_validate(capsys, name):
+    import json
+
+    from zoo import recipes
+    from zoo.cli import main
+
+    assert main(["recipes", "--json"]) == 0
+    listed = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert listed[name]["model"] == "llama-1b" and listed[name]["dataset"].startswith("tokens:")
+    recipe = recipes.load_recipe(name)  # every section validated
+    cfg = recipe.model_config
+    assert cfg == zoo.get_config("llama-1b") and recipe.data.seq_len <= cfg.max_len
+    assert recipe.lora.enabled == name.endswith("-lora") and recipe.train.precision == "bfloat16"
