@@ -40,9 +40,9 @@ def _config(args):
 
 def row(args, batch: int) -> dict:
     """Compile and time ``zoo train``'s step at ``batch`` rows (in this process)."""
+    import device_costs  # beside this script: its folder is sys.path[0]
     import jax
 
-    import device_costs  # beside this script: its folder is sys.path[0]
     import zoo
     from zoo import recipes
     from zoo.bench.common import memory_stats
