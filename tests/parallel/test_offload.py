@@ -14,6 +14,7 @@ from tests.conftest import labels_for, random_params, reduction_size
 from tests.e2e.clikit import refused
 from tests.numerics import assert_close
 from zoo.configs import OFFLOADS, TrainConfig
+from zoo.dp.plan import fixed_batch_plan
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.models import registry
@@ -30,12 +31,14 @@ def batch_of(step: int) -> dict:
     return {"x": x, "y": labels_for(LLAMA, x), "mask": jnp.ones((ROWS,), jnp.float32)}
 
 
-def train(setting: str, engine_cls=Engine, freeze=("blocks.mlp_norm",)):
-    """``STEPS`` AdamW steps of a small Llama with ``setting``'s offload (a frozen leaf too):
-    the final state, and the memory kind of every state leaf after each step."""
+def train(setting: str, engine_cls=Engine, dp=False, freeze=("blocks.mlp_norm",)):
+    """``STEPS`` AdamW steps of a small Llama with ``setting``'s offload (a frozen leaf too;
+    DP-SGD with ``dp``, its noise from the state's key): the final state, and the memory kind
+    of every state leaf after each step."""
     params = random_params(LLAMA, 1)
     plan = resolve_freeze(params, freeze)
-    engine = make_engine(LLAMA, "nnx", plan, optax.adamw(1e-2), offload=setting)
+    dp_plan = fixed_batch_plan(ROWS, noise_multiplier=1.0, clip_norm=1.0) if dp else None
+    engine = make_engine(LLAMA, "nnx", plan, optax.adamw(1e-2), dp=dp_plan, offload=setting)
     if engine_cls is not Engine:  # a planted bug: the same engine, one method replaced
         engine = engine_cls(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)})
     state, frozen = engine.init_state(params, 0, jax.random.key(3))
@@ -54,9 +57,9 @@ def memory_kinds(state) -> dict[str, set[str]]:
     }
 
 
-def check_offloaded_step(setting: str, engine_cls=Engine) -> None:
-    expected, _ = train("none")
-    actual, kinds = train(setting, engine_cls)
+def check_offloaded_step(setting: str, engine_cls=Engine, dp=False) -> None:
+    expected, _ = train("none", dp=dp)
+    actual, kinds = train(setting, engine_cls, dp)
     n = reduction_size(LLAMA, ROWS) * STEPS
     for field in ("params", "opt_state"):
         for a, e in zip(
@@ -74,9 +77,9 @@ def check_kinds(kinds: list[dict], setting: str) -> None:
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("setting", OFFLOADED)
-def test_an_offloaded_step_equals_the_on_device_step_and_stays_on_the_host(setting):
-    check_offloaded_step(setting)
+@pytest.mark.parametrize("setting, dp", [(s, False) for s in OFFLOADED] + [("optimizer+params", True)])
+def test_an_offloaded_step_equals_the_on_device_step_and_stays_on_the_host(setting, dp):
+    check_offloaded_step(setting, dp=dp)
 
 
 class StaleMoments(Engine):
