@@ -7,7 +7,8 @@ remat policy and a ``[train] offload`` setting, each batch tried in a process of
 Batches double from 1 until a step fails (out of memory, or past ``--max-batch``), then the
 gap is bisected. Each row is one child process (``memory_stats()``'s peak never resets): it
 compiles the step (``zoo.bench.step.compile_step``, real arrays), runs ``--steps`` timed steps
-after one warm-up, and prints a JSON line: HBM peak (``peak_bytes_in_use``; None on a CPU,
+after one warm-up (the initial params drawn in host memory, so that the device's peak is the
+training state's and the step's), and prints a JSON line: HBM peak (``peak_bytes_in_use``; None on a CPU,
 which has none, so the compiled step's ``memory_analysis()`` bytes stand beside it), ms/step,
 tokens/s and MFU (``device_costs.model_flops`` over the step time, against the
 ``device_costs.PEAK_FLOPS`` row of the device; None for a device the table lacks). The result
@@ -48,12 +49,14 @@ def row(args, batch: int) -> dict:
     from zoo.bench.common import memory_stats
     from zoo.bench.step import compile_step
     from zoo.models import canonical
+    from zoo.parallel.offload import builder_device
 
     cfg = _config(args)
     seq = args.seq if not args.small else cfg.max_len
     x = zoo.example_batch(cfg, batch, seq_len=seq)
     y = zoo.example_labels(cfg, x)
-    params = canonical.init_params(cfg, 0)
+    with jax.default_device(builder_device()):  # on the host: the peak is the step's alone
+        params = canonical.init_params(cfg, 0)
     base = recipes.parse_recipe({"train": {"offload": args.offload}}, "fits")
     step = compile_step(cfg, x, y, remat=args.remat, precision=args.precision, params=params, recipe=base)
     run = {"state": step.state, "out": None}

@@ -39,6 +39,15 @@ def host_fields(setting: str) -> tuple[str, ...]:
     return _FIELDS[setting]
 
 
+def builder_device() -> jax.Device:
+    """Where an offloaded state is built before it is placed: the host's first CPU device (the
+    device itself on a CPU; ``jax.devices()[0]`` where JAX_PLATFORMS leaves no CPU backend)."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return jax.devices()[0]
+
+
 def _device_shardings(layout: Layout, state, optimizer: optax.GradientTransformation):
     """Every leaf of ``state``'s sharding in device memory, as ``layout.place_state`` puts it."""
     if layout.is_single:

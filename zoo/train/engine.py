@@ -180,8 +180,17 @@ class Engine:
         frozen = self.precision.held(frozen)
         # The state is donated to every step, so it must own its buffers: without the copy a
         # trainable leaf would alias the caller's params and be deleted by the first step.
-        trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
-        state = TrainState.create(trainable, self.optimizer, seed, key)
+        if host_offload.host_fields(self.offload):
+            # Built on the host: the optimizer leaves (for AdamW twice the params in float32)
+            # never exist whole in device memory.
+            where = host_offload.builder_device()
+            trainable = jax.device_put(trainable, where)
+            with jax.default_device(where):
+                trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
+                state = TrainState.create(trainable, self.optimizer, seed, key)
+        else:
+            trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
+            state = TrainState.create(trainable, self.optimizer, seed, key)
         # Commit everything (to one device, or sharded over the mesh): restored (committed) and
         # fresh (uncommitted) arrays mixed in one state would make the second step compile again.
         return host_offload.place_state(self.layout, state, frozen, self.optimizer, self.offload)
