@@ -132,8 +132,10 @@ class Engine:
     def train_step_fn(self, state: TrainState, frozen: dict, batch: dict):
         """One step: ``(state, metrics)``, always. The metrics hold ``loss`` and ``grad_norm``,
         and whatever the clipped-sum transform reports (the audit's canary projections)."""
-        state = dataclasses.replace(state, params=self._fetch(state, "params"))
-        loss, grads, report = self._grads(state, frozen, batch)
+        # Offloaded params: the forward pass reads a device copy, and the update fetches its own
+        # from the host (apply_grads), so the first copy need not live through the step.
+        on_device = dataclasses.replace(state, params=self._fetch(state, "params"))
+        loss, grads, report = self._grads(on_device, frozen, batch)
         new_state, metrics = self.apply_grads(state, loss, grads)
         return new_state, {**metrics, **report}
 
@@ -143,10 +145,11 @@ class Engine:
 
     def apply_grads(self, state: TrainState, loss: jax.Array, grads: dict):
         opt_state = self._fetch(state, "opt_state")  # the moments come to the device for the update
-        updates, opt_state = self.optimizer.update(grads, opt_state, state.params)
+        params = self._fetch(state, "params")
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
         new_state = TrainState(
             step=state.step + 1,
-            params=optax.apply_updates(state.params, updates),
+            params=optax.apply_updates(params, updates),
             opt_state=opt_state,
             rng=state.rng,
         )
