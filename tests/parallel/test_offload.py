@@ -1,13 +1,16 @@
 """zoo.parallel.offload: a step whose optimizer state (and float32 params) live in host memory
 equals the on-device step, and leaves them in host memory. Each check has its planted bug."""
 
+import collections
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax import export
 
 import zoo
 from tests.conftest import labels_for, random_params, reduction_size
@@ -143,3 +146,35 @@ def test_a_bad_offload_is_one_line_naming_the_valid_ones(capsys, tmp_path):
         "'host'",
         "optimizer",
     )
+
+
+def placements(setting: str) -> tuple[collections.Counter, object]:
+    """The memory placements in the TPU program of ``setting``'s step, lowered here on the CPU
+    (``jax.export``): on a CPU, ``device_put`` inside ``jit`` lowers to nothing (JAX lowers it
+    only for TPU and GPU), and only the step's arguments and results carry a memory kind."""
+    params = random_params(LLAMA, 1)
+    engine = make_engine(LLAMA, "nnx", resolve_freeze(params, ()), optax.adamw(1e-2), offload=setting)
+    state, frozen = engine.init_state(params, 0)
+    text = export.export(engine.train_step, platforms=["tpu"])(state, frozen, batch_of(0)).mlir_module()
+    return collections.Counter(re.findall(r'_xla_buffer_placement = "(\w+)"', text)), state
+
+
+def check_leaf_by_leaf(setting: str) -> None:
+    found, state = placements(setting)
+    params, moments = len(jax.tree.leaves(state.params)), len(jax.tree.leaves(state.opt_state))
+    if setting == "optimizer":  # each moment fetched and stored on its own
+        assert found == {"device": moments, offload.HOST: moments}, found
+    else:  # params fetched twice: for the forward pass, and for the update
+        assert found == {"device": moments + 2 * params, offload.HOST: moments + params}, found
+
+
+@pytest.mark.parametrize("setting", OFFLOADED)
+def test_the_tpu_program_moves_each_offloaded_leaf_on_its_own(setting):
+    check_leaf_by_leaf(setting)
+    assert not placements("none")[0]
+
+
+def test_the_placement_check_catches_a_state_never_written_back(monkeypatch):
+    monkeypatch.setattr(offload, "store", lambda layout, state, optimizer, setting: state)
+    with pytest.raises(AssertionError):
+        check_leaf_by_leaf("optimizer")

@@ -9,10 +9,13 @@ so XLA can schedule each copy beside the compute that does not need it, as MaxTe
 memory: the state leaves the step as it came in, so the step compiles once. Frozen leaves, the
 step counter and the key stay on the device.
 
-These are :class:`jax.sharding.Sharding` memory kinds, which every backend of JAX >= 0.4.31
-names; the CPU's ``pinned_host`` is ordinary host memory beside ``device`` memory that is host
-memory too, so on a CPU the offload changes where XLA says a leaf lives, and what it copies,
-not how much memory the process uses (``benchmarks/device/fits.py`` measures it on a chip).
+These are :class:`jax.sharding.Sharding` memory kinds. A CPU has them too (``device``,
+``pinned_host``, ``unpinned_host``), all of them host memory: there the step's arguments and
+results carry their memory kind, but JAX lowers a ``device_put`` inside ``jit`` to nothing on a
+CPU (it emits the ``annotate_device_placement`` transfers only for TPU and GPU), so on a CPU the
+offload moves nothing and saves nothing. ``jax.export(..., platforms=["tpu"])`` shows the TPU
+program's transfers from a CPU (``tests/parallel/test_offload.py``); what they cost and save on
+a chip, ``benchmarks/device/fits.py`` and ``bandwidth.py`` measure.
 """
 
 from __future__ import annotations
