@@ -33,6 +33,7 @@ ISA_SKIP += or ((test_api.py or test_conv.py or test_rules.py or test_ghost) and
 ISA_SKIP += or (test_registry.py and freezing_by_path)
 ISA_SKIP += or (converted_weights and (digits or heads or kv))
 ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matches and not gpt2) or apply_fn_read
+ISA_SKIP += or (stays_on_the_host and (True or optimizer-False))
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 
 .PHONY: run test test-isa lint bench docs clean

@@ -10,6 +10,8 @@ from zoo.errors import ZooError
 from zoo.precision import PRECISIONS
 
 ATTENTIONS = ("auto", "dense", "chunked", "splash")  # a model's attention (zoo.models.attention.attention)
+# Where [train] offload keeps the training state between steps (zoo.parallel.offload)
+OFFLOADS = ("none", "optimizer", "optimizer+params")
 
 
 def add_model_flags(parser) -> None:
@@ -179,10 +181,12 @@ class TrainConfig:
     remat: str = "none"  # a policy name, or "auto" with memory_budget
     memory_budget: ByteSize | None = None  # what --remat auto must fit (temp + arguments), in bytes
     precision: str = "float32"  # compute dtype over float32 params (zoo.precision.PRECISIONS)
+    offload: str = "none"  # what lives in host memory between steps (OFFLOADS)
     tensorboard: bool = True  # write RUN/tb/ event files beside metrics.jsonl (zoo.train.tracking)
 
     def __post_init__(self) -> None:
         require_choice("train.precision", self.precision, PRECISIONS)
+        require_choice("train.offload", self.offload, OFFLOADS)
         if not isinstance(self.tensorboard, bool):
             raise ZooError(f"train.tensorboard must be true or false, got {self.tensorboard!r}")
         require_positive(

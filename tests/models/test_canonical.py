@@ -37,10 +37,15 @@ SIZES = [
         id="llama-3-one-kv-head",
     ),
 ]
+# A kind's names do not depend on its width: a preset too big to hold random weights for in a
+# test (llama-1b's 1.2 B parameters) is traced through its kind's smaller presets.
+HELD_PRESETS = [
+    n for n, c in zoo.PRESETS.items() if sum(map(np.prod, canonical.canonical_shapes(c).values())) < 10**8
+]
 LOGICAL_AXES = {"layers", "input", "embed", "mlp", "heads", "kv_heads", "vocab", "positions", "classes"}
 
 
-@pytest.mark.parametrize("preset", list(zoo.PRESETS))
+@pytest.mark.parametrize("preset", HELD_PRESETS)
 def test_both_backends_tag_the_names_their_kind_declares(preset):
     cfg = zoo.get_config(preset)
     x = zoo.example_batch(cfg, 2, seq_len=8)

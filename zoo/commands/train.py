@@ -27,6 +27,7 @@ FLAG_FIELDS = {  # flag dest -> (section, field) of the recipe
     "remat": ("train", "remat"),
     "memory_budget": ("train", "memory_budget"),
     "precision": ("train", "precision"),
+    "offload": ("train", "offload"),
     "dataset": ("data", "dataset"),
     "steps": ("train", "steps"),
     "batch_size": ("train", "batch_size"),
@@ -87,6 +88,7 @@ def add_recipe_flags(p) -> None:
         help="with --remat auto: train with the fastest policy whose step fits, e.g. 256MiB",
     )
     add_precision_flag(p, "compute dtype over float32 params and optimizer state")
+    p.add_argument("--offload", help="keep in host memory between steps: none, optimizer or optimizer+params")
     p.add_argument("--dataset", help=dataset_help())
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)

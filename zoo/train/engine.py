@@ -7,6 +7,7 @@ Everything under ``jit`` is a pure function of arrays and keys.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
 from zoo.models.registry import ModelConfig
 from zoo.parallel import Layout, layout_for
+from zoo.parallel import offload as host_offload
 from zoo.precision import FLOAT32, Precision
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
@@ -39,6 +41,8 @@ class Engine:
     the release (``zoo audit``'s canaries; by default it keeps the sum and reports nothing).
     ``precision`` is the run's :class:`zoo.precision.Precision`: applied to the model in
     :meth:`logits` (and handed to the clipping methods), and to the frozen leaves it holds.
+    ``offload`` (``[train] offload``) keeps the optimizer state, and the params, in host memory
+    between steps (:mod:`zoo.parallel.offload`): the step fetches them as it needs them.
     """
 
     cfg: ModelConfig
@@ -50,6 +54,7 @@ class Engine:
     dp: DPPlan | None = None
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM
     precision: Precision = FLOAT32
+    offload: str = "none"
 
     # -- pure pieces ---------------------------------------------------------------------
     def logits(self, params: dict, x: jax.Array) -> jax.Array:
@@ -127,23 +132,34 @@ class Engine:
     def train_step_fn(self, state: TrainState, frozen: dict, batch: dict):
         """One step: ``(state, metrics)``, always. The metrics hold ``loss`` and ``grad_norm``,
         and whatever the clipped-sum transform reports (the audit's canary projections)."""
-        loss, grads, report = self._grads(state, frozen, batch)
+        # Offloaded params: the forward pass reads a device copy, and the update fetches its own
+        # from the host (apply_grads), so the first copy need not live through the step.
+        on_device = dataclasses.replace(state, params=self._fetch(state, "params"))
+        loss, grads, report = self._grads(on_device, frozen, batch)
         new_state, metrics = self.apply_grads(state, loss, grads)
         return new_state, {**metrics, **report}
 
+    def _fetch(self, state: TrainState, field: str):
+        """``state.<field>`` in device memory (a copy of each leaf the offload keeps on the host)."""
+        return host_offload.fetch(self.layout, state, self.optimizer, self.offload, field)
+
     def apply_grads(self, state: TrainState, loss: jax.Array, grads: dict):
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        opt_state = self._fetch(state, "opt_state")  # the moments come to the device for the update
+        params = self._fetch(state, "params")
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
         new_state = TrainState(
             step=state.step + 1,
-            params=optax.apply_updates(state.params, updates),
+            params=optax.apply_updates(params, updates),
             opt_state=opt_state,
             rng=state.rng,
         )
         # The step's outputs leave as its inputs came: one compile.
         new_state = self.layout.constrain_state(new_state, self.optimizer)
+        new_state = host_offload.store(self.layout, new_state, self.optimizer, self.offload)
         return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def eval_step_fn(self, trainable: dict, frozen: dict, batch: dict) -> dict:
+        trainable = host_offload.fetch_params(self.layout, trainable, self.offload)
         losses, logits = self.example_losses(trainable, frozen, batch["x"], batch["y"])
         mask = batch["mask"]
         return {
@@ -167,11 +183,28 @@ class Engine:
         frozen = self.precision.held(frozen)
         # The state is donated to every step, so it must own its buffers: without the copy a
         # trainable leaf would alias the caller's params and be deleted by the first step.
-        trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
-        state = TrainState.create(trainable, self.optimizer, seed, key)
+        if host_offload.host_fields(self.offload):
+            # Built on the host: the optimizer leaves (for AdamW twice the params in float32)
+            # never exist whole in device memory.
+            where = host_offload.builder_device()
+            trainable = jax.device_put(trainable, where)
+            with jax.default_device(where):
+                trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
+                state = TrainState.create(trainable, self.optimizer, seed, key)
+        else:
+            trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
+            state = TrainState.create(trainable, self.optimizer, seed, key)
         # Commit everything (to one device, or sharded over the mesh): restored (committed) and
         # fresh (uncommitted) arrays mixed in one state would make the second step compile again.
-        return self.layout.place_state(state, frozen, self.optimizer)
+        return host_offload.place_state(self.layout, state, frozen, self.optimizer, self.offload)
+
+    def place_state(self, state: TrainState) -> TrainState:
+        """A state (a restored one) where the steps keep it: host memory for what is offloaded."""
+        if not host_offload.host_fields(self.offload):
+            return state
+        return jax.device_put(
+            state, host_offload.state_shardings(self.layout, state, self.optimizer, self.offload)
+        )
 
     def place_batch(self, batch: dict):
         """A host batch as the step's input: split over the mesh's batch axes."""
@@ -192,6 +225,7 @@ def make_engine(
     layout: Layout | None = None,
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
     precision: Precision = FLOAT32,
+    offload: str = "none",
 ) -> Engine:
     """The one way to make an :class:`Engine`.
 
@@ -199,8 +233,10 @@ def make_engine(
     device (:func:`zoo.parallel.layout_for`); ``dp`` (a :class:`zoo.dp.plan.DPPlan`, from
     :func:`zoo.dp.plan.make_plan` or :func:`zoo.dp.plan.fixed_batch_plan`) makes the step
     DP-SGD; ``clipped_sum_transform`` is the audit's hook on the clipped sum; ``precision``
-    the run's precision policy (float32 by default: no cast anywhere).
+    the run's precision policy (float32 by default: no cast anywhere); ``offload`` what lives in
+    host memory between steps (:data:`zoo.configs.OFFLOADS`).
     """
+    host_offload.host_fields(offload)  # a ValueError naming the valid settings
     return Engine(
         cfg=cfg,
         backend=backend,
@@ -211,6 +247,7 @@ def make_engine(
         dp=dp,
         clipped_sum_transform=clipped_sum_transform,
         precision=precision,
+        offload=offload,
     )
 
 

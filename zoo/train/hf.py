@@ -57,9 +57,10 @@ def resolve_source(src: str) -> Path:
 
 
 def _recipe_dict(cfg, backend: str, src: str) -> dict:
-    """The recipe an import carries: the kind's first preset with every field of ``cfg``."""
+    """The recipe an import carries: the kind's preset equal to ``cfg`` (Llama 3.2 1B lands on
+    ``llama-1b``), else its first preset, with every field of ``cfg``."""
     kind = kind_of(cfg)
-    preset = next(iter(kind.presets))
+    preset = next((name for name, known in kind.presets.items() if known == cfg), next(iter(kind.presets)))
     fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "lora"}
     return {
         "name": "hf-import",

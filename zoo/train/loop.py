@@ -133,7 +133,7 @@ def _restore(run: Run, out: Path, point: ResumePoint | None, console: Console):
     if not point:
         return state, frozen, 0, _meta(run, state)
     check_same_data(point.meta, _meta(run, state), str(out), arrays=False)  # the state fits
-    state = checkpoint.restore_state(out, point.step, state)
+    state = engine.place_state(checkpoint.restore_state(out, point.step, state))  # offloaded: to host
     check_same_root(run.root, state.rng)  # the plan's sampler was seeded from the same key
     meta = _meta(run, state)  # under DP the digest is keyed with the run's own (restored) key
     check_same_data(point.meta, meta, str(out))

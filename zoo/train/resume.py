@@ -8,6 +8,8 @@ report an epsilon it did not spend. What may change:
 
 - ``train.remat``: a remat policy changes memory and speed, not the math (its gradients agree
   with no remat to rounding, ``tests/test_remat.py``);
+- ``train.offload``: where the optimizer state and params wait between steps, not the math
+  (the offloaded step equals the on-device step, ``tests/parallel/test_offload.py``);
 - ``train.log_every``, ``train.eval_every``, ``train.checkpoint_every``: bookkeeping;
 - ``description``;
 - ``train.steps``, upward only. The learning-rate schedule and the DP noise multiplier keep
@@ -35,6 +37,7 @@ from zoo.train import checkpoint, runlog
 FREE_FIELDS = (
     "description",
     "train.remat",
+    "train.offload",
     "train.memory_budget",
     "train.log_every",
     "train.eval_every",
@@ -118,7 +121,7 @@ def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
     if refused:
         raise ZooError(
             f"--resume would change the run in {where!r}, whose checkpoints were trained with other "
-            f"settings: {'; '.join(refused)}. Only train.remat, the mesh, the log/eval/checkpoint cadence and a "
+            f"settings: {'; '.join(refused)}. Only train.remat, train.offload, the mesh, the log/eval/checkpoint cadence and a "
             "longer train.steps may change on resume; start a new run with another --out"
         )
     if recipe.train.steps < saved.train.steps:

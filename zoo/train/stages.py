@@ -235,6 +235,7 @@ def engine(
         precision=Precision(recipe.train.precision),
         layout=layout,
         clipped_sum_transform=clipped_sum_transform,
+        offload=recipe.train.offload,
     )
 
 
@@ -248,9 +249,11 @@ def start_engine(
     precision: Precision = FLOAT32,
     layout: Layout | None = None,
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
+    offload: str = "none",
 ) -> Engine:
     """Stage 5 from a model start, without a recipe (``zoo bench``): the remat ``policy`` over
-    the freeze plan's frozen prefix, the DP ``plan`` (None: no DP), on ``start``'s layout."""
+    the freeze plan's frozen prefix, the DP ``plan`` (None: no DP), on ``start``'s layout, with
+    ``offload`` the state's host offload (:data:`zoo.configs.OFFLOADS`)."""
     return make_engine(
         start.cfg,
         backend,
@@ -261,6 +264,7 @@ def start_engine(
         layout=layout or start.layout,
         clipped_sum_transform=clipped_sum_transform,
         precision=precision,
+        offload=offload,
     )
 
 

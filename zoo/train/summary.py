@@ -94,6 +94,7 @@ def summarize(
         "remat": run.remat,
         "precision": run.precision.name,
         **attention_ran(run.engine.cfg),
+        "offload": run.engine.offload,
         "model": recipe.model.preset,
         "dataset": recipe.data.dataset,
         "steps": steps,

@@ -115,6 +115,25 @@ class LlamaConfig(SequenceConfig):
         return ("embed", *super().frozen_prefix())
 
 
+# Llama 3.2's shapes (Hugging Face's meta-llama/Llama-3.2-1B and -3B configs): tied head, 8 KV
+# heads, rope theta 500000 with llama3 frequency scaling, context 131072 as in the checkpoints'
+# configs (max_len allocates nothing: rotary positions are computed), so that `zoo import` of
+# either checkpoint lands on its preset.
+LLAMA_3_2 = dict(
+    vocab_size=128256,
+    num_kv_heads=8,
+    d_ff=8192,
+    max_len=131072,
+    rope_theta=500000.0,
+    norm_eps=1e-5,
+    rope_scaling="llama3",
+    rope_factor=32.0,
+    rope_low_freq_factor=1.0,
+    rope_high_freq_factor=4.0,
+    rope_original_max_len=8192,
+    tie_head=True,
+)
+
 KIND = register(
     LlamaConfig,
     nnx="zoo.models.llama.nnx:Llama",
@@ -131,6 +150,14 @@ KIND = register(
                 vocab_size=128, d_model=128, num_heads=4, num_kv_heads=2, d_ff=384, num_layers=4, max_len=128
             ),
             "4-layer d=128 Llama-style char LM (RMSNorm, RoPE, SwiGLU, 2 KV heads), context 128",
+        ),
+        "llama-1b": (
+            LlamaConfig(d_model=2048, num_heads=32, num_layers=16, **LLAMA_3_2),
+            "Llama 3.2 1B's shapes: 16 layers, d=2048, 32 heads / 8 KV heads, vocab 128256, tied head",
+        ),
+        "llama-3b": (
+            LlamaConfig(d_model=3072, num_heads=24, num_layers=28, **LLAMA_3_2),
+            "Llama 3.2 3B's shapes: 28 layers, d=3072, 24 heads / 8 KV heads, vocab 128256, tied head",
         ),
     },
     small=LlamaConfig(

@@ -1,0 +1,161 @@
+"""The largest batch that fits: ``zoo train``'s step for a preset at sequence length T, under a
+remat policy and a ``[train] offload`` setting, each batch tried in a process of its own.
+
+    .venv/bin/python benchmarks/device/fits.py llama-1b --seq 2048 --remat full --offload optimizer
+    .venv/bin/python benchmarks/device/fits.py llama-1b --small        # CPU, tiny: the kind's small config
+
+Batches double from 1 until a step fails (out of memory, or past ``--max-batch``), then the
+gap is bisected. Each row is one child process (``memory_stats()``'s peak never resets): it
+compiles the step (``zoo.bench.step.compile_step``, real arrays), runs ``--steps`` timed steps
+after one warm-up (the initial params drawn in host memory, so that the device's peak is the
+training state's and the step's), and prints a JSON line: HBM peak (``peak_bytes_in_use``; None on a CPU,
+which has none, so the compiled step's ``memory_analysis()`` bytes stand beside it), ms/step,
+tokens/s and MFU (``device_costs.model_flops`` over the step time, against the
+``device_costs.PEAK_FLOPS`` row of the device; None for a device the table lacks). The result
+is the row of the largest batch that fits, as one JSON line (and ``--out FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the peak is the step's own
+if "--small" in sys.argv[1:] and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    # Tiny runs are all compile time; LLVM's optimisation passes double it on CPU.
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+
+
+def _config(args):
+    import zoo
+    from zoo.models import registry
+
+    cfg = zoo.get_config(args.preset)
+    return registry.get_kind(cfg.kind).small if args.small else cfg
+
+
+def row(args, batch: int) -> dict:
+    """Compile and time ``zoo train``'s step at ``batch`` rows (in this process)."""
+    import device_costs  # beside this script: its folder is sys.path[0]
+    import jax
+
+    import zoo
+    from zoo import recipes
+    from zoo.bench.common import memory_stats
+    from zoo.bench.step import compile_step
+    from zoo.models import canonical
+    from zoo.parallel.offload import builder_device
+
+    cfg = _config(args)
+    seq = args.seq if not args.small else cfg.max_len
+    x = zoo.example_batch(cfg, batch, seq_len=seq)
+    y = zoo.example_labels(cfg, x)
+    with jax.default_device(builder_device()):  # on the host: the peak is the step's alone
+        params = canonical.init_params(cfg, 0)
+    base = recipes.parse_recipe({"train": {"offload": args.offload}}, "fits")
+    step = compile_step(cfg, x, y, remat=args.remat, precision=args.precision, params=params, recipe=base)
+    run = {"state": step.state, "out": None}
+    stepper = step.stepper(run)
+    stepper(1)  # warm-up
+    times = []
+    for _ in range(args.steps):
+        tic = time.perf_counter()
+        stepper(1)
+        times.append(time.perf_counter() - tic)
+    seconds = statistics.median(times)
+    stats = jax.devices()[0].memory_stats() or {}
+    analysis = memory_stats(step.compiled)
+    peak = device_costs.peak_flops(args.precision)
+    flops = device_costs.model_flops(cfg, params, batch, seq)
+    return {
+        "preset": args.preset if not args.small else f"{args.preset} (small: {cfg.kind} small config)",
+        "seq": seq,
+        "remat": args.remat,
+        "offload": args.offload,
+        "precision": args.precision,
+        "batch": batch,
+        "fits": True,
+        "peak_bytes": stats.get("peak_bytes_in_use"),
+        "analysis_bytes": analysis["temp_size_in_bytes"] + analysis["argument_size_in_bytes"],
+        "host_temp_bytes": analysis["host_temp_size_in_bytes"],
+        "ms_per_step": round(seconds * 1e3, 3),
+        "tokens_per_s": round(batch * seq / seconds, 1),
+        "mfu": None if peak is None else round(flops / seconds / peak, 4),
+        "compile_s": round(step.compile_s, 3),
+        "loss": float(run["out"]["loss"]),
+        "device": jax.devices()[0].device_kind,
+    }
+
+
+def child(args, batch: int) -> dict:
+    """One row in a child process; a failed step (out of memory) is ``fits: False``."""
+    argv = [sys.executable, os.path.abspath(__file__), args.preset, "--row", str(batch)]
+    argv += ["--seq", str(args.seq), "--remat", args.remat, "--offload", args.offload]
+    argv += ["--precision", args.precision, "--steps", str(args.steps), *(["--small"] if args.small else [])]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+    memory = any(word in done.stderr for word in ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory"))
+    return {"batch": batch, "fits": False, "out_of_memory": memory, "error": tail[:300]}
+
+
+def search(args) -> tuple[dict | None, list[dict]]:
+    """``(the largest batch's row that fits, every row tried)``: doubling, then bisection."""
+    tried, best, batch, failed = [], None, 1, None
+    while batch <= args.max_batch:
+        result = child(args, batch)
+        tried.append(result)
+        print(json.dumps(result), file=sys.stderr, flush=True)
+        if not result["fits"]:
+            failed = batch
+            break
+        best, batch = result, batch * 2
+    low, high = (best["batch"] if best else 0), (failed or args.max_batch + 1)
+    while high - low > 1 and best is not None:
+        mid = (low + high) // 2
+        result = child(args, mid)
+        tried.append(result)
+        print(json.dumps(result), file=sys.stderr, flush=True)
+        if result["fits"]:
+            best, low = result, mid
+        else:
+            high = mid
+    return best, tried
+
+
+def main(argv=None) -> int:
+    from zoo.configs import OFFLOADS
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("preset", help="a model preset, e.g. llama-1b")
+    p.add_argument("--seq", type=int, default=2048, help="tokens per row (T)")
+    p.add_argument("--remat", default="full", help="remat policy (zoo remat-policies)")
+    p.add_argument("--offload", default="none", choices=OFFLOADS)
+    p.add_argument("--precision", default="bfloat16", choices=("float32", "bfloat16"))
+    p.add_argument("--steps", type=int, default=5, help="timed steps per row (after one warm-up)")
+    p.add_argument("--max-batch", type=int, default=256)
+    p.add_argument("--small", action="store_true", help="the kind's small config at its max_len (CPU)")
+    p.add_argument("--row", type=int, default=None, help=argparse.SUPPRESS)  # a child's one batch
+    p.add_argument("--out", default=None, help="also write the result as JSON here")
+    args = p.parse_args(argv)
+    if args.row is not None:
+        print(json.dumps(row(args, args.row)), flush=True)
+        return 0
+    best, tried = search(args)
+    result = {"largest": best, "tried": len(tried)}
+    print(json.dumps(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({**result, "rows": tried}, f, indent=1)
+    return 0 if best else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
