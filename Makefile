@@ -26,7 +26,7 @@ ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo y
 #   chunked-MLP model cells (the ops' own cells are re-run); freezing per kind (test_freeze's cells are re-run);
 #   LoRA beyond the transformer's two-backend cell (an adapter is two more dense ops: ghost,
 #   remat and merge cells add no mechanism the re-run lacks).
-ISA_SKIP := eqx or still_catches or chunked_attention_gives or chunked_mlp_gives or through_chunked
+ISA_SKIP := eqx or still_catches or (test_splash.py and not grouped) or chunked_attention_gives or chunked_mlp_gives or through_chunked
 ISA_SKIP += or ((test_setup.py or test_lora) and not (same_logits_and_grads_in_both_backends and transformer))
 ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-lean or minimal or offload))
 ISA_SKIP += or ((test_api.py or test_conv.py or test_rules.py or test_ghost) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
