@@ -60,4 +60,5 @@ def test_runs_of_the_same_folder_name_get_legend_labels_that_tell_them_apart(run
     plot_runs([load_run(tmp_path / "a" / "run"), load_run(tmp_path / "b" / "run")], tmp_path / "ab.png")
     legend = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
     assert legend == ["a/run loss", "a/run eval_loss", "b/run loss", "b/run eval_loss"]
-    assert run_labels([tmp_path / "x", tmp_path / "a" / "run", tmp_path / "x"]) == ["x", "a/run", "x (2)"]
+    paths = [tmp_path / "x", tmp_path / "a" / "run", tmp_path / "b" / "run", tmp_path / "x"]
+    assert run_labels(paths) == ["x", "a/run", "b/run", "x (2)"]
