@@ -1,9 +1,11 @@
 """The README's command-line block and each doc's first example, run as written, in order, offline.
 
-A new user types the README's commands top to bottom, then a doc's first example. Each line
-here is one test, in the order shown, in one working directory per block, so a command's inputs
-must come from an earlier line (or from the repository: `tests/fixtures/...` and
-`benchmarks/...` are reachable from that directory, as from the repository root). Lines run
+A new user types the README's commands top to bottom, from the root of a checkout, then a doc's
+first example. Each line here is one test, in the order shown, in one working directory per
+block that stands for the checkout's root (it links every entry there but the outputs, so
+`tests/fixtures/...` and `benchmarks/...` resolve as they do for the user, and what the
+commands write stays out of the checkout), so a command's inputs must come from an earlier line
+or from the checkout. A doc's example must not write over a run the README made. Lines run
 in-process through ``zoo.cli.main`` (``python ...`` lines as a child), with short steps:
 ``zoo train`` and ``zoo audit`` get ``--set train.steps=2``. Nothing else is changed.
 
@@ -32,7 +34,17 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
 MARKERS = ("[network]", "[devices]", "[long]")
 SHORT = {"train": ["--set", f"train.steps={STEPS}"], "audit": ["--set", f"train.steps={STEPS}"]}
-LINKED = ("tests", "benchmarks")  # repository inputs a shown command may name (fixtures, generators)
+OUTPUTS = {"runs", "hf", "out", "build"}  # what the commands (and the .gitignore) write at the root
+
+
+def linked() -> list[str]:
+    """The entries of the checkout's root a walk's directory links: all but hidden ones, build
+    outputs and what the shown commands write."""
+    return sorted(
+        p.name
+        for p in ROOT.iterdir()
+        if not p.name.startswith(".") and p.name not in OUTPUTS and not p.name.endswith(".egg-info")
+    )
 
 
 @dataclass(frozen=True)
@@ -134,8 +146,8 @@ def run_line(line: Line, cwd: Path) -> None:
 
 def _workdir(tmp_path_factory, name: str) -> Path:
     cwd = tmp_path_factory.mktemp(name)
-    for linked in LINKED:
-        os.symlink(ROOT / linked, cwd / linked)
+    for name in linked():
+        os.symlink(ROOT / name, cwd / name)
     return cwd
 
 
@@ -173,3 +185,28 @@ def test_first_example_of_each_doc_runs_as_written(line, tmp_path_factory, monke
         _DIRS[line.doc] = _workdir(tmp_path_factory, Path(line.doc).stem)
     monkeypatch.chdir(_DIRS[line.doc])
     run_line(line, _DIRS[line.doc])
+
+
+def test_the_readme_says_its_block_runs_from_the_root_the_walk_stands_for(tmp_path_factory):
+    said = " ".join((ROOT / "README.md").read_text().split())
+    assert "from the root of a checkout" in said  # where tests/fixtures/... and benchmarks/... resolve
+    cwd = _workdir(tmp_path_factory, "root")
+    assert {"tests", "benchmarks", "README.md", "zoo"} <= {p.name for p in cwd.iterdir()}
+
+
+def _written(lines: list[Line]) -> set[str]:
+    """The folders the ``zoo`` lines write afresh with ``--out`` (``--resume`` keeps a run)."""
+    out = set()
+    for line in lines:
+        for command in line.text.split(" && ") if not line.python else ():
+            argv = shlex.split(command, comments=True)
+            if argv[:1] == ["zoo"] and "--out" in argv and "--resume" not in argv and not line.marker:
+                out.add(os.path.normpath(argv[argv.index("--out") + 1]))
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_a_docs_first_example_writes_over_no_run_the_readme_made(doc):
+    """A user who ran the README runs a doc's example in the same folder: an ``--out`` the
+    README wrote already holds checkpoints, and ``zoo train`` refuses it."""
+    assert not _written(first_example(doc)) & _written(readme_lines())
