@@ -210,3 +210,18 @@ def test_a_docs_first_example_writes_over_no_run_the_readme_made(doc):
     """A user who ran the README runs a doc's example in the same folder: an ``--out`` the
     README wrote already holds checkpoints, and ``zoo train`` refuses it."""
     assert not _written(first_example(doc)) & _written(readme_lines())
+
+
+def test_the_data_docs_stand_in_corpus_is_what_its_comment_says(tmp_path_factory, monkeypatch):
+    """docs/data.md's first line makes a corpus its comment sizes in files; ``zoo tokenize``
+    reads those files as its documents, and nothing else the script wrote."""
+    from zoo.data.tokens.documents import open_documents
+
+    line = first_example(ROOT / "docs" / "data.md")[0]
+    files = int(re.search(r"(\d+) files", line.text.partition(" #")[2]).group(1))
+    cwd = _workdir(tmp_path_factory, "corpus")
+    monkeypatch.chdir(cwd)
+    run_line(line, cwd)
+    folder = cwd / shlex.split(line.text, comments=True)[2]
+    assert open_documents(f"text:{folder}").documents == files
+    assert len([p for p in folder.iterdir() if not p.name.startswith(".")]) == files
