@@ -225,3 +225,59 @@ def test_the_data_docs_stand_in_corpus_is_what_its_comment_says(tmp_path_factory
     folder = cwd / shlex.split(line.text, comments=True)[2]
     assert open_documents(f"text:{folder}").documents == files
     assert len([p for p in folder.iterdir() if not p.name.startswith(".")]) == files
+
+
+def transcripts(doc: Path, command: str) -> list[tuple[int, str, str]]:
+    """The blocks of ``doc`` that show ``$ COMMAND ...`` and what it printed: (line, argv, text)."""
+    return [
+        (start, body[0][2:], "\n".join(body[1:]))
+        for _, start, body in _blocks(doc)
+        if body and body[0].startswith(f"$ {command} ")
+    ]
+
+
+def _figure(pattern: str, text: str) -> int | None:
+    found = re.search(pattern, text)
+    return int(found.group(1).replace(",", "")) if found else None
+
+
+RESIDUALS = transcripts(ROOT / "docs" / "remat.md", "zoo residuals")
+
+
+@pytest.mark.parametrize(
+    ("start", "command", "text"), RESIDUALS, ids=[f"docs/remat.md:{start}" for start, _, _ in RESIDUALS]
+)
+def test_the_residual_figures_docs_show_are_what_the_command_prints(start, command, text, capsys):
+    """docs/remat.md's ``$ zoo residuals ...`` transcripts: the totals in bytes, the number of
+    parameter/input rows and of the 'outside' rows a transcript leaves out, as the command
+    gives them today (--json, the same report)."""
+    capsys.readouterr()
+    assert main([*shlex.split(command)[1:], "--json"]) == 0
+    report = __import__("json").loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = report["residuals"]
+    outside = [r for r in rows if r["kind"] == "activation" and r["scope"] == "outside"]
+    shown_outside = len(re.findall(r"│ outside │", text))
+    figures = {
+        r"on device \(([\d,]+) B\)": report["total_device_bytes"],
+        r"on pinned_host \(([\d,]+) B\)": report["total_host_bytes"],
+        r"(\d+) parameter/input residuals": len([r for r in rows if r["kind"] != "activation"]),
+        r"\.\.\. (\d+) more 'outside' rows": len(outside) - shown_outside,
+    }
+    said = {pattern: _figure(pattern, text) for pattern in figures}
+    assert {p: v for p, v in figures.items() if said[p] is not None} == {
+        p: v for p, v in said.items() if v is not None
+    }, f"docs/remat.md:{start}"
+
+
+def test_the_padded_shape_docs_dp_gives_is_the_one_python_docs_lm_dp_builds():
+    """docs/dp.md's python-docs-lm-dp section: the padded batch the run's summary reports."""
+    import warnings
+
+    from zoo import recipes
+    from zoo.train.run import build_run
+
+    said = _figure(r"fixed padded shape \((\d+) windows", (ROOT / "docs" / "dp.md").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = build_run(recipes.load_recipe("python-docs-lm-dp"), choose_remat=False)
+    assert said == run.dp.sampler.padded_batch_size
