@@ -1,6 +1,8 @@
-"""A generated text corpus for the data benchmarks (not committed): files of about 1 MB, each
-a document of lines drawn at random, with a fixed seed, from CPython's bundled pydoc topics
-(English prose and Python code, about 500 KB of distinct text).
+"""A generated text corpus for the data benchmarks (not committed): ``round(mb)`` files of about
+``mb / round(mb)`` MB (at least one), each a document of lines drawn at random, with a fixed
+seed, from CPython's bundled pydoc topics (English prose and Python code, about 500 KB of
+distinct text). What it was made with is recorded in the hidden ``.corpus.json``, which
+``text:DIR`` and ``zoo tokenize`` leave out: the corpus is its ``.txt`` files and nothing else.
 
     .venv/bin/python benchmarks/data/corpus.py /tmp/zoo-corpus-200mb --mb 200
 
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 FILE_MB = 1
-DONE = "corpus.json"
+DONE = ".corpus.json"  # hidden: not a document of the corpus
 
 
 def _lines() -> np.ndarray:
@@ -37,9 +39,10 @@ def make(root: str | Path, mb: float, seed: int = 0) -> list[Path]:
     lines, rng = _lines(), np.random.default_rng(seed)
     mean = float(np.mean([len(s) + 1 for s in lines]))
     target, written, paths = int(mb * 1e6), 0, []
-    while written < target:
-        picks = rng.integers(0, len(lines), max(int(min(FILE_MB * 1e6, target - written) / mean), 1))
-        path = root / f"{len(paths):05d}.txt"
+    files = max(round(mb / FILE_MB), 1)
+    for i in range(files):  # each file a share of what is left: no sliver of a file at the end
+        picks = rng.integers(0, len(lines), max(int((target - written) / (files - i) / mean), 1))
+        path = root / f"{i:05d}.txt"
         path.write_text("\n".join(lines[picks]) + "\n", encoding="utf-8")
         written += path.stat().st_size
         paths.append(path)

@@ -8,7 +8,7 @@ import matplotlib.image
 from tests.commands.conftest import series
 from tests.e2e.clikit import refused
 from zoo.cli import main
-from zoo.commands.plot import plot_runs
+from zoo.commands.plot import plot_runs, run_labels
 from zoo.train.rundir import load_run
 
 
@@ -46,3 +46,19 @@ def test_missing_or_empty_run_directories_are_refused_in_one_line(capsys, tmp_pa
     refused(capsys, ["plot", str(tmp_path / "empty"), "--out", png], "no metrics.jsonl", "empty")
     (tmp_path / "empty" / "metrics.jsonl").write_text("")
     refused(capsys, ["plot", str(tmp_path / "empty"), "--out", png], "an empty metrics.jsonl")
+
+
+def test_runs_of_the_same_folder_name_get_legend_labels_that_tell_them_apart(runs, tmp_path, monkeypatch):
+    import shutil
+
+    import matplotlib.pyplot as plt
+
+    for parent in ("a", "b"):
+        shutil.copytree(runs / "digits-mlp", tmp_path / parent / "run")
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # the figure, kept to read its legend
+    plot_runs([load_run(tmp_path / "a" / "run"), load_run(tmp_path / "b" / "run")], tmp_path / "ab.png")
+    legend = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert legend == ["a/run loss", "a/run eval_loss", "b/run loss", "b/run eval_loss"]
+    paths = [tmp_path / "x", tmp_path / "a" / "run", tmp_path / "b" / "run", tmp_path / "x"]
+    assert run_labels(paths) == ["x", "a/run", "b/run", "x (2)"]

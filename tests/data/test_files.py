@@ -121,3 +121,15 @@ def test_parquet_image_column(tmp_path):
     ours = _sorted_rows(np.concatenate([ds.x_train, ds.x_eval]), np.concatenate([ds.y_train, ds.y_eval]))
     expected = (pixels.reshape(20, -1) / 255.0).astype(np.float32)
     np.testing.assert_array_equal(ours, _sorted_rows(expected, labels))
+
+
+@pytest.mark.parametrize(
+    ("builder", "said"), [("text", "a binary file, not text ("), ("csv", "not csv text (")]
+)
+def test_a_binary_file_is_named_once_as_not_text(tmp_path, builder, said):
+    from zoo.data.files import unreadable
+
+    path = tmp_path / "blob.dat"
+    path.write_bytes(bytes(range(256)) * 4)
+    reason = unreadable(builder, str(path))
+    assert said in reason and "text text" not in reason

@@ -169,3 +169,20 @@ def test_hf_lm_reads_users_from_a_user_column(monkeypatch):
     owners = ds.task_type.record_users(ds, 8)
     for owner, window in zip(owners, np.concatenate([batch["x"], batch["y"][:, -1:]], axis=1), strict=True):
         assert set(tok.decode(window)) - {"\n"} == {LETTERS[int(kept[owner][1:])]}
+
+
+@pytest.mark.parametrize("flag", [None, "HF_HUB_OFFLINE"])
+def test_a_local_dataset_folder_needs_no_hub(monkeypatch, tmp_path, flag):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    if flag:  # set after `datasets` was imported: a Hub name would be refused straight away
+        monkeypatch.setenv(flag, "1")
+        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "unreachable_reason", lambda *a, **k: "cannot connect (a stand-in)")
+    (tmp_path / "local").mkdir()
+    pq.write_table(pa.table({"text": ["hello there, friend\n"] * 40}), tmp_path / "local" / "train.parquet")
+    ds = load_dataset(f"hf:{tmp_path / 'local'}", task="lm", tokenizer=CharTokenizer.utf8_bytes())
+    assert ds.x_train.size + ds.x_eval.size == 40 * len("hello there, friend\n") + 39

@@ -44,3 +44,15 @@ def test_without_users_the_column_is_left_out():
     ds = load_dataset("skewed-users", task="classify", eval_fraction=0.2)
     assert ds.x_train.shape[1] == FEATURES and ds.users_train is None
     assert ds.num_train + ds.x_eval.shape[0] == sum(records_of(u) for u in range(USERS))
+
+
+def test_the_recipe_says_how_many_records_its_users_hold():
+    import re
+    from pathlib import Path
+
+    import zoo
+
+    recipe = Path(zoo.__file__).parent / "recipes" / "skewed-users-mlp-dp.toml"
+    low, high = map(int, re.search(r"a user holds (\d+) to (\d+) records", recipe.read_text()).groups())
+    counts = [records_of(u) for u in range(USERS)]
+    assert (low, high) == (min(counts), max(counts))

@@ -137,3 +137,18 @@ def test_a_user_column_is_never_ignored(tmp_path):
         load_dataset("python-docs", task="lm", user_column="file", private=True)
     with pytest.raises(DatasetError, match="it names users by user_column='file'"):
         load_dataset(f"text:{path}", task="lm", user_column="user", private=True)
+
+
+def test_a_subset_of_a_shipped_datasets_classes_is_no_warning_but_a_files_is(tmp_path):
+    import warnings
+
+    from zoo.data.errors import DataDependentWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataDependentWarning)  # digits-mlp-pretrain's classes
+        ds = load_dataset("digits", task="classify", classes=(0, 1, 2, 3, 4))
+    assert ds.num_classes == 5 and ds.y_train.max() == 4
+    path = tmp_path / "three.csv"
+    path.write_text("a,b,label\n" + "".join(f"{i},{i % 7},{i % 3}\n" for i in range(30)))
+    with pytest.warns(DataDependentWarning, match="leaves out 10 of 30 rows"):
+        load_dataset(f"csv:{path}", task="classify", classes=(0, 1))

@@ -1,9 +1,11 @@
 """The README's command-line block and each doc's first example, run as written, in order, offline.
 
-A new user types the README's commands top to bottom, then a doc's first example. Each line
-here is one test, in the order shown, in one working directory per block, so a command's inputs
-must come from an earlier line (or from the repository: `tests/fixtures/...` and
-`benchmarks/...` are reachable from that directory, as from the repository root). Lines run
+A new user types the README's commands top to bottom, from the root of a checkout, then a doc's
+first example. Each line here is one test, in the order shown, in one working directory per
+block that stands for the checkout's root (it links every entry there but the outputs, so
+`tests/fixtures/...` and `benchmarks/...` resolve as they do for the user, and what the
+commands write stays out of the checkout), so a command's inputs must come from an earlier line
+or from the checkout. A doc's example must not write over a run the README made. Lines run
 in-process through ``zoo.cli.main`` (``python ...`` lines as a child), with short steps:
 ``zoo train`` and ``zoo audit`` get ``--set train.steps=2``. Nothing else is changed.
 
@@ -32,7 +34,17 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
 MARKERS = ("[network]", "[devices]", "[long]")
 SHORT = {"train": ["--set", f"train.steps={STEPS}"], "audit": ["--set", f"train.steps={STEPS}"]}
-LINKED = ("tests", "benchmarks")  # repository inputs a shown command may name (fixtures, generators)
+OUTPUTS = {"runs", "hf", "out", "build"}  # what the commands (and the .gitignore) write at the root
+
+
+def linked() -> list[str]:
+    """The entries of the checkout's root a walk's directory links: all but hidden ones, build
+    outputs and what the shown commands write."""
+    return sorted(
+        p.name
+        for p in ROOT.iterdir()
+        if not p.name.startswith(".") and p.name not in OUTPUTS and not p.name.endswith(".egg-info")
+    )
 
 
 @dataclass(frozen=True)
@@ -134,8 +146,8 @@ def run_line(line: Line, cwd: Path) -> None:
 
 def _workdir(tmp_path_factory, name: str) -> Path:
     cwd = tmp_path_factory.mktemp(name)
-    for linked in LINKED:
-        os.symlink(ROOT / linked, cwd / linked)
+    for name in linked():
+        os.symlink(ROOT / name, cwd / name)
     return cwd
 
 
@@ -173,3 +185,99 @@ def test_first_example_of_each_doc_runs_as_written(line, tmp_path_factory, monke
         _DIRS[line.doc] = _workdir(tmp_path_factory, Path(line.doc).stem)
     monkeypatch.chdir(_DIRS[line.doc])
     run_line(line, _DIRS[line.doc])
+
+
+def test_the_readme_says_its_block_runs_from_the_root_the_walk_stands_for(tmp_path_factory):
+    said = " ".join((ROOT / "README.md").read_text().split())
+    assert "from the root of a checkout" in said  # where tests/fixtures/... and benchmarks/... resolve
+    cwd = _workdir(tmp_path_factory, "root")
+    assert {"tests", "benchmarks", "README.md", "zoo"} <= {p.name for p in cwd.iterdir()}
+
+
+def _written(lines: list[Line]) -> set[str]:
+    """The folders the ``zoo`` lines write afresh with ``--out`` (``--resume`` keeps a run)."""
+    out = set()
+    for line in lines:
+        for command in line.text.split(" && ") if not line.python else ():
+            argv = shlex.split(command, comments=True)
+            if argv[:1] == ["zoo"] and "--out" in argv and "--resume" not in argv and not line.marker:
+                out.add(os.path.normpath(argv[argv.index("--out") + 1]))
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_a_docs_first_example_writes_over_no_run_the_readme_made(doc):
+    """A user who ran the README runs a doc's example in the same folder: an ``--out`` the
+    README wrote already holds checkpoints, and ``zoo train`` refuses it."""
+    assert not _written(first_example(doc)) & _written(readme_lines())
+
+
+def test_the_data_docs_stand_in_corpus_is_what_its_comment_says(tmp_path_factory, monkeypatch):
+    """docs/data.md's first line makes a corpus its comment sizes in files; ``zoo tokenize``
+    reads those files as its documents, and nothing else the script wrote."""
+    from zoo.data.tokens.documents import open_documents
+
+    line = first_example(ROOT / "docs" / "data.md")[0]
+    files = int(re.search(r"(\d+) files", line.text.partition(" #")[2]).group(1))
+    cwd = _workdir(tmp_path_factory, "corpus")
+    monkeypatch.chdir(cwd)
+    run_line(line, cwd)
+    folder = cwd / shlex.split(line.text, comments=True)[2]
+    assert open_documents(f"text:{folder}").documents == files
+    assert len([p for p in folder.iterdir() if not p.name.startswith(".")]) == files
+
+
+def transcripts(doc: Path, command: str) -> list[tuple[int, str, str]]:
+    """The blocks of ``doc`` that show ``$ COMMAND ...`` and what it printed: (line, argv, text)."""
+    return [
+        (start, body[0][2:], "\n".join(body[1:]))
+        for _, start, body in _blocks(doc)
+        if body and body[0].startswith(f"$ {command} ")
+    ]
+
+
+def _figure(pattern: str, text: str) -> int | None:
+    found = re.search(pattern, text)
+    return int(found.group(1).replace(",", "")) if found else None
+
+
+RESIDUALS = transcripts(ROOT / "docs" / "remat.md", "zoo residuals")
+
+
+@pytest.mark.parametrize(
+    ("start", "command", "text"), RESIDUALS, ids=[f"docs/remat.md:{start}" for start, _, _ in RESIDUALS]
+)
+def test_the_residual_figures_docs_show_are_what_the_command_prints(start, command, text, capsys):
+    """docs/remat.md's ``$ zoo residuals ...`` transcripts: the totals in bytes, the number of
+    parameter/input rows and of the 'outside' rows a transcript leaves out, as the command
+    gives them today (--json, the same report)."""
+    capsys.readouterr()
+    assert main([*shlex.split(command)[1:], "--json"]) == 0
+    report = __import__("json").loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = report["residuals"]
+    outside = [r for r in rows if r["kind"] == "activation" and r["scope"] == "outside"]
+    shown_outside = len(re.findall(r"│ outside │", text))
+    figures = {
+        r"on device \(([\d,]+) B\)": report["total_device_bytes"],
+        r"on pinned_host \(([\d,]+) B\)": report["total_host_bytes"],
+        r"(\d+) parameter/input residuals": len([r for r in rows if r["kind"] != "activation"]),
+        r"\.\.\. (\d+) more 'outside' rows": len(outside) - shown_outside,
+    }
+    said = {pattern: _figure(pattern, text) for pattern in figures}
+    assert {p: v for p, v in figures.items() if said[p] is not None} == {
+        p: v for p, v in said.items() if v is not None
+    }, f"docs/remat.md:{start}"
+
+
+def test_the_padded_shape_docs_dp_gives_is_the_one_python_docs_lm_dp_builds():
+    """docs/dp.md's python-docs-lm-dp section: the padded batch the run's summary reports."""
+    import warnings
+
+    from zoo import recipes
+    from zoo.train.run import build_run
+
+    said = _figure(r"fixed padded shape \((\d+) windows", (ROOT / "docs" / "dp.md").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = build_run(recipes.load_recipe("python-docs-lm-dp"), choose_remat=False)
+    assert said == run.dp.sampler.padded_batch_size

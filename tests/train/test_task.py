@@ -139,3 +139,20 @@ def test_a_model_of_another_task_is_refused():
     lm = dataclasses.replace(_lm_task())
     with pytest.raises(ZooError, match=r"is a 'classify' model; .* was loaded as 'lm'"):
         fit_model_to_task(zoo.get_config("mlp-s"), lm, "mlp-s", {})
+
+
+def test_a_split_too_short_for_any_window_is_refused_without_a_seq_len_hint(tmp_path):
+    from zoo.data.tokens.build import tokenize
+
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text("x")  # the first document: the eval split, 1 token
+    (tmp_path / "text" / "b.txt").write_text("hello world " * 50)
+    tokenize(f"text:{tmp_path / 'text'}", tmp_path / "store", "bytes", eval_fraction=0.5, split="documents")
+    data = dataclasses.replace(
+        recipes.load_recipe("python-docs-lm").data, dataset=f"tokens:{tmp_path / 'store'}"
+    )
+    with pytest.raises(ZooError) as refused:
+        load_task(data, task="lm", seed=0, max_len=16)
+    said = str(refused.value)
+    assert "the eval split is too short for any window" in said and "600 train and 1 eval tokens" in said
+    assert "seq_len <=" not in said and "zoo tokenize --eval-fraction" in said

@@ -29,7 +29,7 @@ def run_audit(args) -> int:
         recipe = override(recipe, {"dp": {"unit": args.unit}})
     check_request(recipe, args.canaries, args.mode, args.confidence, args.no_noise)
     out = Path(args.out or f"runs/audit-{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    with runlog.progress_bar(Console(stderr=True)) as progress:
+    with runlog.progress_bar(Console(stderr=True), rate_unit="steps/s") as progress:
         bar = progress.add_task(
             f"audit {recipe.name}", total=recipe.train.steps, loss="-", rate="-", visible=not args.no_progress
         )
@@ -38,7 +38,7 @@ def run_audit(args) -> int:
 
         def report(step: int, loss: float) -> None:
             rate = step / (time.perf_counter() - start)
-            progress.update(bar, completed=step, loss=f"{loss:.4f}", rate=f"{rate:.1f} steps/s,")
+            progress.update(bar, completed=step, loss=f"{loss:.4f}", rate=f"{rate:.1f}")
 
         summary = audit(
             recipe,

@@ -25,9 +25,10 @@ def _progress_bar(show: bool) -> Progress:
 
 
 def _read(unit: str, done: int, total: int | None) -> str:
-    if unit == "bytes":
-        shown = f"{done / 1e6:,.1f}" + (f"/{total / 1e6:,.1f}" if total else "")
-        return f"{shown} MB"
+    if unit == "bytes":  # in kB below 1 MB: a 45 kB file is not "0.0/0.0 MB"
+        scale, name = (1e6, "MB") if max(done, total or 0) >= 1e6 else (1e3, "kB")
+        shown = f"{done / scale:,.1f}" + (f"/{total / scale:,.1f}" if total else "")
+        return f"{shown} {name}"
     return f"{done:,}" + (f"/{total:,}" if total else "") + " rows"
 
 

@@ -263,8 +263,12 @@ def run_eval(args) -> int:
 
 def _dp_guarantee(run, ckpt) -> dict:
     """The ``(epsilon, delta)`` a DP checkpoint's parameters carry, truncation (and a DP-PCA
-    projection) included."""
-    return run.dp.privacy_at(ckpt.step)
+    projection) included, and what they protect, as the run's summary says it (a user's
+    epsilon must not read like a record's): the privacy unit, the number of units and, for
+    users, the records a user gives a step."""
+    from zoo.train.summary import privacy_unit
+
+    return {**run.dp.privacy_at(ckpt.step), **privacy_unit(run.task, run.dp)}
 
 
 def _positive(text: str) -> int:

@@ -141,10 +141,12 @@ def keep_classes(
     classes: tuple[int | str, ...],
     source: str,
     names: tuple[str, ...] | None = None,
+    say_left_out: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows whose label is in ``classes``, relabelled to the label's index in ``classes``.
     ``names`` (string labels) are shown beside the ids in what it says, and a class may be
-    given by its name."""
+    given by its name. ``say_left_out``: warn when the classes leave rows out (a file's labels
+    may hold a surprise; a dataset zoo ships documents its labels, so a subset is a choice)."""
     wanted = [_class_id(c, names, source) for c in classes]
     if not wanted:
         raise DatasetError("classes must name at least one class")
@@ -165,7 +167,7 @@ def keep_classes(
             f"{source!r} has no examples of class(es) {missing}. Labels present: [{shown}]{ids}."
         )
     keep = np.isin(y, wanted)
-    if not keep.all():  # a subset of the classes is a choice; say what it leaves out
+    if say_left_out and not keep.all():  # a subset of the classes is a choice; say what it leaves out
         import warnings
 
         others = sorted(present - set(wanted))

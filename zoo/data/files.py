@@ -74,7 +74,8 @@ def unreadable(builder: str, path: str) -> str | None:
     with open(path, "rb") as f:
         data = f.read()
     if b"\0" in data[:_SNIFF]:
-        return f"a binary file, not {builder} text (it holds NUL bytes)"
+        kind = "text" if builder == "text" else f"{builder} text"  # not "text text"
+        return f"a binary file, not {kind} (it holds NUL bytes)"
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from pathlib import Path
 from urllib.parse import urlparse
 
 import datasets
@@ -81,8 +82,12 @@ def load_hub(spec: str, name: str, config: str | None) -> datasets.DatasetDict |
 
     With HF_HUB_OFFLINE set before `datasets` was imported, `datasets` itself runs offline and may
     serve a cached copy; if the flag was set later, `datasets` would still try the network, so we
-    refuse straight away. Without the flag, a short TCP probe checks the Hub first.
+    refuse straight away. Without the flag, a short TCP probe checks the Hub first. A local
+    dataset folder (``name`` a directory, as ``zoo tokenize hf:DIR`` reads it) needs no Hub: it
+    is loaded without either.
     """
+    if Path(name).expanduser().is_dir():
+        return _load(spec, str(Path(name).expanduser()), config)
     flag = offline_flag()
     if flag and not datasets.config.HF_HUB_OFFLINE:
         raise offline_error(spec, f"{flag}")
@@ -90,6 +95,10 @@ def load_hub(spec: str, name: str, config: str | None) -> datasets.DatasetDict |
         reason = unreachable_reason()
         if reason:
             raise offline_error(spec, f"{reason}; export HF_HUB_OFFLINE=1 to use a cached copy")
+    return _load(spec, name, config)
+
+
+def _load(spec: str, name: str, config: str | None) -> datasets.DatasetDict | datasets.Dataset:
     try:
         return datasets.load_dataset(name, config)
     except DatasetNotFoundError as e:

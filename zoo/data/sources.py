@@ -81,8 +81,10 @@ def _classify(
             label_column=src.label_column,
             image_max=image_max,
         )
-        if classes is not None:
-            x, y = keep_classes(x, y, tuple(classes), spec, label_names(rows, src.label_column))
+        if classes is not None:  # a named dataset's labels are documented: a subset is no surprise
+            named = not lookup(spec)[0].is_scheme
+            names = label_names(rows, src.label_column)
+            x, y = keep_classes(x, y, tuple(classes), spec, names, say_left_out=not named)
             num_classes = len(classes)
         arrays.append((x, y))
         counts.append(num_classes)

@@ -77,6 +77,7 @@ def _make_accountant(accountant: str, pld_discretization: float):
     if accountant == "rdp":
         from dp_accounting.rdp import RdpAccountant
 
+        bounds.quiet_rdp()
         return RdpAccountant
     raise choice_error("accountant", accountant, ACCOUNTANTS)
 

@@ -15,6 +15,11 @@ from zoo.checks import require_int, require_number
 # the argmax), and above it, down to here, a draw already differs from the argmax only between
 # logits closer than about 1e-3 of each other.
 GREEDY_BELOW = 1e-4
+# Above this temperature the logits are divided by it instead: a larger one (1e300) does not fit
+# in float32 (NumPy's bare "overflow encountered in cast", then logits / inf = 0 everywhere, and
+# top-k and top-p would pick among ties). Logits / 1e30 keep their order, and their softmax is
+# already uniform to float32's precision: the draw is the same as at any hotter temperature.
+HOTTEST = 1e30
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class Sampling:
 
 def filtered(logits: jax.Array, sampling: Sampling) -> jax.Array:
     """``logits`` [B, V] / temperature, with the tokens outside top-k and top-p at -inf."""
-    x = logits.astype(jnp.float32) / sampling.temperature
+    x = logits.astype(jnp.float32) / min(sampling.temperature, HOTTEST)
     if sampling.top_k and sampling.top_k < x.shape[-1]:
         kth = jax.lax.top_k(x, sampling.top_k)[0][:, -1:]
         x = jnp.where(x < kth, -jnp.inf, x)

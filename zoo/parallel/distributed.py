@@ -8,7 +8,10 @@ them.
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import threading
 from dataclasses import dataclass
 
 import jax
@@ -68,6 +71,7 @@ def initialize(cluster: Cluster | None, timeout_s: int = 120) -> None:
     if cluster is None:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only
+    drop_stdout_lines(gloo_chatter)
     jax.distributed.initialize(
         coordinator_address=cluster.coordinator,
         # The coordinator listens on the address it is named by, not on every interface.
@@ -81,3 +85,52 @@ def initialize(cluster: Cluster | None, timeout_s: int = 120) -> None:
 def is_main_process() -> bool:
     """True in the process that writes files and prints (process 0, or the only one)."""
     return jax.process_index() == 0
+
+
+# gloo's C++ prints "[Gloo] Rank R is connected to N peer ranks. Expected number of connected
+# peer ranks is : N" to stdout on every rendezvous, 15-16 lines a process for a CPU run of two
+# processes, between the run's own lines; no setting turns it off. Its threads write the pieces
+# into one buffer, so a line may come mixed with another's pieces, or as a bare number.
+GLOO_PIECES = (
+    b"[Gloo] Rank ",
+    b" is connected to ",
+    b" peer ranks. ",
+    b"Expected number of connected peer ranks is : ",
+)
+
+
+def gloo_chatter(line: bytes) -> bool:
+    """Whether ``line`` holds nothing but gloo's pieces and numbers (a bare number included:
+    nothing a run prints on stdout is one)."""
+    rest = line
+    for piece in GLOO_PIECES:
+        rest = rest.replace(piece, b" ")
+    words = rest.split()
+    return bool(words or rest != line) and all(word.isdigit() for word in words)
+
+
+def drop_stdout_lines(drop) -> None:
+    """From here on, leave out the lines of file descriptor 1 (C++ code writes there directly)
+    for which ``drop(line)`` is true: fd 1 becomes a pipe that a thread copies to the real
+    stdout line by line; at exit the pipe is closed and drained."""
+    sys.stdout.flush()
+    real = os.dup(1)
+    read, write = os.pipe()
+    os.dup2(write, 1)
+    os.close(write)
+
+    def copy() -> None:
+        with os.fdopen(read, "rb") as lines:
+            for line in lines:
+                if not drop(line):
+                    os.write(real, line)
+
+    thread = threading.Thread(target=copy, daemon=True, name="zoo-stdout-filter")
+    thread.start()
+
+    def drain() -> None:
+        sys.stdout.flush()
+        os.dup2(real, 1)  # the pipe's last writer closes: the thread reads to the end
+        thread.join(timeout=5)
+
+    atexit.register(drain)

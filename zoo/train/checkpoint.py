@@ -156,7 +156,8 @@ def resolve_step(run_dir: Path, step: int | None = None) -> int:
     if not steps:
         hf = (Path(run_dir) / "config.json").is_file()  # a Hugging Face checkpoint folder
         raise ZooError(
-            f"no checkpoint under {where!r}: expected {CHECKPOINT_DIR}/<step>/ written by `zoo train --out DIR`"
+            f"no checkpoint under {where!r}: expected {CHECKPOINT_DIR}/<step>/ written by `zoo train "
+            "--out DIR`, or by `zoo import SRC --out DIR` (a Hugging Face checkpoint, ORG/NAME or a folder)"
             + (
                 f"; it is a Hugging Face folder: use hf:{where}, or `zoo import {where} --out DIR`"
                 if hf

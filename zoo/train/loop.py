@@ -207,6 +207,12 @@ def train(
         raise
     finally:
         log.close()
+    if log.trace is not None:
+        _say(
+            console,
+            f"profile of steps {profile.first}..{profile.last} written to {log.trace} ({tracking.MEMORY_PROFILE}"
+            f" beside it): tensorboard --logdir {out / tracking.TB_DIR}, the Profile tab",
+        )
     if start == run.steps:  # finished, but killed before its summary was written
         progress.eval_metrics = run_evaluation(run, state, frozen)
         progress.loss = last_logged_loss(out)

@@ -130,13 +130,15 @@ def _step_of(line: str) -> float:
         return float("inf")  # a line cut short by a kill: drop it
 
 
-def progress_bar(console: Console) -> Progress:
+def progress_bar(console: Console, rate_unit: str = "ex/s") -> Progress:
+    """The bar of a run's steps: its loss and its rate in ``rate_unit`` (examples a second for
+    training; the audit counts steps)."""
     return Progress(
         TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[rate]} ex/s"),
+        TextColumn(f"{{task.fields[rate]}} {rate_unit}"),
         TimeRemainingColumn(),
         console=console,
         transient=False,

@@ -126,12 +126,24 @@ def load_task(
 def _check_windows(dataset: str, seq_len: int, data: Dataset) -> None:
     """A window is ``seq_len + 1`` tokens; both splits must hold one (before any model exists)."""
     shortest = min(data.num_train, data.num_eval)
-    if seq_len + 1 > shortest:
+    if seq_len + 1 <= shortest:
+        return
+    held = f"{dataset!r} has {data.num_train:,} train and {data.num_eval:,} eval tokens"
+    if shortest >= 2:
         raise ZooError(
-            f"data.seq_len={seq_len} is longer than the data: {dataset!r} has {data.num_train:,} "
-            f"train and {data.num_eval:,} eval tokens, and a window takes seq_len + 1; use "
-            f"data.seq_len <= {shortest - 1:,}"
+            f"data.seq_len={seq_len} is longer than the data: {held}, and a window takes seq_len + 1; "
+            f"use data.seq_len <= {shortest - 1:,}"
         )
+    split = "train" if data.num_train < 2 else "eval"
+    more = (
+        "write the store again with more text or another zoo tokenize --eval-fraction / --split"
+        if data.store is not None
+        else "give it more text, or change data.eval_fraction"
+    )
+    raise ZooError(
+        f"the {split} split is too short for any window: {held}, and the shortest window "
+        f"(data.seq_len=1) takes 2; {more}"
+    )
 
 
 def fit_model_to_task(cfg: ModelConfig, task: Task, preset: str, overrides: dict) -> ModelConfig:

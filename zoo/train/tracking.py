@@ -138,6 +138,11 @@ class Tracker:
         if self._profiler:
             self._profiler.after(step + 1, state)
 
+    @property
+    def trace(self) -> Path | None:
+        """The folder the profile window's trace was written to, once it has been."""
+        return self._profiler.written if self._profiler else None
+
     def close(self) -> None:
         try:
             if self._profiler:
@@ -216,6 +221,7 @@ class _Profiler:
 
     def __init__(self, logdir: Path, window: ProfileWindow) -> None:
         self._logdir, self._window, self._active = logdir, window, False
+        self.written: Path | None = None
 
     def before(self, step: int) -> None:
         if step == self._window.first:
@@ -241,3 +247,4 @@ class _Profiler:
         jax.profiler.stop_trace()
         traces = sorted((self._logdir / PROFILE_DIR).iterdir(), key=lambda p: p.stat().st_mtime)
         jax.profiler.save_device_memory_profile(str(traces[-1] / MEMORY_PROFILE))
+        self.written = traces[-1]

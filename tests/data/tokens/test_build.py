@@ -263,3 +263,41 @@ def test_store_json_records_what_reads_it(tmp_path):
     names = {"train.bin", "eval.bin", "train.docs", "eval.docs", "tokenizer.json"}
     assert set(meta["files"]) == names and all(len(f["sha256"]) == 64 for f in meta["files"].values())
     assert oct((tmp_path / "store").stat().st_mode & 0o777) != oct(0o700)  # not mkdtemp's private mode
+
+
+def test_a_lopsided_tail_split_gives_the_tail_rule_s_reason_and_the_fraction_unrounded(tmp_path):
+    (tmp_path / "many").mkdir()
+    for i in range(30):  # short documents: each holds out 1 of its 4 ids, and a separator
+        (tmp_path / "many" / f"f{i:02d}.txt").write_text("abcd")
+    meta = tokenize(
+        f"text:{tmp_path / 'many'}", tmp_path / "store", "bytes", eval_fraction=0.004, split="tail"
+    )
+    notice = balance_notice(meta)
+    assert "not about 0.4%:" in notice and "--split tail holds out the last part" in notice
+    assert "whole documents of unequal" not in notice and notice.endswith(
+        "--split documents holds out whole documents instead"
+    )
+
+
+def test_the_last_progress_report_counts_every_token_written(tmp_path):
+    (tmp_path / "one.txt").write_text("a line of text\n" * 300)
+    for rule in ("tail", "documents"):
+        seen = []
+        source = f"text:{tmp_path / 'one.txt'},{tmp_path / 'one.txt'}"
+        meta = tokenize(
+            source, tmp_path / rule, "bytes", eval_fraction=0.5, split=rule, on_progress=seen.append
+        )
+        written = sum(meta["splits"][s]["tokens"] for s in ("train", "eval"))
+        assert (seen[-1].tokens, seen[-1].done, seen[-1].documents) == (written, 2 * 4500, 2)
+
+
+def test_empty_files_are_documents_under_either_split(tmp_path):
+    (tmp_path / "d").mkdir()
+    for name, text in (("a.txt", "hello world\n"), ("b.txt", ""), ("c.txt", "x" * 500), ("d.txt", "")):
+        (tmp_path / "d" / name).write_text(text)
+    counts = {}
+    for rule in ("tail", "documents"):
+        meta = tokenize(f"text:{tmp_path / 'd'}", tmp_path / rule, "bytes", eval_fraction=0.25, split=rule)
+        counts[rule] = meta["splits"]
+    assert counts["documents"]["train"]["documents"] + counts["documents"]["eval"]["documents"] == 4
+    assert counts["tail"]["train"]["documents"] == 4 and counts["tail"]["eval"]["documents"] == 2

@@ -115,6 +115,7 @@ def test_two_processes_train_like_one(eight, tmp_path):
     summary = json.loads(results[0][1].strip().splitlines()[-1])
     assert (summary["devices"], summary["compile_count"]) == (8, 1)
     assert not any(line.startswith("{") for line in results[1][1].splitlines())  # only process 0 reports
+    assert "[Gloo]" not in results[0][1] + results[1][1]  # gloo's rendezvous lines are left out
     assert_close(losses(out), losses(eight[0]), n=N, what="two processes vs one")
     assert checkpoint.step_problem(out, 4) is None  # one sharded checkpoint, written by both
 

@@ -82,17 +82,35 @@ def choose_split(split: str, documents: int | None, fraction: float) -> str:
     return "tail" if documents is not None and documents * fraction < 1 else "documents"
 
 
+def percent(share: float) -> str:
+    """``share`` as a percentage to three significant figures (0.001 is "0.1%", not "0%")."""
+    return f"{share * 100:.3g}%"
+
+
 def balance_notice(meta: dict) -> str | None:
     """One line when the eval split's share of the tokens is under half or over twice
-    ``--eval-fraction`` (whole documents of very different sizes), else None."""
+    ``--eval-fraction``, else None. Its reason and advice follow the rule that split the store:
+    whole documents of very different sizes (``documents``: try ``tail``), or documents so short
+    that the 1 id each holds out, and the separators between them, outweigh the fraction
+    (``tail``: try ``documents``)."""
     train, held = (meta["splits"][s]["tokens"] for s in ("train", "eval"))
     share, fraction = held / (train + held), meta["eval_fraction"]
     if fraction / 2 <= share <= 2 * fraction:
         return None
+    if meta["split"] == "tail":
+        why = (
+            "--split tail holds out the last part of each document, at least 1 id of each with a "
+            "separator between them, which is more than the fraction of short documents; "
+            "--split documents holds out whole documents instead"
+        )
+    else:
+        why = (
+            f"--split {meta['split']} holds out whole documents of unequal sizes; "
+            "--split tail holds out the last part of each document instead"
+        )
     return (
         f"note: the eval split holds {share:.1%} of the tokens ({held:,} of {train + held:,}), not "
-        f"about {fraction:.0%}: --split {meta['split']} holds out whole documents of unequal sizes; "
-        "--split tail holds out the last part of each document instead"
+        f"about {percent(fraction)}: {why}"
     )
 
 
@@ -106,16 +124,18 @@ class _Spool:
         self.writer, self.fraction = writer, fraction
         self.path = writer.folder / ".document.spool"
         self.file = open(self.path, "wb")  # noqa: SIM115 -- closed in end()
-        self.tokens = 0
+        self.tokens, self.open = 0, False  # ids held; whether a document is held (maybe empty)
 
     def add(self, ids: np.ndarray, starts_document: bool) -> None:
         if starts_document:
             self.end()
+            self.open = True
         self.file.write(np.asarray(ids).astype(self.writer.dtype).tobytes())
         self.tokens += int(np.asarray(ids).size)
 
     def end(self) -> None:
-        """Write the document held so far: head to train, tail to eval."""
+        """Write the document held so far: head to train, tail to eval. An empty document is a
+        document of the train split, as ``--split documents`` counts it (its tail is empty)."""
         self.file.flush()
         if self.tokens:
             ids = np.memmap(self.path, dtype=self.writer.dtype, mode="r", shape=(self.tokens,))
@@ -124,9 +144,11 @@ class _Spool:
                 for at in range(begin, end, self.BLOCK):
                     self.writer.add(split, ids[at : min(at + self.BLOCK, end)], at == begin)
             del ids
+        elif self.open:
+            self.writer.add("train", np.zeros(0, self.writer.dtype), True)
         self.file.seek(0)
         self.file.truncate()
-        self.tokens = 0
+        self.tokens, self.open = 0, False
 
     def close(self) -> None:
         self.end()
@@ -193,12 +215,13 @@ def tokenize(
             if size >= batch_chars:
                 documents = _flush(writer, tokenizer, pending, documents, held_out, sink)
                 pending, size = [], 0
-                _report(on_progress, stream, piece, writer, documents, began)
+                _report(on_progress, stream, piece.done, writer, documents, began)
         if pending:
             documents = _flush(writer, tokenizer, pending, documents, held_out, sink)
-            _report(on_progress, stream, pending[-1], writer, documents, began)
         if sink is not None:
-            sink.close()
+            sink.close()  # the tail rule writes a document when it ends: the last one now
+        # the last line counts all that was written, the tail rule's last document included
+        _report(on_progress, stream, piece.done if documents else 0, writer, documents, began)
         stored = writer.finish()
     return json.loads((stored / META).read_text())
 
@@ -217,9 +240,7 @@ def _flush(
     return documents
 
 
-def _report(on_progress, stream, piece: Piece, writer: StoreWriter, documents: int, began: float) -> None:
+def _report(on_progress, stream, done: int, writer: StoreWriter, documents: int, began: float) -> None:
     if on_progress is not None:
         tokens = sum(c["tokens"] for c in writer.counts().values())
-        on_progress(
-            Progress(stream.unit, piece.done, stream.total, documents, tokens, time.perf_counter() - began)
-        )
+        on_progress(Progress(stream.unit, done, stream.total, documents, tokens, time.perf_counter() - began))
