@@ -147,6 +147,8 @@ def step_recipe_optimizer():
 
 def measure(args) -> dict:
     overrides = {"vocab_size": args.vocab} if args.vocab else {}
+    if args.vocab_multiple > 1:  # zoo's rows only: the model option (the plain step keeps its vocabulary)
+        overrides["vocab_multiple"] = args.vocab_multiple
     cfg = get_config(args.preset, **overrides)
     seq = args.seq or cfg.max_len
     splash.BLOCK = args.block
@@ -162,6 +164,7 @@ def measure(args) -> dict:
         "preset": args.preset,
         "seq": seq,
         "vocab": cfg.vocab_size,
+        "vocab_multiple": cfg.vocab_multiple,
         "block": args.block,
         "fused_backward": args.fused,
         "rows": [],
@@ -236,6 +239,7 @@ def parse_args(argv=None):
     parser.add_argument("--plain", default="xla:full,splash:full,splash:none", help="ATTENTION:POLICY,...")
     parser.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--vocab", type=int, default=0, help="override the vocabulary (e.g. 50304)")
+    parser.add_argument("--vocab-multiple", type=int, default=1, help="zoo's model.vocab_multiple (e.g. 128)")
     parser.add_argument("--block", type=int, default=splash.BLOCK, help="splash block size (both steps)")
     parser.add_argument("--fused", action="store_true", help="splash's fused backward kernel (both steps)")
     parser.add_argument("--rounds", type=int, default=5)

@@ -256,6 +256,8 @@ def save(cfg, params: dict, out: str | Path) -> dict:
         raise ValueError(f"{out}: not empty; export into a new directory")
     fields = mapping_of(cfg).config_to_hf(cfg)
     flat = flat_by_path(params)
+    if hasattr(cfg, "vocab_unpadded"):  # a table padded to vocab_multiple rows: the vocabulary's rows
+        flat = cfg.vocab_unpadded(flat)
     if hasattr(mapping_of(cfg), "export_leaves"):  # leaves a kind fills in (zero biases)
         flat = mapping_of(cfg).export_leaves(cfg, flat)
     out.mkdir(parents=True, exist_ok=True)

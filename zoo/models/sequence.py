@@ -55,11 +55,16 @@ class SequenceConfig(ModelConfig):
     )
     attention_chunk: int = 64
     mlp_chunk: int = 0  # tokens per MLP chunk, recomputed in backward (ops.token_chunks); 0: all at once
+    vocab_multiple: int = (
+        1  # the token table and LM head rounded up to a multiple of this many rows (128: MXU tiles)
+    )
 
     def __post_init__(self) -> None:
         check_attention(self)
         check_mlp_chunk(self)
-        require_positive(self, "vocab_size", "d_model", "num_heads", "num_layers", "max_len")
+        require_positive(
+            self, "vocab_size", "d_model", "num_heads", "num_layers", "max_len", "vocab_multiple"
+        )
         if self.d_model % self.num_heads:
             raise ZooError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
@@ -69,6 +74,32 @@ class SequenceConfig(ModelConfig):
     @property
     def d_head(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def table_rows(self) -> int:
+        """Rows of the token table (and columns of an LM head): ``vocab_size`` rounded up to a
+        multiple of ``vocab_multiple``. The padding rows are never read (ids stay below
+        ``vocab_size``) and their logits are cut off (:meth:`visible`)."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    def visible(self, logits: jax.Array) -> jax.Array:
+        """LM logits over the padded table cut to the vocabulary: [..., table_rows] -> [..., vocab_size]."""
+        if self.task == "lm" and logits.shape[-1] == self.table_rows != self.vocab_size:
+            return logits[..., : self.vocab_size]
+        return logits
+
+    def vocab_unpadded(self, flat: dict) -> dict:
+        """Flat ``{path: array}`` leaves without the table's padding rows (for an export)."""
+        if self.table_rows == self.vocab_size:
+            return flat
+        out = dict(flat)
+        if "embed.w" in flat and flat["embed.w"].shape[0] == self.table_rows:
+            out["embed.w"] = flat["embed.w"][: self.vocab_size]
+        if "head.w" in flat and flat["head.w"].shape[-1] == self.table_rows:
+            out["head.w"] = flat["head.w"][..., : self.vocab_size]
+        if "head.b" in flat and flat["head.b"].shape[-1] == self.table_rows:
+            out["head.b"] = flat["head.b"][..., : self.vocab_size]
+        return out
 
     # --- the registry protocol (zoo.models.registry.ModelConfig) -----------------------------
     @property

@@ -110,12 +110,12 @@ class Llama(eqx.Module):
     def __init__(self, cfg: LlamaConfig, *, key: jax.Array):
         k_embed, k_blocks, k_head = jax.random.split(key, 3)
         self.cfg = cfg
-        self.embed = eqx.nn.Embedding(cfg.vocab_size, cfg.d_model, key=k_embed)
+        self.embed = eqx.nn.Embedding(cfg.table_rows, cfg.d_model, key=k_embed)
         self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(k_blocks, cfg.num_layers))
         self.norm_f = eqx.nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, use_bias=False)
         # a tied head reads the token embedding (ops.unembed) and has no module of its own
         self.head = (
-            None if cfg.tie_head else eqx.nn.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, key=k_head)
+            None if cfg.tie_head else eqx.nn.Linear(cfg.d_model, cfg.table_rows, use_bias=False, key=k_head)
         )
 
     def stack(self):
@@ -132,4 +132,4 @@ class Llama(eqx.Module):
         """The final norm and the head."""
         h = ops.rms_norm(self.norm_f, h)
         logits = ops.unembed(self.embed, h) if self.head is None else ops.head(self.head, h)
-        return checkpoint_name(logits, names.LOGITS)
+        return checkpoint_name(self.cfg.visible(logits), names.LOGITS)

@@ -84,7 +84,7 @@ class Llama(nnx.Module):
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+        self.embed = nnx.Embed(cfg.table_rows, cfg.d_model, rngs=rngs)
 
         @nnx.split_rngs(splits=cfg.num_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -95,7 +95,7 @@ class Llama(nnx.Module):
         self.norm_f = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, rngs=rngs)
         # a tied head reads the token embedding (ops.unembed) and has no module of its own
         self.head = (
-            None if cfg.tie_head else nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
+            None if cfg.tie_head else nnx.Linear(cfg.d_model, cfg.table_rows, use_bias=False, rngs=rngs)
         )
 
     def stack(self):
@@ -112,4 +112,4 @@ class Llama(nnx.Module):
         """The final norm and the head."""
         h = ops.rms_norm(self.norm_f, h)
         logits = ops.unembed(self.embed, h) if self.head is None else ops.head(self.head, h)
-        return checkpoint_name(logits, names.LOGITS)
+        return checkpoint_name(self.cfg.visible(logits), names.LOGITS)

@@ -90,6 +90,11 @@ class TransformerConfig(SequenceConfig):
     def out_dim(self) -> int:
         return self.num_classes if self.is_classifier else self.vocab_size
 
+    @property
+    def head_width(self) -> int:
+        """Columns of an untied head: the classes, or the (padded) token table's rows."""
+        return self.num_classes if self.is_classifier else self.table_rows
+
     # --- the registry protocol (zoo.models.registry.ModelConfig) -----------------------------
     @property
     def task(self) -> str:

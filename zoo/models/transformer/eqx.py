@@ -108,12 +108,12 @@ class Transformer(eqx.Module):
         if cfg.takes_features:
             self.embed = eqx.nn.Linear(cfg.d_in, cfg.d_model, key=k_embed)
         else:
-            self.embed = eqx.nn.Embedding(cfg.vocab_size, cfg.d_model, key=k_embed)
+            self.embed = eqx.nn.Embedding(cfg.table_rows, cfg.d_model, key=k_embed)
         self.pos = eqx.nn.Embedding(cfg.max_len, cfg.d_model, key=k_pos)
         self.blocks = eqx.filter_vmap(lambda k: Block(cfg, key=k))(jax.random.split(k_blocks, cfg.num_layers))
         self.ln_f = eqx.nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
         # a tied head reads the token embedding (ops.unembed) and has no module of its own
-        self.head = None if cfg.tie_head else eqx.nn.Linear(cfg.d_model, cfg.out_dim, key=k_head)
+        self.head = None if cfg.tie_head else eqx.nn.Linear(cfg.d_model, cfg.head_width, key=k_head)
 
     def stack(self):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
@@ -133,4 +133,4 @@ class Transformer(eqx.Module):
         if self.cfg.is_classifier:
             h = h.mean(axis=1)
         logits = ops.unembed(self.embed, h) if self.head is None else ops.head(self.head, h)
-        return checkpoint_name(logits, names.LOGITS)
+        return checkpoint_name(self.cfg.visible(logits), names.LOGITS)

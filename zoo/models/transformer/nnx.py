@@ -80,7 +80,7 @@ class Transformer(nnx.Module):
         if cfg.takes_features:
             self.embed = nnx.Linear(cfg.d_in, cfg.d_model, rngs=rngs)
         else:
-            self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+            self.embed = nnx.Embed(cfg.table_rows, cfg.d_model, rngs=rngs)
         self.pos = nnx.Embed(cfg.max_len, cfg.d_model, rngs=rngs)
 
         @nnx.split_rngs(splits=cfg.num_layers)
@@ -91,7 +91,7 @@ class Transformer(nnx.Module):
         self.blocks = stacked_blocks(rngs)
         self.ln_f = nnx.LayerNorm(cfg.d_model, epsilon=cfg.ln_eps, rngs=rngs)
         # a tied head reads the token embedding (ops.unembed) and has no module of its own
-        self.head = None if cfg.tie_head else nnx.Linear(cfg.d_model, cfg.out_dim, rngs=rngs)
+        self.head = None if cfg.tie_head else nnx.Linear(cfg.d_model, cfg.head_width, rngs=rngs)
 
     def stack(self):
         """``(layer_fn, stacked params)``: what :func:`zoo.scan.scan_layers` runs."""
@@ -111,4 +111,4 @@ class Transformer(nnx.Module):
         if self.cfg.is_classifier:
             h = h.mean(axis=1)
         logits = ops.unembed(self.embed, h) if self.head is None else ops.head(self.head, h)
-        return checkpoint_name(logits, names.LOGITS)
+        return checkpoint_name(self.cfg.visible(logits), names.LOGITS)
