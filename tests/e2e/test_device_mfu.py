@@ -1,4 +1,4 @@
-"""benchmarks/device/mfu.py at --small on a CPU (splash in Pallas' interpret mode), so the
+"""benchmarks/device/mfu.py (and decode.py) at --small on a CPU (splash in Pallas' interpret mode), so the
 benchmark the TPU runs cannot rot: both steps compile and run on one shared state each, the
 table has every row, and the per-operation profile adds up to what its operations took.
 Figures are not asserted: speed lives in the benchmark's output, not in tests."""
@@ -31,3 +31,24 @@ def test_the_mfu_benchmark_runs_both_steps_and_profiles_them(tmp_path):
     assert ops and all(op["ms"] >= 0 for op in ops)
     assert any("splash" in op["jax"] for op in ops), "the kernel's operations are named in the profile"
     assert "| total |" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_decode_benchmark_runs_against_its_roofline(tmp_path):
+    """benchmarks/device/decode.py --small: every row decodes its tokens, and the roofline is the
+    bytes a step must read (bf16 params, the cache at its mean length) over the bandwidth."""
+    script = SCRIPT.parent / "decode.py"
+    out = tmp_path / "decode.json"
+    done = subprocess.run(
+        [sys.executable, str(script), "--small", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [(r["batch"], r["tokens"]) for r in rows] == [(1, 8), (2, 16)]
+    for r in rows:
+        step_bytes = r["param_bytes"] + r["cache_bytes_read"]
+        assert r["roofline_tokens_per_s"] == pytest.approx(r["batch"] * 819e9 / step_bytes)
+        assert r["of_roofline"] == pytest.approx(r["decode_tokens_per_s"] / r["roofline_tokens_per_s"])
