@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.clikit import refused
 from tests.e2e.test_dp_neighbours import MLP, TINY, outcome
-from zoo.data.arrays import split_indices
+from zoo.data.users import held_out
 from zoo.dp import plan as dp_plan
 
 pytestmark = pytest.mark.xdist_group("dp-neighbours")
@@ -26,9 +26,8 @@ K = 3
 def _largest_training_user(records_of: list[int]) -> int:
     """A user in the training split (the eval split holds out 20% of the users, by their
     names: zoo.data.users), made the one with the most records."""
-    names = sorted(f"person-{u}" for u in range(len(records_of)))
-    held = {names[i] for i in split_indices(len(names), 0.2, 0, "users")[1]}
-    return next(u for u in range(len(records_of)) if f"person-{u}" not in held)
+    names = [f"person-{u}" for u in range(len(records_of))]
+    return next(u for u, held in enumerate(held_out(names, 0.2, 0)) if not held)
 
 
 RECORDS_OF = [1, 2, 1, 1, 3, 2, 1, 4, 2, 1] * 4  # 40 users, skewed
@@ -153,7 +152,7 @@ def test_removing_a_file_from_an_lm_run_over_users_changes_nothing_released(caps
     run without the largest training file releases the same (only the weights, the eval figures
     and the DP figures that follow the public number of users may differ)."""
     paths = write_corpus(tmp_path / "corpus")
-    train, _ = split_indices(FILES, 0.25, 0, "users")  # held out by name (zoo.data.users)
+    train = np.flatnonzero(~held_out([str(p) for p in paths], 0.25, 0))  # by name (zoo.data.users)
     argv = [*LM, "--dataset", f"text:{tmp_path / 'corpus'}"]
     first = outcome(capsys, tmp_path, "run0", argv)
     paths[int(train.max())].unlink()  # the longest file among the training users
