@@ -15,6 +15,20 @@ from zoo.errors import ZooError
 X_AXES = {"step": ("step", "step"), "time": ("elapsed_sec", "wall time of the run (s)")}
 
 
+def run_labels(paths: list[Path]) -> list[str]:
+    """A legend label per run: the last folders of its path, as few as tell it from the other
+    runs (``a/run`` and ``b/run``, not ``run`` twice); a run given twice gets `` (2)``."""
+    parts = [Path(p).absolute().parts[1:] or ("/",) for p in paths]
+    labels, seen = [], {}
+    for q in parts:
+        others = [o for o in parts if o != q]
+        depth = next((d for d in range(1, len(q)) if all(o[-d:] != q[-d:] for o in others)), len(q))
+        label = "/".join(q[-depth:])
+        seen[label] = seen.get(label, 0) + 1
+        labels.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return labels
+
+
 def plot_runs(runs, out: Path, x: str = "step") -> dict[tuple[str, str], tuple[list, list]]:
     """Draw ``runs`` (:class:`~zoo.train.rundir.RunDir`) into ``out``; returns the curves drawn,
     ``{(run path, metric): (xs, ys)}``, read back off the figure's lines."""
@@ -27,7 +41,7 @@ def plot_runs(runs, out: Path, x: str = "step") -> dict[tuple[str, str], tuple[l
     dp = any(run.is_dp for run in runs)
     fig, axes = plt.subplots(2 if dp else 1, 1, figsize=(8, 7 if dp else 4.5), sharex=True, squeeze=False)
     loss_ax = axes[0][0]
-    for i, run in enumerate(runs):
+    for i, (run, name) in enumerate(zip(runs, run_labels([run.path for run in runs]), strict=True)):
         color = f"C{i % 10}"
         for metric, style in (("loss", "-"), ("eval_loss", "--")):
             xs, ys = run.series(metric, key)
@@ -37,7 +51,7 @@ def plot_runs(runs, out: Path, x: str = "step") -> dict[tuple[str, str], tuple[l
                     ys,
                     style,
                     color=color,
-                    label=f"{run.name} {metric}",
+                    label=f"{name} {metric}",
                     marker="." if len(xs) < 3 else None,
                     gid=f"{run.path}\t{metric}",
                 )
@@ -45,7 +59,7 @@ def plot_runs(runs, out: Path, x: str = "step") -> dict[tuple[str, str], tuple[l
             xs, ys = run.series("epsilon", key)
             if xs:
                 axes[1][0].plot(
-                    xs, ys, "-o", color=color, markersize=3, label=run.name, gid=f"{run.path}\tepsilon"
+                    xs, ys, "-o", color=color, markersize=3, label=name, gid=f"{run.path}\tepsilon"
                 )
     loss_ax.set_ylabel("loss")
     loss_ax.set_title("loss (solid) and eval loss (dashed)")
@@ -85,8 +99,18 @@ def run_plot(args) -> int:
             raise ZooError(
                 f"--x time: {', '.join(untimed)} logged no wall time ({ELAPSED}); plot with --x step"
             )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    plot_runs(runs, out, args.x)
+    try:  # an unwritable --out (a folder, a path under a file, /proc, a long name) is one line
+        if out.is_dir():
+            raise IsADirectoryError(21, "it is a directory")
+        under = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        if under is not None:
+            raise NotADirectoryError(20, f"{str(under)!r} is a file, not a folder")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        plot_runs(runs, out, args.x)
+    except OSError as error:
+        raise ZooError(
+            f"--out {args.out!r}: cannot write the figure there ({error.strerror or error})"
+        ) from None
     print(f"wrote {out}")
     return 0
 
