@@ -41,6 +41,15 @@ class Task:
         """Examples for Poisson sampling: rows, or non-overlapping LM windows."""
         return self.type.num_records(self.data, self.seq_len)
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one batch row's input: an LM's window of ``seq_len + 1`` tokens, or a
+        classifier's features (their declared shape, never a count of records)."""
+        x = self.data.x_train
+        if self.seq_len is not None:
+            return (self.seq_len + 1) * x.dtype.itemsize
+        return int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
+
     def user_groups(self) -> tuple[np.ndarray, np.ndarray] | None:
         """``(offsets, rows)`` of the training records by user (``data.user_column``;
         :func:`zoo.data.users.group_rows`), or None when the records name no users. A user
