@@ -3,7 +3,10 @@ is missing or empty is refused in one line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import matplotlib.image
+import pytest
 
 from tests.commands.conftest import series
 from tests.e2e.clikit import refused
@@ -62,3 +65,20 @@ def test_runs_of_the_same_folder_name_get_legend_labels_that_tell_them_apart(run
     assert legend == ["a/run loss", "a/run eval_loss", "b/run loss", "b/run eval_loss"]
     paths = [tmp_path / "x", tmp_path / "a" / "run", tmp_path / "b" / "run", tmp_path / "x"]
     assert run_labels(paths) == ["x", "a/run", "b/run", "x (2)"]
+
+
+@pytest.mark.parametrize("where", ["a directory", "under a file", "a 300-character name", "/proc"])
+def test_an_out_path_that_cannot_be_written_is_refused_in_one_line(runs, capsys, tmp_path, where):
+    """Issue 60, item 7: each of these ended in a traceback (FileNotFoundError, FileExistsError,
+    IsADirectoryError, OSError) after the figure was drawn."""
+    (tmp_path / "folder.png").mkdir()
+    (tmp_path / "file").write_text("")
+    out = {
+        "a directory": tmp_path / "folder.png",
+        "under a file": tmp_path / "file" / "x.png",
+        "a 300-character name": tmp_path / ("a" * 300 + ".png"),
+        "/proc": Path("/proc/zoo-plot-test.png"),
+    }[where]
+    if where == "/proc" and not Path("/proc").is_dir():
+        pytest.skip("no /proc here")
+    refused(capsys, ["plot", str(runs / "digits-mlp"), "--out", str(out)], "--out", "cannot write the figure")

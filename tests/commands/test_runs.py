@@ -30,3 +30,20 @@ def test_a_missing_file_or_empty_folder_is_refused_in_one_line(capsys, tmp_path)
     refused(capsys, ["runs", str(tmp_path / "file")], "is a file")
     (tmp_path / "none").mkdir()
     refused(capsys, ["runs", str(tmp_path / "none")], "holds no run")
+
+
+def test_a_run_in_progress_with_an_empty_metrics_log_is_listed(capsys, tmp_path):
+    """Issue 60, item 10: a run that has logged no step yet was left out (an empty table, ``[]``)."""
+    from zoo.train import runlog
+
+    run = tmp_path / "going"
+    run.mkdir()
+    (run / runlog.METRICS).write_text("")
+    (run / runlog.RECIPE).write_text(json.dumps({"name": "digits-mlp", "train": {"steps": 5}}))
+    assert main(["runs", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(r["run"], r["recipe"], r["steps_done"], r["steps"], r["finished"]) for r in rows] == [
+        (str(run), "digits-mlp", 0, 5, False)
+    ]
+    assert main(["runs", str(tmp_path)]) == 0
+    assert "0/5 (not finished)" in capsys.readouterr().out

@@ -8,7 +8,7 @@ import numpy as np
 
 from zoo.data import load_dataset
 from zoo.data.forms.skewed_users import FEATURES, HEAVIEST, USERS, make_rows, records_of
-from zoo.data.users import group_rows
+from zoo.data.users import group_rows, held_out
 
 
 def test_the_rows_hold_the_declared_skew():
@@ -34,7 +34,9 @@ def test_under_users_the_column_groups_rows_and_the_eval_split_holds_out_whole_u
     offsets, _ = group_rows(ds.users_train)
     sizes = sorted(np.diff(offsets).tolist())
     held = sorted(records_of(u) for u in range(USERS))
-    assert len(sizes) == USERS - round(0.2 * USERS)  # whole users in the training split
+    kept = ~held_out([f"user{u:04d}" for u in range(USERS)], 0.2, 0)  # by name (zoo.data.users)
+    assert len(sizes) == kept.sum()  # whole users in the training split
+    assert sorted(records_of(u) for u in np.flatnonzero(kept)) == sizes
     # the training users' record counts are a sub-multiset of the declared ones
     assert sum(sizes) + ds.x_eval.shape[0] == sum(held)
     assert max(sizes) <= HEAVIEST

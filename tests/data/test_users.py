@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from zoo.data import load_dataset
-from zoo.data.users import group_rows, split_users
+from zoo.data.users import group_rows, held_out, split_users
 
 USERS = 30
 
@@ -49,7 +49,9 @@ def test_the_eval_split_holds_out_whole_users(tmp_path, kind):
     train_users = set(ds.x_train[:, 0].tolist())
     eval_users = set(ds.x_eval[:, 0].tolist())
     assert train_users and eval_users and not train_users & eval_users
-    assert len(train_users | eval_users) == USERS and len(eval_users) == round(0.2 * USERS)
+    assert len(train_users | eval_users) == USERS
+    held = held_out([f"u{user}" for user in range(USERS)], 0.2, 0)
+    assert eval_users == {float(user) for user in np.flatnonzero(held)}
 
 
 def test_the_user_column_is_not_a_feature_and_names_each_training_rows_user(tmp_path):
@@ -79,6 +81,56 @@ def test_split_users_is_a_split_of_users_not_of_rows():
 
     rows_train, rows_held = split_indices(len(owners), 0.25, 0, "t")
     assert set(owner[rows_train]) & set(owner[rows_held])
+
+
+# Issue 60, item 2: one user's records, malformed or gone, move no other user between the splits.
+LONE = 10  # user u10 holds one record (1 + 10 % 5)
+NEIGHBOURS = {
+    "removed": None,
+    "a field too many": b"u10,10,0.5,0,9",
+    "too few fields": b"u10,10",
+    "an empty user field": b",10,0.5,0",
+    "a byte that is not UTF-8": b"u10\xe9,10,0.5,0",
+}
+
+
+def write_neighbour(tmp_path, record: bytes | None) -> str:
+    """``write_table``'s table with user ``LONE``'s one record replaced by ``record`` (None: left out)."""
+    lines = write_table(tmp_path).partition(":")[2]
+    rows = [r for r in open(lines, "rb").read().splitlines() if not r.startswith(b"u10,")]
+    path = tmp_path / "neighbour.csv"
+    path.write_bytes(b"\n".join([*rows, *([record] if record is not None else [])]) + b"\n")
+    return f"csv:{path}"
+
+
+def by_user(x: np.ndarray) -> dict[float, list]:
+    rows: dict[float, list] = {}
+    for row in x.tolist():
+        rows.setdefault(row[0], []).append(row)
+    return rows
+
+
+@pytest.mark.parametrize("case", list(NEIGHBOURS))
+def test_one_users_malformed_or_missing_record_moves_no_other_user(tmp_path, case):
+    """Each pair: the table, and the table with user ``LONE``'s only record malformed (it
+    becomes a row of missing values, its user column too) or gone. Every other user keeps its
+    side and its rows. Planted: users split by their position in the list (the split before
+    issue 60) moves about a quarter of them."""
+    plain = load(write_table(tmp_path))
+    other = load(write_neighbour(tmp_path, NEIGHBOURS[case]))
+    for split in ("x_train", "x_eval"):
+        a, b = by_user(getattr(plain, split)), by_user(getattr(other, split))
+        a.pop(float(LONE), None), b.pop(float(LONE), None)
+        assert a == b, (split, sorted(set(a) ^ set(b)))
+
+
+def test_held_out_depends_on_a_users_name_and_the_seed_only():
+    names = [f"person-{i}" for i in range(400)]
+    held = held_out(names, 0.25, 3)
+    assert held.tolist() == [bool(held_out([name], 0.25, 3)[0]) for name in names]
+    assert held.tolist() == held_out(names[::-1], 0.25, 3)[::-1].tolist()  # not the order
+    assert held.tolist() != held_out(names, 0.25, 4).tolist()  # the seed keys the hash
+    assert 0.15 < held.mean() < 0.35
 
 
 def test_group_rows_lists_each_users_rows():
@@ -149,10 +201,12 @@ SOURCES = {
 def test_an_lm_holds_out_whole_users(tmp_path, source):
     """Planted: the eval split as the stream's last tokens (lm_cut) puts a user in both."""
     make, column = SOURCES[source]
-    spec, _ = make(tmp_path)
+    spec, texts = make(tmp_path)
     ds = load_lm(spec, column)
     held, kept = letters(ds, ds.x_eval), letters(ds, ds.x_train)
-    assert not held & kept and held | kept == set(LETTERS) and len(held) == 2
+    assert not held & kept and held | kept == set(LETTERS)
+    names = sorted(texts)
+    assert held == {texts[n][0] for n, out in zip(names, held_out(names, 0.2, 0), strict=True) if out}
 
 
 @pytest.mark.parametrize("source", list(SOURCES))

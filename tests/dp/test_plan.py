@@ -152,3 +152,20 @@ def test_a_calibrated_els_plan_spends_its_epsilon_per_user():
 def test_an_els_plan_takes_no_canary_users_yet():
     with pytest.raises(ValueError, match="dp.sampler = 'els' has no audit yet"):
         user_plan(dataclasses.replace(ELS, noise_multiplier=50.0), canaries=10)
+
+
+@pytest.mark.parametrize("canaries", [0, 4])
+def test_a_plan_over_no_unit_is_refused_in_the_same_line_at_either_unit(canaries):
+    """Issue 60, item 6: a record-level run that keeps no row ended in the ValueError
+    ``num_records must be a positive int``, a traceback at the CLI; the user-level one was
+    refused in one line. Both now give that line, canaries (zoo audit) or not."""
+    from zoo.errors import ZooError
+
+    layout = layout_for(get_config("mlp-s"))
+    records = dataclasses.replace(DP, unit="record")
+    lines = []
+    for dp, users in ((records, None), (DP, group_rows(np.zeros(0, np.int64)))):
+        with pytest.raises(ZooError) as refusal:
+            make_plan(dp, 0, STEPS, layout, seed=3, users=users, canaries=canaries)
+        lines.append(str(refusal.value))
+    assert lines[0] == lines[1] and "num_examples=0" in lines[0]

@@ -9,7 +9,9 @@ planted half of each family (``..._outside_dp_...``) shows the comparison can fa
 
 from __future__ import annotations
 
+import collections
 import json
+import re
 
 import datasets
 import numpy as np
@@ -120,8 +122,42 @@ def write(tmp_path, kind: str, data) -> str:
     return f"{kind}:{path}"
 
 
+def released_logs(out) -> dict:
+    """The keys of each ``metrics.jsonl`` record, in order, and the TensorBoard tags of ``out``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    metrics = out / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    acc = EventAccumulator(str(out / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = {kind: sorted(acc.Tags()[kind]) for kind in ("scalars", "tensors")}
+    return {"metrics_keys": [sorted(json.loads(line)) for line in lines], "tb_tags": tags}
+
+
+# Runtime events whose counts vary from run to run on the same data (a buffer ready or not when
+# awaited, garbage collection, the thunk executor and its thread pool, numbered XLA passes, a
+# device-to-host copy falling inside the window or just after it): left out of the comparison
+# of profiles, as the trace's timestamps are.
+RUNTIME_NOISE = re.compile(
+    r"Await|CollectGarbage|ThunkExecutor|ThreadpoolListener|apply-xla-transforms|Transpose::|LinearizeIntoImpl"
+)
+
+
+def profile_events(out) -> collections.Counter:
+    """The names of the events of the ``--profile`` trace under ``out``, counted."""
+    from jax.profiler import ProfileData
+
+    (trace_dir,) = (out / "tb" / "plugins" / "profile").iterdir()
+    (xplane,) = trace_dir.glob("*.xplane.pb")
+    data = ProfileData.from_file(str(xplane))
+    names = (event.name for plane in data.planes for line in plane.lines for event in line.events)
+    return collections.Counter(name for name in names if not RUNTIME_NOISE.search(name))
+
+
 def outcome(capsys, tmp_path, name: str, argv: list[str]) -> dict:
-    """What one run releases, with where it wrote replaced by ``OUT``."""
+    """What one run releases, with where it wrote replaced by ``OUT``: exit status, printed
+    text, summary fields, checkpoint shapes, the keys of each metrics record, the TensorBoard
+    tags, and with ``--profile`` the trace's events."""
     from zoo.train import checkpoint
 
     out = tmp_path / name
@@ -130,6 +166,10 @@ def outcome(capsys, tmp_path, name: str, argv: list[str]) -> dict:
     captured = capsys.readouterr()
     printed = captured.err.replace(str(out), "OUT").splitlines()
     result = {"code": code, "printed": printed, "summary": None, "model": None}
+    if out.is_dir():
+        result.update(released_logs(out))
+    if "--profile" in argv and code == 0:
+        result["profile"] = profile_events(out)
     if code == 0:
         summary = json.loads(captured.out.strip().splitlines()[-1])
         result["summary"] = {k: summary[k] for k in sorted(summary) if k not in VARYING}

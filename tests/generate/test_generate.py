@@ -383,3 +383,16 @@ def test_generation_is_reached_from_the_top_level_package():
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "3", out.stderr[-2000:]
+
+
+def test_numpy_integers_are_taken_wherever_python_ints_are():
+    """Issue 60, item 8: ``max_new_tokens=np.int64(3)`` raised AttributeError (``bit_length``)
+    while ``seed=np.int64(3)`` worked; a NumPy seed for fresh params was taken for a key."""
+    cfg = TransformerConfig(vocab_size=20, d_model=16, num_heads=2, num_layers=1, d_ff=16, max_len=32)
+    params = canonical.init_params(cfg, np.int64(3))
+    same = jax.tree.leaves(canonical.init_params(cfg, 3))
+    assert all(bool((a == b).all()) for a, b in zip(jax.tree.leaves(params), same, strict=True))
+    m = Model(cfg, "nnx", params)
+    ints = dict(max_new_tokens=3, top_k=5, seed=2)
+    numpy = dict(max_new_tokens=np.int64(3), top_k=np.int32(5), seed=np.uint32(2))
+    assert generate(m, [[1, 2, 3]], **numpy) == generate(m, [[1, 2, 3]], **ints)

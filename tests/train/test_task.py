@@ -156,3 +156,21 @@ def test_a_split_too_short_for_any_window_is_refused_without_a_seq_len_hint(tmp_
     said = str(refused.value)
     assert "the eval split is too short for any window" in said and "600 train and 1 eval tokens" in said
     assert "seq_len <=" not in said and "zoo tokenize --eval-fraction" in said
+
+
+def test_under_dp_a_short_lm_is_refused_without_a_token_count():
+    """Issue 60, item 3: the refusal printed the training tokens, which count users too short
+    for one window; under DP a train split of no window is left to the plan's N = 0 line, and
+    a short eval split is refused without its count. Outside DP both counts help, and stay."""
+    from types import SimpleNamespace
+
+    from zoo.errors import ZooError
+    from zoo.train.task import _check_windows
+
+    short = SimpleNamespace(num_train=60, num_eval=5_061)
+    _check_windows("text:DIR", 64, short, private=True)  # not refused here: N = 0 is the plan's
+    with pytest.raises(ZooError, match="60 train and 5,061 eval tokens"):
+        _check_windows("text:DIR", 64, short, private=False)
+    with pytest.raises(ZooError, match="eval split") as refusal:
+        _check_windows("text:DIR", 64, SimpleNamespace(num_train=91, num_eval=43), private=True)
+    assert not any(count in str(refusal.value) for count in ("91", "43"))

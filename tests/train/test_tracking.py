@@ -215,3 +215,19 @@ def test_the_logged_learning_rate_is_the_schedule_at_each_step(schedule, warmup)
     one_at_a_time = {s: float(learning_rate(optim, 10)(s - 1)) for s in (1, 3, 5, 10)}
     assert rates.keys() == one_at_a_time.keys()
     assert_close(np.array(list(rates.values())), np.array(list(one_at_a_time.values())), n=1)
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_a_dp_profile_starts_the_trace_without_the_python_tracer(monkeypatch, tmp_path, private):
+    """Issue 60, item 1: under DP the Python tracer recorded the data loader and the accountant
+    (tests/e2e/test_dp_users.py compares neighbours' traces); without DP it stays on."""
+    import jax
+
+    from zoo.train.tracking import ProfileWindow, _Profiler
+
+    started = []
+    monkeypatch.setattr(jax.profiler, "start_trace", lambda logdir, **kw: started.append(kw))
+    _Profiler(tmp_path, ProfileWindow(2), private=private).before(2)
+    options = started[0].get("profiler_options")
+    level = 1 if options is None else options.python_tracer_level
+    assert (level == 0) is private

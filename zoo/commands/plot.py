@@ -99,8 +99,18 @@ def run_plot(args) -> int:
             raise ZooError(
                 f"--x time: {', '.join(untimed)} logged no wall time ({ELAPSED}); plot with --x step"
             )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    plot_runs(runs, out, args.x)
+    try:  # an unwritable --out (a folder, a path under a file, /proc, a long name) is one line
+        if out.is_dir():
+            raise IsADirectoryError(21, "it is a directory")
+        under = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        if under is not None:
+            raise NotADirectoryError(20, f"{str(under)!r} is a file, not a folder")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        plot_runs(runs, out, args.x)
+    except OSError as error:
+        raise ZooError(
+            f"--out {args.out!r}: cannot write the figure there ({error.strerror or error})"
+        ) from None
     print(f"wrote {out}")
     return 0
 

@@ -15,7 +15,7 @@ def run_residuals(args) -> int:
     from zoo.residuals import residual_report
 
     get_policy(args.remat)  # unknown names fail here, listing the valid ones
-    overrides = model_flag_overrides(args) | ({"num_layers": args.layers} if args.layers else {})
+    overrides = model_flag_overrides(args) | ({"num_layers": args.layers} if args.layers is not None else {})
     report = residual_report(
         args.model,
         args.remat,

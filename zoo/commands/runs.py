@@ -45,18 +45,13 @@ def _duration(seconds: float) -> str:
 
 
 def run_runs(args) -> int:
-    from zoo.train.rundir import find_runs, load_run
+    from zoo.train.rundir import find_runs, open_run
 
     try:
         paths = find_runs(args.dir)
         if not paths:
             raise ValueError(f"{args.dir!r} holds no run (no metrics.jsonl at or under it)")
-        runs = []
-        for path in paths:
-            try:
-                runs.append(load_run(path))
-            except ValueError:  # a run that has not logged its first step yet
-                continue
+        runs = [open_run(path) for path in paths]  # a run in progress may have logged no step yet
     except ValueError as error:
         raise ZooError(str(error)) from None
     rows = [run_row(run) for run in runs]

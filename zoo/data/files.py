@@ -10,6 +10,7 @@ checked on its own, and the first finding becomes the one-line error.
 from __future__ import annotations
 
 import os
+import stat
 import sysconfig
 
 import datasets
@@ -64,9 +65,26 @@ def load_local(spec: str, builder: str, paths: list[str], **options: object):
             ds_logging.enable_progress_bar()
 
 
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it is not a regular file (``open`` on a FIFO waits for a writer
+    forever; a dangling link has nothing to read), or None for a regular file."""
+    try:
+        mode = os.stat(path).st_mode  # follows links
+    except FileNotFoundError:
+        return "a dangling symbolic link" if os.path.islink(path) else "missing"
+    except OSError as error:
+        return f"unreadable ({error.strerror})"
+    kinds = ((stat.S_ISREG, None), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"))
+    kinds += ((stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+    return next((what for test, what in kinds if test(mode)), "not a regular file")
+
+
 def unreadable(builder: str, path: str) -> str | None:
     """Why ``path`` cannot be read as ``builder`` ("csv", "text" or "parquet"), or None if
     nothing is wrong with the file by itself."""
+    special = not_a_file(path)
+    if special is not None:
+        return special
     if os.path.getsize(path) == 0:
         return "the file is empty"
     if builder == "parquet":

@@ -4,9 +4,10 @@ A row's user is the text of its ``data.user_column`` value, read by one rule for
 as :mod:`zoo.data.declared` reads labels: a row with no user (an empty field, a malformed
 record) is dropped like a row with no class. The column names the user and is never a feature.
 
-The eval split holds out whole users: the users are split (``data.eval_fraction`` of them, by
-the same seeded split as rows, :func:`zoo.data.arrays.split_indices`), then every row goes with
-its user, so no user is in both splits. The number of users, like the number of rows, is
+The eval split holds out whole users: a user is held out when a keyed hash of its name (keyed
+with the run's seed) falls below ``data.eval_fraction`` (:func:`held_out`), then every row goes
+with its user, so no user is in both splits. Which side a user is on depends on its name alone:
+adding or removing a user, or malforming its records, moves no other user. The number of users, like the number of rows, is
 treated as public: the sampling rate ``q = E / N_users`` publishes it.
 
 A language model's users (:func:`lm_by_user`) are read the same way: a row is a document, with
@@ -20,14 +21,16 @@ no record and is not counted, as a user whose rows are all dropped.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
-from zoo.data.arrays import require_column, split_indices, text_values
+from zoo.data.arrays import require_column, text_values
 from zoo.data.dataset import Dataset, LanguageModel
 from zoo.data.errors import DatasetError
 from zoo.data.tokenizer import CharTokenizer
 
-__all__ = ["FILE_USERS", "dense_ids", "group_rows", "lm_by_user", "split_users", "user_values"]
+__all__ = ["FILE_USERS", "dense_ids", "group_rows", "held_out", "lm_by_user", "split_users", "user_values"]
 
 _NO_USER = -1
 FILE_USERS = "file"  # data.user_column of text:PATH: each file is one user, named by its path
@@ -40,16 +43,38 @@ def user_values(ds, source: str, user_column: str) -> list[str | None]:
     return [None if v is None or str(v) == "" else str(v) for v in values]
 
 
+def held_out(names: list[str], eval_fraction: float, seed: int) -> np.ndarray:
+    """bool ``[len(names)]``: whether each user is held out for eval. A user is held out when
+    a keyed hash of its name (BLAKE2b keyed with ``seed``) falls below ``eval_fraction``: a
+    function of the name, the seed and the fraction alone, so adding, removing or malforming
+    one user's records moves no other user between the splits (the number held out is
+    ``Binomial(N_users, eval_fraction)``, not a fixed share)."""
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in (0, 1) to hold out users; got {eval_fraction!r}")
+    key = int(seed).to_bytes(8, "little", signed=True)
+    draws = [
+        int.from_bytes(
+            hashlib.blake2b(name.encode("utf-8", "surrogatepass"), key=key, digest_size=8).digest(), "little"
+        )
+        for name in names
+    ]
+    return np.array([d / 2.0**64 < eval_fraction for d in draws], dtype=bool)
+
+
 def split_users(
     users: list[str | None], eval_fraction: float, seed: int, source: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(train rows, eval rows, owner)``: the rows of the train users and of the held-out
     users (rows with no user are in neither), and each row's user id (-1: none). Users are
-    numbered in the sorted order of their names, so the split does not follow the rows' order."""
+    numbered in the sorted order of their names; which are held out is :func:`held_out`'s
+    hash of each name, never their position, so no user's records move another user."""
     names = sorted({u for u in users if u is not None})
     number = {name: i for i, name in enumerate(names)}
     owner = np.array([number.get(u, _NO_USER) if u is not None else _NO_USER for u in users], np.int64)
-    _, held = split_indices(len(names), eval_fraction, seed, source)
+    try:
+        held = np.flatnonzero(held_out(names, eval_fraction, seed))
+    except ValueError as error:
+        raise DatasetError(f"cannot hold out users of {source!r}: {error}") from None
     is_held = np.isin(owner, held)
     train = np.flatnonzero((owner != _NO_USER) & ~is_held)
     return train, np.flatnonzero(is_held), owner

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zoo.checks import require_int, require_number, require_positive_int
+from zoo.checks import require_int, require_number
 from zoo.configs import DPConfig
 from zoo.dp.accounting import (
     calibrate_gaussian,
@@ -29,6 +29,7 @@ from zoo.dp.accounting import (
     truncation_budget,
 )
 from zoo.dp.sampling import SAMPLERS, PoissonSampler, make_sampler
+from zoo.dp.validate import check_units
 from zoo.parallel.layout import Layout
 
 __all__ = ["DPPlan", "fixed_batch_plan", "make_plan"]
@@ -129,7 +130,7 @@ def make_plan(
     """
     if dp.unit == "user":
         return _user_plan(dp, steps, layout, seed, users, canaries, canary_rows)
-    require_positive_int("num_records", num_records)
+    check_units(num_records)  # before the canaries are counted: a run of canaries only is refused too
     canaries = require_int("canaries", canaries, lo=0, what="an int >= 0")
     accounted = num_records + canaries // 2
     extra_rows = canaries if canary_rows else 0
@@ -180,7 +181,9 @@ def _user_plan(dp: DPConfig, steps: int, layout: Layout, seed: int, users, canar
     """The plan of ``dp.unit = "user"``: the sampler row's way of drawing users' records. zoo
     audit's canaries are users then, counted (``N_users + M // 2``), padded (black-box) and
     drawn as users (ULS; ELS refuses them)."""
-    n_users, canaries = _user_count(users), require_int("canaries", canaries, lo=0, what="an int >= 0")
+    n_users = _user_count(users)
+    check_units(n_users)
+    canaries = require_int("canaries", canaries, lo=0, what="an int >= 0")
     draws, k = SAMPLERS[dp.sampler].users, dp.records_per_user  # the row: validate.check_choices
     accounted, extra_rows = n_users + canaries // 2, canaries if canary_rows else 0
 

@@ -13,7 +13,7 @@ from zoo.dp.noise import NOISE_PRNGS
 from zoo.dp.sampling import SAMPLERS
 from zoo.errors import ZooError, choice_error
 
-__all__ = ["ACCOUNTANTS", "check_choices", "check_pca", "check_unit", "validate"]
+__all__ = ["ACCOUNTANTS", "check_choices", "check_pca", "check_unit", "check_units", "validate"]
 
 ACCOUNTANTS = ("pld", "rdp")
 
@@ -52,6 +52,13 @@ def _check_sampler_row(cfg: DPConfig, kind) -> None:
         )
 
 
+def check_units(num_examples: int) -> None:
+    """The one refusal of a DP run with no privacy unit (no record kept, or no user), at either
+    unit and before anything is drawn: ``N`` is public, and the line names only it."""
+    if not is_int(num_examples) or num_examples < 1:
+        raise ZooError(f"DP needs a positive number of training examples; got num_examples={num_examples!r}.")
+
+
 def validate(cfg: DPConfig, num_examples: int, records_per_unit: int = 1) -> None:
     """Raise :class:`zoo.errors.ZooError` (a ``ValueError``) saying what is wrong, for
     ``num_examples`` units of ``records_per_unit`` records each drawn on its own (ELS's users:
@@ -61,8 +68,7 @@ def validate(cfg: DPConfig, num_examples: int, records_per_unit: int = 1) -> Non
     """
     if not cfg.enabled:
         return
-    if not is_int(num_examples) or num_examples < 1:
-        raise ZooError(f"DP needs a positive number of training examples; got num_examples={num_examples!r}.")
+    check_units(num_examples)
     n = int(num_examples)
     check_choices(cfg)
     if cfg.noise_seed is not None and not (is_int(cfg.noise_seed) and 0 <= cfg.noise_seed < 2**32):

@@ -76,7 +76,7 @@ def check_request(cfg, prompts, max_new_tokens: int) -> int:
     empty prompts, ids outside the vocabulary, and a prompt plus ``max_new_tokens`` beyond the
     positions the model can attend to."""
     spec = decode.cache_spec(cfg)
-    require_int("max_new_tokens", max_new_tokens, lo=1, what="a positive whole number")
+    max_new_tokens = require_int("max_new_tokens", max_new_tokens, lo=1, what="a positive whole number")
     if not len(prompts):
         raise ValueError("no prompts: give at least one prompt of token ids")
     limit = spec.limit(cfg)
@@ -160,9 +160,11 @@ def stream(
     model = Model.of(source)
     sampling = Sampling(temperature, top_k, top_p)
     check_request(model.config, prompts, max_new_tokens)
-    require_int("every", every, lo=1, what="a positive whole number of steps")
+    # NumPy integers are taken wherever Python ints are: the checks return plain ints
+    max_new_tokens = require_int("max_new_tokens", max_new_tokens, lo=1)
+    every = require_int("every", every, lo=1, what="a positive whole number of steps")
     stops = _stops(stop_tokens, model.config.vocab_size)
-    require_int("seed", seed, lo=0, hi=MAX_SEED, what=f"a whole number in [0, {MAX_SEED}] (32 bits)")
+    seed = require_int("seed", seed, lo=0, hi=MAX_SEED, what=f"a whole number in [0, {MAX_SEED}] (32 bits)")
     params, state, width = _start(model, prompts, max_new_tokens, seed, keep_logits)
     shown = np.zeros(len(prompts), np.int64)
     step = 0

@@ -34,9 +34,16 @@ class Sampling:
 
     def __post_init__(self) -> None:
         what = "a finite number >= 0 (0: greedy)"
-        require_number("temperature", self.temperature, finite=True, lo=0.0, what=what)
-        require_int("top_k", self.top_k, lo=0, what="a whole number >= 0 (0: every token)")
-        require_number("top_p", self.top_p, positive=True, hi=1.0, what="a number in (0, 1] (1: every token)")
+        # kept as the checks return them, plain Python numbers (a NumPy scalar is accepted)
+        plain = {
+            "temperature": require_number("temperature", self.temperature, finite=True, lo=0.0, what=what),
+            "top_k": require_int("top_k", self.top_k, lo=0, what="a whole number >= 0 (0: every token)"),
+            "top_p": require_number(
+                "top_p", self.top_p, positive=True, hi=1.0, what="a number in (0, 1] (1: every token)"
+            ),
+        }
+        for name, value in plain.items():
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:

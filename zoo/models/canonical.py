@@ -21,6 +21,7 @@ import functools
 
 import jax
 
+from zoo.checks import is_int
 from zoo.errors import ZooError
 from zoo.models import backends, extensions
 from zoo.models.paths import dotted, flat_by_path, get_path, nested
@@ -99,7 +100,7 @@ def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> dict:
     """Fresh canonical params. Each leaf draws from ``fold_in(key, index)`` in path order;
     adapter leaves (``cfg.lora``) from a stream of their own, so the base leaves are those of
     the same config without adapters."""
-    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    key = jax.random.key(int(seed)) if is_int(seed) else seed  # a NumPy integer is a seed too
     return _init_params(cfg, key, adapters_only=False)
 
 
@@ -107,7 +108,7 @@ def init_adapters(cfg: ModelConfig, seed: int | jax.Array = 0) -> dict:
     """Just the adapter leaves of :func:`init_params` (``cfg.lora`` must be set)."""
     if cfg.lora is None:
         raise ValueError(f"{type(cfg).__name__} has no adapters (lora=None)")
-    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    key = jax.random.key(int(seed)) if is_int(seed) else seed  # a NumPy integer is a seed too
     return _init_params(cfg, key, adapters_only=True)
 
 

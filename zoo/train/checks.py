@@ -95,3 +95,33 @@ def warn_long_warmup(optim: OptimConfig, plan_steps: int) -> None:
             f"optim.lr={optim.lr:g} by the end",
             stacklevel=3,
         )
+
+
+INDEX_LIMIT = 2**31 - 1  # a batch's rows are int32 indices (zoo.dp.sampling, zoo.data.batches)
+
+
+def host_memory() -> int | None:
+    """Bytes of this machine's physical memory, or None where the OS does not say."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def require_batch_fits(rows: int, row_bytes: int, what: str, memory: int | None = None) -> None:
+    """Refuse, in one line and before anything is allocated, a batch of ``rows`` rows of
+    ``row_bytes`` each that cannot be held: more rows than int32 indices reach, or more bytes
+    than the machine's memory. ``what`` names the settings that size the batch; ``rows``
+    follows from them and public counts only, so under DP the refusal depends on no record."""
+    from zoo.ui import human_bytes
+
+    memory = host_memory() if memory is None else memory
+    total = rows * max(int(row_bytes), 1)
+    if rows > INDEX_LIMIT or (memory is not None and total > memory):
+        room = f"this machine's {human_bytes(memory)} of memory" if memory is not None else "int32 indices"
+        raise ZooError(
+            f"{what} makes a batch of {rows:,} rows ({human_bytes(total)}): more than {room} can "
+            f"hold; lower it (a batch holds at most {INDEX_LIMIT:,} rows)"
+        )

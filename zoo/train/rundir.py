@@ -63,21 +63,30 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
-def load_run(path: str | Path) -> RunDir:
-    """The run at ``path``; ValueError, in one line, where there is no run to read."""
+def open_run(path: str | Path) -> RunDir:
+    """The run at ``path`` as it stands, even one that has logged no step yet (a run in
+    progress whose ``metrics.jsonl`` is still empty); ValueError where there is no folder."""
     path = Path(path)
     if not path.is_dir():
         there = "is a file" if path.exists() else "does not exist"
         raise ValueError(f"run directory {str(path)!r} {there}")
-    records = read_records(path)
-    if not records:
-        what = "an empty metrics.jsonl" if (path / runlog.METRICS).exists() else "no metrics.jsonl"
-        raise ValueError(f"run directory {str(path)!r} has {what}: no step of a zoo run is logged there yet")
     try:
         recipe = json.loads((path / runlog.RECIPE).read_text())
     except (OSError, ValueError):
         recipe = {}
-    return RunDir(path, tuple(records), recipe if isinstance(recipe, dict) else {}, runlog.read_summary(path))
+    records = tuple(read_records(path))
+    return RunDir(path, records, recipe if isinstance(recipe, dict) else {}, runlog.read_summary(path))
+
+
+def load_run(path: str | Path) -> RunDir:
+    """The run at ``path`` with at least one logged step; ValueError, in one line, where there
+    is no run to read."""
+    run = open_run(path)
+    if not run.records:
+        path = run.path
+        what = "an empty metrics.jsonl" if (path / runlog.METRICS).exists() else "no metrics.jsonl"
+        raise ValueError(f"run directory {str(path)!r} has {what}: no step of a zoo run is logged there yet")
+    return run
 
 
 def find_runs(root: str | Path) -> list[Path]:

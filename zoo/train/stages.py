@@ -185,10 +185,11 @@ def dp_plan(
     ``canaries`` (``zoo audit``) are extra records counted in the accounting."""
     if not recipe.dp.enabled:
         start.layout.check_batch_rows(recipe.train.batch_size, "train.batch_size")
+        checks.require_batch_fits(recipe.train.batch_size, task.row_bytes, "train.batch_size")
         if not task.type.tokenized:
             checks.warn_batch_over_rows(recipe.train.batch_size, task.num_train, recipe.data.dataset)
         return None
-    return make_plan(
+    plan = make_plan(
         recipe.dp,
         task.num_train,
         plan_steps,
@@ -198,6 +199,9 @@ def dp_plan(
         canary_rows=canary_rows,
         users=task.user_groups(),
     )
+    what = "dp.expected_batch_size" + (" with dp.records_per_user" if recipe.dp.unit == "user" else "")
+    checks.require_batch_fits(plan.sampler.padded_batch_size, task.row_bytes, what)
+    return plan
 
 
 def projection(start: Start, task: Task, plan: DPPlan | None, root: jax.Array | None) -> Start:

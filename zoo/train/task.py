@@ -41,6 +41,15 @@ class Task:
         """Examples for Poisson sampling: rows, or non-overlapping LM windows."""
         return self.type.num_records(self.data, self.seq_len)
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one batch row's input: an LM's window of ``seq_len + 1`` tokens, or a
+        classifier's features (their declared shape, never a count of records)."""
+        x = self.data.x_train
+        if self.seq_len is not None:
+            return (self.seq_len + 1) * x.dtype.itemsize
+        return int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
+
     def user_groups(self) -> tuple[np.ndarray, np.ndarray] | None:
         """``(offsets, rows)`` of the training records by user (``data.user_column``;
         :func:`zoo.data.users.group_rows`), or None when the records name no users. A user
@@ -111,7 +120,7 @@ def load_task(
     )
     seq_len = dataset.task_type.seq_len(data.seq_len or max_len)
     if seq_len is not None:
-        _check_windows(data.dataset, seq_len, dataset)
+        _check_windows(data.dataset, seq_len, dataset, private)
     row_shape = None
     if data.layout == "rows":
         if not dataset.feature_shape or len(dataset.feature_shape) != 2:  # an LM has none
@@ -123,8 +132,20 @@ def load_task(
     return Task(data=dataset, config=data, seq_len=seq_len, row_shape=row_shape)
 
 
-def _check_windows(dataset: str, seq_len: int, data: Dataset) -> None:
-    """A window is ``seq_len + 1`` tokens; both splits must hold one (before any model exists)."""
+def _check_windows(dataset: str, seq_len: int, data: Dataset, private: bool = False) -> None:
+    """A window is ``seq_len + 1`` tokens; both splits must hold one (before any model exists).
+
+    Under DP (``private``) the count of training tokens is not released: it includes users too
+    short to give one window, so one such user would change it. A train split of no window is
+    refused by the plan, by the public number of units alone (:func:`zoo.dp.validate.check_units`),
+    and a short eval split here without its count."""
+    if private:
+        if seq_len + 1 > data.num_eval:
+            raise ZooError(
+                f"data.seq_len={seq_len} is longer than the eval split of {dataset!r}: it holds no "
+                "window of seq_len + 1 tokens; lower data.seq_len or raise data.eval_fraction"
+            )
+        return
     shortest = min(data.num_train, data.num_eval)
     if seq_len + 1 <= shortest:
         return

@@ -105,7 +105,7 @@ class Tracker:
             table = residual_table(run)
             if table:
                 self._events.text("residuals", table, step=start)
-        self._profiler = _Profiler(out / TB_DIR, profile) if profile else None
+        self._profiler = _Profiler(out / TB_DIR, profile, private=run.dp is not None) if profile else None
 
     def write(self, record: dict) -> None:
         """Log ``record`` (``{"step": N, metric: value, ...}``) to every sink."""
@@ -217,18 +217,28 @@ def residual_table(run) -> str | None:
 
 
 class _Profiler:
-    """A ``jax.profiler`` trace of a window of steps, then the device memory profile beside it."""
+    """A ``jax.profiler`` trace of a window of steps, then the device memory profile beside it.
 
-    def __init__(self, logdir: Path, window: ProfileWindow) -> None:
+    Under DP (``private``) the trace holds no Python events: the Python tracer would record the
+    data loader (a user's records are sorted only when it holds more than ``k``) and the
+    accountant of an eval step (millions of events), each a function of the records. What stays
+    is the compiled step and the runtime's own events, the same for neighbouring datasets."""
+
+    def __init__(self, logdir: Path, window: ProfileWindow, private: bool = False) -> None:
         self._logdir, self._window, self._active = logdir, window, False
         self.written: Path | None = None
+        self._private = private
 
     def before(self, step: int) -> None:
         if step == self._window.first:
             import jax
 
             self._logdir.mkdir(parents=True, exist_ok=True)
-            jax.profiler.start_trace(str(self._logdir))
+            options = None
+            if self._private:
+                options = jax.profiler.ProfileOptions()
+                options.python_tracer_level = 0  # no Python events: the loader's, the accountant's
+            jax.profiler.start_trace(str(self._logdir), profiler_options=options)
             self._active = True
 
     def after(self, step: int, state) -> None:

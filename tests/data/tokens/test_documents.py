@@ -61,3 +61,22 @@ def test_the_token_store_reads_its_sources_through_the_dataset_table(tmp_path):
         unregister("toydocs")
     with pytest.raises(DatasetError, match=r"cannot tokenize 'csv:x.csv': valid sources are hf:.*text:"):
         open_documents("csv:x.csv")  # a form of the table, but without a documents reader
+
+
+@pytest.mark.parametrize("special", ["fifo", "dangling link"])
+def test_an_entry_that_is_not_a_regular_file_is_refused_naming_it_or_kept_under_dp(tmp_path, special):
+    """Issue 60, items 4 and 5: a FIFO in the folder blocked the DP read forever in ``open()``,
+    and a dangling link was a FileNotFoundError traceback (train with and without DP, and
+    tokenize). Outside DP it is refused in one line naming it; a DP read keeps it (read as
+    empty text: zoo.data.forms.schemes)."""
+    import os
+
+    from zoo.data.tokens.documents import source_paths
+
+    (tmp_path / "a.txt").write_text("one\n")
+    odd = tmp_path / "b.txt"
+    os.mkfifo(odd) if special == "fifo" else odd.symlink_to(tmp_path / "gone.txt")
+    what = "a FIFO" if special == "fifo" else "a dangling symbolic link"
+    with pytest.raises(DatasetError, match=f"'{odd}' is {what}"):
+        source_paths("text:DIR", str(tmp_path))
+    assert source_paths("text:DIR", str(tmp_path), keep_special=True) == [tmp_path / "a.txt", odd]

@@ -41,26 +41,39 @@ IN_MEMORY = (  # the same line for every corpus: under DP no notice may depend o
 def read_text(spec: str, rest: str, columns: Columns) -> Source:
     """``text:PATH[,PATH...]``, a directory standing for its files (as ``zoo tokenize`` reads
     them): each file one row. Under DP every file is read by one rule, a byte that is not UTF-8
-    read as U+FFFD (refusing the file would depend on it); outside DP such a file is refused in
-    one line naming it. ``data.user_column = "file"`` (under DP only): each file is one user,
+    read as U+FFFD and a path that is not a regular file as empty (refusing the file would
+    depend on it: :func:`_private_text`); outside DP such a file is refused in one line naming it. ``data.user_column = "file"`` (under DP only): each file is one user,
     named by its path (:data:`zoo.data.users.FILE_USERS`)."""
     from zoo.data.files import load_local
     from zoo.data.tokens.documents import source_paths
     from zoo.data.users import FILE_USERS
 
-    paths = [os.path.abspath(path) for path in source_paths(spec, rest)]
+    paths = [os.path.abspath(path) for path in source_paths(spec, rest, keep_special=columns.private)]
     notice = IN_MEMORY.format(spec=spec)
     if not columns.private:
         rows = train_rows(load_local(spec, "text", paths, sample_by="document"), spec)
         return Source(rows, "text", columns.image, columns.label, notice=notice)
     import datasets
 
-    texts = []
-    for path in paths:  # universal newlines, as `datasets`' text builder reads a file
-        with open(path, encoding="utf-8", errors="replace") as f:
-            texts.append(f.read())
+    texts = [_private_text(path) for path in paths]
     rows = datasets.Dataset.from_dict({"text": texts, FILE_USERS: paths})
     return Source(rows, "text", columns.image, columns.label, notice=notice, user_column=columns.user)
+
+
+def _private_text(path: str) -> str:
+    """A DP run's text of one file, by one rule for every file: a byte that is not UTF-8 is
+    U+FFFD, and a path that is not a regular readable file (a FIFO, whose ``open`` would wait
+    forever, a dangling link, a file it may not read) is empty text, so its user gives no record,
+    as a user whose rows are all dropped. No refusal, so nothing depends on which file it was."""
+    from zoo.data.files import not_a_file
+
+    if not_a_file(path) is not None:
+        return ""
+    try:  # universal newlines, as `datasets`' text builder reads a file
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def read_table(spec: str, rest: str, columns: Columns) -> Source:

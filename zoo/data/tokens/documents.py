@@ -50,9 +50,14 @@ def cut(text: str, limit: int) -> list[str]:
     return [*out, text] if text or not out else out
 
 
-def source_paths(spec: str, rest: str, suffix: str | None = None) -> list[Path]:
+def source_paths(spec: str, rest: str, suffix: str | None = None, keep_special: bool = False) -> list[Path]:
     """The files ``rest`` names (comma-separated; a directory stands for its files, walked in
-    name order, hidden ones left out; with ``suffix``, only files ending so)."""
+    name order, hidden ones left out; with ``suffix``, only files ending so). An entry that is
+    not a regular file (a FIFO, a socket, a dangling link: :func:`zoo.data.files.not_a_file`)
+    is refused in one line naming it, or with ``keep_special`` (a DP run, which reads it as
+    empty: :func:`zoo.data.forms.schemes.read_text`) kept like any other."""
+    from zoo.data.files import not_a_file
+
     parts = [p.strip() for p in rest.split(",") if p.strip()]
     if not parts:
         raise DatasetError(f"{spec!r} names no file; write {spec.partition(':')[0]}:PATH[,PATH...]")
@@ -71,10 +76,16 @@ def source_paths(spec: str, rest: str, suffix: str | None = None) -> list[Path]:
                 kind = f"{suffix} files" if suffix else "files"
                 raise DatasetError(f"{spec!r}: the directory {part!r} holds no {kind}")
             found += inside
-        elif path.is_file():
+        elif path.is_file() or path.is_symlink() or path.exists():
             found.append(path)
         else:
             raise DatasetError(f"{spec!r}: file not found: {part!r}")
+    for path in [] if keep_special else found:
+        special = not_a_file(path)
+        if special is not None:
+            raise DatasetError(
+                f"{spec!r}: {str(path)!r} is {special}, not a file to read; remove it or name the files"
+            )
     return found
 
 
