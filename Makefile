@@ -1,5 +1,6 @@
 # Two entry points: `make run` (the main job on offline data) and `make test`.
-# Each creates .venv from pyproject.toml when it is missing or stale.
+# Each creates .venv from pyproject.toml's ranges at CI's exact versions (constraints.txt) when it
+# is missing or stale.
 PYTHON ?= $(shell command -v python3.12 2>/dev/null || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -35,14 +36,28 @@ ISA_SKIP += or (converted_weights and (digits or heads or kv))
 ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matches and not gpt2) or apply_fn_read
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 
-.PHONY: run test test-isa lint bench docs clean
+# `make test-oldest`: the oldest versions zoo supports (constraints-oldest.txt: JAX 0.10.2 and
+# flax 0.12.8 on Python 3.11, the TPU v5e image's) in a second venv, and the unit tests of the
+# models, attention, remat, precision and DP there (no end-to-end runs; `slow` ones left out).
+OLDEST_PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
+OLDEST := .venv-oldest
+OLDEST_STAMP := $(OLDEST)/.installed
+OLDEST_TESTS := tests/models tests/test_remat.py tests/test_precision.py tests/dp tests/test_numerics.py
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "zoo needs Python >= 3.12 (JAX 0.12); found " + sys.version'
+.PHONY: run test test-isa test-oldest lint bench docs clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "CI lock constraints.txt (JAX 0.12) needs Python >= 3.12; found " + sys.version'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
+
+$(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
+	$(OLDEST_PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "make test-oldest needs Python 3.11 (OLDEST_PYTHON=...); found " + sys.version'
+	test -x $(OLDEST)/bin/python || $(OLDEST_PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install -q -c constraints-oldest.txt -e ".[dev]"
+	touch $(OLDEST_STAMP)
 
 run: $(STAMP)
 	$(BIN)/zoo train digits-transformer --remat full
@@ -62,9 +77,13 @@ test-isa: $(STAMP)
 	  XLA_FLAGS="$${XLA_FLAGS:-} --xla_cpu_max_isa=$$isa" $(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel $(ISA_SELECT); \
 	done
 
+test-oldest: $(OLDEST_STAMP)
+	@$(OLDEST)/bin/python -c 'import sys, jax, flax; print(f"== oldest supported: Python {sys.version.split()[0]}, JAX {jax.__version__}, flax {flax.__version__}")'
+	$(OLDEST)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow" $(OLDEST_TESTS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(OLDEST) runs .pytest_cache
