@@ -79,7 +79,7 @@ test-isa: $(STAMP)
 
 test-oldest: $(OLDEST_STAMP)
 	@$(OLDEST)/bin/python -c 'import sys, jax, flax; print(f"== oldest supported: Python {sys.version.split()[0]}, JAX {jax.__version__}, flax {flax.__version__}")'
-	$(OLDEST)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow" $(OLDEST_TESTS)
+	$(OLDEST)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow" --durations=15 $(OLDEST_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
