@@ -43,6 +43,16 @@ OLDEST_PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
 OLDEST_TESTS := tests/models tests/test_remat.py tests/test_precision.py tests/dp tests/test_numerics.py
+# Left out there, to keep the pass under 8 minutes on 2 cores (as the ISA re-run, a cell that
+# repeats a mechanism already run): the negative tests (a planted bug misses the float rule by
+# orders of magnitude at any version), the CNN's CLI run and the chunked MLP's memory count,
+# remat policies that only choose which names to save (dots, full-lean, minimal: none, save-attn,
+# full, the offloads, nested and recursive run), parity variants of a kind, and ghost-clipping
+# cells beyond ghost against vmap, frozen layers and the conv norms.
+OLDEST_SKIP := still_catches or through_the_cli or needs_less_temp_memory
+OLDEST_SKIP += or (policy_matches_no_remat and (dots or full-lean or minimal))
+OLDEST_SKIP += or (converted_weights and (digits or heads or kv))
+OLDEST_SKIP += or ((test_api.py or test_conv.py or test_rules.py) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
 
 .PHONY: run test test-isa test-oldest lint bench docs clean
 
@@ -79,7 +89,7 @@ test-isa: $(STAMP)
 
 test-oldest: $(OLDEST_STAMP)
 	@$(OLDEST)/bin/python -c 'import sys, jax, flax; print(f"== oldest supported: Python {sys.version.split()[0]}, JAX {jax.__version__}, flax {flax.__version__}")'
-	$(OLDEST)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow" --durations=15 $(OLDEST_TESTS)
+	$(OLDEST)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow" -k "not ($(OLDEST_SKIP))" --durations=15 $(OLDEST_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
