@@ -12,10 +12,12 @@ import pytest
 import zoo
 from tests.conftest import fast_jit, labels_for, loss_of, random_params, reduction_size
 from tests.numerics import assert_close
+from zoo import jaxfeatures
 from zoo.dp import ClipRequest, clipped_grad_sum
 from zoo.dp.ghost import ghost_clipped_grad_sum
 from zoo.errors import ZooError
 from zoo.losses import per_example_loss
+from zoo.models import attention as attention_module
 from zoo.models import registry
 from zoo.models.attention import attention
 from zoo.residuals.find import find_residuals
@@ -136,9 +138,13 @@ def test_the_backward_keeps_no_scores_only_qkv_output_and_log_sum_exp():
 
 
 @pytest.mark.numerics
-def test_the_custom_gradient_rule_gives_dense_values_gradients_and_the_same_residuals():
-    # The same remat rule written with jax.custom_gradient(remat=True); differentiated as it is
-    # and under jax.checkpoint (where its rem runs in the backward pass).
+@pytest.mark.parametrize("rule", [r for r in attention_module.RULES if r != "auto"])
+def test_each_remat_rule_the_installed_jax_has_gives_dense_values_gradients_and_the_same_residuals(rule):
+    # defremat, the same rule written with jax.custom_gradient(remat=True) (both JAX 0.12), and a
+    # plain custom_vjp (any JAX); differentiated as they are and under jax.checkpoint (where a
+    # remat rule's rem runs in the backward pass).
+    if rule not in attention_module.available_rules():
+        pytest.skip(f"the rule {rule!r} needs JAX 0.12; installed: {jax.__version__}")
     q, k, v, weights, mask = inputs(4)
 
     def loss(rule=None):
@@ -153,18 +159,52 @@ def test_the_custom_gradient_rule_gives_dense_values_gradients_and_the_same_resi
     out = fast_jit(
         lambda q, k, v: {
             "dense": grad(loss())(q, k, v),
-            "plain": grad(loss("custom_gradient"))(q, k, v),
-            "checkpointed": grad(jax.checkpoint(loss("custom_gradient")))(q, k, v),
+            "plain": grad(loss(rule))(q, k, v),
+            "checkpointed": grad(jax.checkpoint(loss(rule)))(q, k, v),
         }
     )(q, k, v)
     for name in ("plain", "checkpointed"):
         assert_close(out[name], out["dense"], n=B * T * H * D, what=name)
-    sizes = sorted(int(np.prod(f.shape)) * f.count for f in find_residuals(loss("custom_gradient"), q, k, v))
+    sizes = sorted(int(np.prod(f.shape)) * f.count for f in find_residuals(loss(rule), q, k, v))
     assert max(sizes) <= B * H * 40 * D and B * H * T in sizes  # as defremat's: no [T, T]
-    with pytest.raises(
-        ValueError, match="unknown attention remat rule 'flash'; valid: defremat, custom_gradient"
-    ):
+
+
+def lacking_the_remat_rules(patch):
+    """A JAX without custom_vjp.defremat nor custom_gradient(remat=True), as 0.10.2 and 0.11."""
+    for feature in ("custom_vjp.defremat", "custom_gradient(remat=True)"):
+        patch.setitem(jaxfeatures.FEATURES, feature, ("JAX >= 0.12.0", lambda: False))
+
+
+def test_a_rule_the_installed_jax_lacks_is_refused_in_one_line(monkeypatch):
+    q, k, v, _, _ = inputs(5)
+    valid = "valid: auto, defremat, custom_gradient, custom_vjp"
+    with pytest.raises(ValueError, match=f"unknown attention remat rule 'flash'; {valid}"):
         attention(q, k, v, H, KV, kind="chunked", rule="flash")
+    new = tuple(int(part) for part in jax.__version__.split(".")[:2]) >= (0, 12)
+    installed = attention_module.available_rules()
+    assert installed == (("defremat", "custom_gradient") if new else ()) + ("custom_vjp",)
+    lacking_the_remat_rules(monkeypatch)
+    assert attention_module.available_rules() == ("custom_vjp",)
+    for rule in ("defremat", "custom_gradient"):
+        with pytest.raises(ValueError) as error:
+            attention(q, k, v, H, KV, kind="chunked", chunk=CHUNK, rule=rule)
+        assert str(error.value) == (
+            f"attention remat rule {rule!r} needs JAX >= 0.12.0 ({attention_module._NEEDS[rule]}); "
+            f"installed: JAX {jax.__version__}; available here: custom_vjp"
+        )
+
+
+def test_auto_takes_the_first_rule_the_installed_jax_has(monkeypatch):
+    q = inputs(5)[0]
+    first = attention_module.available_rules()[0]
+    calls = []
+    for name in ("defremat", "custom_gradient", "custom_vjp"):
+        stub = lambda *a, name=name: calls.append((name, *a)) or (lambda *x: x[0])  # noqa: E731
+        monkeypatch.setitem(attention_module.RULES, name, stub)
+    attention(q, q, q, H, H, kind="chunked", chunk=CHUNK)
+    lacking_the_remat_rules(monkeypatch)
+    attention(q, q, q, H, H, kind="chunked", chunk=CHUNK, causal=False)
+    assert calls == [(first, True, CHUNK), ("custom_vjp", False, CHUNK)]
 
 
 def test_compiled_temp_memory_is_a_fraction_of_dense_at_long_sequences():
@@ -239,10 +279,14 @@ def test_a_chunked_model_compiles_its_step_once():
     # turns it on before any trace.
     from zoo.train.compiles import CompileCounter
 
+    before = jax.config.jax_custom_vjp3
     jax.config.update("jax_custom_vjp3", False)
     try:
         cfg = zoo.get_config(registry.get_kind("transformer").small, attention="chunked", attention_chunk=8)
-        assert jax.config.jax_custom_vjp3
+        # on where the rule "auto" picks needs it (JAX 0.12), left off on an older JAX
+        assert jax.config.jax_custom_vjp3 == (
+            attention_module.available_rules()[0] in attention_module.VJP3_RULES
+        )
         params = random_params(cfg, 0)
         x = zoo.example_batch(cfg, 2, seed=1, seq_len=16)
         step = fast_jit(jax.value_and_grad(loss_of(cfg, "nnx", "full")))
@@ -251,4 +295,4 @@ def test_a_chunked_model_compiles_its_step_once():
                 jax.block_until_ready(step(params, x, labels_for(cfg, x)))
         assert compiles.count == 1
     finally:
-        jax.config.update("jax_custom_vjp3", True)
+        jax.config.update("jax_custom_vjp3", before)

@@ -8,7 +8,9 @@ a key/value cache (prefill and decode), with one masking rule and one float32 so
   output, so no ``[T, T]`` array is built. Its gradient is a ``jax.custom_vjp`` with a remat
   rule (``defremat``, JAX's ``jax_custom_vjp3``): the forward keeps the output and the per-row
   log-sum-exp, and the backward recomputes the probabilities chunk by chunk. The same rule
-  through ``jax.custom_gradient(remat=True)`` is ``rule="custom_gradient"``.
+  through ``jax.custom_gradient(remat=True)`` is ``rule="custom_gradient"``; both need JAX
+  0.12, and on an older JAX ``rule="auto"`` takes ``"custom_vjp"``, a plain ``custom_vjp``
+  with the same residuals and gradients (:func:`available_rules`).
 - **cached** (``cache=CacheSlice(...)``): the new tokens' queries read the keys already in the
   cache and their own, as two online-softmax parts merged: the new keys are never copied into
   the cache before they are read, so a decode step reads the cache and writes one slot.
@@ -32,6 +34,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from zoo import jaxfeatures
 from zoo.models.ops import in_float32
 from zoo.models.splash import resolve, splash
 from zoo.precision import float32_scope
@@ -201,12 +204,36 @@ def _backward(q, k, v, valid, out, lse, g, causal: bool, chunk: int):
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
+# The chunked core's remat rule is written three ways, and ``"auto"`` takes the first that the
+# installed JAX has: the two remat rules need JAX 0.12 and ``jax_custom_vjp3``, a plain
+# ``custom_vjp`` runs on any JAX.
+_NEEDS = {"defremat": "custom_vjp.defremat", "custom_gradient": "custom_gradient(remat=True)"}
+VJP3_RULES = tuple(_NEEDS)
+
+
+def available_rules() -> tuple[str, ...]:
+    """The chunked remat rules that the installed JAX has, the one ``"auto"`` takes first."""
+    return tuple(r for r in (*_NEEDS, "custom_vjp") if r not in _NEEDS or jaxfeatures.has(_NEEDS[r]))
+
+
+def _checked(rule: str, build):
+    """``build`` after one line naming the JAX that ``rule`` needs, where the installed one lacks it."""
+
+    def checked(causal: bool, chunk: int):
+        here = f"available here: {', '.join(available_rules())}"
+        jaxfeatures.require(_NEEDS[rule], f"attention remat rule {rule!r}", here)
+        return build(causal, chunk)
+
+    return checked
+
+
 def enable() -> None:
-    """Turn on ``jax_custom_vjp3``, which both remat rules need. JAX keys its compile caches on
-    its config, so this must happen before a program using the op is first traced: flipped
-    during the first trace, the next call of the same ``jit`` would compile again. Model
-    configs call it when they choose ``attention = "chunked"`` (``sequence.check_attention``)."""
-    if not jax.config.jax_custom_vjp3:
+    """Turn on ``jax_custom_vjp3`` where the rule ``"auto"`` picks needs it (:data:`VJP3_RULES`).
+    JAX keys its compile caches on its config, so this must happen before a program using the op
+    is first traced: flipped during the first trace, the next call of the same ``jit`` would
+    compile again. Model configs call it when they choose ``attention = "chunked"``
+    (``sequence.check_attention``)."""
+    if available_rules()[0] in VJP3_RULES and not jax.config.jax_custom_vjp3:
         jax.config.update("jax_custom_vjp3", True)
 
 
@@ -240,7 +267,8 @@ def _attend(causal: bool, chunk: int):
 def _attend_custom_gradient(causal: bool, chunk: int):
     """The same rule through ``jax.custom_gradient(remat=True)``: what ``rem`` closes over (the
     output and the log-sum-exp) is saved from the forward pass; its arguments are the replay's."""
-    enable()  # custom_gradient(remat=True) needs jax_custom_vjp3 (not jax_remat3 here)
+    if not jax.config.jax_custom_vjp3:  # custom_gradient(remat=True) needs it (not jax_remat3 here)
+        jax.config.update("jax_custom_vjp3", True)
 
     @functools.partial(jax.custom_gradient, remat=True)
     def attend(q, k, v, valid):
@@ -257,7 +285,39 @@ def _attend_custom_gradient(causal: bool, chunk: int):
     return attend
 
 
-RULES = {"defremat": _attend, "custom_gradient": _attend_custom_gradient}
+@functools.cache
+def _attend_custom_vjp(causal: bool, chunk: int):
+    """The same rule as a plain ``custom_vjp``, for a JAX without the two above: the residuals
+    are the inputs, the output and the log-sum-exp, as theirs. With no remat rule, a policy that
+    recomputes the block (``full``) replays the chunked forward once more in the backward pass;
+    the values and gradients are the same."""
+
+    @jax.custom_vjp
+    def attend(q, k, v, valid):
+        return _forward(q, k, v, valid, causal, chunk)[0]
+
+    def fwd(q, k, v, valid):
+        out, lse = _forward(q, k, v, valid, causal, chunk)
+        return out, (q, k, v, valid, out, lse)
+
+    def bwd(res, g):
+        return (*_backward(*res, g, causal, chunk), None)
+
+    attend.defvjp(fwd, bwd)
+    return attend
+
+
+def _attend_auto(causal: bool, chunk: int):
+    """The first of :func:`available_rules`."""
+    return RULES[available_rules()[0]](causal, chunk)
+
+
+RULES = {
+    "auto": _attend_auto,
+    "defremat": _checked("defremat", _attend),
+    "custom_gradient": _checked("custom_gradient", _attend_custom_gradient),
+    "custom_vjp": _attend_custom_vjp,
+}
 
 
 def _chunked(q, k, v, heads: int, kv_heads: int, chunk: int, causal: bool, key_mask, rule: str):
@@ -313,7 +373,7 @@ def attention(
     causal: bool = True,
     key_mask: jax.Array | None = None,
     cache: CacheSlice | None = None,
-    rule: str = "defremat",
+    rule: str = "auto",
 ) -> jax.Array:
     """``softmax(q k^T / sqrt(d_head) + mask) v`` per head: the models' attention.
 
@@ -324,7 +384,8 @@ def attention(
     ``causal`` adds the causal mask and ``key_mask`` [..., T] (True = a real key) masks padding;
     a query row with no key to attend to gives zeros (chunked and cached). ``cache``: the
     queries are new tokens [B, S, ...] at slots [slot, slot + S) that also read the cache
-    (always causal). ``rule``: how the chunked remat rule is written, one of :data:`RULES`.
+    (always causal). ``rule``: how the chunked remat rule is written, one of :data:`RULES`
+    (``"auto"``: the first of :func:`available_rules`).
     Returns [..., T, H * d_head].
     """
     if kind not in KINDS:
