@@ -1,5 +1,7 @@
-"""Attention: one function, :func:`attention`, for training (dense or chunked) and for reads of
-a key/value cache (prefill and decode), with one masking rule and one float32 softmax scope.
+"""Attention: one function, :func:`attention`, for training (dense, chunked, or the Pallas
+splash kernel of :mod:`zoo.models.splash`; ``"auto"`` is splash on a TPU, dense elsewhere) and
+for reads of a key/value cache (prefill and decode), with one masking rule and one float32
+softmax scope.
 
 - **dense** builds the ``[T, T]`` scores at once; its softmax is float32 whatever the compute
   dtype (``ops.in_float32``: a bf16 step keeps the bf16 scores, not float32 ones).
@@ -12,17 +14,14 @@ a key/value cache (prefill and decode), with one masking rule and one float32 so
   0.12, and on an older JAX ``rule="auto"`` takes ``"custom_vjp"``, a plain ``custom_vjp``
   with the same residuals and gradients (:func:`available_rules`).
 - **cached** (``cache=CacheSlice(...)``): the new tokens' queries read the keys already in the
-  cache and their own, as two online-softmax parts merged: the new keys are never copied into
-  the cache before they are read, so a decode step reads the cache and writes one slot.
-  Dense or chunked is the same setting (``chunk``: the cache is read that many slots at a time).
+  cache and their own, as two online-softmax parts merged (a decode step reads the cache and
+  writes one slot). Dense or chunked is the same setting (``chunk`` slots at a time).
 
 Masked scores take the float32 minimum (:func:`masked`), finite, so a row with nothing to read
 gives zeros, not NaN. Every max, exp and sum of a softmax runs inside the ``f32_softmax`` scope
 (:data:`zoo.precision.FLOAT32_SCOPES`). Heads are grouped: q [..., KV, G, T, d] against keys
-[..., KV, T, d] (G = H / KV query heads per key/value head), so grouped-query attention reads
-each key once. The cache keeps each head's keys as one contiguous [T, d] matrix, the layout
-XLA's CPU dot reads fastest (one layer's read of a batch-8, 768-slot transformer-s cache:
-4.2 ms in ``[B, T, KV, d]``, 0.7 ms in ``[B, KV, T, d]``).
+[..., KV, T, d] (G = H / KV), so grouped-query attention reads each key once. The cache keeps
+each head's keys as one contiguous [T, d] matrix, the layout XLA's CPU dot reads fastest.
 """
 
 from __future__ import annotations
@@ -378,15 +377,12 @@ def attention(
     """``softmax(q k^T / sqrt(d_head) + mask) v`` per head: the models' attention.
 
     q: [..., T, H * d_head]; k, v: [..., T, KV * d_head] (KV = ``num_kv_heads``, dividing H).
-    ``kind``: ``"dense"``, ``"chunked"`` (keys ``chunk`` at a time; T need not divide by it),
-    ``"splash"`` (the Pallas TPU kernel, :mod:`zoo.models.splash`; interpreted off a TPU) or
-    ``"auto"`` (splash on a TPU, dense elsewhere: :func:`zoo.models.splash.resolve`).
-    ``causal`` adds the causal mask and ``key_mask`` [..., T] (True = a real key) masks padding;
+    ``kind``: one of :data:`KINDS` (chunked: keys ``chunk`` at a time, T need not divide by it;
+    splash interpreted off a TPU). ``causal`` adds the causal mask and ``key_mask`` [..., T] (True = a real key) masks padding;
     a query row with no key to attend to gives zeros (chunked and cached). ``cache``: the
     queries are new tokens [B, S, ...] at slots [slot, slot + S) that also read the cache
     (always causal). ``rule``: how the chunked remat rule is written, one of :data:`RULES`
-    (``"auto"``: the first of :func:`available_rules`).
-    Returns [..., T, H * d_head].
+    (``"auto"``: the first of :func:`available_rules`). Returns [..., T, H * d_head].
     """
     if kind not in KINDS:
         raise ValueError(f"unknown attention {kind!r}; valid: {', '.join(KINDS)}")
