@@ -24,7 +24,13 @@ import jax.numpy as jnp
 from zoo.dp.clipping import ClipFn, ClipModel, ClipRequest
 from zoo.precision import float32_scope
 
-__all__ = ["accumulated_clip", "microbatch_count", "valid_microbatch_sizes"]
+__all__ = [
+    "accumulated_clip",
+    "merge_microbatches",
+    "microbatch_count",
+    "split_microbatches",
+    "valid_microbatch_sizes",
+]
 
 _SPLIT = ("x", "y", "mask")  # what a clipping method reads of the batch
 
@@ -49,7 +55,7 @@ def microbatch_count(batch_size: int, microbatch_size: int | None) -> int:
     return batch_size // microbatch_size
 
 
-def _split(tree, n: int):
+def split_microbatches(tree, n: int):
     """Every leaf ``[B, ...]`` as ``[n, B / n, ...]``: microbatch ``i`` holds rows ``i::n``."""
 
     def one(a):
@@ -59,7 +65,7 @@ def _split(tree, n: int):
     return jax.tree.map(one, tree)
 
 
-def _merge(per_example: jax.Array) -> jax.Array:
+def merge_microbatches(per_example: jax.Array) -> jax.Array:
     """``[n, m]`` per-microbatch values back in the batch's order ``[n * m]``."""
     return jnp.swapaxes(per_example, 0, 1).reshape(-1)
 
@@ -80,7 +86,7 @@ def accumulated_clip(clip: ClipFn, model: ClipModel, trainable, frozen, batch: d
     whole = dataclasses.replace(request, microbatch_size=None)
     if n == 1:
         return clip(model, trainable, frozen, batch, whole)
-    parts = _split({key: batch[key] for key in _SPLIT}, n)
+    parts = split_microbatches({key: batch[key] for key in _SPLIT}, n)
 
     def body(carry, part):
         one = dataclasses.replace(whole, example_mask=part["mask"])
@@ -92,4 +98,4 @@ def accumulated_clip(clip: ClipFn, model: ClipModel, trainable, frozen, batch: d
     init = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), trainable)
     summed, (norms, losses) = jax.lax.scan(body, init, parts)
     summed = jax.tree.map(lambda s, p: s.astype(p.dtype), summed, trainable)
-    return summed, _merge(norms), _merge(losses)
+    return summed, merge_microbatches(norms), merge_microbatches(losses)
