@@ -266,7 +266,7 @@ class DPConfig:
     noise_multiplier: float | None = None
     clip_norm: float = 1.0
     expected_batch_size: int = 256
-    microbatch_size: int | None = None
+    microbatch_size: int | None = None  # the DP step takes its batch this many at a time (zoo.dp.microbatch)
     accountant: str = "pld"
     clipping: str = "ghost"  # a row of zoo.dp.clipping.CLIPPING; "vmap" is the general path
     sampler: str = "poisson"  # a row of zoo.dp.sampling.SAMPLERS

@@ -3,11 +3,14 @@
 import argparse
 import json
 
+import jax
 import pytest
 
+from tests.numerics import assert_close
 from zoo import recipes
 from zoo.bench import dp as dp_bench
 from zoo.commands import settings
+from zoo.errors import ZooError
 from zoo.train import stages
 
 
@@ -25,8 +28,6 @@ def test_bench_dp_json_and_microbatch_memory(capsys):
             "mlp-s",
             "--batch",
             "32",
-            "--microbatch",
-            "4",
             "--methods",
             "zoo vmap,zoo microbatch",
             "--no-sweep",
@@ -49,6 +50,56 @@ def test_bench_dp_json_and_microbatch_memory(capsys):
     assert rows["non-private"]["step_ratio"] == 1.0 and rows["non-private"]["temp_ratio"] == 1.0
     # per-example gradients of 32 examples at once need more scratch than 4 at a time
     assert rows["zoo microbatch k=4"]["temp_bytes"] < rows["zoo vmap"]["temp_bytes"]
+
+
+def test_microbatch_flag_takes_every_row_in_microbatches(capsys):
+    """``--microbatch K``: the non-private row and zoo's rows step through the batch K at a time
+    (less temp than the whole batch), under ``--precision`` and ``--remat``."""
+    common = ["mlp-s", "--batch", "32", "--no-sweep", "--rounds", "1", "--steps", "1", "--quiet", "--json"]
+    whole = run_bench([*common, "--methods", "zoo vmap"], capsys)
+    micro = run_bench([*common, "--microbatch", "4", "--precision", "bfloat16", "--remat", "full"], capsys)
+    assert whole["step_microbatch"] is None and micro["step_microbatch"] == 4
+    assert (micro["precision"], micro["remat"]) == ("bfloat16", "full")
+    rows = {r["method"]: r for r in micro["rows"]}
+    assert list(rows) == dp_bench.default_methods(microbatched=True) == ["non-private", "zoo vmap", "ghost"]
+    assert rows["zoo vmap"]["temp_bytes"] < whole["rows"][1]["temp_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--microbatch", "5"], "microbatch size 5 must divide the batch 32; valid: 1, 2, 4, 8, 16, 32"),
+        (["--remat", "nope"], "nope"),
+    ],
+)
+def test_bad_bench_flags_are_one_line(flags, message):
+    with pytest.raises(ZooError, match=message) as error:
+        dp_bench.bench_dp(
+            "mlp-s", batch=32, **_kwargs(flags), methods=[dp_bench.BASELINE], memory_sweep=False
+        )
+    assert "\n" not in str(error.value)
+
+
+def _kwargs(flags):
+    name, value = flags
+    return {name.lstrip("-"): int(value) if value.isdigit() else value}
+
+
+@pytest.mark.numerics
+def test_the_microbatched_non_private_step_is_the_whole_batch_step():
+    """The non-private row under ``--microbatch``: its gradient accumulated over 4 microbatches
+    makes the update of the engine's whole-batch step."""
+    cfg, batch, seq = dp_bench._config("mlp-s", 16, None)
+    data = dp_bench._batch(cfg, batch, seq, 0)
+    data["mask"] = data["mask"].at[3].set(0.0)
+    new = {}
+    for step_microbatch in (None, 4):
+        setup, params = dp_bench.setup_for(cfg, "nnx", batch, 4, (), 0, step_microbatch=step_microbatch)
+        step, optimizer = dp_bench.methods()[dp_bench.BASELINE](setup)
+        state, frozen = dp_bench.fresh_state(setup, params, optimizer, 0)
+        new[step_microbatch] = jax.jit(step)(state, frozen, data)
+    assert_close(new[4][0].params, new[None][0].params, n=batch, what="params after one step")
+    assert_close(new[4][1]["loss"], new[None][1]["loss"], n=batch, what="loss")
 
 
 def test_default_rows_include_ghost():

@@ -1,6 +1,6 @@
 """DP mechanisms are tables: a clipping method registered by name is seen by the engine, the
-recipe validation, the run builder's microbatch warning and ``zoo bench dp`` with nothing else
-to edit; unregistered, it is gone from all of them."""
+recipe validation and ``zoo bench dp`` with nothing else to edit; unregistered, it is gone
+from all of them."""
 
 import dataclasses
 
@@ -20,7 +20,6 @@ from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical, registry
 from zoo.train.engine import make_engine
-from zoo.train.stages import _warn_unused_microbatch
 
 TOY = "toy-half"
 
@@ -35,9 +34,7 @@ def _half_clip(model, trainable, frozen, batch, request):
 
 @pytest.fixture
 def toy_method():
-    method = dp.ClippingMethod(
-        TOY, "vmap at half the clip norm", _half_clip, uses_microbatch=lambda cfg: False
-    )
+    method = dp.ClippingMethod(TOY, "vmap at half the clip norm", _half_clip)
     dp.register_clipping(method)
     try:
         yield method
@@ -81,10 +78,6 @@ def test_validation_warnings_and_the_bench_read_the_table(toy_method):
     toy = settings.with_values(recipe, {"dp.clipping": TOY})
     assert toy.dp.clipping == TOY
     assert TOY in str(pytest.raises(ZooError, settings.with_values, recipe, {"dp.clipping": "nope"}).value)
-    with pytest.warns(UserWarning, match=f"dp.clipping='{TOY}'"):
-        _warn_unused_microbatch(
-            dataclasses.replace(toy, dp=dataclasses.replace(toy.dp, microbatch_size=4)), None
-        )
     assert f"zoo {TOY}" in dp_rows.methods()
     assert f"zoo {TOY}" in dp_rows.default_methods()
 
@@ -121,6 +114,5 @@ def test_an_unregistered_method_is_gone_everywhere(toy_method):
 def test_the_built_in_rows():
     assert dp.clipping_names()[:2] == ["vmap", "ghost"]
     assert list(dp.SAMPLERS) == ["poisson", "els"]
-    assert not dp.clipping_method("ghost").uses_microbatch(registry.get_kind("mlp").small)
     with pytest.raises(ValueError, match="already registered"):
         dp.register_clipping(dp.clipping_method("vmap"))

@@ -146,9 +146,18 @@ def test_bad_dp_settings_give_clear_errors(setting, needles, tmp_path, capsys):
     assert not out.exists()  # rejected before anything is written
 
 
-def test_microbatch_size_with_ghost_clipping_warns_that_it_only_pads():
-    with pytest.warns(UserWarning, match=r"microbatch_size=64.*ghost.*dp.clipping='vmap'"):
-        build_run(quick_dp(**{"dp.microbatch_size": 64}))
+def test_microbatched_ghost_clipping_spends_the_same_epsilon(tmp_path):
+    """Ghost clipping in microbatches of 64 (zoo.dp.microbatch) through the loop: one compile,
+    a padded batch of whole microbatches, and the summary's epsilon, delta, noise and q those of
+    the run without microbatches."""
+    summaries = {}
+    for microbatch in (None, 64):
+        recipe = quick_dp(**{"train.steps": 3, "train.eval_every": 3, "dp.microbatch_size": microbatch})
+        summaries[microbatch] = train_recipe(recipe, tmp_path / str(microbatch), show_progress=False)
+    micro, whole = summaries[64], summaries[None]
+    assert micro["compile_count"] == 1 and micro["padded_batch_size"] % 64 == 0
+    for key in ("epsilon", "delta_accountant", "noise_multiplier", "sampling_prob", "expected_batch_size"):
+        assert micro[key] == whole[key], key
 
 
 def test_dp_step_draws_its_noise_with_the_configured_sampler():

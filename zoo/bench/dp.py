@@ -9,6 +9,13 @@ rows differ only in how the gradient is made:
                       per-example gradients at once (``microbatch_size=None``), then
                       :func:`zoo.dp.privatize` (Gaussian noise, divide by the expected batch).
 ``zoo microbatch k``  the same with ``microbatch_size=k``: B / k chunks under ``lax.scan``.
+
+``--microbatch K`` (``microbatch=K``) benches a logical batch of B examples taken K at a time:
+every zoo row is the engine's DP step with ``dp.microbatch_size = K`` (one scan accumulates
+the clipped sums, the noise is added once: :mod:`zoo.dp.microbatch`) and the non-private row
+accumulates its gradient over the same microbatches; other libraries' rows take the whole
+batch, so they run only when named. ``--precision`` and ``--remat`` set every row's precision
+policy and remat policy. So ``zoo bench dp`` runs at real size (docs/dp.md).
 ``jax_privacy``       ``jax_privacy.clipping.clipped_grad`` for the clipped sum, then the same
                       ``privatize``.
 ``optax dpsgd``       ``jax.vmap(jax.grad)`` per-example gradients fed to
@@ -35,17 +42,14 @@ it; ``step(state, frozen, batch) -> (state, metrics)`` must be a pure function s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 
 from zoo import bench
-from zoo.api import example_batch, example_labels
 from zoo.bench import dp_rows
 from zoo.bench.common import median_ratio, memory_stats, positive_int, state_stepper, time_in_rounds
 from zoo.bench.dp_rows import (  # noqa: F401  (re-exported: the bench API)
@@ -57,16 +61,21 @@ from zoo.bench.dp_rows import (  # noqa: F401  (re-exported: the bench API)
     SIGMA,
     Setup,
     Step,
+    check_microbatch,
     compile_step,
     default_methods,
     fresh_state,
     methods,
+    microbatch_sweep,
     register_method,
     setup_for,
     setup_from,
+    synthetic_batch,
 )
 from zoo.errors import ZooError, choice_error
 from zoo.models.registry import ModelConfig, check_backend, get_config
+from zoo.precision import PRECISIONS, get_precision
+from zoo.remat import get_policy, policy_names
 from zoo.train import stages
 
 # Bench batch per preset: big enough that per-example gradients dominate the DP step, small
@@ -98,18 +107,18 @@ def _config(model: str | ModelConfig | stages.Start, batch: int | None, seq: int
     return cfg, batch, cfg.seq_or_default(seq)
 
 
-def _batch(cfg, batch: int, seq: int | None, seed: int) -> dict:
-    x = example_batch(cfg, batch, seed=seed, seq_len=seq)
-    return {"x": x, "y": example_labels(cfg, x), "mask": jnp.ones((batch,), jnp.float32)}
+_batch, _check_microbatch = synthetic_batch, check_microbatch  # the names benchmarks/ use
 
 
-def _check_microbatch(k: int, batch: int) -> int:
-    if not isinstance(k, int) or k < 1 or batch % k:
-        divisors = [d for d in range(1, batch + 1) if batch % d == 0]
-        raise ZooError(
-            f"microbatch size {k!r} must divide the batch {batch}; valid: {', '.join(map(str, divisors))}"
-        )
-    return k
+def _options(precision: str, remat: str, microbatch: int | None, batch: int) -> dict:
+    """:func:`setup_from`'s options, each checked: a ZooError naming the valid values."""
+    try:
+        get_policy(remat)
+        precision = get_precision(precision)
+    except ValueError as error:
+        raise ZooError(str(error)) from None
+    step = None if microbatch is None else check_microbatch(microbatch, batch)
+    return {"remat": remat, "precision": precision, "step_microbatch": step}
 
 
 def bench_dp(
@@ -126,20 +135,24 @@ def bench_dp(
     steps_per_round: int = 3,
     seed: int = 0,
     progress: Progress = None,
+    precision: str = "float32",
+    remat: str = "none",
 ) -> dict:
     """Measure every method (see the module docstring) and the microbatch memory sweep.
 
     ``model`` is a preset, a config, or a model start of the run stages (a recipe's,
     :func:`zoo.train.stages.model_start`: its params and freeze plan; ``freeze`` and ``seed``'s
-    params then do not apply). ``microbatch`` (k of the ``zoo microbatch`` row) defaults to B/8;
-    ``sweep`` (the k values of the memory table) to B/32, B/8, B/2, each compiled at batch B
-    and 2B.
+    params then do not apply). ``microbatch``: every row takes the batch that many examples at
+    a time (the module docstring); None: whole, and the ``zoo microbatch`` row's k is B/8.
+    ``sweep`` (the k values of the memory table) defaults to B/32, B/8, B/2, each compiled at
+    batch B and 2B. ``precision`` and ``remat`` are every row's policies.
     """
     backend = check_backend(backend)
     cfg, batch, seq = _config(model, batch, seq)
-    microbatch = _check_microbatch(microbatch or max(1, batch // 8), batch)
+    options = _options(precision, remat, microbatch, batch)
+    microbatch = check_microbatch(microbatch or max(1, batch // 8), batch)
     rows = dp_rows.methods()  # the table as it is now
-    names = list(methods) if methods else default_methods()
+    names = list(methods) if methods else default_methods(options["step_microbatch"] is not None)
     if BASELINE not in names:
         names.insert(0, BASELINE)
     for name in names:
@@ -150,9 +163,9 @@ def bench_dp(
             raise ValueError(
                 f"freeze patterns {list(freeze)} apply to a preset; a model start has its freeze plan"
             )
-        setup, params = setup_from(model, backend, batch, microbatch)
+        setup, params = setup_from(model, backend, batch, microbatch, **options)
     else:
-        setup, params = setup_for(cfg, backend, batch, microbatch, freeze, seed)
+        setup, params = setup_for(cfg, backend, batch, microbatch, freeze, seed, **options)
     data = jax.device_put(_batch(cfg, batch, seq, seed))
 
     runs = {}
@@ -178,6 +191,9 @@ def bench_dp(
         "batch": batch,
         "seq": seq,
         "microbatch": microbatch,
+        "step_microbatch": options["step_microbatch"],  # --microbatch: every row's; None: whole
+        "precision": options["precision"].name,
+        "remat": remat,
         "trainable_params": setup.engine.freeze.trainable_count,
         "frozen_params": setup.engine.freeze.frozen_count,
         "device": jax.devices()[0].platform,
@@ -224,46 +240,6 @@ def _timed_rows(runs: dict, data, microbatch: int, rounds: int, steps_per_round:
     return rows
 
 
-def microbatch_sweep(
-    setup: Setup,
-    params,
-    cfg,
-    seq,
-    ks: Sequence[int] | None = None,
-    seed: int = 0,
-    progress: Progress = None,
-    known: dict | None = None,
-) -> list[dict]:
-    """Compiled temp bytes of the DP step for each k, and for all B at once, at batch B and 2B
-    (compile only). ``known`` maps ``(batch, k or None)`` to temp bytes already measured."""
-    batch = setup.batch_size
-    ks = list(ks) if ks else sorted({max(1, batch // 32), max(1, batch // 8), max(1, batch // 2)})
-    for k in ks:
-        _check_microbatch(k, batch)
-    known = dict(known or {})
-    rows = []
-    for b in (batch, 2 * batch):
-        data = None
-        for k in [*ks, None]:
-            if (b, k) not in known:
-                _say(progress, f"dp bench: microbatch sweep k={k or 'all'} at batch {b}")
-                data = data if data is not None else _batch(cfg, b, seq, seed)
-                sized = dataclasses.replace(setup, batch_size=b)
-                engine = sized.dp_engine(k)
-                state, frozen = fresh_state(sized, params, engine.optimizer, seed)
-                compiled = compile_step(engine.train_step_fn, state, frozen, data)
-                known[(b, k)] = memory_stats(compiled)["temp_size_in_bytes"]
-            rows.append(
-                {
-                    "batch": b,
-                    "microbatch": k if k is not None else b,
-                    "vmap_all": k is None,
-                    "temp_bytes": known[(b, k)],
-                }
-            )
-    return rows
-
-
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -292,14 +268,18 @@ def _run_cli(args) -> int:
         rounds=args.rounds,
         steps_per_round=args.steps,
         progress=progress,
+        precision=args.precision,
+        remat=args.remat,
     )
     if args.json:
         emit_json(result)
         return 0
     seq = f" x {result['seq']}" if result["seq"] else ""
+    micro = f" in microbatches of {result['step_microbatch']}" if result["step_microbatch"] else ""
     print_table(
-        f"zoo bench dp {result['model']} ({result['backend']}, batch {result['batch']}{seq}, "
-        f"{result['device']}; median of {result['rounds']} rounds)",
+        f"zoo bench dp {result['model']} ({result['backend']}, batch {result['batch']}{seq}{micro}, "
+        f"{result['precision']}, remat {result['remat']}, {result['device']}; "
+        f"median of {result['rounds']} rounds)",
         ["method", "step ms", "step x", "temp MiB", "temp x", "compile s"],
         [
             (
@@ -346,7 +326,20 @@ def add_bench(bench_sub) -> None:
         help=f"batch size (default per preset, e.g. 256 for mlp-s; else {FALLBACK_BATCH})",
     )
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: max_len)")
-    p.add_argument("--microbatch", type=int, default=None, help="k of the microbatched row (default B/8)")
+    p.add_argument(
+        "--microbatch",
+        type=int,
+        default=None,
+        metavar="K",
+        help="every row takes the batch K examples at a time (dp.microbatch_size; the non-private "
+        "row accumulates its gradient); default: the whole batch, and the zoo microbatch row at B/8",
+    )
+    p.add_argument("--precision", default="float32", choices=PRECISIONS, help="every row's precision policy")
+    p.add_argument(
+        "--remat",
+        default="none",
+        help=f"every row's remat policy: {', '.join(policy_names())} (default none)",
+    )
     p.add_argument(
         "--sweep",
         default=None,

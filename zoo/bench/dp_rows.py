@@ -15,9 +15,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from zoo.api import example_batch, example_labels
+from zoo.bench.common import memory_stats
 from zoo.dp import CLIPPING, privatize
+from zoo.dp.microbatch import microbatch_count, split_microbatches, valid_microbatch_sizes
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
 from zoo.dp.plan import DPPlan, fixed_batch_plan
+from zoo.errors import ZooError
+from zoo.losses import per_example_loss
+from zoo.precision import FLOAT32, Precision
 from zoo.train import stages
 from zoo.train.engine import Engine
 from zoo.train.state import TrainState
@@ -29,13 +35,17 @@ Step = Callable[[TrainState, dict, dict], tuple[TrainState, dict]]
 
 @dataclass(frozen=True)
 class Setup:
-    """What every method builder gets: the non-private engine and the DP constants."""
+    """What every method builder gets: the non-private engine (its remat policy and precision)
+    and the DP constants. ``microbatch_size`` is the k of the ``zoo microbatch`` row;
+    ``step_microbatch`` (``--microbatch``), when set, makes every zoo row and the non-private
+    row take the logical batch of ``batch_size`` in microbatches of that many examples."""
 
     engine: Engine  # dp=None; its optimizer is the shared SGD-with-momentum
     batch_size: int
     microbatch_size: int
     clip_norm: float = CLIP
     noise_multiplier: float = SIGMA
+    step_microbatch: int | None = None
 
     def plan(self, **settings) -> DPPlan:
         """The DP plan of a fixed batch of ``batch_size`` with the bench's clip norm and noise
@@ -54,18 +64,50 @@ class Setup:
         return self.engine.example_losses(trainable, frozen, x[None], y[None])[0][0]
 
 
-def setup_for(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str], seed: int):
+def setup_for(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str], seed: int, **options):
     """``(Setup, params)``: the model start and engine of the run stages
     (:func:`zoo.train.stages.config_start`, :func:`~zoo.train.stages.start_engine`) for a preset
-    on the bench's synthetic batches, with the bench's SGD with momentum."""
-    return setup_from(stages.config_start(cfg, seed=seed, patterns=tuple(freeze)), backend, batch, microbatch)
+    on the bench's synthetic batches, with the bench's SGD with momentum; ``options`` are
+    :func:`setup_from`'s."""
+    start = stages.config_start(cfg, seed=seed, patterns=tuple(freeze))
+    return setup_from(start, backend, batch, microbatch, **options)
 
 
-def setup_from(start: stages.Start, backend: str, batch: int, microbatch: int):
+def setup_from(
+    start: stages.Start,
+    backend: str,
+    batch: int,
+    microbatch: int,
+    *,
+    remat: str = "none",
+    precision: Precision = FLOAT32,
+    step_microbatch: int | None = None,
+):
     """:func:`setup_for` from a model start made elsewhere: a recipe's
-    (:func:`zoo.train.stages.model_start`, its freeze plan included)."""
-    engine = stages.start_engine(start, backend, optax.sgd(LR, momentum=MOMENTUM))
-    return Setup(engine=engine, batch_size=batch, microbatch_size=microbatch), start.params
+    (:func:`zoo.train.stages.model_start`, its freeze plan included), under the ``remat`` policy
+    and ``precision``; ``step_microbatch``: :class:`Setup`'s."""
+    opt = optax.sgd(LR, momentum=MOMENTUM)
+    engine = stages.start_engine(start, backend, opt, policy=remat, precision=precision)
+    setup = Setup(
+        engine=engine, batch_size=batch, microbatch_size=microbatch, step_microbatch=step_microbatch
+    )
+    return setup, start.params
+
+
+def check_microbatch(k: int, batch: int) -> int:
+    """``k`` if it divides the batch; else a ZooError naming both and the valid sizes."""
+    try:
+        microbatch_count(batch, k)
+    except ValueError:
+        valid = ", ".join(map(str, valid_microbatch_sizes(batch)))
+        raise ZooError(f"microbatch size {k!r} must divide the batch {batch}; valid: {valid}") from None
+    return k
+
+
+def synthetic_batch(cfg, batch: int, seq: int | None, seed: int) -> dict:
+    """The bench's batch: ``batch`` examples of the model's input, all kept."""
+    x = example_batch(cfg, batch, seed=seed, seq_len=seq)
+    return {"x": x, "y": example_labels(cfg, x), "mask": jnp.ones((batch,), jnp.float32)}
 
 
 def compile_step(step: Step, state, frozen, batch):
@@ -114,8 +156,13 @@ def methods() -> dict[str, Builder]:
     return {BASELINE: _non_private, **{name: b for name, b, _ in _zoo_rows()}, **_OTHERS}
 
 
-def default_methods() -> list[str]:
-    """The rows that run without ``--methods``."""
+def default_methods(microbatched: bool = False) -> list[str]:
+    """The rows that run without ``--methods``; ``microbatched`` (``--microbatch``): zoo's rows
+    only, without the ``zoo microbatch`` row (every row then takes microbatches), since other
+    libraries' rows take the whole batch at once."""
+    if microbatched:
+        labels = {m.bench_microbatch_label for m in CLIPPING.values()}
+        return [BASELINE, *(name for name, _, default in _zoo_rows() if default and name not in labels)]
     return [BASELINE, *(name for name, _, default in _zoo_rows() if default), *_OTHERS_DEFAULT]
 
 
@@ -135,14 +182,39 @@ def _sgd_step(setup: Setup, grads_fn) -> Step:
 
 
 def _non_private(setup: Setup):
-    return setup.engine.train_step_fn, setup.engine.optimizer
+    """The engine's ordinary step; with ``step_microbatch``, the same gradient of the mean loss
+    accumulated over the microbatches (float32), as the DP rows take them."""
+    if setup.step_microbatch is None:
+        return setup.engine.train_step_fn, setup.engine.optimizer
+    engine = setup.engine
+
+    def grads_fn(state, frozen, batch):
+        n = microbatch_count(batch["mask"].shape[0], setup.step_microbatch)
+
+        def summed_loss(trainable, part):
+            losses = per_example_loss(
+                engine.logits(engine.freeze.merge(trainable, frozen), part["x"]), part["y"]
+            )
+            return jnp.where(part["mask"] > 0, losses * part["mask"], 0.0).sum()
+
+        def body(carry, part):
+            loss, grads = jax.value_and_grad(summed_loss)(state.params, part)
+            return jax.tree.map(lambda c, g: c + g.astype(jnp.float32), carry, (loss, grads)), None
+
+        init = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), (jnp.zeros(()), state.params))
+        parts = split_microbatches({k: batch[k] for k in ("x", "y", "mask")}, n)
+        (loss, grads), _ = jax.lax.scan(body, init, parts)
+        count = jnp.maximum(batch["mask"].sum(), 1.0)
+        return loss / count, jax.tree.map(lambda g, p: (g / count).astype(p.dtype), grads, state.params)
+
+    return _sgd_step(setup, grads_fn), engine.optimizer
 
 
 def _zoo_step(clipping: str, microbatched: bool, noise_prng: str) -> Builder:
     """The engine's DP step with the ``clipping`` method (microbatched: in chunks of k)."""
 
     def build(setup: Setup):
-        microbatch = setup.microbatch_size if microbatched else None
+        microbatch = setup.microbatch_size if microbatched else setup.step_microbatch
         plan = setup.plan(clipping=clipping, microbatch_size=microbatch, noise_prng=noise_prng)
         return dataclasses.replace(setup.engine, dp=plan).train_step_fn, setup.engine.optimizer
 
@@ -205,3 +277,44 @@ GHOST = CLIPPING["ghost"].label  # ghost clipping's row
 
 
 # ----------------------------------------------------------------------------- measuring
+
+
+def microbatch_sweep(
+    setup: Setup,
+    params,
+    cfg,
+    seq,
+    ks: Sequence[int] | None = None,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+    known: dict | None = None,
+) -> list[dict]:
+    """Compiled temp bytes of the DP step for each k, and for all B at once, at batch B and 2B
+    (compile only). ``known`` maps ``(batch, k or None)`` to temp bytes already measured."""
+    batch = setup.batch_size
+    ks = list(ks) if ks else sorted({max(1, batch // 32), max(1, batch // 8), max(1, batch // 2)})
+    for k in ks:
+        check_microbatch(k, batch)
+    known = dict(known or {})
+    rows = []
+    for b in (batch, 2 * batch):
+        data = None
+        for k in [*ks, None]:
+            if (b, k) not in known:
+                if progress is not None:
+                    progress(f"dp bench: microbatch sweep k={k or 'all'} at batch {b}")
+                data = data if data is not None else synthetic_batch(cfg, b, seq, seed)
+                sized = dataclasses.replace(setup, batch_size=b)
+                engine = sized.dp_engine(k)
+                state, frozen = fresh_state(sized, params, engine.optimizer, seed)
+                compiled = compile_step(engine.train_step_fn, state, frozen, data)
+                known[(b, k)] = memory_stats(compiled)["temp_size_in_bytes"]
+            rows.append(
+                {
+                    "batch": b,
+                    "microbatch": k if k is not None else b,
+                    "vmap_all": k is None,
+                    "temp_bytes": known[(b, k)],
+                }
+            )
+    return rows

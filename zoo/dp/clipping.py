@@ -78,16 +78,15 @@ ClipFn = Callable[..., tuple[PyTree, jax.Array, jax.Array]]
 class ClippingMethod:
     """A row of the clipping table.
 
-    ``uses_microbatch(cfg)`` says whether ``microbatch_size`` bounds the method's memory for
-    this model (per-example gradients cut into chunks); when it does not, a recipe that sets
-    it is warned. ``bench_label`` names the method's rows in ``zoo bench dp``; with
+    The engine calls ``clip`` once per microbatch of ``dp.microbatch_size`` examples and adds
+    the sums (:mod:`zoo.dp.microbatch`), so the setting bounds every method's memory.
+    ``bench_label`` names the method's rows in ``zoo bench dp``; with
     ``bench_microbatch_label`` it also gets a row clipping in microbatches.
     """
 
     name: str
     description: str
     clip: ClipFn
-    uses_microbatch: Callable[[Any], bool] = lambda cfg: True
     bench_label: str | None = None
     # Clips a user's mean gradient as one unit (dp.unit = "user": the loss of one example is
     # then the mean over a user's record slots, zoo.dp.users).

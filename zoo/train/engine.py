@@ -18,6 +18,7 @@ import optax
 from zoo.api import apply_fn
 from zoo.dp import ClipModel, clipping_method, privatize
 from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform, ClipRequest
+from zoo.dp.microbatch import accumulated_clip
 from zoo.dp.plan import DPPlan
 from zoo.dp.users import group_users, user_loss
 from zoo.freeze import FreezePlan
@@ -78,9 +79,11 @@ class Engine:
 
     def clipped_sum(self, state: TrainState, frozen: dict, batch: dict):
         """``(sum of clipped per-example grads, pre-clip norms, per-example losses)`` by the
-        run's clipping method (a row of :data:`zoo.dp.clipping.CLIPPING`)."""
+        run's clipping method (a row of :data:`zoo.dp.clipping.CLIPPING`), in microbatches of
+        ``dp.microbatch_size`` examples under one scan (:func:`zoo.dp.microbatch.accumulated_clip`)."""
         request = ClipRequest(self.dp.clip_norm, self.dp.microbatch_size, batch["mask"])
-        return clipping_method(self.dp.clipping).clip(self.clip_model, state.params, frozen, batch, request)
+        clip = clipping_method(self.dp.clipping).clip
+        return accumulated_clip(clip, self.clip_model, state.params, frozen, batch, request)
 
     @property
     def clip_model(self) -> ClipModel:
@@ -123,6 +126,8 @@ class Engine:
         if self.dp.records_per_user:  # dp.unit = "user": the rows as [users, k] slots
             batch = group_users(batch, self.dp.records_per_user)
         # The logged loss comes from the clipping pass itself: no extra forward over the batch.
+        # The clipped sum accumulates over the microbatches; the noise below is drawn once, for
+        # the logical batch, with its key and its normaliser.
         grad_sum, _, losses = self.clipped_sum(state, frozen, batch)
         loss = masked_mean(losses, batch["mask"])
         transform = self.clipped_sum_transform

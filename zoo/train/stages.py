@@ -21,7 +21,6 @@ import optax
 from zoo import lora
 from zoo.data.errors import DataDependentWarning
 from zoo.data.public import check_public_domain
-from zoo.dp import clipping_method
 from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform
 from zoo.dp.plan import DPPlan, make_plan
 from zoo.errors import ZooError
@@ -146,7 +145,6 @@ def model_start(recipe: Recipe, task: Task, source=None, *, seed: int | None = N
     else:
         freeze = resolve_freeze(params, (*recipe.freeze.patterns, *fitted.fixed_patterns(cfg)))
         _warn_if_nothing_trains(freeze, recipe.freeze.patterns)
-    _warn_unused_microbatch(recipe, cfg)
     base = None
     if adapters is not None and source.model_config.lora is None:
         base = checkpoint.base_reference(source)
@@ -270,20 +268,6 @@ def start_engine(
         precision=precision,
         offload=offload,
     )
-
-
-def _warn_unused_microbatch(recipe: Recipe, cfg: ModelConfig) -> None:
-    dp = recipe.dp
-    if not (dp.enabled and dp.microbatch_size):
-        return
-    if not clipping_method(dp.clipping).uses_microbatch(cfg):
-        warnings.warn(
-            f"dp.microbatch_size={dp.microbatch_size} has no effect on memory with "
-            f"dp.clipping={dp.clipping!r} (there are no per-example gradients to chunk); it only "
-            f"rounds the padded batch up to a multiple of {dp.microbatch_size}. Use "
-            f"dp.clipping='vmap' to clip in microbatches.",
-            stacklevel=3,
-        )
 
 
 def _warn_if_nothing_trains(freeze: FreezePlan, patterns: tuple[str, ...]) -> None:

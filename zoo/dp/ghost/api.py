@@ -253,8 +253,6 @@ register_clipping(
         "ghost",
         "per-example norms from each op's input and output gradient, no per-example gradients",
         _ghost_clip,
-        # microbatching applies only where ghost falls back to the vmap path
-        uses_microbatch=lambda cfg: not supports(cfg),
         bench_label="ghost",
         clips_users=True,  # zoo.dp.ghost.units
     )
