@@ -206,16 +206,19 @@ SHORT = [*LM, "--set", "data.seq_len=64", "--set", "model.max_len=64"]
 
 
 def short_users_corpus(root, extra: bool) -> None:
-    """Users too short for one window of 65 tokens (all of them together too), and held-out users long enough for the
-    eval split; ``extra``: one more short user, in the training split."""
+    """Users too short for one window of 65 tokens (all of them together too), and held-out users
+    long enough for the eval split; ``extra``: one more short user, in the training split. Which
+    names the split holds out depends on the folder's path (the users' names), so the users are
+    picked from 40 names by :func:`held_out` itself."""
     if root.exists():
         shutil.rmtree(root)
     root.mkdir()
     names = [root / f"{user:02d}.txt" for user in range(40)]
     held = held_out([str(path) for path in names], 0.25, 0)
-    assert held[:12].any() and not held[12:].all()
-    extra_user = [12 + int(np.flatnonzero(~held[12:])[0])] if extra else []
-    for user in [*range(12), *extra_user]:
+    long_users, short_users = np.flatnonzero(held)[:3], np.flatnonzero(~held)[:10]
+    assert len(long_users) == 3 and len(short_users) == 10, "40 names hold 3 held-out and 10 kept users"
+    chosen = [*long_users, *short_users[: 10 if extra else 9]]
+    for user in chosen:
         text = "a long held-out text\n" * 8 if held[user] else f"u{user}\n" * (1 + user % 3)
         names[user].write_text(text)
 

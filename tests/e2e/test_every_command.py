@@ -36,8 +36,11 @@ def _param_count(cfg) -> int:
 
 
 def _plain(recipe) -> bool:
-    """Trains from scratch, without DP or adapters."""
-    return not (recipe.dp.enabled or recipe.lora.enabled or recipe.model.init_from)
+    """Trains from scratch, without DP or adapters, on data zoo has (not a token store that
+    `zoo tokenize` must write first, as the accelerator recipes gpt2-124m-tokens and
+    llama-1b-tokens name)."""
+    needs_a_store = recipe.data.dataset.startswith("tokens:")
+    return not (recipe.dp.enabled or recipe.lora.enabled or recipe.model.init_from or needs_a_store)
 
 
 @dataclass(frozen=True)

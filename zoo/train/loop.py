@@ -210,8 +210,11 @@ def train(
     if log.trace is not None:
         _say(
             console,
-            f"profile of steps {profile.first}..{profile.last} written to {log.trace} ({tracking.MEMORY_PROFILE}"
-            f" beside it): tensorboard --logdir {out / tracking.TB_DIR}, the Profile tab",
+            # the trace's own folder is named by the clock: the line names its parent, so that two
+            # runs print the same text (under DP the printed text is compared between neighbours)
+            f"profile of steps {profile.first}..{profile.last} written under {log.trace.parent} (in a folder "
+            f"named by the time, {tracking.MEMORY_PROFILE} beside the trace): tensorboard --logdir "
+            f"{out / tracking.TB_DIR}, the Profile tab",
         )
     if start == run.steps:  # finished, but killed before its summary was written
         progress.eval_metrics = run_evaluation(run, state, frozen)
