@@ -10,6 +10,7 @@ Two ways for each direction and float32 size, median of ``--rounds`` after one w
             ``pinned_host`` memory to ``device`` memory (host->device) and back (device->host),
             ``sharding.with_memory_kind``; skipped (with the error) where the backend lacks
             ``pinned_host``.
+  jit/16    the same bytes as 16 leaves copied by one jitted call (an offloaded state's many leaves).
 One JSON line per row (GB/s = 1e9 bytes/s), then a table.
 """
 
@@ -47,6 +48,9 @@ def put_rows(nbytes: int, rounds: int) -> list[dict]:
     return [_row("put", "host->device", nbytes, to_device), _row("put", "device->host", nbytes, to_host)]
 
 
+SPLIT = 16  # leaves in the jit/16 rows: one copy each, which XLA may run side by side
+
+
 def jit_rows(nbytes: int, rounds: int) -> list[dict]:
     device = jax.devices()[0]
     pinned = SingleDeviceSharding(device, memory_kind="pinned_host")
@@ -59,6 +63,12 @@ def jit_rows(nbytes: int, rounds: int) -> list[dict]:
         rows = [
             _row("jit", "host->device", nbytes, _median_seconds(lambda: fetch(x_host), rounds)),
             _row("jit", "device->host", nbytes, _median_seconds(lambda: store(x), rounds)),
+        ]
+        parts = list(x.reshape(SPLIT, -1))  # the same bytes as SPLIT leaves, as a state's are
+        parts_host = [jax.device_put(a, pinned) for a in parts]
+        rows += [
+            _row(f"jit/{SPLIT}", "host->device", nbytes, _median_seconds(lambda: fetch(parts_host), rounds)),
+            _row(f"jit/{SPLIT}", "device->host", nbytes, _median_seconds(lambda: store(parts), rounds)),
         ]
     except Exception as error:  # a backend without pinned_host
         rows = [{"how": "jit", "bytes": nbytes, "skipped": f"{type(error).__name__}: {error}"[:200]}]
@@ -85,13 +95,13 @@ def main(argv=None) -> int:
         for row in put_rows(mib << 20, args.rounds) + jit_rows(mib << 20, args.rounds):
             rows.append(row)
             print(json.dumps({"device": jax.devices()[0].device_kind, **row}), flush=True)
-    print(f"{'how':<5} {'direction':<13} {'MiB':>6} {'ms':>9} {'GB/s':>8}")
+    print(f"{'how':<6} {'direction':<13} {'MiB':>6} {'ms':>9} {'GB/s':>8}")
     for r in rows:
         if "skipped" in r:
             print(f"{r['how']:<5} skipped: {r['skipped']}")
         else:
             print(
-                f"{r['how']:<5} {r['direction']:<13} {r['bytes'] >> 20:>6} {r['ms']:>9.3f} {r['gb_per_s']:>8.2f}"
+                f"{r['how']:<6} {r['direction']:<13} {r['bytes'] >> 20:>6} {r['ms']:>9.3f} {r['gb_per_s']:>8.2f}"
             )
     return 0
 

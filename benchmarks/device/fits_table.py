@@ -1,0 +1,321 @@
+"""What fits on one chip, in one process: the largest batch of ``zoo train``'s step per row
+(preset, remat policy, ``[train] offload``, fine-tuning mode), with its ms/step, tokens/s, MFU
+and HBM peak. A bounded-time companion of ``fits.py`` (which runs one process per batch tried).
+
+    python benchmarks/device/fits_table.py --rows llama-1b:full:optimizer,gpt2-355m:dots:none --seq 2048
+    python benchmarks/device/fits_table.py --rows llama-3b:full:none:lora --seq 2048
+    python benchmarks/device/fits_table.py --small                  # a CPU: tiny configs, quick
+
+A row is ``PRESET:POLICY:OFFLOAD[:MODE]``; MODE is ``full`` (every weight trains: AdamW),
+``lora`` (rank-16 adapters on q, v and the MLP, the base frozen and held in bf16) or ``frozen``
+(the token table and the first 3/4 of the layers frozen).
+
+How a row finds its batch, with few compiles (each takes seconds on a chip):
+1. the state the step keeps on the device (params, optimizer state, frozen weights: the
+   ``offload`` setting moves some of it to host memory) is counted from shapes; more than the
+   chip's ``bytes_limit`` and the row does not fit at any batch, with nothing compiled;
+2. the step is compiled from shapes (nothing allocated) at batch 1 and 2. Its device footprint
+   is XLA's ``memory_analysis()``: ``peak_memory_in_bytes`` where the backend reports it, else
+   arguments + outputs - aliased + temp. The footprint grows by the same activations per row,
+   so the two give the largest batch under the limit;
+3. that batch is compiled with real arrays and run (one warm-up, then ``--steps`` timed); a
+   footprint over the limit, or an out-of-memory error, steps the batch down by one.
+The HBM peak of a row is the larger of the compiled footprint and ``memory_stats()``'s
+``peak_bytes_in_use`` (on a TPU v5e with JAX 0.10.2 the latter leaves the compiled temp out, so
+it read 1.86 GiB for every remat policy of GPT-2 124M).
+
+One JSON line per row on stdout; ``--json FILE`` writes them all; ``--deadline S`` stops
+starting rows after S seconds (the rest are listed as not measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import zoo  # noqa: E402
+from zoo import lora, recipes  # noqa: E402
+from zoo.bench.common import memory_stats, state_stepper  # noqa: E402
+from zoo.bench.step import placed_shapes  # noqa: E402
+from zoo.models import canonical, registry  # noqa: E402
+from zoo.parallel.offload import builder_device, host_fields  # noqa: E402
+from zoo.train import stages  # noqa: E402
+
+MODES = {
+    "full": {},
+    "lora": {"lora": {"rank": 16, "alpha": 32.0, "targets": ["attn.q", "attn.v", "mlp.*"]}},
+    "frozen": None,  # built per config: the token table and the first 3/4 of the layers
+}
+PEAK_BF16 = {"TPU v5 lite": 197e12, "TPU v5p": 459e12, "TPU v4": 275e12, "TPU v6 lite": 918e12}
+OOM_WORDS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "exceeds")
+
+
+def parse_row(text: str) -> dict:
+    parts = text.split(":")
+    if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] not in MODES):
+        raise SystemExit(
+            f"fits_table: bad row {text!r}: PRESET:POLICY:OFFLOAD[:MODE], MODE in {sorted(MODES)}"
+        )
+    return {
+        "preset": parts[0],
+        "remat": parts[1],
+        "offload": parts[2],
+        "mode": parts[3] if len(parts) == 4 else "full",
+    }
+
+
+def config(preset: str, small: bool):
+    cfg = zoo.get_config(preset)
+    return registry.get_kind(cfg.kind).small if small else cfg
+
+
+def recipe_for(cfg, row: dict, precision: str, batch_size: int = 64, microbatch_size: int | None = None):
+    extra = MODES[row["mode"]]
+    if extra is None:
+        cut = max(1, 3 * cfg.num_layers // 4)
+        extra = {"freeze": {"patterns": ["embed.*", f"blocks[0:{cut}].*"]}}
+    train = {
+        "offload": row["offload"],
+        "precision": precision,
+        "remat": row["remat"],
+        "batch_size": batch_size,
+    }
+    if microbatch_size is not None:
+        train["microbatch_size"] = microbatch_size
+    return recipes.parse_recipe({"train": train, **extra}, "fits")
+
+
+def flops_per_step(cfg, params, batch: int, seq: int) -> float:
+    """6 FLOPs per matrix weight per token (the token table counts when it is the tied head),
+    plus 12 L B T^2 (heads x head width) for q k^T and p v."""
+    paths = {r.path: r for r in zoo.param_table(params)}
+    tied = not any(p.startswith("head.") for p in paths)
+    matrices = sum(
+        r.count for p, r in paths.items() if len(r.shape) >= 2 and (tied or not p.startswith("embed."))
+    )
+    width = cfg.num_heads * (getattr(cfg, "head_dim", 0) or cfg.d_model // cfg.num_heads)
+    return 6.0 * matrices * batch * seq + 12.0 * cfg.num_layers * batch * seq * seq * width
+
+
+def footprint(compiled) -> int:
+    """Device bytes of a compiled step: XLA's peak where reported, else args + out - alias + temp."""
+    peak = int(getattr(compiled.memory_analysis(), "peak_memory_in_bytes", 0) or 0)
+    m = memory_stats(compiled)
+    summed = m["argument_size_in_bytes"] + m["output_size_in_bytes"] - m["alias_size_in_bytes"]
+    return max(peak, summed + m["temp_size_in_bytes"])
+
+
+def start_for(cfg, recipe, params):
+    """``zoo train``'s start on ``params`` (arrays, or shapes: then only shapes are made): the
+    LoRA setup on a frozen base, or the recipe's freeze patterns."""
+    if not recipe.lora.enabled:
+        return stages.config_start(cfg, params, patterns=tuple(recipe.freeze.patterns))
+    adapters = lora.resolve(cfg, recipe.lora)
+    adapted = lora.adapted_config(cfg, adapters)
+    make = functools.partial(lora.initial_params, adapted, cfg, seed=0)
+    shapes = isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct)
+    with_adapters = jax.eval_shape(make, params) if shapes else make(params)
+    return stages.config_start(adapted, with_adapters, freeze=lora.freeze_plan(adapted, adapters))
+
+
+def compile_for(cfg, recipe, params, batch: int, seq: int):
+    """``(compiled step, state, frozen, batch, compile seconds)`` at ``batch`` rows; from shapes
+    (nothing allocated) when ``params`` are shapes."""
+    start = start_for(cfg, recipe, params)
+    engine = stages.engine(recipe, start, None, recipe.train.steps)
+    x, y = zoo.example_batch(cfg, batch, seq_len=seq), None
+    y = zoo.example_labels(cfg, x)
+    data = {"x": x, "y": y, "mask": jnp.ones((batch,), jnp.float32)}
+    if isinstance(jax.tree.leaves(start.params)[0], jax.ShapeDtypeStruct):
+        state, frozen = placed_shapes(
+            engine, *jax.eval_shape(lambda p: engine.init_state(p, 0), start.params)
+        )
+        data = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), data)
+    else:
+        state, frozen = engine.init_state(start.params, 0)
+        data = engine.place_batch(data)
+    tic = time.perf_counter()
+    compiled = engine.train_step.lower(state, frozen, data).compile()
+    return compiled, state, frozen, data, time.perf_counter() - tic, engine
+
+
+def resident_bytes(cfg, recipe, params_shapes) -> int:
+    """Bytes of the train state the step keeps in device memory between steps (the fields
+    ``[train] offload`` keeps in host memory left out)."""
+    start = start_for(cfg, recipe, params_shapes)
+    engine = stages.engine(recipe, start, None, recipe.train.steps)
+    state, frozen = jax.eval_shape(lambda p: engine.init_state(p, 0), start.params)
+    away = host_fields(recipe.train.offload)
+    kept = [frozen] + [getattr(state, f.name) for f in dataclasses.fields(state) if f.name not in away]
+    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(kept))
+
+
+def host_params(cfg) -> dict:
+    """Params of ``cfg`` in host memory, drawn leaf by leaf on the device (scaled normals for the
+    matrices, ones for norm scales, zeros for the rest) and copied out: ``canonical.init_params``
+    on the host's CPU takes minutes at 3B. A benchmark's weights need a shape and a scale, not
+    the preset's own initialisation."""
+    shapes = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
+    host = builder_device()
+
+    def fill(path, leaf, index):
+        name = jax.tree_util.keystr(path)
+        if len(leaf.shape) >= 2:
+            make = jax.jit(lambda k: 0.02 * jax.random.normal(k, leaf.shape, leaf.dtype))
+            return jax.device_put(make(jax.random.key(index)), host)
+        value = jnp.ones if "scale" in name else jnp.zeros
+        with jax.default_device(host):
+            return value(leaf.shape, leaf.dtype)
+
+    leaves = jax.tree_util.tree_leaves_with_path(shapes)
+    filled = [fill(path, leaf, i) for i, (path, leaf) in enumerate(leaves)]
+    return jax.tree.unflatten(jax.tree.structure(shapes), filled)
+
+
+def measure_row(row: dict, args, limit: int) -> dict:
+    cfg = config(row["preset"], args.small)
+    seq = cfg.max_len if args.small else args.seq
+    recipe = recipe_for(cfg, row, args.precision)
+    shapes = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
+    out = {**row, "seq": seq, "precision": args.precision, "limit_bytes": limit}
+    out["resident_bytes"] = resident_bytes(cfg, recipe, shapes)
+    if out["resident_bytes"] > limit:
+        return {**out, "fits": False, "batch": 0, "why": "the resident train state alone is over the limit"}
+
+    def compiled_at(batch: int, params=None):
+        return compile_for(cfg, recipe, shapes if params is None else params, batch, seq)
+
+    sizes = {}
+    say(f"{row}: resident {out['resident_bytes'] / 2**30:.2f} GiB; compiling from shapes")
+    for b in (1, 2):
+        try:
+            step = compiled_at(b)
+        except Exception as e:  # noqa: BLE001 - a compile-time out-of-memory is a result
+            if b == 1 and any(w in str(e) for w in OOM_WORDS):
+                return {**out, "fits": False, "batch": 0, "why": f"batch 1 does not compile: {str(e)[:200]}"}
+            raise
+        sizes[b] = footprint(step[0])
+        out[f"compile_s_b{b}"] = round(step[4], 2)
+    per_row = max(1, sizes[2] - sizes[1])
+    out["footprint_b1"], out["per_row_bytes"] = sizes[1], per_row
+    batch = min(args.max_batch, (limit - (sizes[1] - per_row)) // per_row)
+    if batch < 1:
+        return {**out, "fits": False, "batch": 0, "why": f"batch 1 needs {sizes[1] / 2**30:.2f} GiB"}
+    params = host_params(cfg)
+    say(
+        f"{row}: batch {batch} from footprints {sizes[1] / 2**30:.2f} GiB (b1), {per_row / 2**30:.3f} GiB/row"
+    )
+    while batch >= 1:
+        try:
+            found = run_at(compiled_at, batch, params, cfg, seq, args, limit)
+            if args.accumulate_rows > batch and row["mode"] == "full":
+                found["accumulated"] = accumulated(cfg, row, args, batch, params, seq, limit)
+            return {**out, **found}
+        except Exception as e:  # noqa: BLE001
+            if not any(w in str(e) for w in OOM_WORDS):
+                raise
+            out.setdefault("stepped_down", []).append(batch)
+            batch -= 1
+    return {**out, "fits": False, "batch": 0, "why": "every batch ran out of memory"}
+
+
+def accumulated(cfg, row: dict, args, micro: int, params, seq: int, limit: int) -> dict:
+    """The row's step over about ``--accumulate-rows`` rows, in microbatches of its largest batch:
+    one update (and one round trip of the offloaded state) per step. One timed step."""
+    rows = args.accumulate_rows // micro * micro
+    say(f"{row}: accumulating {rows // micro} x {micro} rows")
+    recipe = recipe_for(cfg, row, args.precision, batch_size=rows, microbatch_size=micro)
+    try:
+        one = argparse.Namespace(**{**vars(args), "steps": 1})
+        return run_at(lambda b, p: compile_for(cfg, recipe, p, b, seq), rows, params, cfg, seq, one, limit)
+    except Exception as e:  # noqa: BLE001 - reported, the row's own figures stand
+        return {"fits": False, "error": str(e)[:300]}
+
+
+def run_at(compiled_at, batch: int, params, cfg, seq: int, args, limit: int) -> dict:
+    compiled, state, frozen, data, compile_s, _ = compiled_at(batch, params)
+    fp = footprint(compiled)
+    if fp > limit:
+        raise RuntimeError(f"RESOURCE_EXHAUSTED: footprint {fp} over the limit {limit}")
+    run = {"state": state, "out": None}
+    stepper = state_stepper(lambda st: compiled(st, frozen, data), run)
+    stepper(1)  # warm-up
+    times = []
+    for _ in range(args.steps):
+        tic = time.perf_counter()
+        stepper(1)
+        times.append(time.perf_counter() - tic)
+    seconds = statistics.median(times)
+    stats = jax.devices()[0].memory_stats() or {}
+    kind = jax.devices()[0].device_kind
+    chip = next((v for k, v in PEAK_BF16.items() if k.lower() in kind.lower()), None)
+    flops = flops_per_step(cfg, params, batch, seq)
+    peak_in_use = stats.get("peak_bytes_in_use")
+    return {
+        "fits": True,
+        "batch": batch,
+        "footprint_bytes": fp,
+        "peak_bytes_in_use": peak_in_use,
+        "hbm_peak_gib": round(max(fp, peak_in_use or 0) / 2**30, 3),
+        "ms_per_step": round(seconds * 1e3, 2),
+        "tokens_per_s": round(batch * seq / seconds, 1),
+        "mfu": None if chip is None else round(flops / seconds / chip, 4),
+        "compile_s": round(compile_s, 2),
+        "loss": float(run["out"]["loss"]),
+        "device": kind,
+    }
+
+
+T0 = time.time()
+
+
+def say(text: str) -> None:
+    print(f"[{time.time() - T0:7.1f} s] {text}", file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="", help="PRESET:POLICY:OFFLOAD[:MODE],...")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--precision", default="bfloat16", choices=("float32", "bfloat16"))
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--accumulate-rows", type=int, default=0, help="also run full rows at ~R rows a step")
+    p.add_argument("--deadline", type=float, default=0, help="seconds: start no row after this")
+    p.add_argument("--limit-gib", type=float, default=0, help="the memory limit (default: the device's)")
+    p.add_argument("--json", default="")
+    p.add_argument("--small", action="store_true", help="a CPU: the kinds' small configs")
+    args = p.parse_args(argv)
+    if args.small and not args.rows:
+        args.rows = "llama-1b:full:optimizer,llama-1b:none:none:lora,gpt2-355m:dots:none:frozen"
+    rows = [parse_row(r) for r in args.rows.split(",") if r]
+    stats = jax.devices()[0].memory_stats() or {}
+    limit = int(args.limit_gib * 2**30) or stats.get("bytes_limit") or 2**30
+    start, results = time.time(), []
+    for row in rows:
+        if args.deadline and time.time() - start > args.deadline:
+            results.append({**row, "fits": None, "why": "not measured: past --deadline"})
+        else:
+            tic = time.time()
+            results.append({**measure_row(row, args, limit), "row_s": round(time.time() - tic, 1)})
+        print(json.dumps(results[-1]), flush=True)
+        if args.json:  # after every row: a call cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
