@@ -165,6 +165,10 @@ class OptimConfig:
             )
 
 
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
 MAX_STEPS = 2**31 - 1  # the step counter of the training state is an int32
 MAX_SEED = 2**32 - 1  # the largest seed the train/eval split (numpy's legacy seeding) takes
 
@@ -182,11 +186,15 @@ class TrainConfig:
     memory_budget: ByteSize | None = None  # what --remat auto must fit (temp + arguments), in bytes
     precision: str = "float32"  # compute dtype over float32 params (zoo.precision.PRECISIONS)
     offload: str = "none"  # what lives in host memory between steps (OFFLOADS)
+    # A non-private step takes its batch this many rows at a time, adding up the gradients
+    # (zoo.train.accumulate); None: the whole batch at once. Under DP: dp.microbatch_size.
+    microbatch_size: int | None = None
     tensorboard: bool = True  # write RUN/tb/ event files beside metrics.jsonl (zoo.train.tracking)
 
     def __post_init__(self) -> None:
         require_choice("train.precision", self.precision, PRECISIONS)
         require_choice("train.offload", self.offload, OFFLOADS)
+        self._check_microbatch()
         if not isinstance(self.tensorboard, bool):
             raise ZooError(f"train.tensorboard must be true or false, got {self.tensorboard!r}")
         require_positive(
@@ -217,6 +225,18 @@ class TrainConfig:
             if self.remat.startswith(CUSTOM_PREFIX):  # a custom spec's error is about its items
                 raise
             raise ZooError(f"{str(error).rstrip('.')}; or {AUTO} (with --memory-budget)") from None
+
+    def _check_microbatch(self) -> None:
+        mb = self.microbatch_size
+        if mb is None:
+            return
+        if not isinstance(mb, int) or isinstance(mb, bool) or mb < 1 or not isinstance(self.batch_size, int):
+            raise ZooError(f"train.microbatch_size must be a positive int or none, got {mb!r}")
+        if self.batch_size % mb:
+            raise ZooError(
+                f"train.microbatch_size {mb} does not divide train.batch_size {self.batch_size}; "
+                f"valid microbatch sizes: {_divisors(self.batch_size)}"
+            )
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,11 @@ class Recipe:
         check_choices(self.dp)  # clipping and sampler name rows of zoo.dp's tables
         check_pca(self.dp, self.data.dp_pca)  # dp.pca_epsilon exactly with data.dp_pca
         check_unit(self.dp, self.data)  # dp.unit = "user" only where the settings give users
+        if self.dp.enabled and self.train.microbatch_size is not None:
+            raise ZooError(
+                f"train.microbatch_size = {self.train.microbatch_size} accumulates a non-private step; "
+                "under DP set dp.microbatch_size (the clipped sums accumulate, the noise is drawn once)"
+            )
 
     @property
     def model_config(self):

@@ -28,6 +28,7 @@ FLAG_FIELDS = {  # flag dest -> (section, field) of the recipe
     "memory_budget": ("train", "memory_budget"),
     "precision": ("train", "precision"),
     "offload": ("train", "offload"),
+    "microbatch_size": ("train", "microbatch_size"),
     "dataset": ("data", "dataset"),
     "steps": ("train", "steps"),
     "batch_size": ("train", "batch_size"),
@@ -89,6 +90,11 @@ def add_recipe_flags(p) -> None:
     )
     add_precision_flag(p, "compute dtype over float32 params and optimizer state")
     p.add_argument("--offload", help="keep in host memory between steps: none, optimizer or optimizer+params")
+    p.add_argument(
+        "--microbatch-size",
+        type=int,
+        help="accumulate each step's gradient over microbatches of this many rows (non-private runs)",
+    )
     p.add_argument("--dataset", help=dataset_help())
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)

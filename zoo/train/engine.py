@@ -29,6 +29,7 @@ from zoo.parallel import offload as host_offload
 from zoo.precision import FLOAT32, Precision
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
+from zoo.train.accumulate import accumulated_value_and_grad
 from zoo.train.state import TrainState
 
 
@@ -56,6 +57,7 @@ class Engine:
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM
     precision: Precision = FLOAT32
     offload: str = "none"
+    microbatch_size: int | None = None  # a non-private step's gradient accumulation (train.microbatch_size)
 
     # -- pure pieces ---------------------------------------------------------------------
     def logits(self, params: dict, x: jax.Array) -> jax.Array:
@@ -70,11 +72,10 @@ class Engine:
         the step (``{}`` without DP, and by default)."""
         if self.dp is None:
 
-            def loss(trainable):
-                losses, _ = self.example_losses(trainable, frozen, batch["x"], batch["y"])
-                return masked_mean(losses, batch["mask"])
+            def losses(trainable, x, y):
+                return self.example_losses(trainable, frozen, x, y)[0]
 
-            return (*jax.value_and_grad(loss)(state.params), {})
+            return (*accumulated_value_and_grad(losses, state.params, batch, self.microbatch_size), {})
         return self._dp_grads(state, frozen, batch)
 
     def clipped_sum(self, state: TrainState, frozen: dict, batch: dict):
@@ -231,6 +232,7 @@ def make_engine(
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
     precision: Precision = FLOAT32,
     offload: str = "none",
+    microbatch_size: int | None = None,
 ) -> Engine:
     """The one way to make an :class:`Engine`.
 
@@ -239,9 +241,14 @@ def make_engine(
     :func:`zoo.dp.plan.make_plan` or :func:`zoo.dp.plan.fixed_batch_plan`) makes the step
     DP-SGD; ``clipped_sum_transform`` is the audit's hook on the clipped sum; ``precision``
     the run's precision policy (float32 by default: no cast anywhere); ``offload`` what lives in
-    host memory between steps (:data:`zoo.configs.OFFLOADS`).
+    host memory between steps (:data:`zoo.configs.OFFLOADS`); ``microbatch_size`` splits a
+    non-private step's batch for gradient accumulation (:mod:`zoo.train.accumulate`).
     """
-    host_offload.host_fields(offload)  # a ValueError naming the valid settings
+    host_offload.host_fields(offload)
+    if microbatch_size is not None and dp is not None:
+        raise ValueError(
+            "train.microbatch_size is for a non-private run; under DP set dp.microbatch_size"
+        )  # a ValueError naming the valid settings
     return Engine(
         cfg=cfg,
         backend=backend,
@@ -253,6 +260,7 @@ def make_engine(
         clipped_sum_transform=clipped_sum_transform,
         precision=precision,
         offload=offload,
+        microbatch_size=microbatch_size,
     )
 
 

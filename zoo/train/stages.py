@@ -238,6 +238,7 @@ def engine(
         layout=layout,
         clipped_sum_transform=clipped_sum_transform,
         offload=recipe.train.offload,
+        microbatch_size=recipe.train.microbatch_size,
     )
 
 
@@ -252,6 +253,7 @@ def start_engine(
     layout: Layout | None = None,
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
     offload: str = "none",
+    microbatch_size: int | None = None,
 ) -> Engine:
     """Stage 5 from a model start, without a recipe (``zoo bench``): the remat ``policy`` over
     the freeze plan's frozen prefix, the DP ``plan`` (None: no DP), on ``start``'s layout, with
@@ -267,6 +269,7 @@ def start_engine(
         clipped_sum_transform=clipped_sum_transform,
         precision=precision,
         offload=offload,
+        microbatch_size=microbatch_size,
     )
 
 
