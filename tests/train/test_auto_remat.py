@@ -10,7 +10,7 @@ from zoo import recipes
 from zoo.commands import settings
 from zoo.configs import OFFLOADS
 from zoo.errors import ZooError
-from zoo.remat import choose_under_budget, footprint, nothing_fits, parse_bytes
+from zoo.remat import choose_under_budget, footprint, nothing_fits, parse_bytes, step_bytes
 from zoo.train import auto_remat
 from zoo.train.loop import train_recipe
 from zoo.train.run import build_run, train_batch
@@ -41,6 +41,48 @@ def test_the_fastest_fitting_policy_is_chosen():
     error = nothing_fits(ROWS, 399)
     assert "'full' at 400 bytes" in str(error) and "budget of 399 bytes" in str(error)
     assert footprint(ROWS[0]) == 1000
+
+
+def test_step_bytes_counts_host_memory_only_where_it_is_the_devices():
+    """A step with a 1 MiB argument in pinned_host and 256 KiB on the device (both donated): on
+    an accelerator the host MiB is not a device byte, whether or not the analysis lumps it in
+    (a CPU's does); on a CPU (one memory) every byte counts."""
+    device = jax.devices()[0]
+    host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+    on_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+    a = jax.device_put(jax.numpy.ones((1024, 256)), host)
+    b = jax.device_put(jax.numpy.ones((256, 256)), on_device)
+
+    def step(a, b):
+        return jax.device_put(jax.device_put(a, on_device) * 2, host), b + 1
+
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(a, b).compile()
+    apart, one = step_bytes(compiled, host_separate=True), step_bytes(compiled, host_separate=False)
+    assert apart["host_bytes"] == one["host_bytes"] == a.nbytes
+    assert apart["argument_bytes"] == b.nbytes and one["argument_bytes"] >= a.nbytes + b.nbytes
+    assert footprint(one) - footprint(apart) == a.nbytes  # the host output aliases its argument
+
+    class Reported:  # an analysis that reports host memory apart (as a chip may) is not cut twice
+        def __init__(self, stats):
+            self._stats = stats
+
+        def __getattr__(self, name):
+            return getattr(self._stats, name)
+
+        @property
+        def argument_size_in_bytes(self):
+            return self._stats.argument_size_in_bytes - a.nbytes
+
+        host_argument_size_in_bytes = property(lambda self: a.nbytes)
+
+    class Compiled:
+        def __getattr__(self, name):
+            return getattr(compiled, name)
+
+        def memory_analysis(self):
+            return Reported(compiled.memory_analysis())
+
+    assert step_bytes(Compiled(), host_separate=True)["argument_bytes"] == b.nbytes
 
 
 def quick(**values):
