@@ -40,8 +40,8 @@ class Run:
     lora: lora.LoraSetup | None = None
     base: dict | None = None  # a LoRA run's base checkpoint (checkpoint.base_reference)
     remat: str = "none"  # what the summary reports: the policy, or "auto:<chosen>"
-    auto: dict | None = None  # what --remat auto chose and why (auto_remat.choose), for the summary
     root: jax.Array | None = None  # root key data of a DP run (stages.root_key): secret
+    auto: dict | None = None  # what --remat auto chose and why (auto_remat.choose), for the summary
 
     @property
     def dp(self) -> DPPlan | None:
