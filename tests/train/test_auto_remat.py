@@ -10,7 +10,7 @@ from zoo import recipes
 from zoo.commands import settings
 from zoo.configs import OFFLOADS
 from zoo.errors import ZooError
-from zoo.remat import choose_under_budget, footprint, nothing_fits, parse_bytes, step_bytes
+from zoo.remat import choose_fitting, choose_under_budget, footprint, nothing_fits, parse_bytes, step_bytes
 from zoo.train import auto_remat
 from zoo.train.loop import train_recipe
 from zoo.train.run import build_run, train_batch
@@ -239,3 +239,28 @@ def test_without_a_flag_the_budget_is_the_devices_memory(tmp_path, monkeypatch, 
     monkeypatch.setattr(auto_remat, "_device", lambda: DeviceWithMemory(None))
     with pytest.raises(ZooError, match=r"needs a budget.*add --memory-budget"):
         auto_remat.budget_of(run)
+
+
+def test_a_pair_that_runs_out_of_memory_when_timed_does_not_fit():
+    """memory_analysis() does not see everything the device holds: a fitting pair whose step
+    runs out of memory is not timed, so not chosen; any other error is raised."""
+
+    def out_of_memory(*args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
+
+    def broken(*args):
+        raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    assert auto_remat._time(out_of_memory, None, None, None) is None
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+        auto_remat._time(broken, None, None, None)
+    rows = [
+        {"policy": "none", "offload": "none", "temp_bytes": 5, "argument_bytes": 1, "step_ms": None},
+        {"policy": "full", "offload": "none", "temp_bytes": 3, "argument_bytes": 1, "step_ms": 2.0},
+    ]
+    chosen, marked = choose_fitting(rows, 10)
+    assert chosen["policy"] == "full" and all(r["fits"] for r in marked)
+    why = auto_remat.reason(chosen, [{**marked[0], "out_of_memory": True}, marked[1]])
+    assert (
+        why == "fastest of 1 fitting (2.0 ms/step); over budget: none/none (0.0 MiB, out of memory when run)"
+    )

@@ -216,7 +216,7 @@ def choose(run, batch: dict) -> tuple[dict, list[dict], bool]:
     best, _ = choose_fitting([r for r in rows if "same_as" not in r], budget)
     if best is None:
         raise nothing_fits(rows, budget)
-    rows = [{**r, "fits": footprint(r) <= budget} for r in rows]
+    rows = [{**r, "fits": footprint(r) <= budget and not r.get("out_of_memory")} for r in rows]
     chosen = {
         "policy": best["policy"],
         "offload": best["offload"],
