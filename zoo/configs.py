@@ -183,7 +183,7 @@ class TrainConfig:
     checkpoint_every: int = 200
     seed: int = 0
     remat: str = "none"  # a policy name, or "auto" with memory_budget
-    memory_budget: ByteSize | None = None  # what --remat auto must fit (temp + arguments), in bytes
+    memory_budget: ByteSize | None = None  # what --remat auto must fit, in bytes (None: the device's)
     precision: str = "float32"  # compute dtype over float32 params (zoo.precision.PRECISIONS)
     offload: str = "none"  # what lives in host memory between steps (OFFLOADS)
     # A non-private step takes its batch this many rows at a time, adding up the gradients
@@ -209,9 +209,7 @@ class TrainConfig:
             require_positive_int("train.memory_budget (bytes)", self.memory_budget, error=ZooError)
         from zoo.remat import AUTO, CUSTOM_PREFIX, get_policy
 
-        if self.remat == AUTO:
-            if self.memory_budget is None:
-                raise ZooError("--remat auto needs a budget to choose under: add --memory-budget 256MiB")
+        if self.remat == AUTO:  # without a budget, the device's memory (zoo.train.auto_remat)
             return
         if self.memory_budget is not None:
             raise ZooError(

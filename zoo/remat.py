@@ -10,10 +10,12 @@ Each policy is built from ``jax.checkpoint_policies`` and the shared name vocabu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import jax
+import numpy as np
 
 from zoo import names
 from zoo.checks import is_int, require_choice
@@ -201,24 +203,100 @@ def parse_bytes(text: str | int) -> int:
 
 
 def footprint(row: dict) -> int:
-    """What a compiled step needs on the device: temp plus arguments (params, state, batch)."""
-    return int(row["temp_bytes"]) + int(row["argument_bytes"])
+    """What a compiled step needs in device memory: temp, arguments (params, state, batch) and
+    the outputs that do not reuse a donated argument's buffer (``output - alias``; rows
+    without them, as the remat bench's, count temp plus arguments)."""
+    return (
+        int(row["temp_bytes"])
+        + int(row["argument_bytes"])
+        + int(row.get("output_bytes", 0))
+        - int(row.get("alias_bytes", 0))
+    )
+
+
+HOST_KINDS = frozenset({"pinned_host", "unpinned_host"})
+
+
+def _host_bytes(shardings, infos, donated_only: bool = False) -> int:
+    """Bytes per device of the leaves whose sharding is in a host memory kind."""
+    total = 0
+    for sharding, info in zip(shardings, infos, strict=True):
+        if getattr(sharding, "memory_kind", None) not in HOST_KINDS:
+            continue
+        if donated_only and not getattr(info, "donated", False):
+            continue
+        shape = sharding.shard_shape(tuple(info.shape))
+        total += math.prod(shape) * np.dtype(info.dtype).itemsize
+    return total
+
+
+def step_bytes(compiled, host_separate: bool) -> dict:
+    """A compiled step's bytes in device memory (``jax.stages.Compiled``): XLA's
+    ``memory_analysis()`` temp, arguments, outputs and aliased (donated) bytes, and
+    ``host_bytes``, its arguments in a host memory kind (``pinned_host``: an offloaded state).
+
+    With ``host_separate`` (an accelerator, whose host memory is not its HBM) host-memory
+    arguments and outputs are not device bytes. Where the analysis reports them apart
+    (``host_argument_size_in_bytes`` and its kin) they are already out of the device figures;
+    where it counts every memory kind together (a CPU does) they are taken out here. Without
+    it (a CPU: ``device`` and ``pinned_host`` are the same RAM) every byte counts."""
+    stats = compiled.memory_analysis()
+
+    def get(field: str) -> int:
+        return int(getattr(stats, field, 0) or 0) if stats is not None else 0
+
+    is_arg = lambda x: isinstance(x, jax.stages.ArgInfo)  # noqa: E731
+    args, in_shardings = jax.tree.leaves(compiled.args_info, is_leaf=is_arg), compiled.input_shardings
+    in_shardings = jax.tree.leaves(in_shardings)
+    outs, out_shardings = jax.tree.leaves(compiled.out_info), jax.tree.leaves(compiled.output_shardings)
+    host_args = _host_bytes(in_shardings, args)
+    row = {
+        "temp_bytes": get("temp_size_in_bytes"),
+        "argument_bytes": get("argument_size_in_bytes"),
+        "output_bytes": get("output_size_in_bytes"),
+        "alias_bytes": get("alias_size_in_bytes"),
+        "host_bytes": host_args,
+    }
+    if host_separate:
+        host_outs = _host_bytes(out_shardings, outs)
+        host_alias = min(_host_bytes(in_shardings, args, donated_only=True), host_outs)
+        for field, host, reported in (
+            ("argument_bytes", host_args, "host_argument_size_in_bytes"),
+            ("output_bytes", host_outs, "host_output_size_in_bytes"),
+            ("alias_bytes", host_alias, "host_alias_size_in_bytes"),
+        ):
+            if not get(reported):  # counted with the device's bytes: take them out
+                row[field] = max(0, row[field] - host)
+    return row
+
+
+def choose_fitting(rows: list[dict], budget: int) -> tuple[dict | None, list[dict]]:
+    """``(the fastest fitting row or None, rows with "fits")`` from measured rows, each with
+    ``temp_bytes``, ``argument_bytes`` (and ``output_bytes``, ``alias_bytes``) and ``step_ms``
+    (None: not timed, so not chosen)."""
+    marked = [{**row, "fits": footprint(row) <= budget} for row in rows]
+    fitting = [row for row in marked if row["fits"] and row.get("step_ms") is not None]
+    return (min(fitting, key=lambda row: row["step_ms"]) if fitting else None), marked
 
 
 def choose_under_budget(rows: list[dict], budget: int) -> tuple[str | None, list[dict]]:
     """``(fastest fitting policy or None, rows with "fits")`` from measured rows, each with
     ``policy``, ``temp_bytes``, ``argument_bytes`` and ``step_ms``."""
-    marked = [{**row, "fits": footprint(row) <= budget} for row in rows]
-    fitting = [row for row in marked if row["fits"]]
-    chosen = min(fitting, key=lambda row: row["step_ms"])["policy"] if fitting else None
-    return chosen, marked
+    chosen, marked = choose_fitting(rows, budget)
+    return (chosen["policy"] if chosen else None), marked
+
+
+def _label(row: dict) -> str:
+    return row["policy"] + (
+        f" with offload {row['offload']}" if row.get("offload") not in (None, "none") else ""
+    )
 
 
 def nothing_fits(rows: list[dict], budget: int) -> ZooError:
     smallest = min(rows, key=footprint)
     return ZooError(
         f"--remat auto: no policy fits the memory budget of {budget:,} bytes ({budget / 2**20:.1f} MiB); "
-        f"the smallest footprint is {smallest['policy']!r} at {footprint(smallest):,} bytes "
+        f"the smallest footprint is {_label(smallest)!r} at {footprint(smallest):,} bytes "
         f"({footprint(smallest) / 2**20:.1f} MiB: temp {int(smallest['temp_bytes']):,} + arguments "
         f"{int(smallest['argument_bytes']):,}). Raise --memory-budget, or shrink the batch or model"
     )

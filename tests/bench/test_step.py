@@ -2,6 +2,7 @@
 lowered program as ``build_run``'s engine for the same recipe, under each remat policy,
 precision and backend."""
 
+import jax
 import pytest
 
 import zoo
@@ -13,13 +14,15 @@ from zoo.train.run import build_run, train_batch
 BATCH = 4
 
 
-def zoo_train_program(remat: str, precision: str = "float32", backend: str = "nnx", **model) -> str:
+def zoo_train_program(
+    remat: str, precision: str = "float32", backend: str = "nnx", offload: str = "none", **model
+) -> str:
     """The digest of the step ``zoo train`` runs for mlp-s (``model`` overrides) on digits:
     ``build_run``'s engine lowered on the run's first batch."""
     recipe = recipes.parse_recipe(
         {
             "model": {"preset": "mlp-s", "backend": backend, **model},
-            "train": {"remat": remat, "precision": precision, "batch_size": BATCH},
+            "train": {"remat": remat, "precision": precision, "batch_size": BATCH, "offload": offload},
         }
     )
     run = build_run(recipe, choose_remat=False)
@@ -65,3 +68,17 @@ def test_a_bad_setting_is_refused_as_zoo_train_refuses_it():
         step_recipe(precision="float16")
     with pytest.raises(ZooError, match="backend"):
         step_recipe(backend="torch")
+
+
+@pytest.mark.parametrize("offload", ["optimizer", "optimizer+params"])
+def test_the_bench_step_from_shapes_keeps_an_offloaded_state_in_host_memory(offload):
+    """Compiled from shapes alone, the bench's step is the one ``zoo train --offload`` runs:
+    the offloaded fields' shapes carry host memory, so its memory analysis does not count
+    them as device bytes."""
+    cfg = zoo.get_config("mlp-s", num_layers=3)
+    x = zoo.example_batch(cfg, BATCH)
+    base = recipes.parse_recipe({"train": {"offload": offload}})
+    step = compile_step(cfg, x, zoo.example_labels(cfg, x), recipe=base)
+    kinds = {x.sharding.memory_kind for x in jax.tree.leaves(step.state.opt_state)}
+    assert kinds == {"pinned_host"} and step.engine.offload == offload
+    assert step.program == zoo_train_program("none", offload=offload, num_layers=3)

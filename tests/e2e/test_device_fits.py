@@ -26,3 +26,20 @@ def test_fits_small_finds_the_largest_batch_one_process_per_row(tmp_path):
         < 0.01 * best["tokens_per_s"]
     )
     assert json.loads(done.stdout.strip().splitlines()[-1])["largest"] == best
+    # The HBM peak is the larger of memory_stats()'s (none on a CPU) and the compiled step's
+    # device footprint, which holds the training state (on a CPU the offloaded one too).
+    assert best["peak_bytes"] is None and best["compiled_bytes"] > best["host_temp_bytes"]
+    assert best["hbm_peak_bytes"] == max(best["peak_bytes"] or 0, best["compiled_bytes"])
+
+
+def test_the_hbm_peak_is_the_larger_of_the_two():
+    """On the TPU memory_stats()'s peak misses the program's temp; it can also be the larger
+    (what the runtime holds besides the step)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fits", SCRIPT)
+    fits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fits)
+    assert fits.hbm_peak(2 * 2**30, 9 * 2**30)["hbm_peak_bytes"] == 9 * 2**30
+    assert fits.hbm_peak(9 * 2**30, 2 * 2**30)["hbm_peak_bytes"] == 9 * 2**30
+    assert fits.hbm_peak(None, 5)["hbm_peak_bytes"] == 5

@@ -1,13 +1,16 @@
-"""``--remat auto --memory-budget``: the fastest policy whose compiled step fits, cached."""
+"""``--remat auto``: the fastest (policy, offload) pair whose compiled step fits the budget
+(``--memory-budget``, or the device's memory), cached; the summary says what and why."""
 
 import json
 
+import jax
 import pytest
 
 from zoo import recipes
 from zoo.commands import settings
+from zoo.configs import OFFLOADS
 from zoo.errors import ZooError
-from zoo.remat import choose_under_budget, footprint, nothing_fits, parse_bytes
+from zoo.remat import choose_fitting, choose_under_budget, footprint, nothing_fits, parse_bytes, step_bytes
 from zoo.train import auto_remat
 from zoo.train.loop import train_recipe
 from zoo.train.run import build_run, train_batch
@@ -40,6 +43,48 @@ def test_the_fastest_fitting_policy_is_chosen():
     assert footprint(ROWS[0]) == 1000
 
 
+def test_step_bytes_counts_host_memory_only_where_it_is_the_devices():
+    """A step with a 1 MiB argument in pinned_host and 256 KiB on the device (both donated): on
+    an accelerator the host MiB is not a device byte, whether or not the analysis lumps it in
+    (a CPU's does); on a CPU (one memory) every byte counts."""
+    device = jax.devices()[0]
+    host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+    on_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+    a = jax.device_put(jax.numpy.ones((1024, 256)), host)
+    b = jax.device_put(jax.numpy.ones((256, 256)), on_device)
+
+    def step(a, b):
+        return jax.device_put(jax.device_put(a, on_device) * 2, host), b + 1
+
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(a, b).compile()
+    apart, one = step_bytes(compiled, host_separate=True), step_bytes(compiled, host_separate=False)
+    assert apart["host_bytes"] == one["host_bytes"] == a.nbytes
+    assert apart["argument_bytes"] == b.nbytes and one["argument_bytes"] >= a.nbytes + b.nbytes
+    assert footprint(one) - footprint(apart) == a.nbytes  # the host output aliases its argument
+
+    class Reported:  # an analysis that reports host memory apart (as a chip may) is not cut twice
+        def __init__(self, stats):
+            self._stats = stats
+
+        def __getattr__(self, name):
+            return getattr(self._stats, name)
+
+        @property
+        def argument_size_in_bytes(self):
+            return self._stats.argument_size_in_bytes - a.nbytes
+
+        host_argument_size_in_bytes = property(lambda self: a.nbytes)
+
+    class Compiled:
+        def __getattr__(self, name):
+            return getattr(compiled, name)
+
+        def memory_analysis(self):
+            return Reported(compiled.memory_analysis())
+
+    assert step_bytes(Compiled(), host_separate=True)["argument_bytes"] == b.nbytes
+
+
 def quick(**values):
     return settings.with_values(
         recipes.load_recipe("digits-mlp"),
@@ -70,7 +115,9 @@ def test_auto_trains_with_the_choice_and_a_second_run_reads_the_cache(tmp_path, 
     doc = json.loads((tmp_path / "cache" / auto_remat.CACHE_FILE).read_text())
     (entry,) = doc.values()
     fastest = min((r for r in entry["rows"] if r["fits"]), key=lambda r: r["step_ms"])
-    assert summary["remat"] == f"auto:{entry['chosen']}" == f"auto:{fastest['policy']}"
+    assert summary["remat"] == f"auto:{entry['chosen']['policy']}" == f"auto:{fastest['policy']}"
+    assert summary["remat_auto"]["budget_source"] == "flag" and summary["remat_auto"]["budget"] == 2**30
+    assert summary["remat_auto"]["offload"] == summary["offload"] == "none"  # a CPU: the run's own
     assert summary["compile_count"] == 1  # the search compiles outside the training loop
     assert [r["policy"] for r in entry["rows"]] == CANDIDATES
 
@@ -80,7 +127,7 @@ def test_auto_trains_with_the_choice_and_a_second_run_reads_the_cache(tmp_path, 
     monkeypatch.setattr(auto_remat, "measure", no_search)
     run = build_run(recipe)
     chosen, rows, cached = auto_remat.choose(run, train_batch(run, 0))
-    assert cached and chosen == entry["chosen"] and rows == entry["rows"]
+    assert cached and chosen == {**entry["chosen"], "budget_source": "flag"} and rows == entry["rows"]
 
 
 def test_auto_refuses_a_budget_nothing_fits(tmp_path, few_policies):
@@ -92,8 +139,9 @@ def test_auto_refuses_a_budget_nothing_fits(tmp_path, few_policies):
             tmp_path / "a",
             show_progress=False,
         )
-    with pytest.raises(ZooError, match="--remat auto needs a budget"):
-        quick(**{"train.remat": "auto"})
+    # A CPU reports no memory limit to take as the budget: the flag is required, in one line.
+    with pytest.raises(ZooError, match=r"--remat auto needs a budget: the cpu device .*--memory-budget"):
+        train_recipe(quick(**{"train.remat": "auto"}), tmp_path / "b", show_progress=False)
 
 
 def test_an_unknown_remat_name_lists_auto_too():
@@ -110,4 +158,109 @@ def test_the_cache_key_holds_the_precision():
     }
     keys = {p: auto_remat._key(run, train_batch(run, 0), 2**30) for p, run in runs.items()}
     assert keys["float32"] != keys["bfloat16"]
+    run = runs["float32"]  # and the offload settings searched
+    assert auto_remat._key(run, train_batch(run, 0), 2**30, OFFLOADS) != keys["float32"]
     assert runs["bfloat16"].engine.precision.name == "bfloat16"
+
+
+def device_argument_bytes(run, policy: str, offload: str, batch: dict) -> int:
+    """The step's arguments in device memory, counted from the arrays themselves: the state and
+    frozen leaves not in host memory (an offloaded state's are), and the batch."""
+    engine = auto_remat.with_policy(run.engine, policy, offload)
+    state, frozen = engine.init_state(run.params, 0, jax.random.key(0))
+    leaves = jax.tree.leaves((state, frozen))
+    on_device = [x for x in leaves if x.sharding.memory_kind not in ("pinned_host", "unpinned_host")]
+    return sum(x.nbytes for x in on_device) + sum(v.nbytes for v in batch.values())
+
+
+def test_auto_picks_the_fastest_fitting_pair_from_a_table_it_measured(tmp_path, monkeypatch, few_policies):
+    """On an accelerator (host memory apart from the device's) the search is over policies and
+    offload settings, and an offloaded state's bytes do not count against the budget. The
+    budget here fits no pair that keeps its state on the device."""
+    monkeypatch.setattr(auto_remat, "host_memory_is_separate", lambda: True)
+    monkeypatch.setattr(auto_remat, "policy_names", lambda: ["none", "full"])
+    run = build_run(quick(**{"train.remat": "auto", "train.memory_budget": "1GiB"}), choose_remat=False)
+    batch = train_batch(run, 0)
+    untimed = auto_remat.measure(run, batch, 0, offloads=OFFLOADS)  # the footprints alone
+    for row in untimed:  # the memory figures are the arrays': host bytes left out
+        assert row["argument_bytes"] == device_argument_bytes(run, row["policy"], row["offload"], batch), row
+    on_device = [r for r in untimed if r["offload"] == "none"]
+    budget = min(footprint(r) for r in on_device) - 1
+
+    recipe = quick(**{"train.remat": "auto", "train.memory_budget": budget})
+    summary = train_recipe(recipe, tmp_path / "a", show_progress=False)
+    (entry,) = json.loads((tmp_path / "cache" / auto_remat.CACHE_FILE).read_text()).values()
+    table = entry["rows"]
+    assert {(r["policy"], r["offload"]) for r in table} == {
+        (p, o) for p in ("none", "full") for o in OFFLOADS
+    }
+    for row in table:  # fits: the device's bytes (temp, arguments, outputs not aliased) within budget
+        device_bytes = row["temp_bytes"] + row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"]
+        assert row["fits"] == (device_bytes <= budget), row
+    fitting = [r for r in table if r["fits"] and r["step_ms"] is not None]
+    fastest = min(fitting, key=lambda r: r["step_ms"])
+    assert fastest["offload"] != "none" and not any(r["fits"] for r in table if r["offload"] == "none")
+    chosen = summary["remat_auto"]
+    assert (chosen["policy"], chosen["offload"]) == (fastest["policy"], fastest["offload"])
+    assert summary["offload"] == fastest["offload"] and summary["remat"] == f"auto:{fastest['policy']}"
+    assert chosen["budget"] == budget and chosen["budget_source"] == "flag"
+    assert (
+        chosen["reason"].startswith(f"fastest of {len(fitting)} fitting")
+        and "over budget: " in chosen["reason"]
+    )
+
+
+class DeviceWithMemory:
+    """The real first device, reporting ``stats`` as its memory (a CPU reports none)."""
+
+    def __init__(self, stats):
+        self._real, self._stats = jax.devices()[0], stats
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_without_a_flag_the_budget_is_the_devices_memory(tmp_path, monkeypatch, few_policies):
+    limit = 2**30
+    monkeypatch.setattr(
+        auto_remat, "_device", lambda: DeviceWithMemory({"bytes_limit": limit, "bytes_in_use": 7})
+    )
+    run = build_run(quick(**{"train.remat": "auto"}), choose_remat=False)
+    budget, source = auto_remat.budget_of(run)
+    assert source == "device" and 0 < auto_remat.SAFETY <= 0.1  # a small margin, below the limit
+    assert budget == int(limit * (1 - auto_remat.SAFETY)) < limit
+    summary = train_recipe(quick(**{"train.remat": "auto"}), tmp_path / "a", show_progress=False)
+    assert summary["remat_auto"]["budget"] == budget and summary["remat_auto"]["budget_source"] == "device"
+    flagged = build_run(quick(**{"train.remat": "auto", "train.memory_budget": "3MiB"}), choose_remat=False)
+    assert auto_remat.budget_of(flagged) == (3 * 2**20, "flag")  # a flag wins over the device
+    monkeypatch.setattr(auto_remat, "_device", lambda: DeviceWithMemory(None))
+    with pytest.raises(ZooError, match=r"needs a budget.*add --memory-budget"):
+        auto_remat.budget_of(run)
+
+
+def test_a_pair_that_runs_out_of_memory_when_timed_does_not_fit():
+    """memory_analysis() does not see everything the device holds: a fitting pair whose step
+    runs out of memory is not timed, so not chosen; any other error is raised."""
+
+    def out_of_memory(*args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
+
+    def broken(*args):
+        raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    assert auto_remat._time(out_of_memory, None, None, None) is None
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+        auto_remat._time(broken, None, None, None)
+    rows = [
+        {"policy": "none", "offload": "none", "temp_bytes": 5, "argument_bytes": 1, "step_ms": None},
+        {"policy": "full", "offload": "none", "temp_bytes": 3, "argument_bytes": 1, "step_ms": 2.0},
+    ]
+    chosen, marked = choose_fitting(rows, 10)
+    assert chosen["policy"] == "full" and all(r["fits"] for r in marked)
+    why = auto_remat.reason(chosen, [{**marked[0], "out_of_memory": True}, marked[1]])
+    assert (
+        why == "fastest of 1 fitting (2.0 ms/step); over budget: none/none (0.0 MiB, out of memory when run)"
+    )

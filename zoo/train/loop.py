@@ -35,7 +35,7 @@ from zoo.train.resume import (
     preflight,
     saved_root,
 )
-from zoo.train.run import Run, build_run, epsilon_at, local_batch, state_key
+from zoo.train.run import Run, build_run, epsilon_at, local_batch, release_params, state_key
 from zoo.train.state import TrainState, key_bytes
 from zoo.train.summary import last_logged_loss, run_evaluation, say_resumed, summarize
 from zoo.ui import StepLines
@@ -130,6 +130,7 @@ def _restore(run: Run, out: Path, point: ResumePoint | None, console: Console):
     """``(state, frozen, start step, checkpoint metadata)``: fresh, or the resume point's."""
     engine, seed = run.engine, run.recipe.train.seed
     state, frozen = engine.init_state(run.params, seed, state_key(run))
+    release_params(run)  # the state holds its own copy: the initial weights need not stay resident
     if not point:
         return state, frozen, 0, _meta(run, state)
     check_same_data(point.meta, _meta(run, state), str(out), arrays=False)  # the state fits

@@ -77,6 +77,13 @@ def attention_ran(cfg) -> dict:
     return {} if kind is None else {"attention": resolve(kind), "platform": jax.default_backend()}
 
 
+def remat_auto(chosen: dict) -> dict:
+    """What ``--remat auto`` chose and why: the policy, the offload setting, the budget in
+    bytes and where it came from (``flag``: ``--memory-budget``; ``device``: the device's
+    memory less a margin, :mod:`zoo.train.auto_remat`), and the reason."""
+    return {k: chosen[k] for k in ("policy", "offload", "budget", "budget_source", "reason")}
+
+
 def summarize(
     run: Run,
     out: Path,
@@ -92,6 +99,7 @@ def summarize(
         "recipe": recipe.name,
         "backend": run.engine.backend,
         "remat": run.remat,
+        **({"remat_auto": remat_auto(run.auto)} if run.auto else {}),
         "precision": run.precision.name,
         **attention_ran(run.engine.cfg),
         "offload": run.engine.offload,
