@@ -47,10 +47,11 @@ import jax.numpy as jnp  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo import lora, recipes  # noqa: E402
-from zoo.bench.common import memory_stats, state_stepper  # noqa: E402
+from zoo.bench.common import state_stepper  # noqa: E402
 from zoo.bench.step import placed_shapes  # noqa: E402
 from zoo.models import canonical, registry  # noqa: E402
 from zoo.parallel.offload import builder_device, host_fields  # noqa: E402
+from zoo.remat import step_bytes  # noqa: E402
 from zoo.train import stages  # noqa: E402
 
 MODES = {
@@ -110,11 +111,12 @@ def flops_per_step(cfg, params, batch: int, seq: int) -> float:
 
 
 def footprint(compiled) -> int:
-    """Device bytes of a compiled step: XLA's peak where reported, else args + out - alias + temp."""
+    """Device bytes of a compiled step: the larger of XLA's peak (where reported) and arguments +
+    outputs - aliased + temp in device memory (``zoo.remat.step_bytes``: an offloaded state's
+    host-memory arguments are not the chip's)."""
     peak = int(getattr(compiled.memory_analysis(), "peak_memory_in_bytes", 0) or 0)
-    m = memory_stats(compiled)
-    summed = m["argument_size_in_bytes"] + m["output_size_in_bytes"] - m["alias_size_in_bytes"]
-    return max(peak, summed + m["temp_size_in_bytes"])
+    m = step_bytes(compiled, host_separate=jax.devices()[0].platform != "cpu")
+    return max(peak, m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"])
 
 
 def start_for(cfg, recipe, params):

@@ -90,8 +90,9 @@ def run_policies(args) -> int:
     rows.append(
         {
             "name": "auto",
-            "description": "zoo train only, with --memory-budget B: compile every policy for the run's "
-            "shapes and train with the fastest whose step fits B (choice cached)",
+            "description": "zoo train only: compile every policy (and on an accelerator every "
+            "[train] offload setting) for the run's shapes and train with the fastest whose step fits "
+            "--memory-budget B (default on an accelerator: its memory less 5%; choice cached)",
         }
     )
     if args.json:

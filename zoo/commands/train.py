@@ -82,11 +82,12 @@ def add_recipe_flags(p) -> None:
     """The recipe argument and the flags that override its fields (``zoo train``, ``zoo audit``)."""
     p.add_argument("recipe", help="recipe name (see `zoo recipes`) or path to a .toml file")
     p.add_argument("--backend", choices=None, help="nnx or eqx")
-    p.add_argument("--remat", help="remat policy (see `zoo remat-policies`), or auto with --memory-budget")
+    p.add_argument("--remat", help="remat policy (see `zoo remat-policies`), or auto (the fastest that fits)")
     p.add_argument(
         "--memory-budget",
         metavar="BYTES",
-        help="with --remat auto: train with the fastest policy whose step fits, e.g. 256MiB",
+        help="with --remat auto: the budget its step must fit, e.g. 256MiB (default on an accelerator: "
+        "its memory less 5%%; a CPU needs one)",
     )
     add_precision_flag(p, "compute dtype over float32 params and optimizer state")
     p.add_argument("--offload", help="keep in host memory between steps: none, optimizer or optimizer+params")
