@@ -199,6 +199,10 @@ def measure_row(row: dict, args, limit: int) -> dict:
     def compiled_at(batch: int, params=None):
         return compile_for(cfg, recipe, shapes if params is None else params, batch, seq)
 
+    if args.batch:  # a given batch: no search, one compile and run
+        say(f"{row}: resident {out['resident_bytes'] / 2**30:.2f} GiB; batch {args.batch} as given")
+        found = run_at(compiled_at, args.batch, host_params(cfg), cfg, seq, args, limit)
+        return {**out, **found, "batch_given": True}
     sizes = {}
     say(f"{row}: resident {out['resident_bytes'] / 2**30:.2f} GiB; compiling from shapes")
     for b in (1, 2):
@@ -295,6 +299,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--accumulate-rows", type=int, default=0, help="also run full rows at ~R rows a step")
+    p.add_argument("--batch", type=int, default=0, help="run every row at this batch (no search)")
     p.add_argument("--deadline", type=float, default=0, help="seconds: start no row after this")
     p.add_argument("--limit-gib", type=float, default=0, help="the memory limit (default: the device's)")
     p.add_argument("--json", default="")
