@@ -20,7 +20,7 @@ from zoo.dp.plan import plan_of
 PERFORMANCES = [
     Performance(clipping, microbatch, prng, ways)
     for clipping, microbatch, prng, ways in itertools.product(
-        ("vmap", "ghost"), (None, 4), NOISE_PRNGS, (1, 2)
+        ("vmap", "ghost"), (None, 3), NOISE_PRNGS, (1, 2)
     )
 ]
 
