@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from zoo.checks import require_int, require_number
+from zoo.checks import require_number
 from zoo.configs import DPConfig
 from zoo.dp.accounting import calibrate_gaussian, truncation_budget, truncation_delta
 from zoo.dp.mechanisms import GaussianNoise, Mechanism, Performance, clipped_aggregation, mechanism_for
@@ -123,11 +124,14 @@ def make_plan(
     canaries: int = 0,
     canary_rows: bool = False,
     users: tuple[np.ndarray, np.ndarray] | None = None,
+    wrap: Callable[[Mechanism], Mechanism] | None = None,
 ) -> DPPlan:
     """The plan of an enabled ``[dp]`` section for ``num_records`` private records, ``steps``
     planned steps and the run's ``layout``; the sampler draws with ``seed``.
 
-    ``canaries`` (``zoo audit``) wrap the mechanism (:meth:`Mechanism.with_canaries`): extra
+    ``wrap`` changes the section's mechanism before it is made (``zoo audit``'s
+    :class:`zoo.dp.mechanisms.Canaries`). ``canaries``, ``canary_rows``: the same wrapper, by
+    its settings (:meth:`Mechanism.with_canaries`): extra
     units, each in the training set with probability 1/2, so the accounting counts ``N +
     canaries // 2`` units (``q`` is the expected batch over them), while the sampler draws the
     ``N`` real ones. ``canary_rows``: they travel as batch rows (black-box), so the padding has
@@ -143,9 +147,9 @@ def make_plan(
     """
     data, units = (users, _user_count(users)) if dp.unit == "user" else (num_records, num_records)
     check_units(units)  # before the canaries are counted: a run of canaries only is refused too
-    canaries = require_int("canaries", canaries, lo=0, what="an int >= 0")
     check_choices(dp)
     mechanism = mechanism_for(dp, units).with_canaries(canaries, canary_rows)
+    mechanism = wrap(mechanism) if wrap else mechanism
     performance = Performance.of(dp, layout.spec.batch_ways)
     return plan_of(mechanism, performance, dp, steps, data=data, seed=seed)
 

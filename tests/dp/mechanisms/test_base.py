@@ -13,7 +13,7 @@ import pytest
 
 from tests.dp.mechanisms.sections import SECTIONS, STEPS, USERS, plan, units
 from tests.numerics import assert_close
-from zoo.dp.mechanisms import GaussianNoise, Performance, mechanism_for
+from zoo.dp.mechanisms import Canaries, GaussianNoise, Performance, mechanism_for
 from zoo.dp.noise import NOISE_PRNGS, privatize
 from zoo.dp.plan import plan_of
 
@@ -112,9 +112,11 @@ def test_the_noise_transform_runs_under_jit_and_a_plans_noise_is_its_mechanisms(
 
 
 def test_canaries_wrap_the_mechanism():
-    """zoo audit's canaries: half of them counted as units, all of them padded for as rows."""
+    """zoo audit's canaries: half of them counted as units, all of them padded for as rows.
+    Planted: every canary counted (410 units) fails."""
     mechanism = mechanism_for(SECTIONS["dpsgd"], 400)
-    audited = mechanism.with_canaries(10, rows=True)
+    audited = Canaries(10, rows=True)(mechanism)
+    assert audited == mechanism.with_canaries(10, rows=True)
     assert (audited.units, audited.extra_rows) == (405, 10)
     assert mechanism.with_canaries(10).extra_rows == 0
     assert audited.sampling_prob == SECTIONS["dpsgd"].expected_batch_size / 405

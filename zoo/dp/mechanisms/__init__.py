@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from zoo.configs import DPConfig
 from zoo.dp.mechanisms.base import (
+    Canaries,
     GaussianNoise,
     Made,
     Mechanism,
@@ -32,6 +33,7 @@ from zoo.dp.mechanisms.pca import DPPCA
 from zoo.dp.sampling import SAMPLERS
 
 __all__ = [
+    "Canaries",
     "DPPCA",
     "DPSGD",
     "ELS",

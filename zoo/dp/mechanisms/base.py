@@ -17,12 +17,21 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from zoo.checks import require_int
 from zoo.configs import DPConfig
 from zoo.dp.clipping import ClipRequest, clipping_method
 from zoo.dp.microbatch import accumulated_clip
 from zoo.dp.noise import privatize
 
-__all__ = ["Made", "Mechanism", "NoiseState", "GaussianNoise", "Performance", "clipped_aggregation"]
+__all__ = [
+    "Canaries",
+    "Made",
+    "Mechanism",
+    "NoiseState",
+    "GaussianNoise",
+    "Performance",
+    "clipped_aggregation",
+]
 
 _DEFAULTS = DPConfig()
 
@@ -160,7 +169,21 @@ class Mechanism:
         """The mechanism zoo audit runs: ``canaries`` extra units, each in with probability
         1/2 (the accounting counts half of them), and, as batch ``rows`` (black-box), room in
         the padding for all of them. The sampler still draws the real units only."""
+        canaries = require_int("canaries", canaries, lo=0, what="an int >= 0")
         return dataclasses.replace(self, units=self.units + canaries // 2, extra_rows=canaries if rows else 0)
+
+
+@dataclass(frozen=True)
+class Canaries:
+    """zoo audit's wrapper of a run's mechanism: ``count`` canaries, as batch ``rows``
+    (black-box) or not (white-box), added by :meth:`Mechanism.with_canaries`. The run builds
+    its plan from the wrapped mechanism; nothing below the mechanism hears of canaries."""
+
+    count: int
+    rows: bool = False
+
+    def __call__(self, mechanism):
+        return mechanism.with_canaries(self.count, self.rows)
 
     def step_event(self):
         """One step's ``dp_accounting.DpEvent``."""
