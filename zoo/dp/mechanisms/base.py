@@ -172,19 +172,6 @@ class Mechanism:
         canaries = require_int("canaries", canaries, lo=0, what="an int >= 0")
         return dataclasses.replace(self, units=self.units + canaries // 2, extra_rows=canaries if rows else 0)
 
-
-@dataclass(frozen=True)
-class Canaries:
-    """zoo audit's wrapper of a run's mechanism: ``count`` canaries, as batch ``rows``
-    (black-box) or not (white-box), added by :meth:`Mechanism.with_canaries`. The run builds
-    its plan from the wrapped mechanism; nothing below the mechanism hears of canaries."""
-
-    count: int
-    rows: bool = False
-
-    def __call__(self, mechanism):
-        return mechanism.with_canaries(self.count, self.rows)
-
     def step_event(self):
         """One step's ``dp_accounting.DpEvent``."""
         raise NotImplementedError
@@ -207,3 +194,16 @@ class Canaries:
         sampler = self.sampler(data, seed, truncation_prob, performance.pad_multiple)
         noise = GaussianNoise(self.noise_multiplier, self.clip_norm, self.normaliser, performance.noise_prng)
         return Made(sampler, clipped_aggregation(self.clip_norm, performance), noise, self.dp_event)
+
+
+@dataclass(frozen=True)
+class Canaries:
+    """zoo audit's wrapper of a run's mechanism: ``count`` canaries, as batch ``rows``
+    (black-box) or not (white-box), added by :meth:`Mechanism.with_canaries`. The run builds
+    its plan from the wrapped mechanism; nothing below the mechanism hears of canaries."""
+
+    count: int
+    rows: bool = False
+
+    def __call__(self, mechanism):
+        return mechanism.with_canaries(self.count, self.rows)
