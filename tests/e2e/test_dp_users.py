@@ -8,6 +8,7 @@ any data is read."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -18,6 +19,7 @@ from tests.e2e.clikit import refused
 from tests.e2e.test_dp_neighbours import MLP, TINY, outcome
 from zoo.data.users import held_out
 from zoo.dp import plan as dp_plan
+from zoo.train import stages
 
 pytestmark = pytest.mark.xdist_group("dp-neighbours")
 
@@ -75,21 +77,13 @@ def test_removing_a_user_with_all_its_records_changes_nothing_released(capsys, t
 def test_a_cap_read_off_the_largest_user_tells_the_neighbours_apart(capsys, tmp_path, monkeypatch):
     """Planted: k taken from how many records the largest user has (not dp.records_per_user)
     shows in the released summary, and the comparison above catches it."""
-    made = dp_plan._user_plan
+    made = dp_plan.make_plan
 
-    def cap_from_the_data(dp, steps, layout, seed, users, *canaries):
-        offsets, _ = users
-        largest = int(np.diff(offsets).max())
-        return made(
-            dp.__class__(**{**dp.__dict__, "records_per_user": largest}),
-            steps,
-            layout,
-            seed,
-            users,
-            *canaries,
-        )
+    def cap_from_the_data(dp, *args, users=None, **kwargs):
+        largest = int(np.diff(users[0]).max())
+        return made(dataclasses.replace(dp, records_per_user=largest), *args, users=users, **kwargs)
 
-    monkeypatch.setattr(dp_plan, "_user_plan", cap_from_the_data)
+    monkeypatch.setattr(stages, "make_plan", cap_from_the_data)
     a, b = neighbour_users(capsys, tmp_path)
     assert a["code"] == b["code"] == 0
     assert a != b

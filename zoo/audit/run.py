@@ -28,6 +28,7 @@ from zoo.audit.canaries import (
 from zoo.checks import require_int
 from zoo.dp import PoissonSampler
 from zoo.dp.clipping import KEEP_SUM
+from zoo.dp.mechanisms import Canaries
 from zoo.dp.plan import without_noise
 from zoo.errors import ZooError, choice_error
 from zoo.recipes import Recipe
@@ -108,7 +109,8 @@ def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = Fa
     the same loader and public-domain check, DP-PCA with its noise and key), with the canaries
     counted in its plan.
 
-    The plan is :func:`zoo.dp.plan.make_plan`'s with the canaries as extra records: half of
+    The plan is :func:`zoo.dp.plan.make_plan`'s, its mechanism wrapped by the canaries
+    (:class:`zoo.dp.mechanisms.Canaries`), extra units: half of
     them are expected in, and the noise is calibrated for q = expected_batch_size / (N + M/2).
     The real examples are drawn by the plan's sampler, the canaries by coins of their own
     (:meth:`Batches.canaries_drawn`): which real examples a step draws does not depend on which
@@ -124,8 +126,7 @@ def plan_audit(recipe: Recipe, num_canaries: int, mode: str, no_noise: bool = Fa
     dp = recipe.dp.enabled
     run = build_run(
         recipe,
-        canaries=num_canaries if dp else 0,
-        canary_rows=dp and mode == "blackbox",
+        wrap_mechanism=Canaries(num_canaries, rows=mode == "blackbox") if dp else None,
         clipped_sum_transform=WhiteBoxCanaries() if mode == "whitebox" else KEEP_SUM,
     )
     if not dp:

@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import optax
 
 from zoo.api import apply_fn
-from zoo.dp import ClipModel, clipping_method, privatize
-from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform, ClipRequest
-from zoo.dp.microbatch import accumulated_clip
+from zoo.dp import ClipModel
+from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform
 from zoo.dp.plan import DPPlan
 from zoo.dp.users import group_users, user_loss
 from zoo.freeze import FreezePlan
@@ -82,9 +81,7 @@ class Engine:
         """``(sum of clipped per-example grads, pre-clip norms, per-example losses)`` by the
         run's clipping method (a row of :data:`zoo.dp.clipping.CLIPPING`), in microbatches of
         ``dp.microbatch_size`` examples under one scan (:func:`zoo.dp.microbatch.accumulated_clip`)."""
-        request = ClipRequest(self.dp.clip_norm, self.dp.microbatch_size, batch["mask"])
-        clip = clipping_method(self.dp.clipping).clip
-        return accumulated_clip(clip, self.clip_model, state.params, frozen, batch, request)
+        return self.dp.aggregate(self.clip_model, state.params, frozen, batch)
 
     @property
     def clip_model(self) -> ClipModel:
@@ -111,16 +108,9 @@ class Engine:
         return state.step_key()
 
     def privatize(self, state: TrainState, grad_sum: dict) -> dict:
-        """Noisy mean of a clipped sum: the Gaussian mechanism of the step."""
-        return privatize(
-            grad_sum,
-            self.noise_key(state),
-            noise_multiplier=self.dp.noise_multiplier,
-            l2_clip_norm=self.dp.clip_norm,
-            expected_batch_size=self.dp.expected_batch_size,
-            prng=self.dp.noise_prng,
-            partitioned=self.layout.devices > 1,
-        )
+        """Noisy mean of a clipped sum: the plan's noise transform, drawn with the step's key."""
+        noise = dataclasses.replace(self.dp.noise, partitioned=self.layout.devices > 1)
+        return noise.apply(grad_sum, self.noise_key(state))
 
     def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
         """``(loss, noisy mean gradient, report)`` of the DP step."""

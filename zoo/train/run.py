@@ -8,6 +8,7 @@ Nothing after :func:`build_run` reads the recipe for a value the run holds.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -100,8 +101,7 @@ def build_run(
     choose_remat: bool = True,
     root: jax.Array | None = None,
     task: Task | None = None,
-    canaries: int = 0,
-    canary_rows: bool = False,
+    wrap_mechanism: Callable | None = None,
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
 ) -> Run:
     """Resolve a recipe through the stages of :mod:`zoo.train.stages`: data, model start, DP
@@ -111,10 +111,11 @@ def build_run(
     of the DP noise calibration; a resumed run that was extended keeps its original one.
     ``root`` is the run's root key data (default: a new one, :func:`stages.root_key`); a resumed
     run passes its checkpoint's, so it draws the same batches. A variant passes what it
-    changes: ``task`` (data of its own), ``canaries`` and ``canary_rows`` (``zoo audit``,
-    :func:`zoo.dp.plan.make_plan`) and the audit's ``clipped_sum_transform``.
+    changes: ``task`` (data of its own), ``wrap_mechanism`` (``zoo audit``'s canaries,
+    :class:`zoo.dp.mechanisms.Canaries`) and the audit's ``clipped_sum_transform``.
     With ``train.remat = "auto"`` the policy (and, on an accelerator, the offload setting) is
-    searched for here (its table printed on ``console``); ``choose_remat=False`` skips the search (no step runs: eval, params) and
+    searched for here (its table printed on ``console``); ``choose_remat=False`` skips the
+    search (no step runs: eval, params) and
     leaves the stack unrematerialized.
     """
     plan_steps = plan_steps or recipe.train.steps
@@ -122,7 +123,7 @@ def build_run(
     task = task or stages.load_data(recipe, source)
     start = stages.model_start(recipe, task, source)
     root = stages.root_key(recipe) if root is None and recipe.dp.enabled else root
-    plan = stages.dp_plan(recipe, task, start, plan_steps, root, canaries=canaries, canary_rows=canary_rows)
+    plan = stages.dp_plan(recipe, task, start, plan_steps, root, wrap=wrap_mechanism)
     start = stages.projection(start, task, plan, root)
     engine = stages.engine(recipe, start, plan, plan_steps, clipped_sum_transform=clipped_sum_transform)
     policy = "none" if recipe.train.remat == AUTO else recipe.train.remat

@@ -13,6 +13,7 @@ sampler seed, :func:`dp_plan`), the DP-PCA noise (:func:`projection`) and every 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -174,13 +175,13 @@ def dp_plan(
     plan_steps: int,
     root: jax.Array | None,
     *,
-    canaries: int = 0,
-    canary_rows: bool = False,
+    wrap: Callable | None = None,
 ) -> DPPlan | None:
     """Stage 3, the DP plan (None without DP): :func:`zoo.dp.plan.make_plan` over the task's
     records, its sampler seeded once, here, from the secret ``root`` key data, so which records
     a step reads is as secret as its noise and a resumed run (same root) draws the same batches.
-    ``canaries`` (``zoo audit``) are extra records counted in the accounting."""
+    ``wrap`` changes the mechanism before it is made (``zoo audit``'s canaries,
+    :class:`zoo.dp.mechanisms.Canaries`)."""
     if not recipe.dp.enabled:
         start.layout.check_batch_rows(recipe.train.batch_size, "train.batch_size")
         checks.require_batch_fits(recipe.train.batch_size, task.row_bytes, "train.batch_size")
@@ -193,8 +194,7 @@ def dp_plan(
         plan_steps,
         start.layout,
         seed=batch_seed(root),
-        canaries=canaries,
-        canary_rows=canary_rows,
+        wrap=wrap,
         users=task.user_groups(),
     )
     what = "dp.expected_batch_size" + (" with dp.records_per_user" if recipe.dp.unit == "user" else "")
