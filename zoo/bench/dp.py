@@ -52,6 +52,7 @@ import jax
 from zoo import bench
 from zoo.bench import dp_rows
 from zoo.bench.common import median_ratio, memory_stats, positive_int, state_stepper, time_in_rounds
+from zoo.bench.dp_forms import FORMS_MODES, forms_table, print_forms
 from zoo.bench.dp_rows import (  # noqa: F401  (re-exported: the bench API)
     BASELINE,
     CLIP,
@@ -137,6 +138,7 @@ def bench_dp(
     progress: Progress = None,
     precision: str = "float32",
     remat: str = "none",
+    forms: str | None = None,
 ) -> dict:
     """Measure every method (see the module docstring) and the microbatch memory sweep.
 
@@ -167,6 +169,12 @@ def bench_dp(
     else:
         setup, params = setup_for(cfg, backend, batch, microbatch, freeze, seed, **options)
     data = jax.device_put(_batch(cfg, batch, seq, seed))
+    table = None
+    if forms is not None:
+        if forms not in FORMS_MODES:
+            raise choice_error("--forms", forms, FORMS_MODES)
+        _say(progress, f"dp bench: ghost norm forms ({forms})")
+        table = forms_table(setup, params, data, forms, progress)
 
     runs = {}
     for name in names:
@@ -201,6 +209,8 @@ def bench_dp(
         "steps_per_round": steps_per_round,
         "rows": rows,
     }
+    if table is not None:
+        result["forms"] = table
     if memory_sweep:
         known = {(batch, None): runs["zoo vmap"]["temp"]} if "zoo vmap" in runs else {}
         if "zoo microbatch" in runs:
@@ -270,10 +280,13 @@ def _run_cli(args) -> int:
         progress=progress,
         precision=args.precision,
         remat=args.remat,
+        forms=args.forms,
     )
     if args.json:
         emit_json(result)
         return 0
+    if "forms" in result:
+        print_forms(result["forms"], f"ghost clipping: norm form per dense site ({args.forms})")
     seq = f" x {result['seq']}" if result["seq"] else ""
     micro = f" in microbatches of {result['step_microbatch']}" if result["step_microbatch"] else ""
     print_table(
@@ -339,6 +352,13 @@ def add_bench(bench_sub) -> None:
         "--remat",
         default="none",
         help=f"every row's remat policy: {', '.join(policy_names())} (default none)",
+    )
+    p.add_argument(
+        "--forms",
+        default=None,
+        choices=FORMS_MODES,
+        help="also print ghost clipping's norm form per dense site: by formula, or measured "
+        "(both forms timed once on this device and cached; the ghost rows then use them)",
     )
     p.add_argument(
         "--sweep",

@@ -16,6 +16,7 @@ import numpy as np
 
 from zoo.checks import require_choice
 from zoo.dp import clipping
+from zoo.dp.ghost import forms
 from zoo.dp.ghost.rules import SHARED, build, grouped
 from zoo.dp.ghost.sites import Site, coverage_problem, discover, run
 from zoo.losses import per_example_loss
@@ -152,7 +153,8 @@ def tap_pass(gp: GhostPlan, full, x, y, dense=None, row_weights=None):
     leaves and rows.  Only what the remat policy saves is kept for the backward.
     """
     units = x.shape[0] // gp.records
-    specs = {s.key: (s.kind, s.leaves, s.rows, dense, gp.records) for s in gp.active}
+    choice = forms.Choice(dense, sums=False)  # the clipped sum comes from the second backward
+    specs = {s.key: (s.kind, s.leaves, s.rows, choice, gp.records) for s in gp.active}
     taps = _zeros_per_site(gp, lambda s: (units, len(s.leaves)))
 
     def losses_of(tp):
@@ -185,10 +187,11 @@ def squared_norms(gp: GhostPlan, caps, deltas, batch_size: int, dense=None):
     ``batch_size`` counts examples (units: rows / ``gp.records``)."""
     sq = jnp.zeros((batch_size,), jnp.float32)
     rules = {}
+    choice = forms.Choice(dense, sums=True)  # the clipped sum comes from the same pieces
     for site in gp.active:
 
         def make(inputs, delta, s=site):
-            rule = build(s.kind, inputs, delta, s.leaves, s.rows, dense, gp.records)
+            rule = build(s.kind, inputs, delta, s.leaves, s.rows, choice, gp.records)
             return rule.sq(), rule
 
         if site.stacked:
