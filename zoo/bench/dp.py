@@ -52,7 +52,7 @@ import jax
 from zoo import bench
 from zoo.bench import dp_rows
 from zoo.bench.common import median_ratio, memory_stats, positive_int, state_stepper, time_in_rounds
-from zoo.bench.dp_forms import FORMS_MODES, forms_table, print_forms
+from zoo.bench.dp_forms import add_forms_arguments, forms_table, print_forms
 from zoo.bench.dp_rows import (  # noqa: F401  (re-exported: the bench API)
     BASELINE,
     CLIP,
@@ -139,6 +139,7 @@ def bench_dp(
     precision: str = "float32",
     remat: str = "none",
     forms: str | None = None,
+    forms_only: bool = False,
 ) -> dict:
     """Measure every method (see the module docstring) and the microbatch memory sweep.
 
@@ -169,12 +170,9 @@ def bench_dp(
     else:
         setup, params = setup_for(cfg, backend, batch, microbatch, freeze, seed, **options)
     data = jax.device_put(_batch(cfg, batch, seq, seed))
-    table = None
-    if forms is not None:
-        if forms not in FORMS_MODES:
-            raise choice_error("--forms", forms, FORMS_MODES)
-        _say(progress, f"dp bench: ghost norm forms ({forms})")
-        table = forms_table(setup, params, data, forms, progress)
+    table = forms_table(forms, setup, params, data, progress)
+    if forms_only:
+        return {"model": model if isinstance(model, str) else cfg.kind, "forms": table}
 
     runs = {}
     for name in names:
@@ -280,13 +278,16 @@ def _run_cli(args) -> int:
         progress=progress,
         precision=args.precision,
         remat=args.remat,
-        forms=args.forms,
+        forms=args.forms or ("formula" if args.forms_only else None),
+        forms_only=args.forms_only,
     )
     if args.json:
         emit_json(result)
         return 0
     if "forms" in result:
-        print_forms(result["forms"], f"ghost clipping: norm form per dense site ({args.forms})")
+        print_forms(result["forms"], f"ghost clipping: norm form per dense site ({args.forms or 'formula'})")
+    if args.forms_only:
+        return 0
     seq = f" x {result['seq']}" if result["seq"] else ""
     micro = f" in microbatches of {result['step_microbatch']}" if result["step_microbatch"] else ""
     print_table(
@@ -353,13 +354,7 @@ def add_bench(bench_sub) -> None:
         default="none",
         help=f"every row's remat policy: {', '.join(policy_names())} (default none)",
     )
-    p.add_argument(
-        "--forms",
-        default=None,
-        choices=FORMS_MODES,
-        help="also print ghost clipping's norm form per dense site: by formula, or measured "
-        "(both forms timed once on this device and cached; the ghost rows then use them)",
-    )
+    add_forms_arguments(p)
     p.add_argument(
         "--sweep",
         default=None,

@@ -12,13 +12,20 @@ from __future__ import annotations
 
 from zoo.dp.ghost import measure as ghost_measure
 from zoo.dp.ghost import stages
+from zoo.errors import choice_error
 
 FORMS_MODES = ("formula", "measure")
 
 
-def forms_table(setup, params, data, mode: str, progress=None) -> dict:
+def forms_table(mode: str | None, setup, params, data, progress=None) -> dict | None:
     """The choice table (:func:`zoo.dp.ghost.measure.choice_table`) of the bench's model on the
-    first microbatch of ``data`` (the rule's batch)."""
+    first microbatch of ``data`` (the rule's batch); None without a ``mode``."""
+    if mode is None:
+        return None
+    if mode not in FORMS_MODES:
+        raise choice_error("--forms", mode, FORMS_MODES)
+    if progress is not None:
+        progress(f"dp bench: ghost norm forms ({mode})")
     engine = setup.engine
     k = setup.step_microbatch or setup.batch_size
     x, y = data["x"][:k], data["y"][:k]
@@ -79,4 +86,17 @@ def print_forms(table: dict, title: str) -> None:
             "chosen",
         ],
         rows,
+    )
+
+
+def add_forms_arguments(parser) -> None:
+    parser.add_argument(
+        "--forms",
+        default=None,
+        choices=FORMS_MODES,
+        help="also print ghost clipping's norm form per dense site: by formula, or measured "
+        "(both forms timed once on this device and cached; the ghost rows then use them)",
+    )
+    parser.add_argument(
+        "--forms-only", action="store_true", help="print the --forms table alone (no step compiled or timed)"
     )

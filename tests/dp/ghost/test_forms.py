@@ -66,9 +66,26 @@ def test_measure_times_both_forms_once_and_caches_the_faster(cache):
     assert forms.measured(shape)["form"] == entry["form"]
 
 
-def _mixed_cache(gp, params, x, y) -> set:
+@pytest.fixture
+def used(monkeypatch):
+    """The shapes whose measured form the rules read while a step was traced."""
+    found = set()
+    real = forms.measured
+
+    def spy(shape):
+        entry = real(shape)
+        if entry is not None:
+            found.add(shape)
+        return entry
+
+    monkeypatch.setattr(forms, "measured", spy)
+    return found
+
+
+def _mixed_cache(gp, params, x, y) -> tuple[set, set]:
     """Cache a measured form for every distinct dense shape of the plan: the formula's opposite
-    for every other shape, so that the step mixes the two forms. Returns the forms cached."""
+    for every other shape, so that the step mixes the two forms. Returns the forms and the
+    shapes cached."""
     rows = measure.site_shapes(gp, params, x, y)
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     cached = set()
@@ -76,7 +93,7 @@ def _mixed_cache(gp, params, x, y) -> set:
         form = shape.formula() if i % 2 else next(f for f in forms.FORMS if f != shape.formula())
         measure._write(forms.key(shape), {"form": form, "ms": {}})
         cached.add(form)
-    return cached
+    return cached, set(shapes)
 
 
 def _lora(base):
@@ -119,12 +136,12 @@ def _ghost_run(cfg, plan, remat="none", precision=None, slots=None):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_records_with_a_form_per_site_match_the_vmap_path(name, cache):
+def test_records_with_a_form_per_site_match_the_vmap_path(name, cache, used):
     cfg, plan = CASES[name]
     full = params_of(cfg)
     params, frozen = plan.split(full) if plan is not None else (full, None)
     x, y = batch(cfg)
-    cached = _mixed_cache(stages.prepare(cfg, x, plan), full, x, y)
+    cached, shapes = _mixed_cache(stages.prepare(cfg, x, plan), full, x, y)
     if name in MIXED:
         assert cached == set(forms.FORMS)
     run = _ghost_run(cfg, plan)
@@ -132,17 +149,18 @@ def test_records_with_a_form_per_site_match_the_vmap_path(name, cache):
         warnings.simplefilter("error")  # no fallback
         clip = np.float32(np.median(np.asarray(run(params, frozen, x, y, np.float32(np.inf), ONES)[1])))
         ours, norms, _ = run(params, frozen, x, y, clip, ONES)
+    assert used == shapes  # the step read every shape's measured form
     ref, ref_norms = vmap_fn(cfg, "nnx", plan)(params, frozen, x, y, clip, ONES)
     assert_close(cfg, ours, ref, norms, ref_norms)
 
 
 @pytest.mark.parametrize("name", ["transformer", "llama", "mlp", "cnn", "tied"])
-def test_users_with_a_form_per_site_match_the_vmap_user_path(name, cache):
+def test_users_with_a_form_per_site_match_the_vmap_user_path(name, cache, used):
     cfg = TIED["llama-tied"] if name == "tied" else CASES[name][0]
     params = params_of(cfg)
     x, y = units_test.data(cfg)
     gp = stages.prepare(cfg, x, records=units_test.K)
-    cached = _mixed_cache(gp, params, x, y)
+    cached, shapes = _mixed_cache(gp, params, x, y)
     if name in MIXED:
         assert cached == set(forms.FORMS)
     reference = units_test.vmap_users(cfg)
@@ -150,6 +168,7 @@ def test_users_with_a_form_per_site_match_the_vmap_user_path(name, cache):
     clip = np.float32(np.median(unclipped))
     run = _ghost_run(cfg, None, slots=units_test.SLOTS)
     ours, norms, _ = run(params, None, x, y, clip, units_test.USERS)
+    assert used == shapes  # the step read every shape's measured form
     ref, ref_norms, _ = reference(params, x, y, clip)
     n = reduction_size(cfg, units_test.ROWS)
     units_test.assert_close(norms, ref_norms, n=n, what="per-user norms")
@@ -163,7 +182,8 @@ def test_a_tied_head_under_remat_and_bf16_clips_by_book_keeping(cache):
     cfg = TIED["gpt2-like"]
     params = params_of(cfg)
     x, y = batch(cfg)
-    _mixed_cache(stages.prepare(cfg, x, None, "full", "bfloat16"), params, x, y)
+    _, shapes = _mixed_cache(stages.prepare(cfg, x, None, "full", "bfloat16"), params, x, y)
+    assert {s.dtype for s in shapes} == {"bfloat16", "float32"}  # the blocks, and the float32 logits' head
     run = _ghost_run(cfg, None, remat="full", precision="bfloat16")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback

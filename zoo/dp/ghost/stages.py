@@ -124,16 +124,35 @@ def _run(gp: GhostPlan, params, x, *hooks):
     return gp.precision.apply(lambda p, xc: run(gp.cfg, p, xc, gp.stack_plan, *hooks))(params, x)
 
 
-def _zeros_per_site(gp: GhostPlan, shape_of) -> dict:
+def _zeros_per_site(gp: GhostPlan, shape_of, dtypes=None) -> dict:
     layers = gp.cfg.num_layers - gp.prefix
-    return {s.key: jnp.zeros(((layers,) if s.stacked else ()) + shape_of(s), jnp.float32) for s in gp.active}
+    dtypes = dtypes or {}
+    return {
+        s.key: jnp.zeros(((layers,) if s.stacked else ()) + shape_of(s), dtypes.get(s.key, jnp.float32))
+        for s in gp.active
+    }
+
+
+def _output_dtypes(gp: GhostPlan, full, x) -> dict:
+    """Each probed site's output dtype under the plan's precision (one abstract trace): its
+    probe's, so that the output gradient the probe hands back is the backward's own (bf16 in a
+    bf16 step, float32 for float32 logits), not widened to float32."""
+    found = {}
+
+    def trace(p, xs):
+        _, top = _run(gp, p, xs, "probe", _zeros_per_site(gp, lambda s: s.shape))
+        found.update(top.found.get("dtypes", {}))
+        return 0
+
+    jax.eval_shape(trace, full, x)
+    return found
 
 
 def probe_pass(gp: GhostPlan, full, x, y, row_weights=None):
     """One forward and one activation-only backward of ``sum_i L_i`` (``sum_i row_weights_i
     L_i`` when given: a unit's slot weights) with respect to the probes (the parameters are
     constants here).  Returns ``(losses [B], captures, deltas)``."""
-    probes = _zeros_per_site(gp, lambda s: s.shape)
+    probes = _zeros_per_site(gp, lambda s: s.shape, _output_dtypes(gp, full, x))
 
     def losses_of(pr):
         logits, top = _run(gp, full, x, "probe", pr)
