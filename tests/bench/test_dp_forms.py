@@ -31,3 +31,22 @@ def test_measured_forms_are_cached_and_shown(tmp_path, monkeypatch):
 def test_a_bad_forms_mode_names_the_valid_ones():
     with pytest.raises(ZooError, match="formula, measure"):
         bench_dp("transformer-xs", batch=2, seq=32, forms="fastest", forms_only=True)
+
+
+def test_the_bookkeeping_row_runs_under_a_remat_policy():
+    """``ghost bookkeeping`` (zoo.bench.dp_rows): book-keeping where the ghost row would take the
+    second backward; opt-in, so the default rows (and their CPU figures) are unchanged."""
+    from zoo.bench.dp_rows import default_methods
+
+    assert "ghost bookkeeping" not in default_methods()
+    result = bench_dp(
+        "transformer-xs",
+        batch=2,
+        seq=16,
+        methods=["ghost bookkeeping"],
+        remat="full",
+        rounds=1,
+        steps_per_round=1,
+        memory_sweep=False,
+    )
+    assert [r["method"] for r in result["rows"]] == ["non-private", "ghost bookkeeping"]

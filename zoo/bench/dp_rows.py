@@ -271,7 +271,43 @@ def _optax_dpsgd(setup: Setup):
     return step, opt
 
 
+def _ghost_bookkeeping(setup: Setup):
+    """Ghost clipping by book-keeping whatever the remat policy (the ``ghost`` row takes the
+    second backward under one), on the whole batch, then the same ``privatize``."""
+    from zoo.dp import ClipRequest
+    from zoo.dp.ghost import ghost_clipped_grad_sum
+
+    engine = setup.engine
+
+    def grads_fn(state, frozen, batch):
+        request = ClipRequest(setup.clip_norm, example_mask=batch["mask"])
+        grad_sum, _, losses = ghost_clipped_grad_sum(
+            engine.cfg,
+            state.params,
+            batch["x"],
+            batch["y"],
+            request,
+            frozen=frozen,
+            freeze_plan=engine.freeze,
+            remat=engine.stack,
+            precision=engine.precision,
+            method="bookkeeping",
+        )
+        grads = privatize(
+            grad_sum,
+            state.step_key(),
+            noise_multiplier=setup.noise_multiplier,
+            l2_clip_norm=setup.clip_norm,
+            expected_batch_size=setup.batch_size,
+        )
+        count = jnp.maximum(batch["mask"].sum(), 1.0)
+        return jnp.where(batch["mask"] > 0, losses, 0.0).sum() / count, grads
+
+    return _sgd_step(setup, grads_fn), engine.optimizer
+
+
 register_method("jax_privacy clipped_grad", _jax_privacy)
+register_method("ghost bookkeeping", _ghost_bookkeeping, default=False)
 register_method("optax dpsgd", _optax_dpsgd)
 GHOST = CLIPPING["ghost"].label  # ghost clipping's row
 
