@@ -8,6 +8,7 @@ libraries' DP-SGD steps are rows registered by name (:func:`register_method`).""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -119,6 +120,27 @@ def fresh_state(setup: Setup, params, optimizer, seed: int):
     """A fresh ``(state, frozen)`` of ``params`` (copied: the step donates its state)."""
     trainable, frozen = setup.engine.freeze.split(jax.tree.map(jnp.copy, params))
     return TrainState.create(trainable, optimizer, seed), frozen
+
+
+def compile_rows(names, rows, setup, params, data, seed, progress) -> dict:
+    """Each named row's step, compiled on fresh state: ``{name: run}``."""
+    runs = {}
+    for name in names:
+        if progress is not None:
+            progress(f"dp bench: compiling {name}")
+        step, optimizer = rows[name](setup)
+        state, frozen = fresh_state(setup, params, optimizer, seed)
+        tic = time.perf_counter()
+        compiled = compile_step(step, state, frozen, data)
+        compile_s = time.perf_counter() - tic
+        runs[name] = {
+            "compiled": compiled,
+            "state": state,
+            "frozen": frozen,
+            "compile_s": compile_s,
+            "temp": memory_stats(compiled)["temp_size_in_bytes"],
+        }
+    return runs
 
 
 Builder = Callable[[Setup], tuple[Step, optax.GradientTransformation]]
