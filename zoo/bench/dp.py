@@ -42,16 +42,18 @@ it; ``step(state, frozen, batch) -> (state, metrics)`` must be a pure function s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 import jax
 
 from zoo import bench
 from zoo.bench import dp_rows
-from zoo.bench.common import median_ratio, memory_stats, positive_int, state_stepper, time_in_rounds
+from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
+from zoo.bench.dp_flops import flop_rows, print_flops, unrolled_stack
+from zoo.bench.dp_forms import add_forms_arguments, forms_table, print_forms
 from zoo.bench.dp_rows import (  # noqa: F401  (re-exported: the bench API)
     BASELINE,
     CLIP,
@@ -62,6 +64,7 @@ from zoo.bench.dp_rows import (  # noqa: F401  (re-exported: the bench API)
     Setup,
     Step,
     check_microbatch,
+    compile_rows,
     compile_step,
     default_methods,
     fresh_state,
@@ -137,6 +140,9 @@ def bench_dp(
     progress: Progress = None,
     precision: str = "float32",
     remat: str = "none",
+    forms: str | None = None,
+    forms_only: bool = False,
+    flops: bool = False,
 ) -> dict:
     """Measure every method (see the module docstring) and the microbatch memory sweep.
 
@@ -145,7 +151,10 @@ def bench_dp(
     params then do not apply). ``microbatch``: every row takes the batch that many examples at
     a time (the module docstring); None: whole, and the ``zoo microbatch`` row's k is B/8.
     ``sweep`` (the k values of the memory table) defaults to B/32, B/8, B/2, each compiled at
-    batch B and 2B. ``precision`` and ``remat`` are every row's policies.
+    batch B and 2B. ``precision`` and ``remat`` are every row's policies. ``forms``
+    (``"formula"``, ``"measure"``; :mod:`zoo.bench.dp_forms`) adds ghost clipping's norm form per
+    dense site, ``forms_only`` returns that table alone; ``flops``: every row compiled, not run,
+    with XLA's counted FLOPs (:mod:`zoo.bench.dp_flops`).
     """
     backend = check_backend(backend)
     cfg, batch, seq = _config(model, batch, seq)
@@ -167,22 +176,15 @@ def bench_dp(
     else:
         setup, params = setup_for(cfg, backend, batch, microbatch, freeze, seed, **options)
     data = jax.device_put(_batch(cfg, batch, seq, seed))
+    table = forms_table(forms, setup, params, data, progress)
+    if forms_only:
+        return {"model": model if isinstance(model, str) else cfg.kind, "forms": table}
 
-    runs = {}
-    for name in names:
-        _say(progress, f"dp bench: compiling {name}")
-        step, optimizer = rows[name](setup)
-        state, frozen = fresh_state(setup, params, optimizer, seed)
-        tic = time.perf_counter()
-        compiled = compile_step(step, state, frozen, data)
-        compile_s = time.perf_counter() - tic
-        runs[name] = {
-            "compiled": compiled,
-            "state": state,
-            "frozen": frozen,
-            "compile_s": compile_s,
-            "temp": memory_stats(compiled)["temp_size_in_bytes"],
-        }
+    with unrolled_stack() if flops else contextlib.nullcontext():
+        runs = compile_rows(names, rows, setup, params, data, seed, progress)
+    if flops:
+        name = model if isinstance(model, str) else cfg.kind
+        return {"model": name, "batch": batch, "seq": seq, "rows": flop_rows(runs, BASELINE)}
 
     rows = _timed_rows(runs, data, microbatch, rounds, steps_per_round, progress)
     result = {
@@ -201,6 +203,8 @@ def bench_dp(
         "steps_per_round": steps_per_round,
         "rows": rows,
     }
+    if table is not None:
+        result["forms"] = table
     if memory_sweep:
         known = {(batch, None): runs["zoo vmap"]["temp"]} if "zoo vmap" in runs else {}
         if "zoo microbatch" in runs:
@@ -270,9 +274,20 @@ def _run_cli(args) -> int:
         progress=progress,
         precision=args.precision,
         remat=args.remat,
+        forms=args.forms or ("formula" if args.forms_only else None),
+        forms_only=args.forms_only,
+        flops=args.flops,
     )
     if args.json:
         emit_json(result)
+        return 0
+    if "forms" in result:
+        print_forms(result["forms"], f"ghost clipping: norm form per dense site ({args.forms or 'formula'})")
+    if args.forms_only:
+        return 0
+    if args.flops:
+        title = f"zoo bench dp {result['model']} (batch {result['batch']} x {result['seq']}): XLA's counted FLOPs, compile only"
+        print_flops(result, title)
         return 0
     seq = f" x {result['seq']}" if result["seq"] else ""
     micro = f" in microbatches of {result['step_microbatch']}" if result["step_microbatch"] else ""
@@ -339,6 +354,12 @@ def add_bench(bench_sub) -> None:
         "--remat",
         default="none",
         help=f"every row's remat policy: {', '.join(policy_names())} (default none)",
+    )
+    add_forms_arguments(p)
+    p.add_argument(
+        "--flops",
+        action="store_true",
+        help="compile every row (stack unrolled) and print XLA's FLOPs; run none",
     )
     p.add_argument(
         "--sweep",

@@ -8,6 +8,7 @@ libraries' DP-SGD steps are rows registered by name (:func:`register_method`).""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -119,6 +120,27 @@ def fresh_state(setup: Setup, params, optimizer, seed: int):
     """A fresh ``(state, frozen)`` of ``params`` (copied: the step donates its state)."""
     trainable, frozen = setup.engine.freeze.split(jax.tree.map(jnp.copy, params))
     return TrainState.create(trainable, optimizer, seed), frozen
+
+
+def compile_rows(names, rows, setup, params, data, seed, progress) -> dict:
+    """Each named row's step, compiled on fresh state: ``{name: run}``."""
+    runs = {}
+    for name in names:
+        if progress is not None:
+            progress(f"dp bench: compiling {name}")
+        step, optimizer = rows[name](setup)
+        state, frozen = fresh_state(setup, params, optimizer, seed)
+        tic = time.perf_counter()
+        compiled = compile_step(step, state, frozen, data)
+        compile_s = time.perf_counter() - tic
+        runs[name] = {
+            "compiled": compiled,
+            "state": state,
+            "frozen": frozen,
+            "compile_s": compile_s,
+            "temp": memory_stats(compiled)["temp_size_in_bytes"],
+        }
+    return runs
 
 
 Builder = Callable[[Setup], tuple[Step, optax.GradientTransformation]]
@@ -271,7 +293,43 @@ def _optax_dpsgd(setup: Setup):
     return step, opt
 
 
+def _ghost_bookkeeping(setup: Setup):
+    """Ghost clipping by book-keeping whatever the remat policy (the ``ghost`` row takes the
+    second backward under one), on the whole batch, then the same ``privatize``."""
+    from zoo.dp import ClipRequest
+    from zoo.dp.ghost import ghost_clipped_grad_sum
+
+    engine = setup.engine
+
+    def grads_fn(state, frozen, batch):
+        request = ClipRequest(setup.clip_norm, example_mask=batch["mask"])
+        grad_sum, _, losses = ghost_clipped_grad_sum(
+            engine.cfg,
+            state.params,
+            batch["x"],
+            batch["y"],
+            request,
+            frozen=frozen,
+            freeze_plan=engine.freeze,
+            remat=engine.stack,
+            precision=engine.precision,
+            method="bookkeeping",
+        )
+        grads = privatize(
+            grad_sum,
+            state.step_key(),
+            noise_multiplier=setup.noise_multiplier,
+            l2_clip_norm=setup.clip_norm,
+            expected_batch_size=setup.batch_size,
+        )
+        count = jnp.maximum(batch["mask"].sum(), 1.0)
+        return jnp.where(batch["mask"] > 0, losses, 0.0).sum() / count, grads
+
+    return _sgd_step(setup, grads_fn), engine.optimizer
+
+
 register_method("jax_privacy clipped_grad", _jax_privacy)
+register_method("ghost bookkeeping", _ghost_bookkeeping, default=False)
 register_method("optax dpsgd", _optax_dpsgd)
 GHOST = CLIPPING["ghost"].label  # ghost clipping's row
 

@@ -11,7 +11,9 @@ work per op kind (:mod:`zoo.dp.ghost.rules`):
 * ``dense`` ``z = a @ w + b``: ``g_w = sum_t a_t^T delta_t``.  Without a sequence axis
   ``||g_w||^2 = ||a||^2 ||delta||^2``; with one, either the Gram form
   ``sum_{t,s} (a_t . a_s)(delta_t . delta_s)`` or the per-example ``a^T delta`` itself,
-  whichever is cheaper for the shape (:func:`dense_method`).  ``g_b = sum_t delta_t``.
+  whichever is cheaper for the shape (:func:`dense_method`; under book-keeping counting the
+  Gram form's second matmul for the clipped sum; a form measured on the device for the shape
+  overrides it: :mod:`zoo.dp.ghost.forms`, :mod:`zoo.dp.ghost.measure`).  ``g_b = sum_t delta_t``.
 * ``norm`` (LayerNorm, RMSNorm) ``y = xhat * scale + b``: ``g_scale = sum_t delta_t * xhat_t``,
   ``g_b = sum_t delta_t``.
 * ``gather`` (token table) ``e_t = W[tok_t]``: ``g_W`` scatters ``delta_t`` to row ``tok_t``;

@@ -148,14 +148,15 @@ def ghost_clipped_grad_sum(
     )
     gp = None if reason else prepare(cfg, x, plan, remat, precision, units.records)
     reason = reason or gp.problem
-    if not reason and shared_sites(gp) and choose_method(gp.policy, method) == "backward":
+    chosen = None if reason else _method_for(gp, method)
+    if chosen == "backward" and shared_sites(gp):
         reason = "a leaf read by two ops (a tied head) needs the book-keeping method, not backward"
     if reason:
         apply = _apply_merged(cfg, backend, frozen, freeze_plan, precision)
         return _fallback(apply, params, x, y, request, remat, reason, units)
 
     clip = request.clip_norm
-    if choose_method(gp.policy, method) == "backward":
+    if chosen == "backward":
         return _second_backward(gp, params, frozen, full, x, y, keep, clip, dense, units)
     losses, caps, deltas = probe_pass(gp, full, x, y, units.row_weights())
     with float32_scope("f32_per_example_norms"):
@@ -163,6 +164,15 @@ def ghost_clipped_grad_sum(
     norms, weights, use = clip_factors(sq, keep, clip)
     with float32_scope("f32_clipped_sum"):
         return book_kept_sum(gp, full, rules, weights, use), norms, units.losses(losses)
+
+
+def _method_for(gp, method: str) -> str:
+    """:func:`choose_method`, except that ``"auto"`` takes book-keeping for a model with a
+    tied head under a remat policy too: the second backward cannot clip it, and book-keeping
+    (all layers' inputs kept) beats the vmap fallback (B copies of the gradient)."""
+    if method == "auto" and shared_sites(gp):
+        return "bookkeeping"
+    return choose_method(gp.policy, method)
 
 
 def _check_args(method, dense, request: ClipRequest, x, y, units: Units) -> jax.Array:

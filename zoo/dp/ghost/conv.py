@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zoo.dp.ghost import forms
 from zoo.dp.ghost.rules import RULES, Rule, dense_method, keep
 from zoo.dp.ghost.sites import discover
 from zoo.models.canonical import canonical_shapes
@@ -41,11 +42,11 @@ DIMENSIONS = ("NHWC", "HWIO", "NHWC")
 CHUNK_BYTES = 4 << 20  # the windows of one chunk of examples: about a CPU's L2/L3 share
 
 
-def conv_method(positions: int, window: int, out: int) -> str:
+def conv_method(positions: int, window: int, out: int, sums: bool = False) -> str:
     """``"gram"`` or ``"materialise"`` for a conv with ``positions`` output positions, ``window``
     inputs per position (kh * kw * in) and ``out`` channels: the rule of
-    :func:`~zoo.dp.ghost.rules.dense_method`."""
-    return dense_method(positions, window, out)
+    :func:`~zoo.dp.ghost.rules.dense_method` (``sums``: the clipped sum from the rule too)."""
+    return dense_method(positions, window, out, sums)
 
 
 def chunk_size(batch: int, positions: int, window: int, itemsize: int = 4) -> int:
@@ -118,7 +119,7 @@ class Conv(Rule):
         positions = math.prod(d.shape[1:-1])
         channels = inputs.x.shape[-1]
         depth = math.prod(inputs.window) * channels
-        method = force or conv_method(positions, depth, out)
+        method = forms.as_choice(force).pick("conv", b, positions, depth, out, inputs.x.dtype)
         geometry = (inputs.window, inputs.strides, inputs.padding)
         self.static = (method, tuple(leaves), geometry, (*inputs.window, channels, out))
         d = d.astype(jnp.float32)
@@ -166,10 +167,10 @@ class Conv(Rule):
 RULES["conv"] = Conv
 
 
-def layer_methods(cfg, x: jax.Array | jax.ShapeDtypeStruct) -> dict[str, str]:
+def layer_methods(cfg, x: jax.Array | jax.ShapeDtypeStruct, sums: bool = True) -> dict[str, str]:
     """``{site path: "gram" or "materialise"}`` for every conv op of the model ``cfg`` on inputs
-    shaped like ``x``: the norm form ghost clipping takes for each (``zoo bench dp`` and
-    ``docs/ghost.md`` show it)."""
+    shaped like ``x``: the norm form ghost clipping's formula takes for each (``sums``: under
+    book-keeping; ``zoo bench dp`` and ``docs/ghost.md`` show it)."""
     sites, _ = discover(cfg, x)
     shapes = canonical_shapes(cfg)
     out = {}
@@ -177,5 +178,5 @@ def layer_methods(cfg, x: jax.Array | jax.ShapeDtypeStruct) -> dict[str, str]:
         if site.kind == "conv":
             kernel = shapes[f"{site.path}.w"]
             positions = math.prod(site.shape[1:-1])
-            out[site.path] = conv_method(positions, math.prod(kernel[-4:-1]), kernel[-1])
+            out[site.path] = conv_method(positions, math.prod(kernel[-4:-1]), kernel[-1], sums)
     return out

@@ -16,26 +16,29 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-MATERIALISE_MIN_POSITIONS = 32
+from zoo.dp.ghost import forms
+from zoo.dp.ghost.forms import MATERIALISE_MIN_POSITIONS  # noqa: F401  (re-exported)
 
 
-def dense_method(seq: int, d_in: int, d_out: int) -> str:
-    """``"gram"`` or ``"materialise"`` for a dense op on a length-``seq`` sequence.
+def dense_method(seq: int, d_in: int, d_out: int, sums: bool = False) -> str:
+    """``"gram"`` or ``"materialise"`` for a dense op on a length-``seq`` sequence, by formula
+    (:func:`zoo.dp.ghost.forms.formula`).
 
     Gram costs ~``seq^2 (d_in + d_out)`` per example and ``2 seq^2`` floats; materialising
     ``a^T delta`` costs ~``seq d_in d_out`` and ``d_in d_out`` floats, and its result also
-    serves the clipped sum (no second weight-gradient matmul).  We materialise when that is at
-    most the per-example size of the op's own activations, ``seq (d_in + d_out)`` -- which is
-    exactly when it also takes fewer flops than the Gram form -- and when there are at least
-    :data:`MATERIALISE_MIN_POSITIONS` positions. Below that the Gram matrices are a few KiB
-    an example, while the materialised contraction over so few positions writes a whole
-    ``d_in x d_out`` block for every ``seq`` multiply-adds: on CPU, where the flops favoured
-    it, it took 1.45 to 3.0 times the Gram form's time at 4 to 16 positions (0.94 in one
-    case; ``benchmarks/dp/ghost_forms.py``). A user of ``k`` single-row records is ``k``
-    positions (:mod:`zoo.dp.ghost.units`).
+    serves the clipped sum (no second weight-gradient matmul). For the norms alone
+    (``sums=False``: the second-backward method) we materialise when that is at most the
+    per-example size of the op's own activations, ``seq (d_in + d_out)`` -- which is exactly
+    when it also takes fewer flops than the Gram form; with the clipped sum from the same
+    pieces (``sums=True``: book-keeping) the materialised form has fewer flops at every shape.
+    Either way only from :data:`MATERIALISE_MIN_POSITIONS` positions. Below that the Gram
+    matrices are a few KiB an example, while the materialised contraction over so few
+    positions writes a whole ``d_in x d_out`` block for every ``seq`` multiply-adds: on CPU,
+    where the flops favoured it, it took 1.45 to 3.0 times the Gram form's time at 4 to 16
+    positions (0.94 in one case; ``benchmarks/dp/ghost_forms.py``). A user of ``k``
+    single-row records is ``k`` positions (:mod:`zoo.dp.ghost.units`).
     """
-    fewer_flops = d_in * d_out <= seq * (d_in + d_out)
-    return "materialise" if fewer_flops and seq >= MATERIALISE_MIN_POSITIONS else "gram"
+    return forms.formula(seq, d_in, d_out, sums)
 
 
 def gather_method(seq: int, rows: int, width: int) -> str:
@@ -68,6 +71,20 @@ def _per_position(a, d, weights, use):
     positions = a.shape[1]
     a, d = a.reshape(-1, a.shape[-1]), d.reshape(-1, d.shape[-1])
     return a, d, jnp.repeat(weights, positions), jnp.repeat(use, positions)
+
+
+def _common(a, d):
+    """The dtype both operands of a contraction are read in: a bf16 step's own (its products
+    accumulate in float32, :func:`_dot`), float32 if either is."""
+    return jnp.result_type(a.dtype, d.dtype)
+
+
+def _dot(spec: str, x, y):
+    """``einsum(spec, x, y)`` on operands of :func:`_common` dtype, accumulated and returned
+    in float32: the per-example work of a bf16 step runs at bf16's speed, and what it makes
+    (norms, per-example gradients) is float32, as a non-private backward's weight gradient."""
+    dtype = _common(x, y)
+    return jnp.einsum(spec, x.astype(dtype), y.astype(dtype), preferred_element_type=jnp.float32)
 
 
 def _as_sequence(x):
@@ -111,21 +128,24 @@ class Dense(Rule):
 
     def __init__(self, a, d, leaves, rows=None, force=None):
         del rows
-        a, d = a.astype(jnp.float32), d.astype(jnp.float32)
         if a.ndim == 2:
             method = "flat"
+            a, d = a.astype(jnp.float32), d.astype(jnp.float32)
         else:
             a, d = _as_sequence(a), _as_sequence(d)
-            method = force or dense_method(a.shape[1], a.shape[-1], d.shape[-1])
+            choice = forms.as_choice(force)
+            method = choice.pick(self.kind, a.shape[0], a.shape[1], a.shape[-1], d.shape[-1], _common(a, d))
         self.static = (method, tuple(leaves))
         if method == "materialise" and "w" in leaves:
-            self.arrays = {"g": jnp.einsum("bti,bto->bio", a, d)}
+            self.arrays = {"g": _dot("bti,bto->bio", a, d)}
         elif "w" in leaves:
             self.arrays = {"a": a, "d": d}
         else:
             self.arrays = {}
         if "b" in leaves:
-            self.arrays["gb"] = d if d.ndim == 2 else d.sum(axis=1)
+            self.arrays["gb"] = d if d.ndim == 2 else d.sum(axis=1, dtype=jnp.float32)
+
+    kind = "dense"
 
     def sq(self):
         method, leaves = self.static
@@ -136,8 +156,8 @@ class Dense(Rule):
             elif method == "materialise":
                 out["w"] = _sq(arr["g"], (1, 2))
             else:
-                aa = jnp.einsum("bti,bsi->bts", arr["a"], arr["a"])
-                dd = jnp.einsum("bto,bso->bts", arr["d"], arr["d"])
+                aa = _dot("bti,bsi->bts", arr["a"], arr["a"])
+                dd = _dot("bto,bso->bts", arr["d"], arr["d"])
                 out["w"] = jnp.sum(aa * dd, axis=(1, 2))
         if "b" in leaves:
             out["b"] = _sq(arr["gb"], 1)
@@ -150,7 +170,8 @@ class Dense(Rule):
             if method == "materialise":
                 out["w"] = jnp.einsum("b,bio->io", weights, keep(arr["g"], use))
             else:
-                a, d, row_weights, row_use = _per_position(arr["a"], arr["d"], weights, use)
+                a, d = arr["a"].astype(jnp.float32), arr["d"].astype(jnp.float32)
+                a, d, row_weights, row_use = _per_position(a, d, weights, use)
                 out["w"] = jnp.einsum("ri,ro->io", keep(a, row_use), keep(d, row_use) * row_weights[:, None])
         if "b" in leaves:
             out["b"] = weights @ keep(arr["gb"], use)
@@ -184,7 +205,7 @@ class Gather(Rule):
         del leaves
         tokens = tokens.reshape(tokens.shape[0], -1)
         d = _as_sequence(d.astype(jnp.float32))
-        method = force or gather_method(d.shape[1], rows, d.shape[2])
+        method = forms.as_choice(force).force or gather_method(d.shape[1], rows, d.shape[2])
         self.static = (method, rows)
         self.arrays = {"tok": tokens, "d": d}
         if method == "materialise":
@@ -235,6 +256,8 @@ class Rows(Rule):
 class Unembed(Dense):
     """A head tied to the token table, ``z = h @ W^T`` (W [V, D]): the dense rule on
     ``(h, delta)``, whose weight gradient [D, V] is the table's transposed."""
+
+    kind = "unembed"
 
     def grad(self, weights, use):
         return {"w": super().grad(weights, use)["w"].T}

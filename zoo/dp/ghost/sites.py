@@ -128,6 +128,7 @@ class GhostHooks(hooks.LayerHooks):
         if self.mode == "probe":
             if kind != "rows":
                 self.captures[key] = inputs
+            self.found.setdefault("dtypes", {})[key] = z.dtype  # the probe's dtype (stages.probe_pass)
             return z + self.arrays[key].astype(z.dtype)  # a float32 probe keeps a bf16 op bf16
         return _tap(self.specs[key], z, inputs, self.arrays[key])
 

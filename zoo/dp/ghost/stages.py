@@ -16,6 +16,7 @@ import numpy as np
 
 from zoo.checks import require_choice
 from zoo.dp import clipping
+from zoo.dp.ghost import forms
 from zoo.dp.ghost.rules import SHARED, build, grouped
 from zoo.dp.ghost.sites import Site, coverage_problem, discover, run
 from zoo.losses import per_example_loss
@@ -123,16 +124,35 @@ def _run(gp: GhostPlan, params, x, *hooks):
     return gp.precision.apply(lambda p, xc: run(gp.cfg, p, xc, gp.stack_plan, *hooks))(params, x)
 
 
-def _zeros_per_site(gp: GhostPlan, shape_of) -> dict:
+def _zeros_per_site(gp: GhostPlan, shape_of, dtypes=None) -> dict:
     layers = gp.cfg.num_layers - gp.prefix
-    return {s.key: jnp.zeros(((layers,) if s.stacked else ()) + shape_of(s), jnp.float32) for s in gp.active}
+    dtypes = dtypes or {}
+    return {
+        s.key: jnp.zeros(((layers,) if s.stacked else ()) + shape_of(s), dtypes.get(s.key, jnp.float32))
+        for s in gp.active
+    }
+
+
+def _output_dtypes(gp: GhostPlan, full, x) -> dict:
+    """Each probed site's output dtype under the plan's precision (one abstract trace): its
+    probe's, so that the output gradient the probe hands back is the backward's own (bf16 in a
+    bf16 step, float32 for float32 logits), not widened to float32."""
+    found = {}
+
+    def trace(p, xs):
+        _, top = _run(gp, p, xs, "probe", _zeros_per_site(gp, lambda s: s.shape))
+        found.update(top.found.get("dtypes", {}))
+        return 0
+
+    jax.eval_shape(trace, full, x)
+    return found
 
 
 def probe_pass(gp: GhostPlan, full, x, y, row_weights=None):
     """One forward and one activation-only backward of ``sum_i L_i`` (``sum_i row_weights_i
     L_i`` when given: a unit's slot weights) with respect to the probes (the parameters are
     constants here).  Returns ``(losses [B], captures, deltas)``."""
-    probes = _zeros_per_site(gp, lambda s: s.shape)
+    probes = _zeros_per_site(gp, lambda s: s.shape, _output_dtypes(gp, full, x))
 
     def losses_of(pr):
         logits, top = _run(gp, full, x, "probe", pr)
@@ -152,7 +172,8 @@ def tap_pass(gp: GhostPlan, full, x, y, dense=None, row_weights=None):
     leaves and rows.  Only what the remat policy saves is kept for the backward.
     """
     units = x.shape[0] // gp.records
-    specs = {s.key: (s.kind, s.leaves, s.rows, dense, gp.records) for s in gp.active}
+    choice = forms.Choice(dense, sums=False)  # the clipped sum comes from the second backward
+    specs = {s.key: (s.kind, s.leaves, s.rows, choice, gp.records) for s in gp.active}
     taps = _zeros_per_site(gp, lambda s: (units, len(s.leaves)))
 
     def losses_of(tp):
@@ -185,10 +206,11 @@ def squared_norms(gp: GhostPlan, caps, deltas, batch_size: int, dense=None):
     ``batch_size`` counts examples (units: rows / ``gp.records``)."""
     sq = jnp.zeros((batch_size,), jnp.float32)
     rules = {}
+    choice = forms.Choice(dense, sums=True)  # the clipped sum comes from the same pieces
     for site in gp.active:
 
         def make(inputs, delta, s=site):
-            rule = build(s.kind, inputs, delta, s.leaves, s.rows, dense, gp.records)
+            rule = build(s.kind, inputs, delta, s.leaves, s.rows, choice, gp.records)
             return rule.sq(), rule
 
         if site.stacked:
