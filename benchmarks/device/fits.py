@@ -56,6 +56,18 @@ def hbm_peak(stats_peak: int | None, compiled: int) -> dict:
     }
 
 
+def median_step_seconds(stepper, steps: int) -> float:
+    """The median of ``steps`` timed steps of ``stepper`` (``stepper(1)`` runs one and blocks),
+    after one untimed warm-up."""
+    stepper(1)
+    times = []
+    for _ in range(steps):
+        tic = time.perf_counter()
+        stepper(1)
+        times.append(time.perf_counter() - tic)
+    return statistics.median(times)
+
+
 def row(args, batch: int) -> dict:
     """Compile and time ``zoo train``'s step at ``batch`` rows (in this process)."""
     import device_costs  # beside this script: its folder is sys.path[0]
@@ -79,13 +91,7 @@ def row(args, batch: int) -> dict:
     step = compile_step(cfg, x, y, remat=args.remat, precision=args.precision, params=params, recipe=base)
     run = {"state": step.state, "out": None}
     stepper = step.stepper(run)
-    stepper(1)  # warm-up
-    times = []
-    for _ in range(args.steps):
-        tic = time.perf_counter()
-        stepper(1)
-        times.append(time.perf_counter() - tic)
-    seconds = statistics.median(times)
+    seconds = median_step_seconds(stepper, args.steps)
     device = jax.devices()[0]
     stats = device.memory_stats() or {}
     analysis = memory_stats(step.compiled)

@@ -38,7 +38,6 @@ import functools
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -46,6 +45,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from fits import median_step_seconds  # noqa: E402  (beside this script: sys.path[0])
 
 import zoo  # noqa: E402
 from zoo import lora, recipes  # noqa: E402
@@ -278,13 +278,7 @@ def run_at(compiled_at, batch: int, params, cfg, seq: int, args, limit: int) -> 
         raise RuntimeError(f"RESOURCE_EXHAUSTED: footprint {fp} over the limit {limit}")
     run = {"state": state, "out": None}
     stepper = state_stepper(lambda st: compiled(st, frozen, data), run)
-    stepper(1)  # warm-up
-    times = []
-    for _ in range(args.steps):
-        tic = time.perf_counter()
-        stepper(1)
-        times.append(time.perf_counter() - tic)
-    seconds = statistics.median(times)
+    seconds = median_step_seconds(stepper, args.steps)
     stats = jax.devices()[0].memory_stats() or {}
     kind = jax.devices()[0].device_kind
     chip = next((v for k, v in PEAK_BF16.items() if k.lower() in kind.lower()), None)

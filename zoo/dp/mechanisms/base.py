@@ -22,6 +22,7 @@ from zoo.configs import DPConfig
 from zoo.dp.clipping import ClipRequest, clipping_method
 from zoo.dp.microbatch import accumulated_clip
 from zoo.dp.noise import privatize
+from zoo.dp.sampling import SAMPLERS
 
 __all__ = [
     "Canaries",
@@ -187,6 +188,20 @@ class Mechanism:
     def sampler(self, data, seed: int, truncation_prob: float, pad_multiple: int):
         """The sampler over ``data`` (the number of records, or the users' ``(offsets, rows)``)."""
         raise NotImplementedError
+
+    def user_sampler(self, data, slots: int, seed: int, truncation_prob: float, pad_multiple: int):
+        """The sampler that draws users (``data``: their ``(offsets, rows)``), ``slots`` record
+        slots each: what a mechanism with users as its unit returns from :meth:`sampler`."""
+        return SAMPLERS[self.sampler_name].users.make(
+            data,
+            slots,
+            self.expected_batch_size,
+            seed,
+            truncation_prob,
+            pad_to_multiple=pad_multiple,
+            population=self.units,
+            extra_rows=self.extra_rows,
+        )
 
     def make(self, performance: Performance, *, data, seed: int, truncation_prob: float) -> Made:
         """The mechanism's pieces for a run over ``data`` whose sampler draws with ``seed``,

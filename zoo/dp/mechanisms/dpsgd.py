@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from zoo.dp.mechanisms.base import Mechanism
-from zoo.dp.sampling import SAMPLERS, make_sampler
+from zoo.dp.sampling import make_sampler
 
 __all__ = ["DPSGD", "UserDPSGD"]
 
@@ -57,13 +57,4 @@ class UserDPSGD(DPSGD):
         return self.slots
 
     def sampler(self, data, seed: int, truncation_prob: float, pad_multiple: int):
-        return SAMPLERS[self.sampler_name].users.make(
-            data,
-            self.slots,
-            self.expected_batch_size,
-            seed,
-            truncation_prob,
-            pad_to_multiple=pad_multiple,
-            population=self.units,
-            extra_rows=self.extra_rows,
-        )
+        return self.user_sampler(data, self.slots, seed, truncation_prob, pad_multiple)

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from zoo.dp.mechanisms.base import Mechanism
-from zoo.dp.sampling import SAMPLERS
 
 __all__ = ["ELS"]
 
@@ -36,13 +35,4 @@ class ELS(Mechanism):
         return dp_accounting.dp_event.MixtureOfGaussiansDpEvent(self.noise_multiplier, draws, chances)
 
     def sampler(self, data, seed: int, truncation_prob: float, pad_multiple: int):
-        return SAMPLERS[self.sampler_name].users.make(
-            data,
-            self.k,
-            self.expected_batch_size,
-            seed,
-            truncation_prob,
-            pad_to_multiple=pad_multiple,
-            population=self.units,
-            extra_rows=self.extra_rows,
-        )
+        return self.user_sampler(data, self.k, seed, truncation_prob, pad_multiple)
