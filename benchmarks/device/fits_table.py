@@ -299,6 +299,39 @@ def run_at(compiled_at, batch: int, params, cfg, seq: int, args, limit: int) -> 
     }
 
 
+def plot(rows: list[dict], path: str) -> None:
+    """Two panels, a bar per row: the largest batch (with its HBM peak) and tokens/s; a row that
+    does not fit shows an empty bar labelled so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [f"{r['preset']} {r['mode']}\nremat {r['remat']}, offload {r['offload']}" for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.7 * len(rows) + 1.5), sharey=True)
+    ys = range(len(rows))
+    left.barh(ys, [r.get("batch") or 0 for r in rows], color="tab:blue")
+    right.barh(ys, [r.get("tokens_per_s") or 0 for r in rows], color="tab:green")
+    for y, r in zip(ys, rows, strict=True):
+        label = (
+            f" {r['hbm_peak_gib']:.1f} GiB"
+            if r.get("fits")
+            else " does not fit"
+            if r.get("fits") is False
+            else " not measured"
+        )
+        left.text(r.get("batch") or 0, y, label, va="center", fontsize=8)
+    left.set_yticks(list(ys), names, fontsize=8)
+    left.invert_yaxis()
+    left.set_xlabel("largest batch (rows of T tokens), HBM peak")
+    right.set_xlabel("tokens/s at that batch")
+    seq = next((r["seq"] for r in rows if r.get("seq")), "?")
+    device = next((r["device"] for r in rows if r.get("device")), "device")
+    fig.suptitle(f"What fits on one {device} at T {seq}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 T0 = time.time()
 
 
@@ -319,7 +352,13 @@ def main(argv=None) -> int:
     p.add_argument("--limit-gib", type=float, default=0, help="the memory limit (default: the device's)")
     p.add_argument("--json", default="")
     p.add_argument("--small", action="store_true", help="a CPU: the kinds' small configs")
+    p.add_argument("--plot", default="", help="draw the rows into this PNG")
+    p.add_argument("--from-json", default="", help="measure nothing: plot the rows of this file")
     args = p.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            plot(json.load(f), args.plot or "fits.png")
+        return 0
     if args.small and not args.rows:
         args.rows = "llama-1b:full:optimizer,llama-1b:none:none:lora,gpt2-355m:dots:none:frozen"
     rows = [parse_row(r) for r in args.rows.split(",") if r]
@@ -336,6 +375,8 @@ def main(argv=None) -> int:
         if args.json:  # after every row: a call cut short keeps what it measured
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
     return 0
 
 

@@ -71,6 +71,17 @@ def flops_per_step(cfg, batch: int, seq: int) -> float:
     return 6.0 * matrices * batch * seq + 12.0 * layers * batch * seq * seq * d
 
 
+def footprint_bytes(compiled) -> int:
+    """Arguments + outputs - aliased + temp bytes of a compiled step (``memory_analysis()``)."""
+    m = memory_stats(compiled)
+    return (
+        m["argument_size_in_bytes"]
+        + m["output_size_in_bytes"]
+        - m["alias_size_in_bytes"]
+        + m["temp_size_in_bytes"]
+    )
+
+
 def peak(dtype: str) -> float | None:
     kind = jax.devices()[0].device_kind
     return next((v[dtype] for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
@@ -182,11 +193,14 @@ def measure(args) -> dict:
                     "tokens_per_s": b * seq / ms * 1e3,
                     "mfu": flops / (ms / 1e3) / chip_peak if chip_peak else None,
                     "temp_mib": memory_stats(compiled)["temp_size_in_bytes"] / 2**20,
+                    # The step's device footprint: what the HBM must hold for it (the process
+                    # peak below leaves the compiled temp out on a TPU v5e with JAX 0.10.2).
+                    "footprint_mib": footprint_bytes(compiled) / 2**20,
                     "compile_s": compile_s,
                 }
             )
     stats = jax.devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:  # the process's peak: every row's, and both states
+    if "peak_bytes_in_use" in stats:  # the runtime's peak over every row (not the temp: above)
         result["hbm_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
         result["hbm_limit_gib"] = stats.get("bytes_limit", 0) / 2**30
     for wanted in filter(None, args.profile.split(",")):

@@ -53,6 +53,7 @@ def test_a_small_row_fits_under_the_limit_it_was_given(tmp_path):
     limit_gib = 400_000 / 2**30  # about 400 kB: the llama small config fits a few rows, not 16
     argv = [sys.executable, str(SCRIPT), "--small", "--rows", "llama-1b:full:optimizer", "--steps", "1"]
     argv += ["--max-batch", "16", "--limit-gib", repr(limit_gib), "--json", str(out)]
+    argv += ["--plot", str(tmp_path / "rows.png")]
     done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = json.loads(out.read_text())
@@ -61,3 +62,4 @@ def test_a_small_row_fits_under_the_limit_it_was_given(tmp_path):
     sizes = {int(b): v for b, v in row["footprints"].items()}
     assert sizes[row["batch"]] <= limit and sizes[row["batch"] + 1] > limit
     assert row["ms_per_step"] > 0 and row["device"] == "cpu"
+    assert (tmp_path / "rows.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
