@@ -247,7 +247,8 @@ def step_bytes(compiled, host_separate: bool) -> dict:
 
     is_arg = lambda x: isinstance(x, jax.stages.ArgInfo)  # noqa: E731
     args, in_shardings = jax.tree.leaves(compiled.args_info, is_leaf=is_arg), compiled.input_shardings
-    in_shardings = jax.tree.leaves(in_shardings)
+    # An argument the program drops as unused has no sharding: None keeps the leaves paired.
+    in_shardings = jax.tree.leaves(in_shardings, is_leaf=lambda x: x is None)
     outs, out_shardings = jax.tree.leaves(compiled.out_info), jax.tree.leaves(compiled.output_shardings)
     host_args = _host_bytes(in_shardings, args)
     row = {
@@ -293,7 +294,20 @@ def _label(row: dict) -> str:
 
 
 def nothing_fits(rows: list[dict], budget: int) -> ZooError:
-    smallest = min(rows, key=footprint)
+    compiled = [r for r in rows if not r.get("compile_oom")]
+    if not compiled:
+        return ZooError(
+            f"--remat auto: no policy fits the memory budget of {budget:,} bytes: the device's compiler "
+            f"refused all {len(rows)} for memory. Shrink the batch or model"
+        )
+    ran_out = [r for r in compiled if r.get("out_of_memory") and footprint(r) <= budget]
+    if ran_out:
+        return ZooError(
+            f"--remat auto: no policy fits the memory budget of {budget:,} bytes: "
+            f"{', '.join(_label(r) for r in ran_out)} fit by their compiled footprint but ran out of "
+            "memory when run. Shrink the batch or model"
+        )
+    smallest = min(compiled, key=footprint)
     return ZooError(
         f"--remat auto: no policy fits the memory budget of {budget:,} bytes ({budget / 2**20:.1f} MiB); "
         f"the smallest footprint is {_label(smallest)!r} at {footprint(smallest):,} bytes "

@@ -4,6 +4,7 @@
 import json
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from zoo import recipes
@@ -264,3 +265,50 @@ def test_a_pair_that_runs_out_of_memory_when_timed_does_not_fit():
     assert (
         why == "fastest of 1 fitting (2.0 ms/step); over budget: none/none (0.0 MiB, out of memory when run)"
     )
+
+
+def test_a_pair_the_compiler_refuses_for_memory_is_a_row_not_a_traceback(tmp_path, monkeypatch, few_policies):
+    """A TPU refuses at compile time a program that cannot fit its memory: that pair is a row
+    that does not fit, and the search goes on (it ended in a traceback)."""
+    real = auto_remat.with_policy
+
+    class Refused:
+        def lower(self, *args):
+            raise jax.errors.JaxRuntimeError(
+                "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory"
+            )
+
+    def refuse_none(engine, policy, offload=None):
+        out = real(engine, policy, offload)
+        if policy == "none":
+            return type("E", (), {"init_state": out.init_state, "train_step": Refused()})()
+        return out
+
+    monkeypatch.setattr(auto_remat, "with_policy", refuse_none)
+    run = build_run(quick(**{"train.remat": "auto", "train.memory_budget": "1GiB"}), choose_remat=False)
+    rows = auto_remat.measure(run, train_batch(run, 0), 2**30)
+    by_policy = {r["policy"]: r for r in rows}
+    assert by_policy["none"]["compile_oom"] and by_policy["none"]["step_ms"] is None
+    assert by_policy["full"]["step_ms"] is not None and not by_policy["full"].get("out_of_memory")
+    best, _ = choose_fitting(rows, 2**30)
+    assert best["policy"] != "none"
+    marked = [{**r, "fits": not r.get("out_of_memory")} for r in rows]
+    assert "none/none (does not compile: out of memory)" in auto_remat.reason(best, marked)
+    error = nothing_fits([by_policy["none"]], 2**30)
+    assert "refused all 1 for memory" in str(error)
+
+
+def test_the_cache_key_holds_the_microbatch_size():
+    """Accumulation changes a step's footprint several-fold: a choice made at one microbatch
+    size is not read at another."""
+    values = {"train.remat": "auto", "train.memory_budget": "1GiB", "train.batch_size": 64}
+    runs = [build_run(quick(**values, **{"train.microbatch_size": m}), choose_remat=False) for m in (None, 8)]
+    keys = {auto_remat._key(run, train_batch(run, 0), 2**30) for run in runs}
+    assert len(keys) == 2
+
+
+def test_step_bytes_pairs_arguments_with_shardings_when_one_is_unused():
+    """jit leaves an unused argument without a sharding: the arguments still pair (it raised)."""
+    step = jax.jit(lambda s, unused, b: (s * 2, b + 1), donate_argnames="s")
+    compiled = step.lower(jnp.ones(3), jnp.ones(4), jnp.ones(2)).compile()
+    assert step_bytes(compiled, True)["host_bytes"] == 0

@@ -98,6 +98,8 @@ def _key(run, batch: dict, budget: int, offloads: tuple[str, ...] = ("none",)) -
         "jax": jax.__version__,
         "policies": policy_names(),
     }
+    if run.engine.microbatch_size is not None:  # accumulation changes the step's activations
+        parts["microbatch"] = run.engine.microbatch_size
     if not run.engine.precision.is_identity:  # float32 keys stay those of runs before the policy
         parts["precision"] = run.engine.precision.name
     if tuple(offloads) != ("none",):  # searched over offload settings (or at one of its own)
@@ -150,6 +152,19 @@ def _time(compiled, state, frozen, batch) -> float | None:
     return round(1e3 * statistics.median(times[1:]), 3)
 
 
+def does_not_compile(policy: str, offload: str) -> dict:
+    """The row of a pair the device's compiler refused for memory: no bytes to show, never chosen."""
+    zero = dict.fromkeys(("temp_bytes", "argument_bytes", "output_bytes", "alias_bytes", "host_bytes"), 0)
+    return {
+        "policy": policy,
+        "offload": offload,
+        **zero,
+        "step_ms": None,
+        "out_of_memory": True,
+        "compile_oom": True,
+    }
+
+
 def measure(run, batch: dict, budget: int, policies=None, offloads=None) -> list[dict]:
     """One row per (policy, offload): the compiled step's device bytes (:func:`step_bytes`)
     and, for those that fit, the time of one step (after an untimed one)."""
@@ -158,10 +173,16 @@ def measure(run, batch: dict, budget: int, policies=None, offloads=None) -> list
     for offload in offloads or (run.engine.offload,):
         for policy in policies or policy_names():
             engine = with_policy(run.engine, policy, offload)
-            state, frozen = engine.init_state(run.params, 0, jax.random.key(0))
-            lowered = engine.train_step.lower(state, frozen, batch)
-            program = hashlib.sha256(lowered.as_text().encode()).hexdigest()
-            compiled = lowered.compile()
+            try:  # a TPU refuses at compile time a program that cannot fit its memory
+                state, frozen = engine.init_state(run.params, 0, jax.random.key(0))
+                lowered = engine.train_step.lower(state, frozen, batch)
+                program = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+                compiled = lowered.compile()
+            except jax.errors.JaxRuntimeError as error:
+                if "RESOURCE_EXHAUSTED" not in str(error):
+                    raise
+                rows.append(does_not_compile(policy, offload))
+                continue
             row = {
                 "policy": policy,
                 "offload": offload,
@@ -193,7 +214,9 @@ def reason(chosen: dict, rows: list[dict]) -> str:
     text = f"fastest of {len(fitting)} fitting ({chosen['step_ms']:.1f} ms/step)"
     if over:
         named = ", ".join(
-            f"{r['policy']}/{r['offload']} ({_gib(footprint(r))}"
+            f"{r['policy']}/{r['offload']} (does not compile: out of memory)"
+            if r.get("compile_oom")
+            else f"{r['policy']}/{r['offload']} ({_gib(footprint(r))}"
             + (", out of memory when run)" if r.get("out_of_memory") else ")")
             for r in over[-3:]
         )
@@ -245,9 +268,15 @@ def resolve(run, batch: dict, console) -> dict:
                 + (" <" if (r["policy"], r["offload"]) == mark else "")
                 + (f" (= {r['same_as']})" if r.get("same_as") else ""),
                 r["offload"],
-                f"{r['temp_bytes'] / 2**20:.1f}",
-                f"{r['argument_bytes'] / 2**20:.1f}",
-                f"{r.get('host_bytes', 0) / 2**20:.1f}",
+                *(
+                    ("-", "-", "-")
+                    if r.get("compile_oom")
+                    else (
+                        f"{r['temp_bytes'] / 2**20:.1f}",
+                        f"{r['argument_bytes'] / 2**20:.1f}",
+                        f"{r.get('host_bytes', 0) / 2**20:.1f}",
+                    )
+                ),
                 "yes" if r["fits"] else "no",
                 "-" if r["step_ms"] is None else f"{r['step_ms']:.1f}",
             )

@@ -207,3 +207,15 @@ def test_the_choice_table_totals_are_its_rows_sums():
         assert table["totals"][name][0] == pytest.approx(sum(r["gflop"][name] for r in rows))
     assert table["totals"]["chosen"][0] == pytest.approx(sum(r["gflop"][r["chosen"]] for r in rows))
     assert table["totals"]["chosen"][0] <= table["totals"]["gram"][0]
+
+
+def test_a_corrupt_or_partial_cache_falls_back_to_the_formula(cache):
+    """An unreadable cache costs speed, never a run: a deeply nested file (RecursionError while
+    parsing) reads as empty, and an entry without both timings is not a measurement."""
+    shape = forms.Shape("dense", 8, 1024, 768, 3072, "bfloat16", True)
+    path = forms.cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[" * 200_000)
+    assert forms.read_cache() == {} and forms.choose(shape) == "materialise"
+    measure._write(forms.key(shape), {"form": "gram"})  # no "ms": written by hand, or cut short
+    assert forms.measured(shape) is None and forms.choose(shape) == "materialise"

@@ -56,3 +56,12 @@ def test_a_calibrated_mechanisms_noise_is_todays(name):
 def test_the_rdp_accountant_composes_the_same_event():
     dp = dataclasses.replace(SECTIONS["dp-pca"], accountant="rdp", noise_multiplier=None, epsilon=3.0)
     assert (plan(dp).noise_multiplier, plan(dp).epsilon) == todays(dp)
+
+
+def test_els_with_one_record_a_user_is_the_plain_poisson_gaussian():
+    """k = 1: each user is one record, drawn with probability q: the step's event is the
+    Poisson-sampled Gaussian (on its finer grid), and the epsilon is today's for that."""
+    dp = dataclasses.replace(SECTIONS["els"], records_per_user=1)
+    made = plan(dp)
+    assert type(made.mechanism.step_event()).__name__ == "PoissonSampledDpEvent"
+    assert (made.noise_multiplier, made.epsilon) == todays(dp)

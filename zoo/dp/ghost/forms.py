@@ -95,7 +95,7 @@ def key(shape: Shape) -> str:
 def read_cache() -> dict:
     try:
         doc = json.loads(cache_path().read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # an unreadable cache costs speed, never a run
         return {}
     return doc if isinstance(doc, dict) else {}
 
@@ -115,6 +115,8 @@ def measured(shape: Shape) -> dict | None:
         return None
     entry = _cached(str(path), mtime).get(key(shape))
     ok = isinstance(entry, dict) and entry.get("form") in FORMS
+    times = entry.get("ms") if ok else None
+    ok = ok and isinstance(times, dict) and all(isinstance(times.get(f), int | float) for f in FORMS)
     return entry if ok else None
 
 

@@ -30,6 +30,9 @@ class ELS(Mechanism):
         import dp_accounting
         from scipy import stats
 
+        if self.k == 1:  # one record a user: the plain Poisson-sampled Gaussian (its finer grid)
+            noise = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+            return dp_accounting.PoissonSampledDpEvent(self.sampling_prob, noise)
         draws = list(range(self.k + 1))
         chances = [float(stats.binom.pmf(x, self.k, self.sampling_prob)) for x in draws]
         return dp_accounting.dp_event.MixtureOfGaussiansDpEvent(self.noise_multiplier, draws, chances)
