@@ -257,16 +257,21 @@ def resolve(run, batch: dict, console) -> dict:
     chosen, rows, cached = choose(run, batch)
     budget = chosen["budget"]
     mark = (chosen["policy"], chosen["offload"])
+    one_offload = len({r["offload"] for r in rows}) == 1  # then a pair is named by its policy
+
+    def same(r: dict) -> str:
+        if not r.get("same_as"):
+            return ""
+        return f" (= {r['same_as'].split('/')[0] if one_offload else r['same_as']})"
+
     print_table(
         f"--remat auto under {budget / 2**20:.1f} MiB ({chosen['budget_source']}): {chosen['policy']}"
-        + (f", offload {chosen['offload']}" if len({r["offload"] for r in rows}) > 1 else "")
+        + ("" if one_offload else f", offload {chosen['offload']}")
         + (f" (cached in {cache_path()})" if cached else ""),
         ["policy", "offload", "temp MiB", "args MiB", "host MiB", "fits", "step ms"],
         [
             (
-                r["policy"]
-                + (" <" if (r["policy"], r["offload"]) == mark else "")
-                + (f" (= {r['same_as']})" if r.get("same_as") else ""),
+                r["policy"] + (" <" if (r["policy"], r["offload"]) == mark else "") + same(r),
                 r["offload"],
                 *(
                     ("-", "-", "-")
