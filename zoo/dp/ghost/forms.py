@@ -115,9 +115,13 @@ def measured(shape: Shape) -> dict | None:
         return None
     entry = _cached(str(path), mtime).get(key(shape))
     ok = isinstance(entry, dict) and entry.get("form") in FORMS
-    times = entry.get("ms") if ok else None
-    ok = ok and isinstance(times, dict) and all(isinstance(times.get(f), int | float) for f in FORMS)
     return entry if ok else None
+
+
+def timed(entry: dict | None) -> bool:
+    """Whether a cached entry holds both forms' times (one written by hand may hold a form only)."""
+    times = entry.get("ms") if isinstance(entry, dict) else None
+    return isinstance(times, dict) and all(isinstance(times.get(f), int | float) for f in FORMS)
 
 
 def choose(shape: Shape) -> str:

@@ -80,7 +80,7 @@ def measure(shapes, remeasure: bool = False, progress=None) -> dict:
     out = {}
     for shape in dict.fromkeys(shapes):
         entry = None if remeasure else forms.measured(shape)
-        if entry is None:
+        if not forms.timed(entry):  # none cached, or without both times: time it
             if progress is not None:
                 progress(f"ghost forms: timing {shape.kind} {shape.seq} x {shape.d_in} -> {shape.d_out}")
             ms = {form: round(time_form(shape, form), 3) for form in FORMS}
@@ -111,7 +111,7 @@ def choice_table(rows: list[dict], timings: dict | None = None) -> dict:
         entry = (timings or {}).get(shape)
         chosen = entry["form"] if entry else forms.choose(shape)
         gflop = {f: 2e-9 * layers * shape.flops(f) for f in FORMS}
-        ms = {f: layers * entry["ms"][f] for f in FORMS} if entry else None
+        ms = {f: layers * entry["ms"][f] for f in FORMS} if forms.timed(entry) else None
         for name, form in (("chosen", chosen), ("gram", "gram"), ("materialise", "materialise")):
             totals[name][0] += gflop[form]
             totals[name][1] += ms[form] if ms else 0.0
