@@ -22,9 +22,11 @@ ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo y
 #   minimal, full-lean, the offloads, custom): full, nested and recursive, which change how
 #   the stack runs, are re-run on every kind;
 # - ghost-clipping cells beyond ghost against vmap (first backward method), frozen layers and
-#   the conv rule's three cells;
-#   parity variants of a kind (digits, head counts, kv heads); the chunked-attention and
-#   chunked-MLP model cells (the ops' own cells are re-run); freezing per kind (test_freeze's cells are re-run);
+#   the conv rule's three cells; a form per site beyond the transformer's cells (records and
+#   users) and the tied head under remat and bf16 (the forms are the ghost cells' own ops);
+#   parity variants of a kind (digits, head counts, kv heads), and of decoding's cached
+#   logits (kv heads, chunked, tied, LoRA: the transformer, llama-kv2 and llama3-rope cells
+#   run); the chunked-attention and chunked-MLP model cells (the ops' own cells are re-run); freezing per kind (test_freeze's cells are re-run);
 #   LoRA beyond the transformer's two-backend cell (an adapter is two more dense ops: ghost,
 #   remat and merge cells add no mechanism the re-run lacks).
 ISA_SKIP := eqx or still_catches or (test_splash.py and not grouped) or chunked_attention_gives or chunked_mlp_gives or through_chunked
@@ -32,28 +34,40 @@ ISA_SKIP += or ((test_setup.py or test_lora) and not (same_logits_and_grads_in_b
 ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-lean or minimal or offload))
 ISA_SKIP += or ((test_api.py or test_conv.py or test_rules.py or test_ghost) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
 ISA_SKIP += or (test_registry.py and freezing_by_path)
+ISA_SKIP += or (test_forms.py and not (transformer or bf16))
 ISA_SKIP += or (converted_weights and (digits or heads or kv))
+ISA_SKIP += or (cached_logits_equal and (chunked or tied or kv1 or lora))
 ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matches and not gpt2) or apply_fn_read
 ISA_SKIP += or (stays_on_the_host and (True or optimizer-False))
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 
 # `make test-oldest`: the oldest versions zoo supports (constraints-oldest.txt: JAX 0.10.2 and
-# flax 0.12.8 on Python 3.11, the TPU v5e image's) in a second venv, and the unit tests of the
-# models, attention, remat, precision and DP there (no end-to-end runs; `slow` ones left out).
+# flax 0.12.8 on Python 3.11, the TPU v5e image's) in a second venv. Every test there also runs in
+# `make test`; the pass re-runs only what can change with the JAX, flax, Equinox or optax
+# version: the models, attention and splash, remat policies and jaxprs, host offload and
+# sharding rules, precision, the float rule, and DP's numerics (clipping, ghost clipping and its
+# jaxpr rules, microbatches, noise and its PRNGs, users, DP-PCA, the pitfalls, the noise
+# transform). Left out: DP's pure-Python parts (accounting and dp_accounting, which is pinned at
+# one version in both sets; sampling, plans, ELS, validation, the mechanism tables), the
+# end-to-end runs, and `slow` tests.
 OLDEST_PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
-OLDEST_TESTS := tests/models tests/test_remat.py tests/test_precision.py tests/dp tests/test_numerics.py
+OLDEST_DP := clipping microbatch noise philox users pca pitfalls
+OLDEST_TESTS := tests/models tests/test_remat.py tests/test_precision.py tests/test_numerics.py tests/parallel
+OLDEST_TESTS += tests/dp/ghost tests/dp/mechanisms/test_base.py $(OLDEST_DP:%=tests/dp/test_%.py)
 # Left out there, to keep the pass under 8 minutes on 2 cores (as the ISA re-run, a cell that
 # repeats a mechanism already run): the negative tests (a planted bug misses the float rule by
 # orders of magnitude at any version), the CNN's CLI run and the chunked MLP's memory count,
 # remat policies that only choose which names to save (dots, full-lean, minimal: none, save-attn,
 # full, the offloads, nested and recursive run), parity variants of a kind, and ghost-clipping
-# cells beyond ghost against vmap, frozen layers and the conv norms.
+# cells beyond ghost against vmap, frozen layers and the conv norms (a form per site: the
+# transformer's cells, the tied head under remat and bf16).
 OLDEST_SKIP := still_catches or through_the_cli or needs_less_temp_memory
 OLDEST_SKIP += or (policy_matches_no_remat and (dots or full-lean or minimal))
 OLDEST_SKIP += or (converted_weights and (digits or heads or kv))
 OLDEST_SKIP += or ((test_api.py or test_conv.py or test_rules.py) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
+OLDEST_SKIP += or (test_forms.py and not (transformer or bf16 or measure))
 
 .PHONY: run test test-isa test-oldest lint bench docs clean
 

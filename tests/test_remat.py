@@ -12,9 +12,9 @@ from zoo import remat
 from zoo.errors import ZooError
 from zoo.models import registry
 
-# Every test here compares floats from two programs. (Not one xdist group: the cells are most of
-# make test-isa, and the re-run needs both workers more than one reference fixture.)
-pytestmark = pytest.mark.numerics
+# The tests that compare floats from two programs carry the `numerics` marker (not the name
+# checks). (Not one xdist group: the cells are most of make test-isa, and the re-run needs both
+# workers more than one reference fixture.)
 
 CUSTOM = "custom:attn_q=device,layer_input=offload,mlp_hidden=remat,mlp_out=device"
 MODELS = {kind.name: zoo.get_config(kind.small, num_layers=4) for kind in registry.kinds()}
@@ -43,6 +43,7 @@ CELLS = [
 ]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("kind", list(MODELS))
 @pytest.mark.parametrize("policy,backend", CELLS)
 def test_policy_matches_no_remat(reference, kind, backend, policy):
@@ -51,6 +52,7 @@ def test_policy_matches_no_remat(reference, kind, backend, policy):
     assert_close((loss, grads), (loss0, grads0), n=reduction_size(cfg, 3))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("depth", [12])  # 4 x 3: two levels, one of them not a power of 2
 def test_recursive_policy_matches_no_remat_on_deeper_stacks(depth):
     cfg = zoo.get_config(registry.get_kind("llama").small, num_layers=depth)
@@ -62,6 +64,7 @@ def test_recursive_policy_matches_no_remat_on_deeper_stacks(depth):
     assert_close((loss, grads), (loss0, grads0), n=reduction_size(cfg, 2))
 
 
+@pytest.mark.numerics
 def test_the_float_rule_still_catches_a_replay_bug(reference):
     """Negative test for this family: a replay that reads another layer's weights (two layers
     swapped inside the stack) gives gradients that fail the comparison above."""

@@ -1,12 +1,18 @@
 """``zoo bench dp --flops`` (zoo.bench.dp_flops): XLA's counted FLOPs of each row, compile only,
 with the layer stack counted once per layer."""
 
+import functools
+
 import pytest
 
 import zoo
 from zoo.bench.dp import bench_dp
 
+# One worker computes the rows, and the two-layer rows once for both tests.
+pytestmark = pytest.mark.xdist_group("dp-flops")
 
+
+@functools.cache
 def _flops(num_layers: int) -> dict:
     cfg = zoo.get_config("transformer-xs", num_layers=num_layers, d_model=32, d_ff=64, max_len=16)
     result = bench_dp(cfg, batch=2, seq=16, methods=["ghost"], flops=True)

@@ -9,8 +9,7 @@ from jax_privacy import clipping as jp_clipping
 from tests.numerics import assert_close, tolerance
 from zoo.dp import ClipRequest, clipped_grad_sum
 
-pytestmark = pytest.mark.numerics  # every test here compares floats from two programs
-
+# `numerics` marks the tests that compare floats from two programs (not the bad-input checks).
 B = 8
 
 
@@ -107,6 +106,7 @@ def numpy_reference(loss, params, batch, clip, mask=None):
     return total, norms
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_jax_privacy(name):
     loss, params, batch = setup_case(name)
@@ -127,6 +127,7 @@ def test_matches_jax_privacy(name):
     assert norms.dtype == jnp.float32 and norms.shape == (B,)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_float64_loop(name):
     loss, params, batch = setup_case(name, seed=1)
@@ -140,6 +141,7 @@ def test_matches_float64_loop(name):
     assert total <= B * clip + tolerance(B * clip, N[name])
 
 
+@pytest.mark.numerics
 def test_the_float_rule_still_catches_clipping_bugs():
     """Negative test for this family: each bug is caught at the tolerance used above."""
     loss, params, batch = setup_case("mlp", seed=1)
@@ -160,6 +162,7 @@ def test_the_float_rule_still_catches_clipping_bugs():
         assert_close(jax.tree.map(lambda g: g / B, ours), ref_masked, n=N["mlp"], what="an extra 1/B")
 
 
+@pytest.mark.numerics
 def test_no_clipping_is_batch_times_mean_gradient():
     loss, params, batch = setup_case("mlp")
     ours, _ = cgs(loss, params, *batch, l2_clip_norm=float("inf"), example_mask=jnp.ones((B,)))
@@ -171,6 +174,7 @@ def test_no_clipping_is_batch_times_mean_gradient():
     assert_close(ours, expected, n=N["mlp"])
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_microbatching_equals_unchunked(k):
     loss, params, batch = setup_case("attention")
@@ -188,6 +192,7 @@ def test_microbatch_must_divide_batch():
         clipped_grad_sum(loss, params, x[:6], y[:6], request=ClipRequest(1.0, microbatch_size=4))
 
 
+@pytest.mark.numerics
 def test_mask_equals_running_on_subset():
     loss, params, (x, y) = setup_case("mlp", seed=2)
     clip = median_norm(loss, params, (x, y))
@@ -203,6 +208,7 @@ def test_mask_equals_running_on_subset():
     np.testing.assert_array_equal(np.asarray(norms)[~keep], 0.0)  # documented: masked norms are 0
 
 
+@pytest.mark.numerics
 def test_frozen_gets_no_gradient_and_matches_stop_gradient():
     rng = np.random.default_rng(3)
     params = mlp_params(rng)["l2"]
@@ -250,6 +256,7 @@ def test_bad_clip_norm_rejected():
         clipped_grad_sum(loss, params, *batch, request=ClipRequest(-1.0))
 
 
+@pytest.mark.numerics
 def test_jit_equals_eager():
     loss, params, batch = setup_case("attention", seed=4)
     clip = median_norm(loss, params, batch)
@@ -265,6 +272,7 @@ def test_jit_equals_eager():
         assert_close(out, eager, n=N["attention"])
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("k", [None, 2])
 def test_return_losses_are_the_per_example_losses(k):
     loss, params, (x, y) = setup_case("attention", seed=3)

@@ -14,7 +14,7 @@ import optax
 import pytest
 
 import zoo
-from tests.conftest import labels_for, random_params
+from tests.conftest import fast_jit, labels_for, random_params
 from tests.numerics import assert_close
 from zoo.configs import DPConfig
 from zoo.data.users import group_rows
@@ -67,7 +67,7 @@ def batch_for(cfg) -> dict:
 
 def clipped(engine, state, frozen, batch, users):
     step_batch = group_users(batch, K_SLOTS) if users else batch
-    return jax.jit(engine.clipped_sum)(state, frozen, step_batch)
+    return fast_jit(engine.clipped_sum)(state, frozen, step_batch)
 
 
 CASES = {  # (config, clipping, users, remat, precision)
@@ -103,7 +103,7 @@ def test_microbatches_add_up_to_the_whole_batch(case):
 
 def released(engine, state, frozen, batch):
     """The noisy mean gradient the step releases (and the logged loss)."""
-    loss, grads, _ = jax.jit(engine._dp_grads)(state, frozen, batch)
+    loss, grads, _ = fast_jit(engine._dp_grads)(state, frozen, batch)
     return jax.tree.map(np.asarray, (loss, grads))
 
 

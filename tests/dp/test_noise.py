@@ -10,8 +10,8 @@ from zoo.dp import add_gaussian_noise, privatize
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS, NOISE_STREAM, noise_key
 from zoo.errors import ZooError
 
-pytestmark = pytest.mark.numerics  # re-run under narrower ISAs: float sampling and its statistics
-
+# `numerics` (re-run under narrower ISAs) marks float sampling and its statistics; the key-bit
+# and bad-input checks compute no floats.
 SIGMA, CLIP = 1.3, 0.7
 
 
@@ -32,6 +32,7 @@ def standardized(noisy, clean):
     )
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("prng", [*NOISE_PRNGS, None])
 def test_noise_is_standard_normal_at_scale_sigma_c(prng):
     clean = clean_tree()
@@ -50,6 +51,7 @@ def test_noise_is_standard_normal_at_scale_sigma_c(prng):
         assert abs(zl.std() - 1) < 0.03
 
 
+@pytest.mark.numerics
 def test_keys_control_the_noise():
     zeros = {"a": jnp.zeros((1000,)), "b": jnp.zeros((1000,))}
     kw = dict(noise_multiplier=1.0, l2_clip_norm=1.0)
@@ -64,6 +66,7 @@ def test_keys_control_the_noise():
     assert abs(np.corrcoef(np.asarray(n1["a"]), np.asarray(n1["b"]))[0, 1]) < 0.15
 
 
+@pytest.mark.numerics
 def test_privatize_divides_by_expected_batch_size():
     clean = {"w": jnp.arange(6.0).reshape(2, 3)}
     key = jax.random.PRNGKey(3)
@@ -87,6 +90,7 @@ def test_zero_noise_and_unbounded_sensitivity():
         privatize(clean, jax.random.PRNGKey(0), noise_multiplier=1.0, l2_clip_norm=1.0, expected_batch_size=0)
 
 
+@pytest.mark.numerics
 def test_works_under_jit_with_bf16_leaves():
     clean = {"w": jnp.zeros((4096,), jnp.bfloat16)}
     fn = jax.jit(lambda g, k, s: privatize(g, k, noise_multiplier=s, l2_clip_norm=1.0, expected_batch_size=2))
@@ -95,6 +99,7 @@ def test_works_under_jit_with_bf16_leaves():
     assert abs(float(np.std(np.asarray(out["w"], np.float32))) - 1.0) < 0.1  # sigma*C/2 = 1
 
 
+@pytest.mark.numerics
 def test_noise_is_split_key_normal_per_leaf_under_jit():
     """The scheduling barriers in add_gaussian_noise do not change the values: leaf i gets
     std * normal(split(key, n)[i])."""
@@ -109,6 +114,7 @@ def test_noise_is_split_key_normal_per_leaf_under_jit():
         assert_close(n, expected, n=1)
 
 
+@pytest.mark.numerics
 def test_noise_prng_picks_the_sampler():
     zeros = {"w": jnp.zeros((2000,))}
     kw = dict(noise_multiplier=1.0, l2_clip_norm=1.0)

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import zoo
-from tests.conftest import labels_for, random_params
+from tests.conftest import fast_jit, labels_for, random_params
 from tests.numerics import assert_close
 from zoo import recipes
 from zoo.errors import ZooError
@@ -34,13 +34,19 @@ def _step(microbatch_size):
     freeze = resolve_freeze(params, ())
     engine = make_engine(CFG, "nnx", freeze, optax.adamw(1e-2), microbatch_size=microbatch_size)
     state, frozen = engine.init_state(params, 0)
-    return jax.jit(engine.train_step_fn)(state, frozen, _batch())
+    return fast_jit(engine.train_step_fn)(state, frozen, _batch())
+
+
+@pytest.fixture(scope="module")
+def one_batch_step():
+    """The reference: the one-batch step, built once for the microbatch sizes below."""
+    return _step(None)
 
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("microbatch_size", [1, 2, 4])
-def test_accumulated_step_equals_the_one_batch_step(microbatch_size):
-    whole_state, whole = _step(None)
+def test_accumulated_step_equals_the_one_batch_step(one_batch_step, microbatch_size):
+    whole_state, whole = one_batch_step
     state, metrics = _step(microbatch_size)
     n = ROWS * 8  # the largest reduction: the batch's tokens
     assert_close(metrics["loss"], whole["loss"], n=n, what="loss")

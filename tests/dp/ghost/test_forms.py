@@ -18,8 +18,6 @@ from tests.numerics import assert_close_bf16
 from zoo.dp import ClipRequest, ghost
 from zoo.dp.ghost import forms, measure, stages
 
-pytestmark = pytest.mark.numerics
-
 
 @pytest.mark.parametrize(
     "seq, d_in, d_out, sums, form",
@@ -135,6 +133,7 @@ def _ghost_run(cfg, plan, remat="none", precision=None, slots=None):
     return fast_jit(run)  # a new program: it reads the cache when it is traced
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", list(CASES))
 def test_records_with_a_form_per_site_match_the_vmap_path(name, cache, used):
     cfg, plan = CASES[name]
@@ -154,6 +153,7 @@ def test_records_with_a_form_per_site_match_the_vmap_path(name, cache, used):
     assert_close(cfg, ours, ref, norms, ref_norms)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", ["transformer", "llama", "mlp", "cnn", "tied"])
 def test_users_with_a_form_per_site_match_the_vmap_user_path(name, cache, used):
     cfg = TIED["llama-tied"] if name == "tied" else CASES[name][0]
@@ -175,6 +175,7 @@ def test_users_with_a_form_per_site_match_the_vmap_user_path(name, cache, used):
     units_test.assert_close(ours, ref, n=n, what="clipped sum")
 
 
+@pytest.mark.numerics
 def test_a_tied_head_under_remat_and_bf16_clips_by_book_keeping(cache):
     """``auto`` under a remat policy takes the second backward, which cannot clip a tied head:
     the tied model takes book-keeping instead of the vmap fallback, and its bf16 step (bf16
