@@ -229,7 +229,12 @@ class TrainConfig:
         if mb is None:
             return
         if not isinstance(mb, int) or isinstance(mb, bool) or mb < 1 or not isinstance(self.batch_size, int):
-            raise ZooError(f"train.microbatch_size must be a positive int or none, got {mb!r}")
+            valid = (
+                _divisors(self.batch_size) if isinstance(self.batch_size, int) else "divisors of the batch"
+            )
+            raise ZooError(
+                f"train.microbatch_size must be a positive int or none, got {mb!r}; valid microbatch sizes: {valid}"
+            )
         if self.batch_size % mb:
             raise ZooError(
                 f"train.microbatch_size {mb} does not divide train.batch_size {self.batch_size}; "

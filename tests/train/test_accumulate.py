@@ -105,6 +105,8 @@ def test_a_microbatch_that_does_not_divide_the_batch_is_one_line_naming_the_vali
         match=r"train.microbatch_size 3 does not divide train.batch_size 8; valid microbatch sizes: 1, 2, 4, 8",
     ):
         recipes.parse_recipe({"train": {"batch_size": 8, "microbatch_size": 3}})
+    with pytest.raises(ZooError, match=r"got 0; valid microbatch sizes: 1, 2, 4, 8"):
+        recipes.parse_recipe({"train": {"batch_size": 8, "microbatch_size": 0}})
     with pytest.raises(ValueError, match="valid microbatch sizes: 1, 2, 3, 6"):
         accumulate.accumulated_value_and_grad(_losses, {"w": jnp.ones(4)}, TOY, 4)
 

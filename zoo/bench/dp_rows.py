@@ -243,6 +243,17 @@ def _zoo_step(clipping: str, microbatched: bool, noise_prng: str) -> Builder:
     return build
 
 
+def _noised(setup: Setup, state, grad_sum):
+    """The rows' one Gaussian mechanism on a clipped sum (the step's key, the public batch)."""
+    return privatize(
+        grad_sum,
+        state.step_key(),
+        noise_multiplier=setup.noise_multiplier,
+        l2_clip_norm=setup.clip_norm,
+        expected_batch_size=setup.batch_size,
+    )
+
+
 def _jax_privacy(setup: Setup):
     from jax_privacy.clipping import clipped_grad
 
@@ -260,13 +271,7 @@ def _jax_privacy(setup: Setup):
 
     def grads_fn(state, frozen, batch):
         grad_sum, aux = clipped(state.params, frozen, batch["x"], batch["y"], batch["mask"])
-        grads = privatize(
-            grad_sum,
-            state.step_key(),
-            noise_multiplier=setup.noise_multiplier,
-            l2_clip_norm=setup.clip_norm,
-            expected_batch_size=setup.batch_size,
-        )
+        grads = _noised(setup, state, grad_sum)
         return aux.values.sum() / jnp.maximum(batch["mask"].sum(), 1.0), grads
 
     return _sgd_step(setup, grads_fn), setup.engine.optimizer
@@ -315,13 +320,7 @@ def _ghost_bookkeeping(setup: Setup):
             precision=engine.precision,
             method="bookkeeping",
         )
-        grads = privatize(
-            grad_sum,
-            state.step_key(),
-            noise_multiplier=setup.noise_multiplier,
-            l2_clip_norm=setup.clip_norm,
-            expected_batch_size=setup.batch_size,
-        )
+        grads = _noised(setup, state, grad_sum)
         count = jnp.maximum(batch["mask"].sum(), 1.0)
         return jnp.where(batch["mask"] > 0, losses, 0.0).sum() / count, grads
 
