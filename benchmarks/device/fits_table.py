@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -48,9 +47,9 @@ import jax.numpy as jnp  # noqa: E402
 from fits import median_step_seconds  # noqa: E402  (beside this script: sys.path[0])
 
 import zoo  # noqa: E402
-from zoo import lora, recipes  # noqa: E402
+from zoo import recipes  # noqa: E402
 from zoo.bench.common import state_stepper  # noqa: E402
-from zoo.bench.step import placed_shapes  # noqa: E402
+from zoo.bench.step import bench_start, compile_step  # noqa: E402
 from zoo.models import canonical, registry  # noqa: E402
 from zoo.parallel.offload import builder_device, host_fields  # noqa: E402
 from zoo.remat import step_bytes  # noqa: E402
@@ -121,44 +120,21 @@ def footprint(compiled) -> int:
     return max(peak, m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"])
 
 
-def start_for(cfg, recipe, params):
-    """``zoo train``'s start on ``params`` (arrays, or shapes: then only shapes are made): the
-    LoRA setup on a frozen base, or the recipe's freeze patterns."""
-    if not recipe.lora.enabled:
-        return stages.config_start(cfg, params, patterns=tuple(recipe.freeze.patterns))
-    adapters = lora.resolve(cfg, recipe.lora)
-    adapted = lora.adapted_config(cfg, adapters)
-    make = functools.partial(lora.initial_params, adapted, cfg, seed=0)
-    shapes = isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct)
-    with_adapters = jax.eval_shape(make, params) if shapes else make(params)
-    return stages.config_start(adapted, with_adapters, freeze=lora.freeze_plan(adapted, adapters))
-
-
 def compile_for(cfg, recipe, params, batch: int, seq: int):
-    """``(compiled step, state, frozen, batch, compile seconds)`` at ``batch`` rows; from shapes
-    (nothing allocated) when ``params`` are shapes."""
-    start = start_for(cfg, recipe, params)
-    engine = stages.engine(recipe, start, None, recipe.train.steps)
-    x, y = zoo.example_batch(cfg, batch, seq_len=seq), None
+    """``zoo train``'s step for ``recipe`` at ``batch`` rows (``zoo.bench.step.compile_step``:
+    the recipe's LoRA or freeze patterns too); from shapes, nothing allocated, without ``params``."""
+    x = zoo.example_batch(cfg, batch, seq_len=seq)
     y = zoo.example_labels(cfg, x)
-    data = {"x": x, "y": y, "mask": jnp.ones((batch,), jnp.float32)}
-    if isinstance(jax.tree.leaves(start.params)[0], jax.ShapeDtypeStruct):
-        state, frozen = placed_shapes(
-            engine, *jax.eval_shape(lambda p: engine.init_state(p, 0), start.params)
-        )
-        data = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), data)
-    else:
-        state, frozen = engine.init_state(start.params, 0)
-        data = engine.place_batch(data)
-    tic = time.perf_counter()
-    compiled = engine.train_step.lower(state, frozen, data).compile()
-    return compiled, state, frozen, data, time.perf_counter() - tic, engine
+    if params is None:
+        x, y = (jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, y))
+    t = recipe.train
+    return compile_step(cfg, x, y, remat=t.remat, precision=t.precision, params=params, recipe=recipe)
 
 
 def resident_bytes(cfg, recipe, params_shapes) -> int:
     """Bytes of the train state the step keeps in device memory between steps (the fields
     ``[train] offload`` keeps in host memory left out)."""
-    start = start_for(cfg, recipe, params_shapes)
+    start = bench_start(cfg, recipe, params_shapes)
     engine = stages.engine(recipe, start, None, recipe.train.steps)
     state, frozen = jax.eval_shape(lambda p: engine.init_state(p, 0), start.params)
     away = host_fields(recipe.train.offload)
@@ -216,7 +192,7 @@ def measure_row(row: dict, args, limit: int) -> dict:
         return {**out, "fits": False, "batch": 0, "why": "the resident train state alone is over the limit"}
 
     def compiled_at(batch: int, params=None):
-        return compile_for(cfg, recipe, shapes if params is None else params, batch, seq)
+        return compile_for(cfg, recipe, params, batch, seq)
 
     if args.batch:  # a given batch: no search, one compile and run
         say(f"{row}: resident {out['resident_bytes'] / 2**30:.2f} GiB; batch {args.batch} as given")
@@ -227,7 +203,8 @@ def measure_row(row: dict, args, limit: int) -> dict:
 
     def fits_at(b: int) -> bool:  # a compile from shapes: nothing allocated
         try:
-            compiled, *_, compile_s, _ = compiled_at(b)
+            step = compiled_at(b)
+            compiled, compile_s = step.compiled, step.compile_s
         except Exception as e:  # noqa: BLE001 - a compile-time out-of-memory is a result
             if not any(w in str(e) for w in OOM_WORDS):
                 raise
@@ -272,7 +249,14 @@ def accumulated(cfg, row: dict, args, micro: int, params, seq: int, limit: int) 
 
 
 def run_at(compiled_at, batch: int, params, cfg, seq: int, args, limit: int) -> dict:
-    compiled, state, frozen, data, compile_s, _ = compiled_at(batch, params)
+    step = compiled_at(batch, params)
+    compiled, state, frozen, data, compile_s = (
+        step.compiled,
+        step.state,
+        step.frozen,
+        step.batch,
+        step.compile_s,
+    )
     fp = footprint(compiled)
     if fp > limit:
         raise RuntimeError(f"RESOURCE_EXHAUSTED: footprint {fp} over the limit {limit}")

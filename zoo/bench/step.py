@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from zoo import recipes
+from zoo import lora, recipes
 from zoo.api import example_batch, example_labels
 from zoo.bench.common import state_stepper
 from zoo.models import canonical
@@ -46,11 +46,25 @@ def step_recipe(
     return recipes.override(base, changes)
 
 
+def bench_start(cfg: ModelConfig, recipe: Recipe, params: dict | None = None, seed: int = 0) -> stages.Start:
+    """``zoo train``'s model start for ``recipe`` on ``cfg`` (``params``, default fresh from
+    ``seed``; shapes will do, and then only shapes are made): the recipe's LoRA adapters on a
+    frozen base, or its freeze patterns."""
+    if not recipe.lora.enabled:
+        return stages.config_start(cfg, params, seed=seed, patterns=tuple(recipe.freeze.patterns))
+    params = canonical.init_params(cfg, seed) if params is None else params
+    adapters = lora.resolve(cfg, recipe.lora)
+    adapted = lora.adapted_config(cfg, adapters)
+    make = functools.partial(lora.initial_params, adapted, cfg, seed=seed)
+    shapes = isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct)
+    with_adapters = jax.eval_shape(make, params) if shapes else make(params)
+    return stages.config_start(adapted, with_adapters, freeze=lora.freeze_plan(adapted, adapters))
+
+
 def engine_for(cfg: ModelConfig, recipe: Recipe, params: dict | None = None, seed: int = 0) -> Engine:
     """The engine ``zoo train`` builds for ``recipe`` on model ``cfg``: the stages' model start
-    (``params``, default fresh from ``seed``; shapes will do) and engine, no DP."""
-    start = stages.config_start(cfg, params, seed=seed)
-    return stages.engine(recipe, start, None, recipe.train.steps)
+    (:func:`bench_start`) and engine, no DP."""
+    return stages.engine(recipe, bench_start(cfg, recipe, params, seed), None, recipe.train.steps)
 
 
 @dataclass(frozen=True)
@@ -92,7 +106,9 @@ def compile_step(
     shapes_only = params is None
     if shapes_only:
         params = jax.eval_shape(functools.partial(canonical.init_params, cfg, seed))
-    engine = engine_for(cfg, recipe, params, seed)
+    start = bench_start(cfg, recipe, params, seed)
+    engine = stages.engine(recipe, start, None, recipe.train.steps)
+    params = start.params  # with the recipe's adapters, if any
     batch = {"x": x, "y": y, "mask": jnp.ones((x.shape[0],), jnp.float32)}
     if shapes_only:
         state, frozen = placed_shapes(engine, *jax.eval_shape(lambda p: engine.init_state(p, seed), params))
