@@ -132,13 +132,18 @@ LM += ["--set", "model.d_model=16", "--set", "model.num_layers=1", "--set", "mod
 
 
 def write_corpus(root) -> list:
-    """``FILES`` text files of different lengths (4 to 32 windows of 8 tokens each)."""
+    """``FILES`` text files of different lengths (4 to 32 windows of 8 tokens each): 3 users
+    held out for eval and the rest kept. Which names the split holds out depends on the folder's
+    path, so the names are picked from 60 by :func:`held_out` itself (a fixed ``00..11`` drew no
+    held-out user under one CI path, and the run refused for an empty eval split)."""
     root.mkdir()
-    paths = []
-    for user in range(FILES):
-        path = root / f"{user:02d}.txt"
+    pool = [root / f"{user:02d}.txt" for user in range(60)]
+    held = held_out([str(path) for path in pool], 0.25, 0)
+    kept, out = np.flatnonzero(~held)[: FILES - 3], np.flatnonzero(held)[:3]
+    assert len(kept) == FILES - 3 and len(out) == 3, "60 names hold 3 held-out and 9 kept users"
+    paths = [pool[i] for i in sorted([*kept, *out])]
+    for user, path in enumerate(paths):
         path.write_text("".join(f"note {line} of person {user}\n" for line in range(2 + user)))
-        paths.append(path)
     return paths
 
 
