@@ -12,6 +12,9 @@ from zoo.precision import PRECISIONS
 ATTENTIONS = ("auto", "dense", "chunked", "splash")  # a model's attention (zoo.models.attention.attention)
 # Where [train] offload keeps the training state between steps (zoo.parallel.offload)
 OFFLOADS = ("none", "optimizer", "optimizer+params")
+# Where [train] update_on runs the optimizer update (zoo.train.host_update): in the step's one
+# compiled program on the device, or on the host CPU, where the offloaded state lives.
+UPDATES_ON = ("device", "host")
 
 
 def add_model_flags(parser) -> None:
@@ -186,6 +189,7 @@ class TrainConfig:
     memory_budget: ByteSize | None = None  # what --remat auto must fit, in bytes (None: the device's)
     precision: str = "float32"  # compute dtype over float32 params (zoo.precision.PRECISIONS)
     offload: str = "none"  # what lives in host memory between steps (OFFLOADS)
+    update_on: str = "device"  # where the optimizer update runs (UPDATES_ON); host: offload optimizer+params
     # A non-private step takes its batch this many rows at a time, adding up the gradients
     # (zoo.train.accumulate); None: the whole batch at once. Under DP: dp.microbatch_size.
     microbatch_size: int | None = None
@@ -194,6 +198,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         require_choice("train.precision", self.precision, PRECISIONS)
         require_choice("train.offload", self.offload, OFFLOADS)
+        self._check_update_on()
         self._check_microbatch()
         if not isinstance(self.tensorboard, bool):
             raise ZooError(f"train.tensorboard must be true or false, got {self.tensorboard!r}")
@@ -223,6 +228,19 @@ class TrainConfig:
             if self.remat.startswith(CUSTOM_PREFIX):  # a custom spec's error is about its items
                 raise
             raise ZooError(f"{str(error).rstrip('.')}; or {AUTO} (with --memory-budget)") from None
+
+    def _check_update_on(self) -> None:
+        require_choice("train.update_on", self.update_on, UPDATES_ON)
+        if self.update_on == "host" and self.offload != "optimizer+params":
+            raise ZooError(
+                f"train.update_on = 'host' updates the float32 params and the optimizer state where they "
+                f"live, on the host: it needs train.offload = 'optimizer+params', got {self.offload!r}"
+            )
+        if self.update_on == "host" and self.remat == "auto":
+            raise ZooError(
+                "--remat auto measures the step as one compiled program, and train.update_on = 'host' "
+                "splits it between the device and the host: name a remat policy, or set train.update_on = 'device'"
+            )
 
     def _check_microbatch(self) -> None:
         mb = self.microbatch_size

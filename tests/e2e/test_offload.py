@@ -1,5 +1,6 @@
-"""[train] offload through whole runs: the summary says it, the step compiles once, and a
-resumed offloaded run ends bit for bit where the uninterrupted one does."""
+"""[train] offload (and update_on) through whole runs: the summary says it, the step compiles
+once (with the update on the host: its two programs, once each), and a resumed offloaded run
+ends bit for bit where the uninterrupted one does."""
 
 import jax
 import numpy as np
@@ -13,8 +14,9 @@ from zoo.train import checkpoint
 from zoo.train.loop import train_recipe
 
 
-def recipe(steps: int, offload: str):
+def recipe(steps: int, offload: str, update_on: str = "device"):
     values = {
+        "train.update_on": update_on,
         "train.steps": steps,
         "train.checkpoint_every": 2,
         "train.eval_every": 2,
@@ -25,24 +27,27 @@ def recipe(steps: int, offload: str):
     return settings.with_values(recipes.load_recipe("digits-mlp"), values)
 
 
-def resume(tmp_path, offload: str, first: str | None = None) -> list[dict]:
+def resume(tmp_path, offload: str, first: str | None = None, update_on: str = "device") -> list[dict]:
     """The params of a 4-step run and of the same run stopped at 2 (under ``first``, default
-    ``offload``) and resumed to 4 under ``offload``."""
-    whole = train_recipe(recipe(4, offload), tmp_path / "whole", show_progress=False)
-    train_recipe(recipe(2, first or offload), tmp_path / "parts", show_progress=False)
-    parts = train_recipe(recipe(4, offload), tmp_path / "parts", resume=True, show_progress=False)
+    ``offload``) and resumed to 4 under ``offload``, the update on ``update_on``."""
+    whole = train_recipe(recipe(4, offload, update_on), tmp_path / "whole", show_progress=False)
+    train_recipe(recipe(2, first or offload, update_on), tmp_path / "parts", show_progress=False)
+    parts = train_recipe(recipe(4, offload, update_on), tmp_path / "parts", resume=True, show_progress=False)
     assert whole["offload"] == parts["offload"] == offload
-    assert whole["compile_count"] == parts["compile_count"] == 1
+    assert whole["update_on"] == parts["update_on"] == update_on
+    programs = 2 if update_on == "host" else 1  # the device's gradient, the host's update (float32)
+    assert whole["compile_count"] == parts["compile_count"] == programs
     return [checkpoint.load_checkpoint(tmp_path / d).params for d in ("whole", "parts")]
 
 
-def check_resume(tmp_path, offload: str) -> None:
-    whole, parts = resume(tmp_path, offload)
+def check_resume(tmp_path, offload: str, update_on: str = "device") -> None:
+    whole, parts = resume(tmp_path, offload, update_on=update_on)
     assert_bitwise_equal(parts, whole)
 
 
-def test_an_offloaded_run_resumes_bitwise(tmp_path):
-    check_resume(tmp_path, "optimizer+params")
+@pytest.mark.parametrize("update_on", ["device", "host"])
+def test_an_offloaded_run_resumes_bitwise(tmp_path, update_on):
+    check_resume(tmp_path, "optimizer+params", update_on)
 
 
 @pytest.mark.numerics
@@ -56,7 +61,8 @@ def test_a_run_may_resume_under_another_offload(tmp_path):
         assert_close(np.asarray(a), np.asarray(e), n=n, what="params")
 
 
-def test_the_resume_check_catches_moments_not_restored(tmp_path, monkeypatch):
+@pytest.mark.parametrize("update_on", ["device", "host"])
+def test_the_resume_check_catches_moments_not_restored(tmp_path, monkeypatch, update_on):
     """Planted: the resumed run starts its moments afresh (the saved ones never come back)."""
     restore = checkpoint.restore_state
 
@@ -67,4 +73,4 @@ def test_the_resume_check_catches_moments_not_restored(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checkpoint, "restore_state", fresh_moments)
     with pytest.raises(AssertionError):
-        check_resume(tmp_path, "optimizer")
+        check_resume(tmp_path, "optimizer+params" if update_on == "host" else "optimizer", update_on)

@@ -28,6 +28,7 @@ FLAG_FIELDS = {  # flag dest -> (section, field) of the recipe
     "memory_budget": ("train", "memory_budget"),
     "precision": ("train", "precision"),
     "offload": ("train", "offload"),
+    "update_on": ("train", "update_on"),
     "microbatch_size": ("train", "microbatch_size"),
     "dataset": ("data", "dataset"),
     "steps": ("train", "steps"),
@@ -91,6 +92,11 @@ def add_recipe_flags(p) -> None:
     )
     add_precision_flag(p, "compute dtype over float32 params and optimizer state")
     p.add_argument("--offload", help="keep in host memory between steps: none, optimizer or optimizer+params")
+    p.add_argument(
+        "--update-on",
+        help="where the optimizer update runs: device (in the step), or host (the CPU, beside the state "
+        "that --offload optimizer+params keeps there)",
+    )
     p.add_argument(
         "--microbatch-size",
         type=int,

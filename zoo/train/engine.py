@@ -28,8 +28,9 @@ from zoo.parallel import offload as host_offload
 from zoo.precision import FLOAT32, Precision
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
+from zoo.train import host_update
 from zoo.train.accumulate import accumulated_value_and_grad
-from zoo.train.state import TrainState
+from zoo.train.state import TrainState, step_metrics
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Engine:
     precision: Precision = FLOAT32
     offload: str = "none"
     microbatch_size: int | None = None  # a non-private step's gradient accumulation (train.microbatch_size)
+    update_on: str = "device"  # where the optimizer update runs (train.update_on; zoo.train.host_update)
 
     # -- pure pieces ---------------------------------------------------------------------
     def logits(self, params: dict, x: jax.Array) -> jax.Array:
@@ -140,19 +142,25 @@ class Engine:
         return host_offload.fetch(self.layout, state, self.optimizer, self.offload, field)
 
     def apply_grads(self, state: TrainState, loss: jax.Array, grads: dict):
-        opt_state = self._fetch(state, "opt_state")  # the moments come to the device for the update
-        params = self._fetch(state, "params")
-        updates, opt_state = self.optimizer.update(grads, opt_state, params)
-        new_state = TrainState(
+        # The moments (and offloaded params) come to the device for the update.
+        fetched = dataclasses.replace(
+            state, opt_state=self._fetch(state, "opt_state"), params=self._fetch(state, "params")
+        )
+        # The step's outputs leave as its inputs came: one compile.
+        new_state = self.layout.constrain_state(self.updated(fetched, grads), self.optimizer)
+        new_state = host_offload.store(self.layout, new_state, self.optimizer, self.offload)
+        return new_state, step_metrics(loss, grads)
+
+    def updated(self, state: TrainState, grads: dict) -> TrainState:
+        """``state`` after the optimizer's update with ``grads``: the one update, wherever it
+        runs (in the step's program, or on the host: :mod:`zoo.train.host_update`)."""
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        return TrainState(
             step=state.step + 1,
-            params=optax.apply_updates(params, updates),
+            params=optax.apply_updates(state.params, updates),
             opt_state=opt_state,
             rng=state.rng,
         )
-        # The step's outputs leave as its inputs came: one compile.
-        new_state = self.layout.constrain_state(new_state, self.optimizer)
-        new_state = host_offload.store(self.layout, new_state, self.optimizer, self.offload)
-        return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def eval_step_fn(self, trainable: dict, frozen: dict, batch: dict) -> dict:
         trainable = host_offload.fetch_params(self.layout, trainable, self.offload)
@@ -167,12 +175,23 @@ class Engine:
     # -- compiled entry points -----------------------------------------------------------
     @functools.cached_property
     def train_step(self):
-        """``(state, frozen, batch) -> (state, metrics)``; the state is donated."""
+        """``(state, frozen, batch) -> (state, metrics)``; the state is donated. With
+        ``update_on = "host"`` two programs: the gradient on the device, the update on the host
+        (:class:`zoo.train.host_update.HostUpdate`)."""
+        if self.update_on == "host":
+            return host_update.HostUpdate(self)
         return jax.jit(self.train_step_fn, donate_argnames="state")
 
     @functools.cached_property
     def eval_step(self):
         return jax.jit(self.eval_step_fn)
+
+    def eval_params(self, trainable: dict) -> dict:
+        """The trainable params as the eval step takes them: a device copy when the update runs
+        on the host (the state lives there), ``trainable`` itself otherwise."""
+        if self.update_on == "host":
+            return host_update.upload(self, trainable)
+        return trainable
 
     def init_state(self, params: dict, seed: int, key: jax.Array | None = None) -> tuple[TrainState, dict]:
         trainable, frozen = self.freeze.split(params)
@@ -192,10 +211,15 @@ class Engine:
             state = TrainState.create(trainable, self.optimizer, seed, key)
         # Commit everything (to one device, or sharded over the mesh): restored (committed) and
         # fresh (uncommitted) arrays mixed in one state would make the second step compile again.
+        if self.update_on == "host":  # the state on the host CPU device, the frozen leaves on the chip
+            return self.place_state(state), self.layout.place_params(frozen)
         return host_offload.place_state(self.layout, state, frozen, self.optimizer, self.offload)
 
     def place_state(self, state: TrainState) -> TrainState:
-        """A state (a restored one) where the steps keep it: host memory for what is offloaded."""
+        """A state (a restored one) where the steps keep it: host memory for what is offloaded;
+        the host's CPU device when the update runs there."""
+        if self.update_on == "host":
+            return jax.device_put(state, host_update.host_device(self.layout))
         if not host_offload.host_fields(self.offload):
             return state
         return jax.device_put(
@@ -223,6 +247,7 @@ def make_engine(
     precision: Precision = FLOAT32,
     offload: str = "none",
     microbatch_size: int | None = None,
+    update_on: str = "device",
 ) -> Engine:
     """The one way to make an :class:`Engine`.
 
@@ -232,9 +257,12 @@ def make_engine(
     DP-SGD; ``clipped_sum_transform`` is the audit's hook on the clipped sum; ``precision``
     the run's precision policy (float32 by default: no cast anywhere); ``offload`` what lives in
     host memory between steps (:data:`zoo.configs.OFFLOADS`); ``microbatch_size`` splits a
-    non-private step's batch for gradient accumulation (:mod:`zoo.train.accumulate`).
+    non-private step's batch for gradient accumulation (:mod:`zoo.train.accumulate`);
+    ``update_on`` where the optimizer update runs (:mod:`zoo.train.host_update`).
     """
     host_offload.host_fields(offload)
+    layout = layout or layout_for(cfg)
+    host_update.check(update_on, offload, layout)
     if microbatch_size is not None and dp is not None:
         raise ValueError(
             "train.microbatch_size is for a non-private run; under DP set dp.microbatch_size"
@@ -245,12 +273,13 @@ def make_engine(
         stack=stack or StackPlan(get_policy("none"), freeze.frozen_prefix),
         freeze=freeze,
         optimizer=optimizer,
-        layout=layout or layout_for(cfg),
+        layout=layout,
         dp=dp,
         clipped_sum_transform=clipped_sum_transform,
         precision=precision,
         offload=offload,
         microbatch_size=microbatch_size,
+        update_on=update_on,
     )
 
 
@@ -258,8 +287,9 @@ def evaluate(engine: Engine, state: TrainState, frozen: dict, batches) -> dict:
     """Mean loss and accuracy over fixed-shape eval batches (padding masked out), and how many
     examples (LM: windows) they held."""
     totals = {"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0}
+    params = engine.eval_params(state.params)
     for batch in batches:
-        out = engine.eval_step(state.params, frozen, engine.place_batch(batch))
+        out = engine.eval_step(params, frozen, engine.place_batch(batch))
         for key in totals:
             totals[key] += float(out[key])
     count = max(totals["count"], 1.0)

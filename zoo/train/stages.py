@@ -239,6 +239,7 @@ def engine(
         clipped_sum_transform=clipped_sum_transform,
         offload=recipe.train.offload,
         microbatch_size=recipe.train.microbatch_size,
+        update_on=recipe.train.update_on,
     )
 
 
@@ -254,6 +255,7 @@ def start_engine(
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
     offload: str = "none",
     microbatch_size: int | None = None,
+    update_on: str = "device",
 ) -> Engine:
     """Stage 5 from a model start, without a recipe (``zoo bench``): the remat ``policy`` over
     the freeze plan's frozen prefix, the DP ``plan`` (None: no DP), on ``start``'s layout, with
@@ -270,6 +272,7 @@ def start_engine(
         precision=precision,
         offload=offload,
         microbatch_size=microbatch_size,
+        update_on=update_on,
     )
 
 

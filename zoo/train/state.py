@@ -126,3 +126,8 @@ def make_optimizer(cfg: OptimConfig, total_steps: int, clip: bool = True) -> opt
     if clip and cfg.grad_clip_norm is not None:
         opt = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), opt)
     return opt
+
+
+def step_metrics(loss: jax.Array, grads: dict) -> dict:
+    """What every train step reports, besides the clipped-sum transform's report."""
+    return {"loss": loss, "grad_norm": optax.tree.norm(grads)}

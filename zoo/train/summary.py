@@ -103,6 +103,7 @@ def summarize(
         "precision": run.precision.name,
         **attention_ran(run.engine.cfg),
         "offload": run.engine.offload,
+        "update_on": run.engine.update_on,
         "model": recipe.model.preset,
         "dataset": recipe.data.dataset,
         "steps": steps,

@@ -1,0 +1,154 @@
+"""zoo.train.host_update: a step whose optimizer update runs on the host, beside the offloaded
+float32 params and moments, equals the one-program step on the device, and keeps the state on
+the host. Each check has its planted bug."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from tests.conftest import random_params, reduction_size
+from tests.e2e.clikit import refused
+from tests.numerics import assert_close
+from tests.parallel.test_offload import LLAMA, ROWS, STEPS, batch_of
+from zoo.configs import TrainConfig
+from zoo.dp.plan import fixed_batch_plan
+from zoo.errors import ZooError
+from zoo.freeze import resolve_freeze
+from zoo.parallel import layout_for
+from zoo.parallel.mesh import MeshSpec
+from zoo.precision import Precision
+from zoo.train import host_update
+from zoo.train.engine import evaluate, make_engine
+
+
+def train(update_on: str, dp=False, precision="float32", plant=None, microbatch_size=None):
+    """``STEPS`` AdamW steps of a small Llama (a frozen leaf too; DP-SGD with ``dp``), the
+    update on ``update_on``: the final state, the devices of its leaves after each step, the
+    losses, and the engine. ``plant`` replaces the host step's update (a planted bug)."""
+    params = random_params(LLAMA, 1)
+    plan = resolve_freeze(params, ("blocks.mlp_norm",))
+    dp_plan = fixed_batch_plan(ROWS, noise_multiplier=1.0, clip_norm=1.0) if dp else None
+    engine = make_engine(
+        LLAMA,
+        "nnx",
+        plan,
+        optax.adamw(1e-2),
+        dp=dp_plan,
+        offload="optimizer+params" if update_on == "host" else "none",
+        update_on=update_on,
+        precision=Precision(precision),
+        microbatch_size=microbatch_size,
+    )
+    step = engine.train_step
+    if plant is not None:
+        step.update = plant(step.update)
+    state, frozen = engine.init_state(params, 0, jax.random.key(3))
+    where, losses = [devices_of(state)], []
+    for i in range(STEPS):
+        state, metrics = step(state, frozen, batch_of(i))
+        where.append(devices_of(state))
+        losses.append(float(metrics["loss"]))
+    return state, where, losses, engine
+
+
+def devices_of(state) -> set:
+    return {leaf.devices().pop() for leaf in jax.tree.leaves(state)}
+
+
+def check_host_step(dp=False, precision="float32", plant=None, microbatch_size=None) -> None:
+    expected, _, expected_losses, _ = train("device", dp, precision, microbatch_size=microbatch_size)
+    actual, where, losses, engine = train("host", dp, precision, plant, microbatch_size)
+    n = reduction_size(LLAMA, ROWS) * STEPS
+    assert_close(np.array(losses), np.array(expected_losses), n=n, what="losses")
+    for field in ("params", "opt_state", "step"):
+        for a, e in zip(
+            jax.tree.leaves(getattr(actual, field)), jax.tree.leaves(getattr(expected, field)), strict=True
+        ):
+            assert_close(np.asarray(a), np.asarray(e), n=n, what=field)
+    host = host_update.host_device(engine.layout)
+    assert all(after == {host} for after in where), where  # the state never leaves the host
+    if len(jax.devices("cpu")) > 1:  # two devices (tests/e2e/parallel): the host is not the compute one
+        assert host != host_update.compute_device(engine.layout), host
+    assert engine.train_step._cache_size() == 1  # every step's arguments came back alike
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize(
+    "dp, precision, microbatch_size",
+    [(False, "float32", None), (False, "bfloat16", 2), (True, "bfloat16", None)],
+)
+def test_the_host_update_equals_the_device_step_and_keeps_the_state_on_the_host(
+    dp, precision, microbatch_size
+):
+    check_host_step(dp, precision, microbatch_size=microbatch_size)
+
+
+def stale_moments(update):
+    """Planted: the moments the host computes are dropped; the old ones stay."""
+
+    def planted(state, loss, grads):
+        opt_state = jax.tree.map(lambda x: x.copy(), state.opt_state)
+        new, metrics = update(state, loss, grads)
+        return dataclasses.replace(new, opt_state=opt_state), metrics
+
+    return planted
+
+
+def update_twice(update):
+    """Planted: the update is applied again to what the first one wrote."""
+
+    def planted(state, loss, grads):
+        step = state.step.copy()
+        new, _ = update(state, loss, grads)
+        return update(dataclasses.replace(new, step=step), loss, grads)
+
+    return planted
+
+
+@pytest.mark.parametrize("plant", [stale_moments, update_twice])
+def test_the_host_update_check_catches_stale_moments_and_a_double_update(plant):
+    with pytest.raises(AssertionError):
+        check_host_step(plant=plant)
+
+
+def test_the_eval_step_reads_the_host_params():
+    params = random_params(LLAMA, 1)
+    seen = []
+    for update_on in ("device", "host"):
+        offload = "optimizer+params" if update_on == "host" else "none"
+        engine = make_engine(
+            LLAMA, "nnx", resolve_freeze(params, ()), optax.adamw(1e-2), offload=offload, update_on=update_on
+        )
+        state, frozen = engine.init_state(params, 0)
+        seen.append(evaluate(engine, state, frozen, [batch_of(0)])["eval_loss"])
+    assert seen[0] == seen[1]
+
+
+def test_a_bad_update_on_is_one_line_naming_the_valid_ones(capsys, tmp_path):
+    with pytest.raises(ZooError, match="unknown train.update_on 'cpu'.*Valid: device, host"):
+        TrainConfig(update_on="cpu")
+    with pytest.raises(ZooError, match="needs train.offload = 'optimizer\\+params', got 'optimizer'"):
+        TrainConfig(update_on="host", offload="optimizer")
+    with pytest.raises(ZooError, match="--remat auto"):
+        TrainConfig(update_on="host", offload="optimizer+params", remat="auto")
+    params = random_params(LLAMA)
+    with pytest.raises(ValueError, match="is not one of device, host"):
+        make_engine(LLAMA, "nnx", resolve_freeze(params, ()), optax.sgd(1.0), update_on="cpu")
+    refused(
+        capsys,
+        ["train", "digits-mlp", "--update-on", "host", "--out", str(tmp_path / "r")],
+        "optimizer+params",
+        "'none'",
+    )
+
+
+def test_a_mesh_is_refused_in_one_line():
+    layout = layout_for(LLAMA, MeshSpec(data=1))
+    assert layout.is_single  # one device: accepted
+    host_update.check("host", "optimizer+params", layout)
+    many = dataclasses.replace(layout, spec=MeshSpec(data=2))
+    with pytest.raises(ValueError, match="runs on one device; this layout has"):
+        host_update.check("host", "optimizer+params", many)
