@@ -1,0 +1,196 @@
+"""Full-parameter AdamW of a model whose training state does not fit on the chip: ``zoo train``'s
+step with ``[train] offload = "optimizer+params"`` and ``update_on = "host"`` (the float32
+masters and moments on the host, the update on the host's CPU: :mod:`zoo.train.host_update`),
+over a logical batch of ``MICRO x ACCUM`` rows (``train.microbatch_size``).
+
+    python benchmarks/device/host_update.py --preset llama-1b --seq 2048 --rows full:4:16,full:4:32
+    python benchmarks/device/host_update.py --small --rows full:2:2 --compare   # a CPU: tiny, quick
+
+A row is ``REMAT:MICRO:ACCUM``. For each: the device program (the gradient) is compiled from the
+real arrays and its device footprint read (``memory_analysis()``, as ``fits_table.py`` does); a
+row over the chip's ``bytes_limit`` is reported and skipped. Then one warm-up step, ``--steps``
+timed steps (the median), and one step timed phase by phase (params up, gradient, gradient down,
+host update; each blocked, so they do not overlap as in the timed steps). MFU counts
+``fits_table.flops_per_step`` over the median step against the chip's bf16 peak.
+
+``--compare``: the same steps with the update on the device (``offload = none``), from the same
+params, where that fits (``--compare-preset``, default the row's own at ``--small``): the
+largest relative difference of the params and the losses after ``--steps`` + 1 steps.
+
+One JSON line per row on stdout; ``--json FILE`` writes them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from fits_table import PEAK_BF16, config, flops_per_step, footprint, host_params, say  # noqa: E402
+
+import zoo  # noqa: E402
+from zoo import recipes  # noqa: E402
+from zoo.bench.step import bench_start  # noqa: E402
+from zoo.train import stages  # noqa: E402
+
+
+def recipe_for(remat: str, micro: int, accum: int, precision: str, update_on: str = "host"):
+    train = {
+        "remat": remat,
+        "precision": precision,
+        "batch_size": micro * accum,
+        "microbatch_size": micro,
+        "offload": "optimizer+params" if update_on == "host" else "none",
+        "update_on": update_on,
+    }
+    return recipes.parse_recipe({"train": train}, "host-update")
+
+
+def build(cfg, recipe, params: dict, seq: int, seed: int = 0):
+    """``(engine, state, frozen, batch)`` of ``zoo train``'s step for ``recipe`` on ``params``."""
+    engine = stages.engine(recipe, bench_start(cfg, recipe, params), None, recipe.train.steps)
+    rows = recipe.train.batch_size
+    x = zoo.example_batch(cfg, rows, seq_len=seq, seed=seed)
+    batch = {"x": x, "y": zoo.example_labels(cfg, x), "mask": jnp.ones((rows,), jnp.float32)}
+    state, frozen = engine.init_state(params, seed)
+    return engine, state, frozen, engine.place_batch(batch)
+
+
+def phases(step, state, frozen, batch) -> tuple[dict, object]:
+    """One step, each phase blocked and timed: ``({phase: ms}, new state)``."""
+    marks, out = [time.perf_counter()], {}
+    up = jax.block_until_ready(step.up(state))
+    marks.append(time.perf_counter())
+    loss, grads, _ = jax.block_until_ready(step.grads(*up, frozen, batch))
+    marks.append(time.perf_counter())
+    loss, grads = jax.block_until_ready(jax.device_put((loss, grads), step.host))
+    marks.append(time.perf_counter())
+    new, _ = jax.block_until_ready(step.update(state, loss, grads))
+    marks.append(time.perf_counter())
+    for name, a, b in zip(("up", "grads", "down", "update"), marks, marks[1:], strict=False):
+        out[name] = round((b - a) * 1e3, 1)
+    return out, new
+
+
+def measure(cfg, params, row: str, args, limit: int) -> dict:
+    remat, micro, accum = row.split(":")
+    recipe = recipe_for(remat, int(micro), int(accum), args.precision)
+    engine, state, frozen, batch = build(cfg, recipe, params, args.seq)
+    step = engine.train_step
+    rows = recipe.train.batch_size
+    out = {
+        "row": row,
+        "remat": remat,
+        "micro": int(micro),
+        "accum": int(accum),
+        "rows": rows,
+        "seq": args.seq,
+    }
+    tic = time.perf_counter()
+    compiled = step.grads.lower(*step.up(state), frozen, batch).compile()
+    out["compile_s"] = round(time.perf_counter() - tic, 1)
+    out["device_footprint_gib"] = round(footprint(compiled) / 2**30, 3)
+    if footprint(compiled) > limit:
+        return {**out, "fits": False, "why": f"device program {out['device_footprint_gib']} GiB > limit"}
+    times, metrics = [], None
+    for i in range(args.steps + 1):  # the first is the warm-up (it compiles the host's program)
+        t0 = time.perf_counter()
+        state, metrics = step(state, frozen, batch)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t0)
+        say(f"{row}: step {i} {times[-1]:.2f} s, loss {float(metrics['loss']):.4f}")
+    out["phases_ms"], state = phases(step, state, frozen, batch)
+    seconds = statistics.median(times[1:])
+    kind = jax.devices()[0].device_kind
+    chip = next((v for k, v in PEAK_BF16.items() if k.lower() in kind.lower()), None)
+    stats = jax.devices()[0].memory_stats() or {}
+    return {
+        **out,
+        "fits": True,
+        "ms_per_step": round(seconds * 1e3, 1),
+        "tokens_per_s": round(rows * args.seq / seconds, 1),
+        "mfu": None
+        if chip is None
+        else round(flops_per_step(cfg, params, rows, args.seq) / seconds / chip, 4),
+        "peak_bytes_in_use_gib": round(stats.get("peak_bytes_in_use", 0) / 2**30, 3),
+        "loss": float(metrics["loss"]),
+        "device": kind,
+    }
+
+
+def compare(args) -> dict:
+    """The host update against the device step, from the same params, ``--steps`` + 1 steps."""
+    cfg = config(args.compare_preset or args.preset, args.small)
+    seq = cfg.max_len if args.small else args.compare_seq
+    params = host_params(cfg)
+    ends = {}
+    for update_on in ("device", "host"):
+        recipe = recipe_for("full", args.compare_micro, 2, args.precision, update_on)
+        engine, state, frozen, batch = build(cfg, recipe, params, seq)
+        losses = []
+        for _ in range(args.steps + 1):
+            state, metrics = engine.train_step(state, frozen, batch)
+            losses.append(float(metrics["loss"]))
+        ends[update_on] = (jax.device_get(state.params), np.array(losses))
+    (p_dev, l_dev), (p_host, l_host) = ends["device"], ends["host"]
+    rel = max(
+        float(np.max(np.abs(np.asarray(a, np.float64) - b)) / (np.max(np.abs(b)) or 1.0))
+        for a, b in zip(jax.tree.leaves(p_host), jax.tree.leaves(p_dev), strict=True)
+    )
+    return {
+        "compare": cfg.kind if args.small else (args.compare_preset or args.preset),
+        "seq": seq,
+        "steps": args.steps + 1,
+        "params_max_rel_diff": rel,
+        "losses_device": l_dev.tolist(),
+        "losses_host": l_host.tolist(),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="llama-1b")
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--rows", default="full:4:16", help="comma-separated REMAT:MICRO:ACCUM")
+    parser.add_argument("--precision", default="bfloat16")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--small", action="store_true", help="the kind's small config (a CPU)")
+    parser.add_argument("--compare", action="store_true", help="also the device step, where it fits")
+    parser.add_argument("--compare-preset", default=None)
+    parser.add_argument("--compare-seq", type=int, default=1024)
+    parser.add_argument("--compare-micro", type=int, default=4)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    cfg = config(args.preset, args.small)
+    if args.small:
+        args.seq = cfg.max_len
+    stats = jax.devices()[0].memory_stats() or {}
+    limit = int(stats.get("bytes_limit", 2**62))
+    results = []
+    say(f"{args.preset}: drawing params on the device, copying them to the host")
+    params = host_params(cfg)
+    for row in args.rows.split(","):
+        try:
+            results.append(measure(cfg, params, row, args, limit))
+        except Exception as e:  # noqa: BLE001 - one row's failure is its result
+            results.append({"row": row, "fits": False, "error": f"{type(e).__name__}: {str(e)[:400]}"})
+        print(json.dumps(results[-1]), flush=True)
+    del params
+    if args.compare:
+        results.append(compare(args))
+        print(json.dumps(results[-1]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The rows of issues 58 and 59 that only a chip measures, in parts that each fit one device call
+# (10 minutes), run after tpu.sh's set-up:
+#
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh host   # llama-1b AdamW, update on the host
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh dp     # DP at 256 x 8 and 1024 x 8
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh logical  # DP at 1,024 x 1,024 tokens
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh fits   # the rest of the fits table
+#
+# Each command runs under `timeout`, prints as it goes, and writes its JSON under $OUT (default
+# /tmp/out). `SMALL=1` runs every part at a tiny size on a CPU (the same flags otherwise).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+ZOO=("$PY" -c 'import sys; from zoo.cli import main; sys.exit(main(sys.argv[1:]))')  # zoo, uninstalled
+step() {  # step NAME SECONDS CMD...: one bounded command, its output kept in $OUT/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (at most $limit s): $*"
+  local tic=$(date +%s)
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | grep --line-buffered -v '^dp bench: timing round'
+  echo "== $name: exit ${PIPESTATUS[0]} after $(( $(date +%s) - tic )) s"
+}
+if [ "${SMALL:-}" = 1 ]; then
+  GPT=transformer-xs; LLAMA=llama-xs; S256=16; S1024=16; LOGICAL=64; SMALL_FLAG=--small
+else
+  GPT=gpt2-124m; LLAMA=llama-1b; S256=256; S1024=1024; LOGICAL=1024; SMALL_FLAG=
+fi
+BF=(--precision bfloat16 --no-sweep --json)
+case "${1:-}" in
+host)
+  step host_update 480 "$PY" benchmarks/device/host_update.py --preset "$LLAMA" --seq 2048 $SMALL_FLAG \
+    --rows full:4:16,full:4:32,full:2:32 --steps 2 --compare --compare-preset "$GPT" --json "$OUT/host_update.json"
+  ;;
+dp)
+  step dp_256x8 240 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" --forms measure \
+    --methods "ghost,ghost bookkeeping,zoo vmap,jax_privacy clipped_grad"
+  step dp_1024x8_ghost 180 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots --forms measure \
+    --methods "ghost,ghost bookkeeping"
+  step dp_1024x8_vmap 150 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots \
+    --methods "zoo vmap,jax_privacy clipped_grad"
+  ;;
+logical)
+  step dp_logical 420 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" --remat dots \
+    --methods ghost --rounds 2 --steps 1
+  ;;
+fits)
+  rows=gpt2-355m:none:none,gpt2-355m:dots:none,gpt2-355m:full:none,gpt2-355m:offload-layer-input:none
+  rows+=,llama-1b:full:none:frozen,gpt2-355m:full:optimizer+params,gpt2-355m:minimal:none
+  step fits 560 "$PY" benchmarks/device/fits_table.py --seq 2048 --steps 2 --deadline 420 $SMALL_FLAG \
+    --json "$OUT/fits.json" --plot "$OUT/fits.png" --rows "$rows"
+  ;;
+*)
+  echo "usage: open_rows.sh host|dp|logical|fits" >&2
+  exit 2
+  ;;
+esac
