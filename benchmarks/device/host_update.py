@@ -125,8 +125,9 @@ def measure(cfg, params, row: str, args, limit: int) -> dict:
     }
 
 
-def compare(args) -> dict:
-    """The host update against the device step, from the same params, ``--steps`` + 1 steps."""
+def run_both(args) -> dict:
+    """``{update_on: (params, losses)}`` after ``--steps`` + 1 steps with the update on the
+    device and on the host, from the same params."""
     cfg = config(args.compare_preset or args.preset, args.small)
     seq = cfg.max_len if args.small else args.compare_seq
     params = host_params(cfg)
@@ -139,14 +140,21 @@ def compare(args) -> dict:
             state, metrics = engine.train_step(state, frozen, batch)
             losses.append(float(metrics["loss"]))
         ends[update_on] = (jax.device_get(state.params), np.array(losses))
+    return ends
+
+
+def compare(args) -> dict:
+    """The host update against the device step (:func:`run_both`): the largest difference of a
+    param leaf over that leaf's largest magnitude, and both runs' losses."""
+    ends = run_both(args)
     (p_dev, l_dev), (p_host, l_host) = ends["device"], ends["host"]
     rel = max(
         float(np.max(np.abs(np.asarray(a, np.float64) - b)) / (np.max(np.abs(b)) or 1.0))
         for a, b in zip(jax.tree.leaves(p_host), jax.tree.leaves(p_dev), strict=True)
     )
     return {
-        "compare": cfg.kind if args.small else (args.compare_preset or args.preset),
-        "seq": seq,
+        "compare": args.compare_preset or args.preset,
+        "small": args.small,
         "steps": args.steps + 1,
         "params_max_rel_diff": rel,
         "losses_device": l_dev.tolist(),
@@ -154,7 +162,7 @@ def compare(args) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="llama-1b")
     parser.add_argument("--seq", type=int, default=2048)
@@ -167,7 +175,11 @@ def main(argv=None) -> int:
     parser.add_argument("--compare-seq", type=int, default=1024)
     parser.add_argument("--compare-micro", type=int, default=4)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     cfg = config(args.preset, args.small)
     if args.small:
         args.seq = cfg.max_len

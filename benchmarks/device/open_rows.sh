@@ -5,6 +5,7 @@
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh host   # llama-1b AdamW, update on the host
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh dp     # DP at 256 x 8 and 1024 x 8
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh logical  # DP at 1,024 x 1,024 tokens
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh dplora # DP-LoRA of llama-1b, 1,024 x 1,024 tokens
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh fits   # the rest of the fits table
 #
 # Each command runs under `timeout`, prints as it goes, and writes its JSON under $OUT (default
@@ -46,6 +47,10 @@ logical)
   step dp_logical 420 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" --remat dots \
     --methods ghost --rounds 2 --steps 1
   ;;
+dplora)
+  step dp_lora 540 "$PY" benchmarks/device/dp_lora.py --preset "$LLAMA" --seq "$S1024" --batch "$LOGICAL" \
+    --microbatch 8 --remat full $SMALL_FLAG
+  ;;
 fits)
   rows=gpt2-355m:none:none,gpt2-355m:dots:none,gpt2-355m:full:none,gpt2-355m:offload-layer-input:none
   rows+=,llama-1b:full:none:frozen,gpt2-355m:full:optimizer+params,gpt2-355m:minimal:none
@@ -53,7 +58,7 @@ fits)
     --json "$OUT/fits.json" --plot "$OUT/fits.png" --rows "$rows"
   ;;
 *)
-  echo "usage: open_rows.sh host|dp|logical|fits" >&2
+  echo "usage: open_rows.sh host|dp|logical|dplora|fits" >&2
   exit 2
   ;;
 esac

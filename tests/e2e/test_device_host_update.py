@@ -1,0 +1,78 @@
+"""benchmarks/device/host_update.py and dp_lora.py on the CPU, --small, so the scripts a TPU
+runs cannot rot: the host-update run against the device run under the float rule (a planted
+second update makes it fail), the bench's rows and phase timings, and DP-LoRA's rows with their
+tokens/s."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from tests.numerics import assert_close
+from zoo.train import host_update
+
+DEVICE = Path(__file__).resolve().parents[2] / "benchmarks" / "device"
+
+
+def module(name: str):
+    spec = importlib.util.spec_from_file_location(name, DEVICE / f"{name}.py")
+    loaded = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(DEVICE))
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+def run(script: str, *flags: str) -> list[dict]:
+    done = subprocess.run(
+        [sys.executable, str(DEVICE / script), "--small", *flags], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def check_both() -> None:
+    bench = module("host_update")
+    ends = bench.run_both(bench.parse(["--small", "--steps", "1", "--compare-micro", "2"]))
+    (p_dev, l_dev), (p_host, l_host) = ends["device"], ends["host"]
+    n = 4 * 2 * 64  # the largest reduction: rows x steps x the widest contraction (a small llama's)
+    assert_close(l_host, l_dev, n=n, what="losses")
+    for a, e in zip(jax.tree.leaves(p_host), jax.tree.leaves(p_dev), strict=True):
+        assert_close(a, e, n=n, what="params")
+
+
+@pytest.mark.numerics
+def test_the_host_update_bench_runs_what_the_device_step_runs():
+    check_both()
+
+
+def test_the_bench_comparison_catches_an_update_applied_twice(monkeypatch):
+    once = host_update.HostUpdate._update
+
+    def twice(self, state, loss, grads):
+        new, metrics = once(self, state, loss, grads)
+        return once(self, dataclasses.replace(new, step=state.step), loss, grads)
+
+    monkeypatch.setattr(host_update.HostUpdate, "_update", twice)
+    with pytest.raises(AssertionError):
+        check_both()
+
+
+def test_the_host_update_bench_times_its_phases():
+    (row,) = run("host_update.py", "--rows", "full:2:2", "--steps", "1")
+    assert row["fits"] and row["rows"] == 4 and set(row["phases_ms"]) == {"up", "grads", "down", "update"}
+    assert row["tokens_per_s"] == pytest.approx(4 * row["seq"] / (row["ms_per_step"] / 1e3), rel=0.01)
+
+
+def test_the_dp_lora_bench_runs_the_ghost_row_on_adapters():
+    (result,) = run("dp_lora.py", "--batch", "8", "--microbatch", "4")
+    assert [r["method"] for r in result["rows"]] == ["non-private", "ghost"]
+    assert result["frozen_params"] > result["trainable_params"] > 0  # adapters on a frozen base
+    for row in result["rows"]:
+        assert row["tokens_per_s"] == pytest.approx(8 * result["seq"] / (row["step_ms"] / 1e3), rel=0.01)
