@@ -55,6 +55,14 @@ class Recipe:
         check_choices(self.dp)  # clipping and sampler name rows of zoo.dp's tables
         check_pca(self.dp, self.data.dp_pca)  # dp.pca_epsilon exactly with data.dp_pca
         check_unit(self.dp, self.data)  # dp.unit = "user" only where the settings give users
+        mesh = self.mesh
+        if self.train.update_on == "host" and (
+            mesh.fsdp > 1 or mesh.tensor > 1 or mesh.data not in (1, "auto")
+        ):
+            raise ZooError(
+                f"train.update_on = 'host' runs on one device; [mesh] asks for data={mesh.data}, "
+                f"fsdp={mesh.fsdp}, tensor={mesh.tensor}: drop the mesh or set train.update_on = 'device'"
+            )
         if self.dp.enabled and self.train.microbatch_size is not None:
             raise ZooError(
                 f"train.microbatch_size = {self.train.microbatch_size} accumulates a non-private step; "

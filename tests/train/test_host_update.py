@@ -22,6 +22,7 @@ from zoo.parallel.mesh import MeshSpec
 from zoo.precision import Precision
 from zoo.train import host_update
 from zoo.train.engine import evaluate, make_engine
+from zoo.train.hardest import hardest
 
 
 def train(update_on: str, dp=False, precision="float32", plant=None, microbatch_size=None):
@@ -72,7 +73,9 @@ def check_host_step(dp=False, precision="float32", plant=None, microbatch_size=N
     assert all(after == {host} for after in where), where  # the state never leaves the host
     if len(jax.devices("cpu")) > 1:  # two devices (tests/e2e/parallel): the host is not the compute one
         assert host != host_update.compute_device(engine.layout), host
-    assert engine.train_step._cache_size() == 1  # every step's arguments came back alike
+    # Every step's arguments came back alike: each program compiled once (the cast: under bf16).
+    casts = 0 if engine.precision.is_identity else 1
+    assert engine.train_step.cache_sizes() == {"grads": 1, "update": 1, "cast": casts}
 
 
 @pytest.mark.numerics
@@ -114,17 +117,39 @@ def test_the_host_update_check_catches_stale_moments_and_a_double_update(plant):
         check_host_step(plant=plant)
 
 
-def test_the_eval_step_reads_the_host_params():
+def read_only_passes(precision: str = "float32") -> list[tuple]:
+    """For the update on the device and on the host, with a frozen leaf: the eval loss and
+    ``zoo eval --hardest``'s rows, which read the trainable params beside the frozen ones."""
     params = random_params(LLAMA, 1)
     seen = []
     for update_on in ("device", "host"):
         offload = "optimizer+params" if update_on == "host" else "none"
         engine = make_engine(
-            LLAMA, "nnx", resolve_freeze(params, ()), optax.adamw(1e-2), offload=offload, update_on=update_on
+            LLAMA,
+            "nnx",
+            resolve_freeze(params, ("blocks.mlp_norm",)),
+            optax.adamw(1e-2),
+            offload=offload,
+            update_on=update_on,
+            precision=Precision(precision),
         )
         state, frozen = engine.init_state(params, 0)
-        seen.append(evaluate(engine, state, frozen, [batch_of(0)])["eval_loss"])
-    assert seen[0] == seen[1]
+        batch = engine.place_batch(batch_of(0))
+        seen.append(
+            (
+                evaluate(engine, state, frozen, [batch])["eval_loss"],
+                hardest(engine, state, frozen, [batch], 2),
+            )
+        )
+    return seen
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_the_read_only_passes_read_the_host_params(precision):
+    """The eval step and --hardest see the masters' values (bf16: the compute-dtype copy the
+    model casts them to anyway)."""
+    device, host = read_only_passes(precision)
+    assert device == host
 
 
 def test_a_bad_update_on_is_one_line_naming_the_valid_ones(capsys, tmp_path):
@@ -143,6 +168,8 @@ def test_a_bad_update_on_is_one_line_naming_the_valid_ones(capsys, tmp_path):
         "optimizer+params",
         "'none'",
     )
+    argv = ["train", "digits-mlp", "--offload", "optimizer+params", "--update-on", "host", "--mesh", "fsdp=2"]
+    refused(capsys, [*argv, "--out", str(tmp_path / "m")], "runs on one device", "fsdp=2")
 
 
 def test_a_mesh_is_refused_in_one_line():

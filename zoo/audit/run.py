@@ -258,6 +258,7 @@ def canary_losses(engine: Engine, state, frozen, batches: Batches) -> np.ndarray
     the mean over its ``k`` records, as its clipped gradient is."""
     losses = jax.jit(lambda p, fz, x, y: engine.example_losses(p, fz, x, y)[0])
     x, y = batches.examples["x"], batches.examples["y"]
+    params = engine.eval_params(state.params)  # beside the frozen leaves (update_on = host: a device copy)
     chunk = 256
     out = []
     for start in range(0, x.shape[0], chunk):
@@ -266,5 +267,5 @@ def canary_losses(engine: Engine, state, frozen, batches: Batches) -> np.ndarray
         if rows < chunk:  # one shape for every call
             xs = np.concatenate([xs, np.repeat(xs[:1], chunk - rows, axis=0)])
             ys = np.concatenate([ys, np.repeat(ys[:1], chunk - rows, axis=0)])
-        out.append(np.asarray(losses(state.params, frozen, xs, ys))[:rows])
+        out.append(np.asarray(losses(params, frozen, xs, ys))[:rows])
     return np.concatenate(out).astype(np.float64).reshape(-1, batches.k).mean(axis=1)

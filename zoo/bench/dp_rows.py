@@ -119,8 +119,10 @@ def compile_step(step: Step, state, frozen, batch):
 def fresh_state(setup: Setup, params, optimizer, seed: int):
     """A fresh ``(state, frozen)`` of ``params``: the trainable leaves copied (the step donates
     its state), the frozen ones as a training run holds them (in the engine's precision,
-    :meth:`zoo.precision.Precision.held`) and shared by every row, since no step donates them: a
-    frozen 1B base is then on the chip once in bf16, not once per row in float32."""
+    :meth:`zoo.precision.Precision.held`), not copied, since no step donates them. Frozen leaves
+    that come already in the compute dtype are therefore shared by every row (a 1B base held
+    in bf16 is on the chip once, ``benchmarks/device/dp_lora.py``); float32 ones under bf16 are
+    cast once per row."""
     trainable, frozen = setup.engine.freeze.split(params)
     trainable = jax.tree.map(jnp.copy, trainable)
     return TrainState.create(trainable, optimizer, seed), setup.engine.precision.held(frozen)

@@ -187,10 +187,12 @@ class Engine:
         return jax.jit(self.eval_step_fn)
 
     def eval_params(self, trainable: dict) -> dict:
-        """The trainable params as the eval step takes them: a device copy when the update runs
-        on the host (the state lives there), ``trainable`` itself otherwise."""
+        """The trainable params as a read-only pass (the eval step, the audit's canary losses,
+        ``zoo eval --hardest``) takes them beside the frozen ones: a compute-dtype copy on the
+        device when the update runs on the host (the state lives there), ``trainable`` itself
+        otherwise."""
         if self.update_on == "host":
-            return host_update.upload(self, trainable)
+            return self.train_step.params_up(trainable)
         return trainable
 
     def init_state(self, params: dict, seed: int, key: jax.Array | None = None) -> tuple[TrainState, dict]:

@@ -19,8 +19,9 @@ programs and two copies:
    (optax, the device step's own), on the donated masters and moments.
 
 The chip holds the compute-dtype params, the gradient and the activations; never the masters or
-the moments. Between steps the state is on the host's CPU device, where checkpoints, the eval
-step (:func:`upload`) and resumes find it. On a CPU the "device" and the host are one memory,
+the moments. Between steps the state is on the host's CPU device, where checkpoints and resumes
+find it; the eval step and other read-only passes get the compute-dtype copy
+(:meth:`HostUpdate.params_up`). On a CPU the "device" and the host are one memory,
 and a test process with several host devices puts the two halves on two of them.
 """
 
@@ -64,14 +65,15 @@ def host_device(layout) -> jax.Device:
     host's first CPU device; on a CPU, the last CPU device other than the compute device (with
     one CPU device, that device itself)."""
     compute = compute_device(layout)
-    cpus = jax.devices("cpu")
+    try:
+        cpus = jax.devices("cpu")
+    except RuntimeError:
+        raise ValueError(
+            "update_on = 'host' runs the update on the host's CPU backend, and JAX has none here "
+            "(JAX_PLATFORMS leaves it out): add cpu to JAX_PLATFORMS, or set update_on = 'device'"
+        ) from None
     others = [d for d in cpus if d != compute]
     return others[-1] if others else cpus[0]
-
-
-def upload(engine, trainable: dict) -> dict:
-    """``trainable`` (on the host) copied to the compute device, as they are (the eval step)."""
-    return jax.device_put(trainable, SingleDeviceSharding(compute_device(engine.layout)))
 
 
 class HostUpdate:
@@ -96,10 +98,17 @@ class HostUpdate:
         """On the host: the state after the optimizer's update, and the step's metrics."""
         return self.engine.updated(state, grads), step_metrics(loss, grads)
 
+    def params_up(self, params: dict) -> dict:
+        """Trainable ``params`` (on the host) in the compute dtype, on the compute device: what
+        the gradient program reads, and what the eval step and the other read-only passes
+        read (the model casts to that dtype anyway, so their values are the masters')."""
+        params = params if self.engine.precision.is_identity else self._to_compute(params)
+        return jax.device_put(params, SingleDeviceSharding(self.device))
+
     def up(self, state: TrainState):
         """``(params in the compute dtype, step, rng)`` on the compute device."""
-        params = state.params if self.engine.precision.is_identity else self._to_compute(state.params)
-        return jax.device_put((params, state.step, state.rng), SingleDeviceSharding(self.device))
+        step, rng = jax.device_put((state.step, state.rng), SingleDeviceSharding(self.device))
+        return self.params_up(state.params), step, rng
 
     def __call__(self, state: TrainState, frozen: dict, batch: dict):
         loss, grads, report = self.grads(*self.up(state), frozen, batch)
@@ -107,6 +116,16 @@ class HostUpdate:
         new_state, metrics = self.update(state, loss, grads)
         return new_state, {**metrics, **report}
 
+    def cache_sizes(self) -> dict[str, int]:
+        """Compiles of each of the step's programs: the device's gradient, the host's update
+        and the host's cast (1 each once it ran, when every step's arguments come back alike;
+        the cast runs under a compute dtype other than float32 only)."""
+        return {
+            "grads": self.grads._cache_size(),
+            "update": self.update._cache_size(),
+            "cast": self._to_compute._cache_size(),
+        }
+
     def _cache_size(self) -> int:
-        """Compiles of the device program (1 when every step's arguments come back alike)."""
-        return self.grads._cache_size()
+        """The most compiles of any one of the step's programs (``jax.jit``'s own answer)."""
+        return max(self.cache_sizes().values())

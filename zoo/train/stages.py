@@ -34,7 +34,7 @@ from zoo.precision import FLOAT32, Precision
 from zoo.recipes import Recipe
 from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
-from zoo.train import checkpoint, checks
+from zoo.train import checkpoint, checks, host_update
 from zoo.train import projection as fitted
 from zoo.train.engine import Engine, make_engine
 from zoo.train.state import batch_seed, make_optimizer, secret_train_key, train_key
@@ -228,6 +228,11 @@ def engine(
     audit its ``clipped_sum_transform``."""
     checks.warn_long_warmup(recipe.optim, plan_steps)
     checks.warn_remat_without_stack(recipe.train.remat, start.cfg)
+    layout = layout or start.layout
+    try:  # a mesh that --mesh data=auto resolved to several devices, say
+        host_update.check(recipe.train.update_on, recipe.train.offload, layout)
+    except ValueError as error:
+        raise ZooError(f"train.{error}") from None
     return start_engine(
         start,
         recipe.model.backend,
