@@ -293,24 +293,31 @@ def _label(row: dict) -> str:
     )
 
 
+# What every "nothing fits" line offers besides a smaller step: the state off the chip.
+_HOST = (
+    ", or keep the optimizer state and the float32 params on the host and update there "
+    "(--offload optimizer+params --update-on host, with a named --remat policy)"
+)
+
+
 def nothing_fits(rows: list[dict], budget: int) -> ZooError:
     compiled = [r for r in rows if not r.get("compile_oom")]
     if not compiled:
         return ZooError(
             f"--remat auto: no policy fits the memory budget of {budget:,} bytes: the device's compiler "
-            f"refused all {len(rows)} for memory. Shrink the batch or model"
+            f"refused all {len(rows)} for memory. Shrink the batch or model{_HOST}"
         )
     ran_out = [r for r in compiled if r.get("out_of_memory") and footprint(r) <= budget]
     if ran_out:
         return ZooError(
             f"--remat auto: no policy fits the memory budget of {budget:,} bytes: "
             f"{', '.join(_label(r) for r in ran_out)} fit by their compiled footprint but ran out of "
-            "memory when run. Shrink the batch or model"
+            f"memory when run. Shrink the batch or model{_HOST}"
         )
     smallest = min(compiled, key=footprint)
     return ZooError(
         f"--remat auto: no policy fits the memory budget of {budget:,} bytes ({budget / 2**20:.1f} MiB); "
         f"the smallest footprint is {_label(smallest)!r} at {footprint(smallest):,} bytes "
         f"({footprint(smallest) / 2**20:.1f} MiB: temp {int(smallest['temp_bytes']):,} + arguments "
-        f"{int(smallest['argument_bytes']):,}). Raise --memory-budget, or shrink the batch or model"
+        f"{int(smallest['argument_bytes']):,}). Raise --memory-budget, or shrink the batch or model{_HOST}"
     )
