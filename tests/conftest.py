@@ -82,3 +82,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/e2e/parallel/" in str(item.fspath):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def compile_cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("jax-cache")
+
+
+@pytest.fixture(scope="module")
+def compile_cache(compile_cache_dir):
+    """JAX's persistent compilation cache on for one module's tests, so that programs compiled
+    again with the same HLO (the two runs of a pair of neighbouring datasets, the same CLI run
+    in several tests or modules) are read back instead of compiled. It changes which compile an
+    executable comes from, not what it computes; the cache is off again after the module. One
+    folder per session (per xdist worker)."""
+    from jax._src import compilation_cache
+
+    names = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    before = {name: getattr(jax.config, name) for name in names}
+    compilation_cache.reset_cache()
+    jax.config.update("jax_compilation_cache_dir", str(compile_cache_dir))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    yield
+    for name, value in before.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()

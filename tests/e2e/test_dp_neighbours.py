@@ -22,7 +22,8 @@ from zoo.data import load_dataset
 from zoo.data.arrays import split_indices
 from zoo.models.paths import flat_by_path
 
-pytestmark = pytest.mark.xdist_group("dp-neighbours")
+# Both runs of a pair (and most pairs) compile the same programs: the second reads them back.
+pytestmark = [pytest.mark.xdist_group("dp-neighbours"), pytest.mark.usefixtures("compile_cache")]
 
 ROWS, EVAL = 40, 0.2
 TRAIN = split_indices(ROWS, EVAL, 0, "pair")[0]  # the rows a changed record must be among

@@ -27,7 +27,8 @@ from zoo.train.loop import train_recipe
 from zoo.train.run import build_run, local_batch, train_batch
 from zoo.train.task import fit_model_to_task, load_task
 
-pytestmark = pytest.mark.xdist_group("tokens")  # the module's store and finished run are built once
+# The module's store and finished run are built once; runs that repeat a program read it back.
+pytestmark = [pytest.mark.xdist_group("tokens"), pytest.mark.usefixtures("compile_cache")]
 
 SEQ = 16
 TINY = {
