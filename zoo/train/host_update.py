@@ -5,7 +5,7 @@ ZeRO-Offload's split (Ren et al., 2021; DeepSpeed's "CPU Adam"). With ``offload 
 both moments to the chip and writes them back: on a TPU v5e a write to host memory inside
 ``jit`` measured 0.55 GB/s (``benchmarks/device/bandwidth.py``), about 27 s a step for a 1B
 model's 15 GB of state. Here the state never leaves the host. Each step is two compiled
-programs and two copies:
+programs (three under a compute dtype other than float32: the host's cast) and two copies:
 
 1. the host casts the params to the compute dtype (half the bytes under bfloat16) and copies
    them up to the device;
