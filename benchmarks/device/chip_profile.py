@@ -1,7 +1,7 @@
 """Where the chip's time goes, op by op: the profile that comes before a speed change.
 
-    python benchmarks/device/profile.py --parts dp,host,decode,info --out "$OUT"
-    python benchmarks/device/profile.py --small --parts dp,host,decode,info --out /tmp/prof   # a CPU
+    python benchmarks/device/chip_profile.py --parts dp,host,decode,info --out "$OUT"
+    python benchmarks/device/chip_profile.py --small --parts dp,host,decode,info --out /tmp/prof   # a CPU
 
 Parts (each prints as it goes; ``--out`` keeps the raw rows as JSON and the programs' HLO, gzipped,
 so that the profile can be read again without the chip):
@@ -111,7 +111,7 @@ def dp_part(args, out: Path | None) -> dict:
         for name, run in runs.items():
             state = {"s": run["state"]}
 
-            def call(run=run, state=state):
+            def call(run=run, state=state, data=data):
                 state["s"], metrics = run["compiled"](state["s"], run["frozen"], data)
                 jax.block_until_ready(metrics)
 
