@@ -168,10 +168,6 @@ class OptimConfig:
             )
 
 
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
 MAX_STEPS = 2**31 - 1  # the step counter of the training state is an int32
 MAX_SEED = 2**32 - 1  # the largest seed the train/eval split (numpy's legacy seeding) takes
 
@@ -190,8 +186,9 @@ class TrainConfig:
     precision: str = "float32"  # compute dtype over float32 params (zoo.precision.PRECISIONS)
     offload: str = "none"  # what lives in host memory between steps (OFFLOADS)
     update_on: str = "device"  # where the optimizer update runs (UPDATES_ON); host: offload optimizer+params
-    # A non-private step takes its batch this many rows at a time, adding up the gradients
-    # (zoo.train.accumulate); None: the whole batch at once. Under DP: dp.microbatch_size.
+    # A step takes its batch this many rows at a time (zoo.microbatch): a non-private step adds
+    # up the gradients, a DP step its clipped sums (the noise is drawn once); None: the whole
+    # batch at once. The one knob: checked against the batch by the recipe (zoo.recipes).
     microbatch_size: int | None = None
     tensorboard: bool = True  # write RUN/tb/ event files beside metrics.jsonl (zoo.train.tracking)
 
@@ -199,7 +196,6 @@ class TrainConfig:
         require_choice("train.precision", self.precision, PRECISIONS)
         require_choice("train.offload", self.offload, OFFLOADS)
         self._check_update_on()
-        self._check_microbatch()
         if not isinstance(self.tensorboard, bool):
             raise ZooError(f"train.tensorboard must be true or false, got {self.tensorboard!r}")
         require_positive(
@@ -240,23 +236,6 @@ class TrainConfig:
             raise ZooError(
                 "--remat auto measures the step as one compiled program, and train.update_on = 'host' "
                 "splits it between the device and the host: name a remat policy, or set train.update_on = 'device'"
-            )
-
-    def _check_microbatch(self) -> None:
-        mb = self.microbatch_size
-        if mb is None:
-            return
-        if not isinstance(mb, int) or isinstance(mb, bool) or mb < 1 or not isinstance(self.batch_size, int):
-            valid = (
-                _divisors(self.batch_size) if isinstance(self.batch_size, int) else "divisors of the batch"
-            )
-            raise ZooError(
-                f"train.microbatch_size must be a positive int or none, got {mb!r}; valid microbatch sizes: {valid}"
-            )
-        if self.batch_size % mb:
-            raise ZooError(
-                f"train.microbatch_size {mb} does not divide train.batch_size {self.batch_size}; "
-                f"valid microbatch sizes: {_divisors(self.batch_size)}"
             )
 
 
@@ -307,7 +286,6 @@ class DPConfig:
     noise_multiplier: float | None = None
     clip_norm: float = 1.0
     expected_batch_size: int = 256
-    microbatch_size: int | None = None  # the DP step takes its batch this many at a time (zoo.dp.microbatch)
     accountant: str = "pld"
     clipping: str = "ghost"  # a row of zoo.dp.clipping.CLIPPING; "vmap" is the general path
     sampler: str = "poisson"  # a row of zoo.dp.sampling.SAMPLERS

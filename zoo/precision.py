@@ -122,6 +122,7 @@ FLOAT32_SCOPES = (
     "f32_per_example_norms",  # DP: per-example gradient norms
     "f32_clip_factors",  # DP: min(1, C / norm)
     "f32_clipped_sum",  # DP: the sum of clipped per-example gradients
+    "f32_accumulate",  # microbatches (zoo.microbatch): the running totals of the summed outputs
     "f32_noise",  # DP: the Gaussian noise, added to the clipped sum, and the mean
 )
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from zoo import microbatch
 from zoo.checks import is_number, require_choice
 from zoo.configs import (
     ByteSize,
@@ -63,11 +64,13 @@ class Recipe:
                 f"train.update_on = 'host' runs on one device; [mesh] asks for data={mesh.data}, "
                 f"fsdp={mesh.fsdp}, tensor={mesh.tensor}: drop the mesh or set train.update_on = 'device'"
             )
-        if self.dp.enabled and self.train.microbatch_size is not None:
-            raise ZooError(
-                f"train.microbatch_size = {self.train.microbatch_size} accumulates a non-private step; "
-                "under DP set dp.microbatch_size (the clipped sums accumulate, the noise is drawn once)"
-            )
+        # The one knob: a non-private step's batch must split into it; a DP step's padded
+        # Poisson batch is padded to a multiple of it (zoo.dp.plan), so only the size is checked.
+        rows = None if self.dp.enabled else self.train.batch_size
+        try:
+            microbatch.count(rows, self.train.microbatch_size)
+        except ValueError as error:
+            raise ZooError(str(error)) from None
 
     @property
     def model_config(self):
@@ -123,7 +126,9 @@ def _coerce(value, hint, where: str):
 
 
 def _section(base, values: Mapping[str, object], where: str):
-    """``base`` (a section) with ``values`` replaced, each checked against its field's type."""
+    """``base`` (a section) with ``values`` replaced, each checked against its field's type
+    (a key that moved is refused, or read in its new spelling: :func:`_moved`)."""
+    values = _moved(base, values, where)
     cls = type(base)
     hints = typing.get_type_hints(cls)
     fields = [f.name for f in dataclasses.fields(cls)]
@@ -132,6 +137,18 @@ def _section(base, values: Mapping[str, object], where: str):
         require_choice(f"key in [{where}]", key, fields)
         kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
     return dataclasses.replace(base, **kwargs)
+
+
+def _moved(base, values: Mapping[str, object], where: str) -> Mapping[str, object]:
+    """``values`` with the keys that moved dealt with: ``dp.microbatch_size`` is
+    ``train.microbatch_size`` (one knob for every step), refused in one line naming it."""
+    if where == "dp" and "microbatch_size" in values:
+        raise ZooError(
+            f"dp.microbatch_size = {values['microbatch_size']!r} is now train.microbatch_size, the one "
+            "microbatch setting of every step (under DP the clipped sums accumulate over it, the noise "
+            "is drawn once): set train.microbatch_size (--set train.microbatch_size=K, or --microbatch-size K)"
+        )
+    return values
 
 
 def model_section(values: Mapping[str, object], base: ModelSection | None = None) -> ModelSection:

@@ -40,7 +40,14 @@ def variants(recipe, frozen, frozen_lr):
     for patterns in frozen:
         off = {"lora.rank": 0, "lora.targets": [], "freeze.patterns": patterns.split(",")}
         yield f"dp-frozen:{patterns}", {**off, **lr}
-    yield "lora", {"dp.enabled": False, "train.batch_size": int(recipe.dp.expected_batch_size)}
+    yield (
+        "lora",
+        {
+            "dp.enabled": False,
+            "train.batch_size": int(recipe.dp.expected_batch_size),
+            "train.microbatch_size": None,
+        },
+    )
 
 
 def main(argv=None) -> int:

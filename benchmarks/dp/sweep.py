@@ -243,7 +243,9 @@ def run_sweep(args) -> dict:
             values = _rescale_batch(point, base.dp.expected_batch_size, n_full, n_sweep)
             if math.isinf(eps):
                 ebs = values.get("dp.expected_batch_size", base.dp.expected_batch_size)
-                values.update({"dp.enabled": False, "train.batch_size": int(ebs)})
+                values.update(
+                    {"dp.enabled": False, "train.batch_size": int(ebs), "train.microbatch_size": None}
+                )
             else:
                 values.update({"dp.epsilon": eps})
             tic = time.perf_counter()
@@ -296,7 +298,13 @@ def run_final(args) -> dict:
             for seed in seeds:
                 values = {"train.seed": seed}
                 if math.isinf(eps):
-                    values.update({"dp.enabled": False, "train.batch_size": base.dp.expected_batch_size})
+                    values.update(
+                        {
+                            "dp.enabled": False,
+                            "train.batch_size": base.dp.expected_batch_size,
+                            "train.microbatch_size": None,
+                        }
+                    )
                 else:
                     values["dp.epsilon"] = eps
                 recipe = settings.with_values(base, values)

@@ -45,12 +45,14 @@ OLD_TRUNCATION = 1e-9
 def plans(name: str, epsilon: float) -> dict:
     recipe = recipes.load_recipe(name)
     dp, steps = recipe.dp, recipe.train.steps
-    multiple = dp.microbatch_size or 1
+    multiple = recipe.train.microbatch_size or 1
     at_eps = settings.with_values(recipe, {"dp.epsilon": epsilon, "dp.noise_multiplier": None})
     # N from the data stage of `zoo train`. Before: loaded as then, without the DP loader (which
     # splits before it drops the rows outside data.classes) and, for a DP LM, with the
     # vocabulary fitted on its own text (data.vocabulary unset), which a DP run now refuses.
-    fitted = settings.with_values(recipe, {"data.vocabulary": None, "dp.enabled": False})
+    fitted = settings.with_values(
+        recipe, {"data.vocabulary": None, "dp.enabled": False, "train.microbatch_size": None}
+    )
     n_before = stages.load_data(fitted).num_train
     task = stages.load_data(at_eps)
     n_after = task.num_train

@@ -68,7 +68,15 @@ def test_microbatch_flag_takes_every_row_in_microbatches(capsys):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--microbatch", "5"], "microbatch size 5 must divide the batch 32; valid: 1, 2, 4, 8, 16, 32"),
+        (
+            ["--microbatch", "5"],
+            "--microbatch must be a positive int that divides the batch of 32 rows, got 5; "
+            "valid microbatch sizes: 1, 2, 4, 8, 16, 32",
+        ),
+        (
+            ["--microbatch", "-2"],
+            "--microbatch must be a positive int that divides the batch of 32 rows, got -2",
+        ),
         (["--remat", "nope"], "nope"),
     ],
 )
@@ -82,7 +90,7 @@ def test_bad_bench_flags_are_one_line(flags, message):
 
 def _kwargs(flags):
     name, value = flags
-    return {name.lstrip("-"): int(value) if value.isdigit() else value}
+    return {name.lstrip("-"): int(value) if value.lstrip("-").isdigit() else value}
 
 
 @pytest.mark.numerics

@@ -18,11 +18,12 @@ from tests.conftest import fast_jit, labels_for, random_params
 from tests.numerics import assert_close
 from zoo.configs import DPConfig
 from zoo.data.users import group_rows
-from zoo.dp.microbatch import microbatch_count, valid_microbatch_sizes
 from zoo.dp.plan import fixed_batch_plan, make_plan
 from zoo.dp.users import group_users
 from zoo.freeze import resolve_freeze
 from zoo.jaxprs import iter_eqns
+from zoo.microbatch import count as microbatch_count
+from zoo.microbatch import valid_sizes as valid_microbatch_sizes
 from zoo.models import registry
 from zoo.parallel import layout_for
 from zoo.precision import Precision
@@ -112,7 +113,7 @@ class NoisePerMicrobatch(Engine):
     and the step adds none after the sum; the step's variance grows with the microbatches."""
 
     def clipped_sum(self, state, frozen, batch):
-        from zoo.dp import microbatch as mb
+        from zoo.dp import clipping as mb
 
         clip = zoo.dp.clipping_method(self.dp.clipping).clip
         counter = iter(range(1_000))
@@ -169,7 +170,7 @@ def test_a_microbatch_that_does_not_divide_the_padded_batch_is_refused_in_one_li
         engine.clipped_sum(state, frozen, batch_for(MLP))
     message = str(error.value)
     assert "\n" not in message
-    assert "dp.microbatch_size 5" in message and "padded batch of 12" in message
+    assert "train.microbatch_size" in message and "got 5" in message and "batch of 12 rows" in message
     assert message.endswith("valid microbatch sizes: 1, 2, 3, 4, 6, 12")
     assert valid_microbatch_sizes(12) == [1, 2, 3, 4, 6, 12]
     assert microbatch_count(12, None) == 1 and microbatch_count(12, 4) == 3

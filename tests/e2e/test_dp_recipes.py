@@ -22,7 +22,7 @@ def test_a_real_size_dp_recipe_takes_a_million_token_logical_batch(name):
     assert recipe.model.preset == NAMES[name][0] and recipe.dp.enabled
     assert recipe.data.seq_len == 1024 and recipe.dp.expected_batch_size == 1024
     assert recipe.data.seq_len * recipe.dp.expected_batch_size == 2**20  # the logical batch
-    assert recipe.dp.microbatch_size == 8 and recipe.train.precision == "bfloat16"
+    assert recipe.train.microbatch_size == 8 and recipe.train.precision == "bfloat16"
     assert recipe.lora.enabled == name.endswith("-lora")
 
 
@@ -44,7 +44,7 @@ def test_a_real_size_dp_recipe_trains_small_with_its_own_settings(tmp_path, caps
         "--set",
         "dp.expected_batch_size=16",
         "--set",
-        "dp.microbatch_size=4",
+        "train.microbatch_size=4",
         "--out",
         str(tmp_path / "run"),
     ]

@@ -112,7 +112,7 @@ def test_microbatched_vmap_clipping_with_a_given_noise_multiplier(tmp_path):
             "train.steps": 3,
             "train.eval_every": 3,
             "dp.clipping": "vmap",
-            "dp.microbatch_size": 64,
+            "train.microbatch_size": 64,
             "dp.epsilon": None,
             "dp.noise_multiplier": 8.0,
         }
@@ -147,12 +147,12 @@ def test_bad_dp_settings_give_clear_errors(setting, needles, tmp_path, capsys):
 
 
 def test_microbatched_ghost_clipping_spends_the_same_epsilon(tmp_path):
-    """Ghost clipping in microbatches of 64 (zoo.dp.microbatch) through the loop: one compile,
+    """Ghost clipping in microbatches of 64 (zoo.microbatch) through the loop: one compile,
     a padded batch of whole microbatches, and the summary's epsilon, delta, noise and q those of
     the run without microbatches."""
     summaries = {}
     for microbatch in (None, 64):
-        recipe = quick_dp(**{"train.steps": 3, "train.eval_every": 3, "dp.microbatch_size": microbatch})
+        recipe = quick_dp(**{"train.steps": 3, "train.eval_every": 3, "train.microbatch_size": microbatch})
         summaries[microbatch] = train_recipe(recipe, tmp_path / str(microbatch), show_progress=False)
     micro, whole = summaries[64], summaries[None]
     assert micro["compile_count"] == 1 and micro["padded_batch_size"] % 64 == 0

@@ -1,4 +1,5 @@
-"""Gradient accumulation of a non-private step (zoo.train.accumulate, ``train.microbatch_size``):
+"""Gradient accumulation of a non-private step (zoo.microbatch through the engine's
+``mean_loss_and_grad``, ``train.microbatch_size``):
 the step over k microbatches equals the one-batch step (loss, gradient and the updated state,
 padding rows included) under the float rule, with planted bugs that the comparison catches; and
 the settings are checked at the recipe's edge."""
@@ -10,14 +11,14 @@ import pytest
 
 import zoo
 from tests.conftest import fast_jit, labels_for, random_params
+from tests.e2e.clikit import refused
 from tests.numerics import assert_close
-from zoo import recipes
+from zoo import microbatch, recipes
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.losses import masked_mean
 from zoo.models import registry
-from zoo.train import accumulate
-from zoo.train.engine import make_engine
+from zoo.train.engine import make_engine, mean_loss_and_grad
 
 CFG = zoo.get_config(registry.get_kind("transformer").small, num_layers=2)
 ROWS = 8
@@ -75,7 +76,7 @@ TOY = {
 @pytest.mark.numerics
 def test_toy_accumulation_equals_plain_grad():
     params = {"w": jnp.linspace(0.5, 1.5, 4)}
-    loss, grads = accumulate.accumulated_value_and_grad(_losses, params, TOY, 2)
+    loss, grads = mean_loss_and_grad(_losses, params, TOY, 2)
     ref_loss, ref_grads = _reference(params, TOY)
     assert_close(loss, ref_loss, n=6 * 4, what="loss")
     assert_close(grads, ref_grads, n=6 * 4, what="grad")
@@ -87,13 +88,18 @@ def test_the_comparison_catches_planted_bugs(monkeypatch, plant):
     another gradient: the float-rule comparison above fails on them."""
     params = {"w": jnp.linspace(0.5, 1.5, 4)}
     if plant == "the carry keeps the last microbatch":
-        monkeypatch.setattr(accumulate, "_add", lambda acc, grad: grad.astype(acc.dtype))
+        real_scan = jax.lax.scan
+
+        def scan(body, init, xs):
+            return real_scan(lambda c, x: body(jax.tree.map(jnp.zeros_like, c), x), init, xs)
+
+        monkeypatch.setattr(jax.lax, "scan", scan)
     else:
-        real_split = accumulate.split_microbatches
+        real_split = microbatch.split
         monkeypatch.setattr(
-            accumulate, "split_microbatches", lambda t, n: jax.tree.map(lambda a: a[:-1], real_split(t, n))
+            microbatch, "split", lambda t, n: jax.tree.map(lambda a: a[:-1], real_split(t, n))
         )
-    _, grads = accumulate.accumulated_value_and_grad(_losses, params, TOY, 2)
+    _, grads = mean_loss_and_grad(_losses, params, TOY, 2)
     _, ref_grads = _reference(params, TOY)
     with pytest.raises(AssertionError):
         assert_close(grads, ref_grads, n=6 * 4, what="grad")
@@ -102,20 +108,32 @@ def test_the_comparison_catches_planted_bugs(monkeypatch, plant):
 def test_a_microbatch_that_does_not_divide_the_batch_is_one_line_naming_the_valid_sizes():
     with pytest.raises(
         ZooError,
-        match=r"train.microbatch_size 3 does not divide train.batch_size 8; valid microbatch sizes: 1, 2, 4, 8",
+        match=r"train.microbatch_size must be a positive int that divides the batch of 8 rows, got 3; "
+        r"valid microbatch sizes: 1, 2, 4, 8",
     ):
         recipes.parse_recipe({"train": {"batch_size": 8, "microbatch_size": 3}})
     with pytest.raises(ZooError, match=r"got 0; valid microbatch sizes: 1, 2, 4, 8"):
         recipes.parse_recipe({"train": {"batch_size": 8, "microbatch_size": 0}})
     with pytest.raises(ValueError, match="valid microbatch sizes: 1, 2, 3, 6"):
-        accumulate.accumulated_value_and_grad(_losses, {"w": jnp.ones(4)}, TOY, 4)
+        mean_loss_and_grad(_losses, {"w": jnp.ones(4)}, TOY, 4)
 
 
-def test_under_dp_the_train_microbatch_is_refused_naming_dp_microbatch_size():
-    with pytest.raises(ZooError, match="under DP set dp.microbatch_size"):
-        recipes.parse_recipe(
-            {
-                "train": {"batch_size": 8, "microbatch_size": 4},
-                "dp": {"enabled": True, "noise_multiplier": 1.0},
-            }
-        )
+def test_one_knob_under_dp_too_and_the_old_dp_key_is_one_line_naming_it(capsys, tmp_path):
+    """train.microbatch_size is every step's: under DP it is the clipping's (the padded Poisson
+    batch is padded to a multiple of it, so train.batch_size need not divide by it); the old
+    dp.microbatch_size, in a recipe or by --set, is refused in one line naming the new key."""
+    dp = {"enabled": True, "noise_multiplier": 1.0}
+    recipe = recipes.parse_recipe({"train": {"batch_size": 8, "microbatch_size": 3}, "dp": dp})
+    assert recipe.train.microbatch_size == 3
+    with pytest.raises(
+        ZooError, match=r"train.microbatch_size must be a positive int that divides the batch, got 0$"
+    ):
+        recipes.parse_recipe({"train": {"microbatch_size": 0}, "dp": dp})
+    for doc in ({"dp": {**dp, "microbatch_size": 4}}, {"dp": {"microbatch_size": 4}}):
+        with pytest.raises(ZooError, match=r"^dp.microbatch_size = 4 is now train.microbatch_size") as error:
+            recipes.parse_recipe(doc)
+        assert "\n" not in str(error.value)
+    argv = ["train", "digits-mlp-dp", "--set", "dp.microbatch_size=0", "--out", str(tmp_path / "r")]
+    refused(
+        capsys, argv, "dp.microbatch_size = 0 is now train.microbatch_size", "--set train.microbatch_size=K"
+    )

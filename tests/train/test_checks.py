@@ -24,6 +24,16 @@ def test_a_batch_size_of_a_trillion_is_refused_in_one_line(capsys, tmp_path):
     refused(capsys, argv, "train.batch_size", "1,000,000,000,000 rows")
 
 
+def test_an_oversized_microbatch_under_dp_is_blamed_on_train_microbatch_size(capsys, tmp_path):
+    """Issue 67, item 6: the padded batch a trillion-row microbatch makes was blamed on
+    dp.expected_batch_size (720 in the recipe)."""
+    argv = ["train", "digits-mlp-dp", "--steps", "1", "--set", f"train.microbatch_size={10**12}"]
+    line = refused(
+        capsys, [*argv, "--out", str(tmp_path / "r")], "train.microbatch_size", "1,000,000,000,000 rows"
+    )
+    assert "dp.expected_batch_size" not in line
+
+
 def test_a_trillion_records_per_user_is_refused_in_one_line(capsys, tmp_path):
     """Issue 60, item 9: ULS's [users, k] slots of k = 10**12 ended in _ArrayMemoryError."""
     path = tmp_path / "users.csv"

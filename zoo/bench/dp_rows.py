@@ -16,14 +16,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from zoo import microbatch as microbatches
 from zoo.api import example_batch, example_labels
 from zoo.bench.common import memory_stats
 from zoo.dp import CLIPPING, privatize
-from zoo.dp.microbatch import microbatch_count, split_microbatches, valid_microbatch_sizes
 from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS
 from zoo.dp.plan import DPPlan, fixed_batch_plan
 from zoo.errors import ZooError
-from zoo.losses import per_example_loss
 from zoo.precision import FLOAT32, Precision
 from zoo.train import stages
 from zoo.train.engine import Engine
@@ -95,13 +94,13 @@ def setup_from(
     return setup, start.params
 
 
-def check_microbatch(k: int, batch: int) -> int:
-    """``k`` if it divides the batch; else a ZooError naming both and the valid sizes."""
+def check_microbatch(k: int, batch: int, name: str = "--microbatch") -> int:
+    """``k`` if it divides the batch; else a ZooError naming ``name``, ``k`` and the valid sizes
+    (:func:`zoo.microbatch.count`'s one message)."""
     try:
-        microbatch_count(batch, k)
-    except ValueError:
-        valid = ", ".join(map(str, valid_microbatch_sizes(batch)))
-        raise ZooError(f"microbatch size {k!r} must divide the batch {batch}; valid: {valid}") from None
+        microbatches.count(batch, k, name)
+    except ValueError as error:
+        raise ZooError(str(error)) from None
     return k
 
 
@@ -210,32 +209,11 @@ def _sgd_step(setup: Setup, grads_fn) -> Step:
 
 
 def _non_private(setup: Setup):
-    """The engine's ordinary step; with ``step_microbatch``, the same gradient of the mean loss
-    accumulated over the microbatches (float32), as the DP rows take them."""
-    if setup.step_microbatch is None:
-        return setup.engine.train_step_fn, setup.engine.optimizer
-    engine = setup.engine
-
-    def grads_fn(state, frozen, batch):
-        n = microbatch_count(batch["mask"].shape[0], setup.step_microbatch)
-
-        def summed_loss(trainable, part):
-            losses = per_example_loss(
-                engine.logits(engine.freeze.merge(trainable, frozen), part["x"]), part["y"]
-            )
-            return jnp.where(part["mask"] > 0, losses * part["mask"], 0.0).sum()
-
-        def body(carry, part):
-            loss, grads = jax.value_and_grad(summed_loss)(state.params, part)
-            return jax.tree.map(lambda c, g: c + g.astype(jnp.float32), carry, (loss, grads)), None
-
-        init = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), (jnp.zeros(()), state.params))
-        parts = split_microbatches({k: batch[k] for k in ("x", "y", "mask")}, n)
-        (loss, grads), _ = jax.lax.scan(body, init, parts)
-        count = jnp.maximum(batch["mask"].sum(), 1.0)
-        return loss / count, jax.tree.map(lambda g, p: (g / count).astype(p.dtype), grads, state.params)
-
-    return _sgd_step(setup, grads_fn), engine.optimizer
+    """The engine's ordinary step; with ``step_microbatch``, the engine's step accumulating the
+    gradient of the mean loss over the microbatches (:func:`zoo.microbatch.accumulate`), as the
+    DP rows take them."""
+    engine = dataclasses.replace(setup.engine, microbatch_size=setup.step_microbatch)
+    return engine.train_step_fn, engine.optimizer
 
 
 def _zoo_step(clipping: str, microbatched: bool, noise_prng: str) -> Builder:

@@ -100,7 +100,8 @@ def add_recipe_flags(p) -> None:
     p.add_argument(
         "--microbatch-size",
         type=int,
-        help="accumulate each step's gradient over microbatches of this many rows (non-private runs)",
+        help="take each step's batch this many rows at a time (train.microbatch_size): the gradient, or "
+        "under DP the clipped sums, accumulate; the noise is drawn once",
     )
     p.add_argument("--dataset", help=dataset_help())
     p.add_argument("--steps", type=int)

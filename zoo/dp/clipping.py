@@ -7,9 +7,10 @@ removing one example changes that sum by at most ``C`` in L2 norm, which is the
 sensitivity the Gaussian mechanism in :mod:`zoo.dp.noise` is calibrated to.
 
 Per-example gradients are materialised with ``jax.vmap(jax.grad(...))``.  With
-``microbatch_size=k`` the batch is cut into ``B // k`` chunks that are processed
-one after another by ``jax.lax.scan``; only the running sum is carried, so the
-temporary memory is about ``k`` gradient copies instead of ``B``.
+``microbatch_size=k`` the batch is taken ``k`` examples at a time by the one microbatch loop
+(:func:`zoo.microbatch.accumulate`); only the running sum is carried, so the temporary memory
+is about ``k`` gradient copies instead of ``B``. The engine's clipping in microbatches, for
+every method of the table, is :func:`accumulated_clip`, over the same loop.
 
 Clipping methods form a table, as remat policies do (:mod:`zoo.remat`): each registers by
 name (:func:`register_clipping`) behind one call signature, :data:`ClipFn`. The engine,
@@ -19,6 +20,7 @@ recipe names a row. ``vmap`` (this module) and ``ghost`` (:mod:`zoo.dp.ghost`) a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,7 +28,8 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
-from zoo.checks import is_number, require_positive_int
+from zoo import microbatch
+from zoo.checks import is_number
 from zoo.errors import choice_error
 from zoo.precision import FLOAT32, Precision, float32_scope
 
@@ -38,6 +41,7 @@ __all__ = [
     "ClipRequest",
     "ClippedSumTransform",
     "ClippingMethod",
+    "accumulated_clip",
     "clip_factor",
     "clipped_grad_sum",
     "clipping_method",
@@ -78,8 +82,8 @@ ClipFn = Callable[..., tuple[PyTree, jax.Array, jax.Array]]
 class ClippingMethod:
     """A row of the clipping table.
 
-    The engine calls ``clip`` once per microbatch of ``dp.microbatch_size`` examples and adds
-    the sums (:mod:`zoo.dp.microbatch`), so the setting bounds every method's memory.
+    The engine calls ``clip`` once per microbatch of ``train.microbatch_size`` examples and adds
+    the sums (:func:`accumulated_clip`), so the setting bounds every method's memory.
     ``bench_label`` names the method's rows in ``zoo bench dp``; with
     ``bench_microbatch_label`` it also gets a row clipping in microbatches.
     """
@@ -167,7 +171,7 @@ class ClipRequest:
     ``min(1, C / ||g||)`` (global L2 norm over the differentiated leaves; a zero norm is left
     as it is). ``float('inf')`` disables clipping. A Python number or a traced scalar (inside
     ``jax.jit``); a static value must be > 0. ``microbatch_size``: process this many examples
-    at a time (the batch must be a multiple of it); ``None``: all at once. ``example_mask``
+    at a time (:mod:`zoo.microbatch`; it must divide the batch); ``None``: all at once. ``example_mask``
     ``[B]``: examples with mask 0 (the padding of a Poisson batch) add exactly zero to the sum,
     even with NaN or inf, and report norm and loss 0; a keep flag (``mask > 0``), not a weight.
     """
@@ -181,19 +185,16 @@ class ClipRequest:
             raise ValueError(
                 f"clip_norm must be > 0 (use float('inf') for no clipping); got {self.clip_norm!r}."
             )
-        if self.microbatch_size is not None:
-            require_positive_int("microbatch_size", self.microbatch_size)
+        microbatch.count(None, self.microbatch_size, "microbatch_size")
+
+    def microbatches(self, b: int) -> int:
+        """How many microbatches a batch of ``b`` examples is taken in (:func:`zoo.microbatch.count`)."""
+        return microbatch.count(b, self.microbatch_size, "microbatch_size")
 
     def keep(self, b: int) -> jax.Array:
         """The keep flags ``[B]`` of a batch of ``b`` examples, after checking that the
         microbatches and the mask fit it."""
-        k = self.microbatch_size
-        if k is not None and b % k != 0:
-            raise ValueError(
-                f"batch size {b} is not divisible by microbatch_size "
-                f"{k}; pad the batch to a multiple of "
-                f"{k} (and mask the padding) or pick another size."
-            )
+        self.microbatches(b)
         if self.example_mask is None:
             return jnp.ones((b,), dtype=bool)
         if jnp.shape(self.example_mask) != (b,):
@@ -277,8 +278,8 @@ def clipped_grad_sum(
         ``example`` is one slice of each batch argument (no leading axis).
       params: pytree of float arrays to differentiate (any structure).
       *batch: arrays (or pytrees of arrays) sharing a leading example axis B.
-      request: the clip norm, the microbatch size (chunks of it are processed one after
-        another by ``jax.lax.scan``: the same result, lower peak memory) and the example
+      request: the clip norm, the microbatch size (microbatches of it are processed one after
+        another by :func:`zoo.microbatch.accumulate`: the same result, lower peak memory) and the example
         mask (:class:`ClipRequest`).
       frozen: optional pytree passed to the loss as a non-differentiated
         argument.  It gets no gradient, is not part of the returned pytree and
@@ -296,31 +297,49 @@ def clipped_grad_sum(
     still reported as inf/NaN so the caller can notice.
     """
     b = _batch_size(batch)
-    keep_all, microbatch_size = request.keep(b), request.microbatch_size
+    keep_all = request.keep(b)
     chunk_sum = _chunk_sum(per_example_loss, params, frozen, len(batch), request.clip_norm)
-    if microbatch_size is None or microbatch_size == b:
-        summed, (norms, losses) = chunk_sum(batch, keep_all)
-    else:
-        n_chunks = b // microbatch_size
 
-        def split(x):
-            return jnp.reshape(x, (n_chunks, microbatch_size) + jnp.shape(x)[1:])
+    def part_sum(part):
+        summed, (norms, losses) = chunk_sum(part["batch"], part["keep"])
+        return summed, norms, losses
 
-        chunks = jax.tree.map(split, batch)
-        keep_chunks = split(keep_all)
-        init = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), _acc_dtype(jnp.result_type(p))), params)
-
-        def body(carry, xs):
-            chunk, keep = xs
-            part, per_example = chunk_sum(chunk, keep)
-            with float32_scope("f32_clipped_sum"):
-                return jax.tree.map(jnp.add, carry, part), per_example
-
-        summed, (norms, losses) = jax.lax.scan(body, init, (chunks, keep_chunks))
-        norms, losses = norms.reshape((b,)), losses.reshape((b,))
-
+    summed, norms, losses = microbatch.accumulate(
+        part_sum, {"batch": batch, "keep": keep_all}, request.microbatches(b), _CLIPPED
+    )
     summed = jax.tree.map(lambda s, p: s.astype(jnp.result_type(p)), summed, params)
     return summed, norms, losses
+
+
+_CLIPPED = (microbatch.SUM, microbatch.CONCAT, microbatch.CONCAT)  # (clipped sum, norms, losses)
+_SPLIT = ("x", "y", "mask")  # what a clipping method reads of the batch
+
+
+def accumulated_clip(clip: ClipFn, model: ClipModel, trainable, frozen, batch: dict, request: ClipRequest):
+    """``clip``'s ``(clipped sum, norms [B], losses [B])`` of ``batch``, computed
+    ``request.microbatch_size`` examples at a time by the one microbatch loop
+    (:func:`zoo.microbatch.accumulate`).
+
+    ``batch`` is the step's (``x``, ``y`` and ``mask``, the keep flags also in
+    ``request.example_mask``; under ``dp.unit = "user"`` grouped by
+    :func:`zoo.dp.users.group_users`, so an example is a user). Each microbatch is clipped
+    with the request's clip norm and its own slice of the mask; the sums add in float32 (at
+    least), and the result has the dtypes of ``trainable``. Without a microbatch size, or with
+    one that is the whole batch, this is one call of ``clip``. The noise is the caller's, once,
+    on the whole sum: a microbatch is a performance setting only.
+    """
+    n = microbatch.count(int(jnp.shape(batch["mask"])[0]), request.microbatch_size)
+    whole = dataclasses.replace(request, microbatch_size=None)
+    if n == 1:
+        return clip(model, trainable, frozen, batch, whole)
+
+    def one(part):
+        request = dataclasses.replace(whole, example_mask=part["mask"])
+        summed, norms, losses = clip(model, trainable, frozen, part, request)
+        return summed, norms.astype(jnp.float32), losses.astype(jnp.float32)
+
+    summed, norms, losses = microbatch.accumulate(one, {k: batch[k] for k in _SPLIT}, n, _CLIPPED)
+    return jax.tree.map(lambda s, p: s.astype(p.dtype), summed, trainable), norms, losses
 
 
 def _vmap_clip(model: ClipModel, trainable, frozen, batch, request: ClipRequest):
@@ -332,7 +351,7 @@ def _vmap_clip(model: ClipModel, trainable, frozen, batch, request: ClipRequest)
 register_clipping(
     ClippingMethod(
         "vmap",
-        "per-example gradients by vmap(grad), in microbatches of dp.microbatch_size if set",
+        "per-example gradients by vmap(grad), in microbatches of train.microbatch_size if set",
         _vmap_clip,
         bench_label="zoo vmap",
         bench_microbatch_label="zoo microbatch",

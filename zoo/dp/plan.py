@@ -52,7 +52,7 @@ class DPPlan:
     noise_multiplier: float
     clip_norm: float
     expected_batch_size: float  # the noisy sum is divided by it: public, never the realised size
-    microbatch_size: int | None = _DEFAULTS.microbatch_size
+    microbatch_size: int | None = None
     clipping: str = _DEFAULTS.clipping  # a row of zoo.dp.clipping.CLIPPING
     noise_prng: str = _DEFAULTS.noise_prng
     accountant: str = _DEFAULTS.accountant
@@ -121,13 +121,15 @@ def make_plan(
     layout: Layout,
     *,
     seed: int,
+    microbatch_size: int | None = None,
     canaries: int = 0,
     canary_rows: bool = False,
     users: tuple[np.ndarray, np.ndarray] | None = None,
     wrap: Callable[[Mechanism], Mechanism] | None = None,
 ) -> DPPlan:
     """The plan of an enabled ``[dp]`` section for ``num_records`` private records, ``steps``
-    planned steps and the run's ``layout``; the sampler draws with ``seed``.
+    planned steps and the run's ``layout``; the sampler draws with ``seed``; the clipping takes
+    the batch ``microbatch_size`` examples at a time (``train.microbatch_size``).
 
     ``wrap`` changes the section's mechanism before it is made (``zoo audit``'s
     :class:`zoo.dp.mechanisms.Canaries`). ``canaries``, ``canary_rows``: the same wrapper, by
@@ -150,7 +152,7 @@ def make_plan(
     check_choices(dp)
     mechanism = mechanism_for(dp, units).with_canaries(canaries, canary_rows)
     mechanism = wrap(mechanism) if wrap else mechanism
-    performance = Performance.of(dp, layout.spec.batch_ways)
+    performance = Performance.of(dp, microbatch_size, layout.spec.batch_ways)
     return plan_of(mechanism, performance, dp, steps, data=data, seed=seed)
 
 
@@ -213,23 +215,25 @@ def without_noise(plan: DPPlan) -> DPPlan:
     )
 
 
-def fixed_batch_plan(batch_size: float, *, noise_multiplier: float = 1.0, **settings) -> DPPlan:
+def fixed_batch_plan(
+    batch_size: float, *, noise_multiplier: float = 1.0, microbatch_size: int | None = None, **settings
+) -> DPPlan:
     """The plan of a DP step fed batches by its caller (benches, tests): no sampler, no
     accounting, and the noisy sum divided by ``batch_size`` (the rows of a fixed batch, or
-    the expected size of the padded batches the caller draws). ``settings`` are
-    :class:`zoo.configs.DPConfig` fields (``clip_norm``, ``clipping``, ``microbatch_size``,
-    ``noise_prng``...); the rest keep DPConfig's defaults."""
+    the expected size of the padded batches the caller draws), clipped ``microbatch_size``
+    examples at a time. ``settings`` are :class:`zoo.configs.DPConfig` fields (``clip_norm``,
+    ``clipping``, ``noise_prng``...); the rest keep DPConfig's defaults."""
     dp = dataclasses.replace(_DEFAULTS, **settings)
     rows = require_number("batch_size", batch_size, positive=True, finite=True)
     return DPPlan(
         noise_multiplier=require_number("noise_multiplier", noise_multiplier, lo=0.0),
         clip_norm=dp.clip_norm,
         expected_batch_size=rows,
-        microbatch_size=dp.microbatch_size,
+        microbatch_size=microbatch_size,
         clipping=dp.clipping,
         noise_prng=dp.noise_prng,
         accountant=dp.accountant,
         delta=dp.delta,
-        pad_multiple=dp.microbatch_size or 1,
-        performance=Performance.of(dp),
+        pad_multiple=microbatch_size or 1,
+        performance=Performance.of(dp, microbatch_size),
     )

@@ -115,9 +115,6 @@ def validate(cfg: DPConfig, num_examples: int, records_per_unit: int = 1) -> Non
             f"{cfg.expected_batch_size}/{over} = {q:.6g} is outside (0, 1]; lower "
             "expected_batch_size or use more data."
         )
-    mb = cfg.microbatch_size
-    if mb is not None and (not is_int(mb) or mb < 1):
-        raise ZooError(f"microbatch_size must be a positive int or None; got microbatch_size={mb!r}.")
 
 
 def check_pca(cfg: DPConfig, dp_pca: int | None) -> None:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from zoo import microbatch
 from zoo.api import apply_fn
 from zoo.dp import ClipModel
 from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform
@@ -29,7 +30,6 @@ from zoo.precision import FLOAT32, Precision
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
 from zoo.train import host_update
-from zoo.train.accumulate import accumulated_value_and_grad
 from zoo.train.state import TrainState, step_metrics
 
 
@@ -76,7 +76,7 @@ class Engine:
             def losses(trainable, x, y):
                 return self.example_losses(trainable, frozen, x, y)[0]
 
-            return (*accumulated_value_and_grad(losses, state.params, batch, self.microbatch_size), {})
+            return (*mean_loss_and_grad(losses, state.params, batch, self.microbatch_size), {})
         return self._dp_grads(state, frozen, batch)
 
     def clipped_sum(self, state: TrainState, frozen: dict, batch: dict):
@@ -236,6 +236,31 @@ class Engine:
         return self.layout.place_params(self.precision.held(frozen))
 
 
+def mean_loss_and_grad(example_losses, trainable: dict, batch: dict, microbatch_size: int | None):
+    """``(masked mean loss, its gradient)`` over ``batch`` (``x``, ``y``, ``mask``), where
+    ``example_losses(trainable, x, y)`` gives the per-example losses: a non-private step's.
+
+    With ``microbatch_size`` (``train.microbatch_size``) the batch is taken that many rows at a
+    time (:func:`zoo.microbatch.accumulate`): each microbatch's masked loss sum is divided by
+    the whole batch's count, so the summed loss and gradient are the whole batch's
+    :func:`zoo.losses.masked_mean` and its gradient, added in another order. Only one
+    microbatch's activations are alive at once, and the optimizer update (and an offloaded
+    state's trips) is paid once for the batch."""
+    mask = batch["mask"]
+    total = jnp.maximum(mask.sum(), 1.0)
+
+    def part(micro):
+        def mean(params):
+            losses = example_losses(params, micro["x"], micro["y"])
+            return jnp.where(micro["mask"] > 0, losses * micro["mask"], 0.0).sum() / total
+
+        return jax.value_and_grad(mean)(trainable)
+
+    n = microbatch.count(mask.shape[0], microbatch_size)
+    xym = {k: batch[k] for k in ("x", "y", "mask")}
+    return microbatch.accumulate(part, xym, n, (microbatch.SUM, microbatch.SUM))
+
+
 def make_engine(
     cfg: ModelConfig,
     backend: str,
@@ -259,16 +284,12 @@ def make_engine(
     DP-SGD; ``clipped_sum_transform`` is the audit's hook on the clipped sum; ``precision``
     the run's precision policy (float32 by default: no cast anywhere); ``offload`` what lives in
     host memory between steps (:data:`zoo.configs.OFFLOADS`); ``microbatch_size`` splits a
-    non-private step's batch for gradient accumulation (:mod:`zoo.train.accumulate`);
+    non-private step's batch for gradient accumulation (:func:`mean_loss_and_grad`);
     ``update_on`` where the optimizer update runs (:mod:`zoo.train.host_update`).
     """
     host_offload.host_fields(offload)
     layout = layout or layout_for(cfg)
     host_update.check(update_on, offload, layout)
-    if microbatch_size is not None and dp is not None:
-        raise ValueError(
-            "train.microbatch_size is for a non-private run; under DP set dp.microbatch_size"
-        )  # a ValueError naming the valid settings
     return Engine(
         cfg=cfg,
         backend=backend,

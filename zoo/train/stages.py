@@ -194,12 +194,21 @@ def dp_plan(
         plan_steps,
         start.layout,
         seed=batch_seed(root),
+        microbatch_size=recipe.train.microbatch_size,
         wrap=wrap,
         users=task.user_groups(),
     )
-    what = "dp.expected_batch_size" + (" with dp.records_per_user" if recipe.dp.unit == "user" else "")
-    checks.require_batch_fits(plan.sampler.padded_batch_size, task.row_bytes, what)
+    checks.require_batch_fits(plan.sampler.padded_batch_size, task.row_bytes, _batch_setting(recipe, plan))
     return plan
+
+
+def _batch_setting(recipe: Recipe, plan: DPPlan) -> str:
+    """The setting that sized a DP run's padded batch: ``train.microbatch_size`` when one
+    microbatch is the whole padded batch (the padding rounds up to it), else the expected batch."""
+    microbatch, padded = recipe.train.microbatch_size, plan.sampler.padded_batch_size
+    if microbatch is not None and microbatch * (plan.records_per_user or 1) >= padded:
+        return "train.microbatch_size"
+    return "dp.expected_batch_size" + (" with dp.records_per_user" if recipe.dp.unit == "user" else "")
 
 
 def projection(start: Start, task: Task, plan: DPPlan | None, root: jax.Array | None) -> Start:

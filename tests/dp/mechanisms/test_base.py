@@ -57,11 +57,12 @@ def test_no_performance_setting_changes_epsilon_or_the_event(name):
 
 
 def test_a_sections_performance_settings_reach_its_plan_and_not_its_epsilon():
-    """Through make_plan, the [dp] section's own clipping, microbatch and PRNG settings."""
+    """Through make_plan, the [dp] section's own clipping and PRNG settings, and the microbatch
+    (train.microbatch_size, the one knob)."""
     dp = SECTIONS["dpsgd"]
     base = plan(dp)
     for clipping, microbatch, prng in itertools.product(("vmap", "ghost"), (None, 5), NOISE_PRNGS):
-        other = plan(dataclasses.replace(dp, clipping=clipping, microbatch_size=microbatch, noise_prng=prng))
+        other = plan(dataclasses.replace(dp, clipping=clipping, noise_prng=prng), microbatch_size=microbatch)
         assert other.performance == Performance(clipping, microbatch, prng, 1)
         assert (other.epsilon, other.mechanism) == (base.epsilon, base.mechanism)
 

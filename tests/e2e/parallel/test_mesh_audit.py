@@ -22,7 +22,7 @@ def test_the_audit_pads_and_splits_like_training_on_a_mesh(mode):
     ways = jax.device_count()
     if ways < 2:
         pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
-    values = {"mesh.data": ways, "train.steps": 40, "dp.clipping": "vmap", "dp.microbatch_size": 3}
+    values = {"mesh.data": ways, "train.steps": 40, "dp.clipping": "vmap", "train.microbatch_size": 3}
     values["dp.noise_seed"] = 3  # the root key, which seeds both samplers, pinned
     recipe = settings.with_values(recipes.load_recipe("digits-mlp-dp"), values)
     run = build_run(recipe, choose_remat=False)

@@ -19,8 +19,7 @@ import jax.numpy as jnp
 
 from zoo.checks import require_int
 from zoo.configs import DPConfig
-from zoo.dp.clipping import ClipRequest, clipping_method
-from zoo.dp.microbatch import accumulated_clip
+from zoo.dp.clipping import ClipRequest, accumulated_clip, clipping_method
 from zoo.dp.noise import privatize
 from zoo.dp.sampling import SAMPLERS
 
@@ -46,14 +45,16 @@ class Performance:
     the run's :class:`zoo.precision.Precision`, handed to the clipping methods; no plan sees it.)"""
 
     clipping: str = _DEFAULTS.clipping
-    microbatch_size: int | None = _DEFAULTS.microbatch_size
+    microbatch_size: int | None = None
     noise_prng: str = _DEFAULTS.noise_prng
     batch_ways: int = 1
 
     @classmethod
-    def of(cls, dp: DPConfig, batch_ways: int = 1) -> Performance:
-        """The performance choices of a ``[dp]`` section, on ``batch_ways`` batch shards."""
-        return cls(dp.clipping, dp.microbatch_size, dp.noise_prng, batch_ways)
+    def of(cls, dp: DPConfig, microbatch_size: int | None = None, batch_ways: int = 1) -> Performance:
+        """The performance choices of a ``[dp]`` section, taking its batch ``microbatch_size``
+        examples at a time (``train.microbatch_size``, the one knob), on ``batch_ways`` batch
+        shards."""
+        return cls(dp.clipping, microbatch_size, dp.noise_prng, batch_ways)
 
     @property
     def pad_multiple(self) -> int:
