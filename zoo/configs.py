@@ -10,10 +10,13 @@ from zoo.errors import ZooError
 from zoo.precision import PRECISIONS
 
 ATTENTIONS = ("auto", "dense", "chunked", "splash")  # a model's attention (zoo.models.attention.attention)
-# Where [train] offload keeps the training state between steps (zoo.parallel.offload)
+# Where [train] placement keeps the training state and runs its update (zoo.parallel.placement):
+# on the device; the optimizer state (and the float32 params) in host memory between steps; or
+# the whole state on the host's CPU device with the update run there.
+STATE_PLACEMENTS = ("device", "offload-optimizer", "offload-optimizer+params", "update-on-host")
+# The old spelling of the same, one release more (zoo.parallel.placement.from_old_spelling):
+# [train] offload and update_on, whose 3 x 2 pairs held only the four placements above.
 OFFLOADS = ("none", "optimizer", "optimizer+params")
-# Where [train] update_on runs the optimizer update (zoo.train.host_update): in the step's one
-# compiled program on the device, or on the host CPU, where the offloaded state lives.
 UPDATES_ON = ("device", "host")
 
 
@@ -184,8 +187,7 @@ class TrainConfig:
     remat: str = "none"  # a policy name, or "auto" with memory_budget
     memory_budget: ByteSize | None = None  # what --remat auto must fit, in bytes (None: the device's)
     precision: str = "float32"  # compute dtype over float32 params (zoo.precision.PRECISIONS)
-    offload: str = "none"  # what lives in host memory between steps (OFFLOADS)
-    update_on: str = "device"  # where the optimizer update runs (UPDATES_ON); host: offload optimizer+params
+    placement: str = "device"  # where the state lives and the update runs (STATE_PLACEMENTS)
     # A step takes its batch this many rows at a time (zoo.microbatch): a non-private step adds
     # up the gradients, a DP step its clipped sums (the noise is drawn once); None: the whole
     # batch at once. The one knob: checked against the batch by the recipe (zoo.recipes).
@@ -194,8 +196,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         require_choice("train.precision", self.precision, PRECISIONS)
-        require_choice("train.offload", self.offload, OFFLOADS)
-        self._check_update_on()
+        require_choice("train.placement", self.placement, STATE_PLACEMENTS)
         if not isinstance(self.tensorboard, bool):
             raise ZooError(f"train.tensorboard must be true or false, got {self.tensorboard!r}")
         require_positive(
@@ -224,19 +225,6 @@ class TrainConfig:
             if self.remat.startswith(CUSTOM_PREFIX):  # a custom spec's error is about its items
                 raise
             raise ZooError(f"{str(error).rstrip('.')}; or {AUTO} (with --memory-budget)") from None
-
-    def _check_update_on(self) -> None:
-        require_choice("train.update_on", self.update_on, UPDATES_ON)
-        if self.update_on == "host" and self.offload != "optimizer+params":
-            raise ZooError(
-                f"train.update_on = 'host' updates the float32 params and the optimizer state where they "
-                f"live, on the host: it needs train.offload = 'optimizer+params', got {self.offload!r}"
-            )
-        if self.update_on == "host" and self.remat == "auto":
-            raise ZooError(
-                "--remat auto measures the step as one compiled program, and train.update_on = 'host' "
-                "splits it between the device and the host: name a remat policy, or set train.update_on = 'device'"
-            )
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import json
 import tomllib
 import types
 import typing
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -36,6 +37,7 @@ from zoo.dp import check_choices, check_pca
 from zoo.dp.validate import check_unit
 from zoo.errors import ZooError, choice_error
 from zoo.models.registry import check_backend, get_config
+from zoo.parallel.placement import from_old_spelling, placement_named
 from zoo.remat import parse_bytes
 
 
@@ -56,14 +58,10 @@ class Recipe:
         check_choices(self.dp)  # clipping and sampler name rows of zoo.dp's tables
         check_pca(self.dp, self.data.dp_pca)  # dp.pca_epsilon exactly with data.dp_pca
         check_unit(self.dp, self.data)  # dp.unit = "user" only where the settings give users
-        mesh = self.mesh
-        if self.train.update_on == "host" and (
-            mesh.fsdp > 1 or mesh.tensor > 1 or mesh.data not in (1, "auto")
-        ):
-            raise ZooError(
-                f"train.update_on = 'host' runs on one device; [mesh] asks for data={mesh.data}, "
-                f"fsdp={mesh.fsdp}, tensor={mesh.tensor}: drop the mesh or set train.update_on = 'device'"
-            )
+        try:  # the placement's own checks (zoo.parallel.placement), from the settings
+            placement_named(self.train.placement).check(mesh=self.mesh, remat=self.train.remat)
+        except ValueError as error:
+            raise ZooError(f"train.{error}") from None
         # The one knob: a non-private step's batch must split into it; a DP step's padded
         # Poisson batch is padded to a multiple of it (zoo.dp.plan), so only the size is checked.
         rows = None if self.dp.enabled else self.train.batch_size
@@ -141,13 +139,42 @@ def _section(base, values: Mapping[str, object], where: str):
 
 def _moved(base, values: Mapping[str, object], where: str) -> Mapping[str, object]:
     """``values`` with the keys that moved dealt with: ``dp.microbatch_size`` is
-    ``train.microbatch_size`` (one knob for every step), refused in one line naming it."""
+    ``train.microbatch_size`` (one knob for every step), refused in one line naming it;
+    ``train.offload`` and ``train.update_on`` are read, one release more, as the
+    ``train.placement`` they spell (:func:`_old_placement`)."""
+    if where == "train" and ("offload" in values or "update_on" in values):
+        return _old_placement(base, values)
     if where == "dp" and "microbatch_size" in values:
         raise ZooError(
             f"dp.microbatch_size = {values['microbatch_size']!r} is now train.microbatch_size, the one "
             "microbatch setting of every step (under DP the clipped sums accumulate over it, the noise "
             "is drawn once): set train.microbatch_size (--set train.microbatch_size=K, or --microbatch-size K)"
         )
+    return values
+
+
+def _old_placement(base, values: Mapping[str, object]) -> dict[str, object]:
+    """``values`` with ``offload``/``update_on`` replaced by the ``placement`` they ask for, over
+    the section's (or ``values``') placement. One printed line names the new spelling, unless
+    the old keys ask for the default (every run saved before ``placement`` wrote both)."""
+    values = dict(values)
+    offload, update_on = values.pop("offload", None), values.pop("update_on", None)
+    current = values.get("placement", base.placement)
+    try:
+        placement = from_old_spelling(current, offload, update_on)
+    except ValueError as error:
+        raise ZooError(str(error)) from None
+    if offload not in (None, "none") or update_on not in (None, "device"):
+        old = " and ".join(
+            f"train.{k} = {v!r}" for k, v in (("offload", offload), ("update_on", update_on)) if v
+        )
+        warnings.warn(
+            f"{old} is spelled train.placement = {placement!r} now (--placement {placement}); the old "
+            "keys (--offload, --update-on) go in the next release",
+            FutureWarning,
+            stacklevel=2,
+        )
+    values["placement"] = placement
     return values
 
 

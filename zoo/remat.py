@@ -296,7 +296,7 @@ def _label(row: dict) -> str:
 # What every "nothing fits" line offers besides a smaller step: the state off the chip.
 _HOST = (
     ", or keep the optimizer state and the float32 params on the host and update there "
-    "(--offload optimizer+params --update-on host, with a named --remat policy)"
+    "(--placement update-on-host, with a named --remat policy)"
 )
 
 

@@ -78,14 +78,14 @@ def row(args, batch: int) -> dict:
     from zoo.bench.common import memory_stats
     from zoo.bench.step import compile_step
     from zoo.models import canonical
-    from zoo.parallel.offload import builder_device
+    from zoo.parallel.placement import host_device
     from zoo.remat import footprint, step_bytes
 
     cfg = _config(args)
     seq = args.seq if not args.small else cfg.max_len
     x = zoo.example_batch(cfg, batch, seq_len=seq)
     y = zoo.example_labels(cfg, x)
-    with jax.default_device(builder_device()):  # on the host: the peak is the step's alone
+    with jax.default_device(host_device() or jax.devices()[0]):  # on the host: the peak is the step's alone
         params = canonical.init_params(cfg, 0)
     base = recipes.parse_recipe({"train": {"offload": args.offload}}, "fits")
     step = compile_step(cfg, x, y, remat=args.remat, precision=args.precision, params=params, recipe=base)

@@ -51,7 +51,7 @@ from zoo import recipes  # noqa: E402
 from zoo.bench.common import state_stepper  # noqa: E402
 from zoo.bench.step import bench_start, compile_step  # noqa: E402
 from zoo.models import canonical, registry  # noqa: E402
-from zoo.parallel.offload import builder_device, host_fields  # noqa: E402
+from zoo.parallel.placement import host_device, placement_named  # noqa: E402
 from zoo.remat import step_bytes  # noqa: E402
 from zoo.train import stages  # noqa: E402
 
@@ -137,7 +137,7 @@ def resident_bytes(cfg, recipe, params_shapes) -> int:
     start = bench_start(cfg, recipe, params_shapes)
     engine = stages.engine(recipe, start, None, recipe.train.steps)
     state, frozen = jax.eval_shape(lambda p: engine.init_state(p, 0), start.params)
-    away = host_fields(recipe.train.offload)
+    away = placement_named(recipe.train.placement).host_fields
     kept = [frozen] + [getattr(state, f.name) for f in dataclasses.fields(state) if f.name not in away]
     return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(kept))
 
@@ -148,7 +148,7 @@ def host_params(cfg) -> dict:
     on the host's CPU takes minutes at 3B. A benchmark's weights need a shape and a scale, not
     the preset's own initialisation."""
     shapes = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
-    host = builder_device()
+    host = host_device() or jax.devices()[0]
 
     def fill(path, leaf, index):
         name = jax.tree_util.keystr(path)

@@ -134,7 +134,7 @@ def test_auto_trains_with_the_choice_and_a_second_run_reads_the_cache(tmp_path, 
 def test_auto_refuses_a_budget_nothing_fits(tmp_path, few_policies):
     with pytest.raises(
         ZooError,
-        match=r"no policy fits the memory budget of 1,024 bytes.*smallest footprint is.*--update-on host",
+        match=r"no policy fits the memory budget of 1,024 bytes.*smallest footprint is.*--placement update-on-host",
     ):
         train_recipe(
             quick(**{"train.remat": "auto", "train.memory_budget": "1KiB"}),

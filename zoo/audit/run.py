@@ -258,7 +258,7 @@ def canary_losses(engine: Engine, state, frozen, batches: Batches) -> np.ndarray
     the mean over its ``k`` records, as its clipped gradient is."""
     losses = jax.jit(lambda p, fz, x, y: engine.example_losses(p, fz, x, y)[0])
     x, y = batches.examples["x"], batches.examples["y"]
-    params = engine.eval_params(state.params)  # beside the frozen leaves (update_on = host: a device copy)
+    params = engine.eval_params(state.params)  # beside the frozen leaves (update-on-host: a device copy)
     chunk = 256
     out = []
     for start in range(0, x.shape[0], chunk):

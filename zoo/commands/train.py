@@ -27,6 +27,8 @@ FLAG_FIELDS = {  # flag dest -> (section, field) of the recipe
     "remat": ("train", "remat"),
     "memory_budget": ("train", "memory_budget"),
     "precision": ("train", "precision"),
+    "placement": ("train", "placement"),
+    # The old spelling of --placement, one release more (zoo.recipes reads them as it).
     "offload": ("train", "offload"),
     "update_on": ("train", "update_on"),
     "microbatch_size": ("train", "microbatch_size"),
@@ -91,12 +93,13 @@ def add_recipe_flags(p) -> None:
         "its memory less 5%%; a CPU needs one)",
     )
     add_precision_flag(p, "compute dtype over float32 params and optimizer state")
-    p.add_argument("--offload", help="keep in host memory between steps: none, optimizer or optimizer+params")
     p.add_argument(
-        "--update-on",
-        help="where the optimizer update runs: device (in the step), or host (the CPU, beside the state "
-        "that --offload optimizer+params keeps there)",
+        "--placement",
+        help="where the training state lives: device; offload-optimizer or offload-optimizer+params "
+        "(host memory between steps); update-on-host (the state and the update on the host's CPU)",
     )
+    p.add_argument("--offload", help=argparse.SUPPRESS)  # old spelling of --placement, one release more
+    p.add_argument("--update-on", help=argparse.SUPPRESS)
     p.add_argument(
         "--microbatch-size",
         type=int,

@@ -32,6 +32,7 @@ import jax
 
 from zoo.configs import OFFLOADS
 from zoo.errors import ZooError
+from zoo.parallel.placement import offloaded
 from zoo.remat import choose_fitting, footprint, get_policy, nothing_fits, policy_names, step_bytes
 from zoo.scan import StackPlan
 from zoo.train.runlog import atomic_write
@@ -64,7 +65,7 @@ def host_memory_is_separate() -> bool:
 def offload_space(run) -> tuple[str, ...]:
     """The ``[train] offload`` settings the search tries: all of them on an accelerator; on a
     CPU only the run's own (there an offload moves and saves nothing)."""
-    return OFFLOADS if host_memory_is_separate() else (run.engine.offload,)
+    return OFFLOADS if host_memory_is_separate() else (run.engine.placement.offload,)
 
 
 def budget_of(run) -> tuple[int, str]:
@@ -132,7 +133,7 @@ def _write(key: str, entry: dict) -> None:
 def with_policy(engine, policy: str, offload: str | None = None):
     """``engine`` with its stack on ``policy`` (same frozen prefix), and on ``offload`` if given."""
     engine = dataclasses.replace(engine, stack=StackPlan(get_policy(policy), engine.stack.frozen_prefix))
-    return engine if offload is None else dataclasses.replace(engine, offload=offload)
+    return engine if offload is None else dataclasses.replace(engine, placement=offloaded(offload))
 
 
 def _time(compiled, state, frozen, batch) -> float | None:
@@ -170,7 +171,7 @@ def measure(run, batch: dict, budget: int, policies=None, offloads=None) -> list
     and, for those that fit, the time of one step (after an untimed one)."""
     rows, timed = [], {}  # timed: program text -> its row (one timing per distinct program)
     host_separate = host_memory_is_separate()
-    for offload in offloads or (run.engine.offload,):
+    for offload in offloads or (run.engine.placement.offload,):
         for policy in policies or policy_names():
             engine = with_policy(run.engine, policy, offload)
             try:  # a TPU refuses at compile time a program that cannot fit its memory

@@ -25,11 +25,10 @@ from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
 from zoo.models.registry import ModelConfig
 from zoo.parallel import Layout, layout_for
-from zoo.parallel import offload as host_offload
+from zoo.parallel.placement import ON_DEVICE, Placement
 from zoo.precision import FLOAT32, Precision
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
-from zoo.train import host_update
 from zoo.train.state import TrainState, step_metrics
 
 
@@ -43,8 +42,10 @@ class Engine:
     the release (``zoo audit``'s canaries; by default it keeps the sum and reports nothing).
     ``precision`` is the run's :class:`zoo.precision.Precision`: applied to the model in
     :meth:`logits` (and handed to the clipping methods), and to the frozen leaves it holds.
-    ``offload`` (``[train] offload``) keeps the optimizer state, and the params, in host memory
-    between steps (:mod:`zoo.parallel.offload`): the step fetches them as it needs them.
+    ``placement`` (``[train] placement``, :mod:`zoo.parallel.placement`) keeps the state where
+    it says and makes the step's program: the step fetches what it keeps in host memory as it
+    needs it, or, for the update on the host, runs in two programs that call :meth:`grads` and
+    :meth:`update`.
     """
 
     cfg: ModelConfig
@@ -56,9 +57,8 @@ class Engine:
     dp: DPPlan | None = None
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM
     precision: Precision = FLOAT32
-    offload: str = "none"
+    placement: Placement = ON_DEVICE
     microbatch_size: int | None = None  # a non-private step's gradient accumulation (train.microbatch_size)
-    update_on: str = "device"  # where the optimizer update runs (train.update_on; zoo.train.host_update)
 
     # -- pure pieces ---------------------------------------------------------------------
     def logits(self, params: dict, x: jax.Array) -> jax.Array:
@@ -68,9 +68,9 @@ class Engine:
         logits = self.logits(self.freeze.merge(trainable, frozen), x)
         return per_example_loss(logits, y), logits
 
-    def _grads(self, state: TrainState, frozen: dict, batch: dict):
-        """``(loss, grads, report)``: ``report`` is what the clipped-sum transform says about
-        the step (``{}`` without DP, and by default)."""
+    def grads(self, state: TrainState, frozen: dict, batch: dict):
+        """``(loss, grads, report)`` of the step at ``state``: ``report`` is what the clipped-sum
+        transform says about the step (``{}`` without DP, and by default)."""
         if self.dp is None:
 
             def losses(trainable, x, y):
@@ -133,13 +133,13 @@ class Engine:
         # Offloaded params: the forward pass reads a device copy, and the update fetches its own
         # from the host (apply_grads), so the first copy need not live through the step.
         on_device = dataclasses.replace(state, params=self._fetch(state, "params"))
-        loss, grads, report = self._grads(on_device, frozen, batch)
+        loss, grads, report = self.grads(on_device, frozen, batch)
         new_state, metrics = self.apply_grads(state, loss, grads)
         return new_state, {**metrics, **report}
 
     def _fetch(self, state: TrainState, field: str):
-        """``state.<field>`` in device memory (a copy of each leaf the offload keeps on the host)."""
-        return host_offload.fetch(self.layout, state, self.optimizer, self.offload, field)
+        """``state.<field>`` in device memory (a copy of each leaf the placement keeps on the host)."""
+        return self.placement.fetch(self.layout, self.optimizer, state, field)
 
     def apply_grads(self, state: TrainState, loss: jax.Array, grads: dict):
         # The moments (and offloaded params) come to the device for the update.
@@ -148,12 +148,17 @@ class Engine:
         )
         # The step's outputs leave as its inputs came: one compile.
         new_state = self.layout.constrain_state(self.updated(fetched, grads), self.optimizer)
-        new_state = host_offload.store(self.layout, new_state, self.optimizer, self.offload)
+        new_state = self.placement.store(self.layout, self.optimizer, new_state)
         return new_state, step_metrics(loss, grads)
+
+    def update(self, state: TrainState, loss: jax.Array, grads: dict):
+        """``(state after the update with grads, the step's metrics)``, where the state is: the
+        host step's second program (:class:`zoo.parallel.host_step.HostStep`)."""
+        return self.updated(state, grads), step_metrics(loss, grads)
 
     def updated(self, state: TrainState, grads: dict) -> TrainState:
         """``state`` after the optimizer's update with ``grads``: the one update, wherever it
-        runs (in the step's program, or on the host: :mod:`zoo.train.host_update`)."""
+        runs (in the step's program, or on the host: :mod:`zoo.parallel.host_step`)."""
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         return TrainState(
             step=state.step + 1,
@@ -163,7 +168,7 @@ class Engine:
         )
 
     def eval_step_fn(self, trainable: dict, frozen: dict, batch: dict) -> dict:
-        trainable = host_offload.fetch_params(self.layout, trainable, self.offload)
+        trainable = self.placement.fetch_params(self.layout, trainable)
         losses, logits = self.example_losses(trainable, frozen, batch["x"], batch["y"])
         mask = batch["mask"]
         return {
@@ -175,12 +180,10 @@ class Engine:
     # -- compiled entry points -----------------------------------------------------------
     @functools.cached_property
     def train_step(self):
-        """``(state, frozen, batch) -> (state, metrics)``; the state is donated. With
-        ``update_on = "host"`` two programs: the gradient on the device, the update on the host
-        (:class:`zoo.train.host_update.HostUpdate`)."""
-        if self.update_on == "host":
-            return host_update.HostUpdate(self)
-        return jax.jit(self.train_step_fn, donate_argnames="state")
+        """``(state, frozen, batch) -> (state, metrics)``; the state is donated. The placement's
+        program (:meth:`zoo.parallel.placement.Placement.step`): one, or for the update on the
+        host two, the gradient on the device and the update on the host."""
+        return self.placement.step(self)
 
     @functools.cached_property
     def eval_step(self):
@@ -188,45 +191,27 @@ class Engine:
 
     def eval_params(self, trainable: dict) -> dict:
         """The trainable params as a read-only pass (the eval step, the audit's canary losses,
-        ``zoo eval --hardest``) takes them beside the frozen ones: a compute-dtype copy on the
-        device when the update runs on the host (the state lives there), ``trainable`` itself
-        otherwise."""
-        if self.update_on == "host":
-            return self.train_step.params_up(trainable)
-        return trainable
+        ``zoo eval --hardest``) takes them beside the frozen ones
+        (:meth:`zoo.parallel.placement.Placement.eval_params`)."""
+        return self.placement.eval_params(self.train_step, trainable)
 
     def init_state(self, params: dict, seed: int, key: jax.Array | None = None) -> tuple[TrainState, dict]:
         trainable, frozen = self.freeze.split(params)
         frozen = self.precision.held(frozen)
+
         # The state is donated to every step, so it must own its buffers: without the copy a
         # trainable leaf would alias the caller's params and be deleted by the first step.
-        if host_offload.host_fields(self.offload):
-            # Built on the host: the optimizer leaves (for AdamW twice the params in float32)
-            # never exist whole in device memory.
-            where = host_offload.builder_device()
-            trainable = jax.device_put(trainable, where)
-            with jax.default_device(where):
-                trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
-                state = TrainState.create(trainable, self.optimizer, seed, key)
-        else:
+        def make(trainable):
             trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), trainable)
-            state = TrainState.create(trainable, self.optimizer, seed, key)
-        # Commit everything (to one device, or sharded over the mesh): restored (committed) and
-        # fresh (uncommitted) arrays mixed in one state would make the second step compile again.
-        if self.update_on == "host":  # the state on the host CPU device, the frozen leaves on the chip
-            return self.place_state(state), self.layout.place_params(frozen)
-        return host_offload.place_state(self.layout, state, frozen, self.optimizer, self.offload)
+            return TrainState.create(trainable, self.optimizer, seed, key)
+
+        state = self.placement.build(self.layout, trainable, make)
+        # Committed where the steps keep it (one device, sharded over the mesh, host memory).
+        return self.placement.place(self.layout, self.optimizer, state, frozen)
 
     def place_state(self, state: TrainState) -> TrainState:
-        """A state (a restored one) where the steps keep it: host memory for what is offloaded;
-        the host's CPU device when the update runs there."""
-        if self.update_on == "host":
-            return jax.device_put(state, host_update.host_device(self.layout))
-        if not host_offload.host_fields(self.offload):
-            return state
-        return jax.device_put(
-            state, host_offload.state_shardings(self.layout, state, self.optimizer, self.offload)
-        )
+        """A state (a restored one) where the placement keeps it between steps."""
+        return self.placement.place_state(self.layout, self.optimizer, state)
 
     def place_batch(self, batch: dict):
         """A host batch as the step's input: split over the mesh's batch axes."""
@@ -272,9 +257,8 @@ def make_engine(
     layout: Layout | None = None,
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
     precision: Precision = FLOAT32,
-    offload: str = "none",
+    placement: Placement = ON_DEVICE,
     microbatch_size: int | None = None,
-    update_on: str = "device",
 ) -> Engine:
     """The one way to make an :class:`Engine`.
 
@@ -282,14 +266,12 @@ def make_engine(
     device (:func:`zoo.parallel.layout_for`); ``dp`` (a :class:`zoo.dp.plan.DPPlan`, from
     :func:`zoo.dp.plan.make_plan` or :func:`zoo.dp.plan.fixed_batch_plan`) makes the step
     DP-SGD; ``clipped_sum_transform`` is the audit's hook on the clipped sum; ``precision``
-    the run's precision policy (float32 by default: no cast anywhere); ``offload`` what lives in
-    host memory between steps (:data:`zoo.configs.OFFLOADS`); ``microbatch_size`` splits a
-    non-private step's batch for gradient accumulation (:func:`mean_loss_and_grad`);
-    ``update_on`` where the optimizer update runs (:mod:`zoo.train.host_update`).
+    the run's precision policy (float32 by default: no cast anywhere); ``placement`` where the
+    state lives and the update runs (:mod:`zoo.parallel.placement`); ``microbatch_size`` splits a
+    non-private step's batch for gradient accumulation (:func:`mean_loss_and_grad`).
     """
-    host_offload.host_fields(offload)
     layout = layout or layout_for(cfg)
-    host_update.check(update_on, offload, layout)
+    placement.check(layout=layout)
     return Engine(
         cfg=cfg,
         backend=backend,
@@ -300,9 +282,8 @@ def make_engine(
         dp=dp,
         clipped_sum_transform=clipped_sum_transform,
         precision=precision,
-        offload=offload,
+        placement=placement,
         microbatch_size=microbatch_size,
-        update_on=update_on,
     )
 
 

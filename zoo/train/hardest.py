@@ -33,7 +33,7 @@ def hardest(engine, state, frozen, batches, k: int) -> list[dict]:
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"--hardest must be a positive number of examples, got {k!r}")
     stats = jax.jit(lambda t, f, x, y: example_stats(engine, t, f, x, y))
-    params = engine.eval_params(state.params)  # beside the frozen leaves (update_on = host: a device copy)
+    params = engine.eval_params(state.params)  # beside the frozen leaves (update-on-host: a device copy)
     heap: list[tuple[float, int, dict]] = []
     index = 0
     for batch in batches:

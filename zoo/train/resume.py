@@ -8,8 +8,9 @@ report an epsilon it did not spend. What may change:
 
 - ``train.remat``: a remat policy changes memory and speed, not the math (its gradients agree
   with no remat to rounding, ``tests/test_remat.py``);
-- ``train.offload``: where the optimizer state and params wait between steps, not the math
-  (the offloaded step equals the on-device step, ``tests/parallel/test_offload.py``);
+- ``train.placement``: where the state waits between steps and where its update runs, not the
+  math (the offloaded step and the host's update equal the on-device step, to rounding:
+  ``tests/parallel/test_placement.py``, ``tests/parallel/test_host_step.py``);
 - ``train.log_every``, ``train.eval_every``, ``train.checkpoint_every``: bookkeeping;
 - ``description``;
 - ``train.steps``, upward only. The learning-rate schedule and the DP noise multiplier keep
@@ -37,7 +38,7 @@ from zoo.train import checkpoint, runlog
 FREE_FIELDS = (
     "description",
     "train.remat",
-    "train.offload",
+    "train.placement",
     "train.memory_budget",
     "train.log_every",
     "train.eval_every",
@@ -121,7 +122,7 @@ def check_resume(meta: dict, recipe: Recipe, where: str) -> ResumePoint:
     if refused:
         raise ZooError(
             f"--resume would change the run in {where!r}, whose checkpoints were trained with other "
-            f"settings: {'; '.join(refused)}. Only train.remat, train.offload, the mesh, the log/eval/checkpoint cadence and a "
+            f"settings: {'; '.join(refused)}. Only train.remat, train.placement, the mesh, the log/eval/checkpoint cadence and a "
             "longer train.steps may change on resume; start a new run with another --out"
         )
     if recipe.train.steps < saved.train.steps:

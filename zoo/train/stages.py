@@ -30,11 +30,12 @@ from zoo.models import canonical
 from zoo.models.registry import ModelConfig
 from zoo.parallel import layout_for, spec_from_section
 from zoo.parallel.layout import Layout
+from zoo.parallel.placement import ON_DEVICE, Placement, placement_named
 from zoo.precision import FLOAT32, Precision
 from zoo.recipes import Recipe
 from zoo.remat import AUTO, get_policy
 from zoo.scan import StackPlan
-from zoo.train import checkpoint, checks, host_update
+from zoo.train import checkpoint, checks
 from zoo.train import projection as fitted
 from zoo.train.engine import Engine, make_engine
 from zoo.train.state import batch_seed, make_optimizer, secret_train_key, train_key
@@ -238,8 +239,9 @@ def engine(
     checks.warn_long_warmup(recipe.optim, plan_steps)
     checks.warn_remat_without_stack(recipe.train.remat, start.cfg)
     layout = layout or start.layout
+    placement = placement_named(recipe.train.placement)
     try:  # a mesh that --mesh data=auto resolved to several devices, say
-        host_update.check(recipe.train.update_on, recipe.train.offload, layout)
+        placement.check(layout=layout)
     except ValueError as error:
         raise ZooError(f"train.{error}") from None
     return start_engine(
@@ -251,9 +253,8 @@ def engine(
         precision=Precision(recipe.train.precision),
         layout=layout,
         clipped_sum_transform=clipped_sum_transform,
-        offload=recipe.train.offload,
+        placement=placement,
         microbatch_size=recipe.train.microbatch_size,
-        update_on=recipe.train.update_on,
     )
 
 
@@ -267,13 +268,12 @@ def start_engine(
     precision: Precision = FLOAT32,
     layout: Layout | None = None,
     clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
-    offload: str = "none",
+    placement: Placement = ON_DEVICE,
     microbatch_size: int | None = None,
-    update_on: str = "device",
 ) -> Engine:
     """Stage 5 from a model start, without a recipe (``zoo bench``): the remat ``policy`` over
     the freeze plan's frozen prefix, the DP ``plan`` (None: no DP), on ``start``'s layout, with
-    ``offload`` the state's host offload (:data:`zoo.configs.OFFLOADS`)."""
+    ``placement`` where the state lives (:mod:`zoo.parallel.placement`)."""
     return make_engine(
         start.cfg,
         backend,
@@ -284,9 +284,8 @@ def start_engine(
         layout=layout or start.layout,
         clipped_sum_transform=clipped_sum_transform,
         precision=precision,
-        offload=offload,
+        placement=placement,
         microbatch_size=microbatch_size,
-        update_on=update_on,
     )
 
 

@@ -102,8 +102,10 @@ def summarize(
         **({"remat_auto": remat_auto(run.auto)} if run.auto else {}),
         "precision": run.precision.name,
         **attention_ran(run.engine.cfg),
-        "offload": run.engine.offload,
-        "update_on": run.engine.update_on,
+        "placement": run.engine.placement.name,
+        # The old spelling of the placement, one release more (and --remat auto's "offload").
+        "offload": run.engine.placement.offload,
+        "update_on": run.engine.placement.update_on,
         "model": recipe.model.preset,
         "dataset": recipe.data.dataset,
         "steps": steps,

@@ -1,6 +1,6 @@
-"""zoo.train.host_update: a step whose optimizer update runs on the host, beside the offloaded
-float32 params and moments, equals the one-program step on the device, and keeps the state on
-the host. Each check has its planted bug."""
+"""zoo.parallel.host_step (placement = "update-on-host"): a step whose optimizer update runs on
+the host, beside the float32 params and moments, equals the one-program step on the device, and
+keeps the state on the host. Each check has its planted bug."""
 
 import dataclasses
 
@@ -12,17 +12,20 @@ import pytest
 from tests.conftest import random_params, reduction_size
 from tests.e2e.clikit import refused
 from tests.numerics import assert_close
-from tests.parallel.test_offload import LLAMA, ROWS, STEPS, batch_of
-from zoo.configs import TrainConfig
+from tests.parallel.test_placement import LLAMA, ROWS, STEPS, batch_of
+from zoo import recipes
 from zoo.dp.plan import fixed_batch_plan
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.parallel import layout_for
+from zoo.parallel import placement as placements
 from zoo.parallel.mesh import MeshSpec
+from zoo.parallel.placement import PLACEMENTS, placement_named
 from zoo.precision import Precision
-from zoo.train import host_update
 from zoo.train.engine import evaluate, make_engine
 from zoo.train.hardest import hardest
+
+ON_HOST = PLACEMENTS["update-on-host"]
 
 
 def train(update_on: str, dp=False, precision="float32", plant=None, microbatch_size=None):
@@ -38,8 +41,7 @@ def train(update_on: str, dp=False, precision="float32", plant=None, microbatch_
         plan,
         optax.adamw(1e-2),
         dp=dp_plan,
-        offload="optimizer+params" if update_on == "host" else "none",
-        update_on=update_on,
+        placement=ON_HOST if update_on == "host" else PLACEMENTS["device"],
         precision=Precision(precision),
         microbatch_size=microbatch_size,
     )
@@ -69,10 +71,10 @@ def check_host_step(dp=False, precision="float32", plant=None, microbatch_size=N
             jax.tree.leaves(getattr(actual, field)), jax.tree.leaves(getattr(expected, field)), strict=True
         ):
             assert_close(np.asarray(a), np.asarray(e), n=n, what=field)
-    host = host_update.host_device(engine.layout)
+    host = placements.host_device(engine.layout)
     assert all(after == {host} for after in where), where  # the state never leaves the host
     if len(jax.devices("cpu")) > 1:  # two devices (tests/e2e/parallel): the host is not the compute one
-        assert host != host_update.compute_device(engine.layout), host
+        assert host != placements.compute_device(engine.layout), host
     # Every step's arguments came back alike: each program compiled once (the cast: under bf16).
     casts = 0 if engine.precision.is_identity else 1
     assert engine.train_step.cache_sizes() == {"grads": 1, "update": 1, "cast": casts}
@@ -122,15 +124,13 @@ def read_only_passes(precision: str = "float32") -> list[tuple]:
     ``zoo eval --hardest``'s rows, which read the trainable params beside the frozen ones."""
     params = random_params(LLAMA, 1)
     seen = []
-    for update_on in ("device", "host"):
-        offload = "optimizer+params" if update_on == "host" else "none"
+    for placement in ("device", "update-on-host"):
         engine = make_engine(
             LLAMA,
             "nnx",
             resolve_freeze(params, ("blocks.mlp_norm",)),
             optax.adamw(1e-2),
-            offload=offload,
-            update_on=update_on,
+            placement=PLACEMENTS[placement],
             precision=Precision(precision),
         )
         state, frozen = engine.init_state(params, 0)
@@ -154,28 +154,27 @@ def test_the_read_only_passes_read_the_host_params(precision):
 
 def test_a_bad_update_on_is_one_line_naming_the_valid_ones(capsys, tmp_path):
     with pytest.raises(ZooError, match="unknown train.update_on 'cpu'.*Valid: device, host"):
-        TrainConfig(update_on="cpu")
+        recipes.parse_recipe({"train": {"update_on": "cpu"}})
     with pytest.raises(ZooError, match="needs train.offload = 'optimizer\\+params', got 'optimizer'"):
-        TrainConfig(update_on="host", offload="optimizer")
+        recipes.parse_recipe({"train": {"update_on": "host", "offload": "optimizer"}})
     with pytest.raises(ZooError, match="--remat auto"):
-        TrainConfig(update_on="host", offload="optimizer+params", remat="auto")
-    params = random_params(LLAMA)
-    with pytest.raises(ValueError, match="is not one of device, host"):
-        make_engine(LLAMA, "nnx", resolve_freeze(params, ()), optax.sgd(1.0), update_on="cpu")
+        recipes.parse_recipe({"train": {"placement": "update-on-host", "remat": "auto"}})
+    with pytest.raises(ValueError, match="is not one of device, "):
+        placement_named("cpu")
     refused(
         capsys,
         ["train", "digits-mlp", "--update-on", "host", "--out", str(tmp_path / "r")],
         "optimizer+params",
         "'none'",
     )
-    argv = ["train", "digits-mlp", "--offload", "optimizer+params", "--update-on", "host", "--mesh", "fsdp=2"]
+    argv = ["train", "digits-mlp", "--placement", "update-on-host", "--mesh", "fsdp=2"]
     refused(capsys, [*argv, "--out", str(tmp_path / "m")], "runs on one device", "fsdp=2")
 
 
 def test_a_mesh_is_refused_in_one_line():
     layout = layout_for(LLAMA, MeshSpec(data=1))
     assert layout.is_single  # one device: accepted
-    host_update.check("host", "optimizer+params", layout)
+    ON_HOST.check(layout=layout)
     many = dataclasses.replace(layout, spec=MeshSpec(data=2))
     with pytest.raises(ValueError, match="runs on one device; this layout has"):
-        host_update.check("host", "optimizer+params", many)
+        ON_HOST.check(layout=many)
