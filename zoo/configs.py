@@ -86,7 +86,7 @@ class DataConfig:
     is a fixed byte-level vocabulary (unset: every character of the text, refused under DP).
     ``image_max`` is the value images are divided by (unset: the format's own range).
     ``dp_pca = K`` projects a classifier's features onto K principal directions fitted before
-    training (``zoo.dp.pca``: with DP, from part of the budget, ``dp.pca_epsilon``).
+    training (``zoo.dp.pca_fit``: with DP, from part of the budget, ``dp.pca_epsilon``).
     """
 
     dataset: str = "digits"
@@ -284,7 +284,7 @@ class DPConfig:
     pca_epsilon: float | None = None  # with data.dp_pca: what the projection alone spends, at delta
     # The privacy unit: a record, or a user (all the records of one data.user_column value).
     # Under "user", a user gives at most records_per_user records; expected_batch_size counts
-    # users (ULS, sampler "poisson": zoo.dp.users) or records (ELS, sampler "els": zoo.dp.els).
+    # users (ULS, sampler "poisson": zoo.dp.users) or records (ELS, sampler "els": zoo.dp.els_sampler).
     unit: str = "record"
     records_per_user: int = 4
 

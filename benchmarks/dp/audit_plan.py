@@ -57,7 +57,7 @@ def main() -> None:
             "padded batch": s.padded_batch_size,
             f"padded batch mod {ways} (the mesh's batch ways)": s.padded_batch_size % ways,
             "truncation per step": f"{stats.binom.sf(s.padded_batch_size, rows + 1, s.sampling_prob):.2g}",
-            "pad multiple": getattr(dp, "pad_multiple", "-"),
+            "pad multiple": dp.performance.pad_multiple,
         }
     print(f"{args.recipe} on mesh {args.mesh}, {args.canaries} canaries")
     print("| setting | " + " | ".join(table) + " |")

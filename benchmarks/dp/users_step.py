@@ -65,7 +65,7 @@ def same_rows_batch(recipe, rows: int) -> int:
     truncation bound of ``recipe``'s run (the bound moves little with the batch: the run is
     rebuilt at the answer and its own rows reported)."""
     plan = build_run(recipe).dp
-    n, p = plan.sampler.num_examples, plan.truncation_prob
+    n, p = plan.sampler.num_examples, plan.accounting.truncation_prob
     lo, hi = 1, rows
     while lo < hi:
         mid = (lo + hi) // 2

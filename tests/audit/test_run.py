@@ -60,7 +60,7 @@ class NoNoise(Engine):
 
 def tenth_of_the_noise(engine):
     """The claim is made for sigma, the noise drawn for sigma / 10."""
-    dp = dataclasses.replace(engine.dp, noise_multiplier=engine.dp.noise_multiplier / 10)
+    dp = engine.dp.with_noise(engine.dp.noise_multiplier / 10)
     return dataclasses.replace(engine, dp=dp)
 
 

@@ -84,20 +84,21 @@ def test_calibration_searches_a_coarse_grid_and_meets_the_budget_on_the_fine_one
 
 def test_a_coarse_sigma_that_fails_the_fine_grid_is_searched_again_there(monkeypatch):
     from zoo.dp import accounting
+    from zoo.dp.mechanisms import accountant as account
 
-    search = accounting._search_sigma
+    search = account._search
     grids = []
 
-    def too_small_on_the_coarse_grid(
-        epsilon, delta, q, steps, accountant, grid, lower=0.0, pca=None, per_unit=1
-    ):
+    def too_small_on_the_coarse_grid(mechanism, epsilon, delta, steps, accountant, grid, lower=0.0):
         grids.append(grid)
-        sigma = search(epsilon, delta, q, steps, accountant, grid, lower, pca=pca, per_unit=per_unit)
+        sigma = search(mechanism, epsilon, delta, steps, accountant, grid, lower)
         return 0.99 * sigma if grid == accounting.SEARCH_PLD_DISCRETIZATION else sigma
 
-    monkeypatch.setattr(accounting, "_search_sigma", too_small_on_the_coarse_grid)
+    monkeypatch.setattr(account, "_search", too_small_on_the_coarse_grid)
+    account.calibrate.cache_clear()  # searched afresh, not read from the cache
     kw = dict(delta=DELTA, sampling_prob=0.02, steps=100)
-    sigma = accounting.calibrate_noise_multiplier.__wrapped__(epsilon=0.5, **kw)
+    sigma = accounting.calibrate_noise_multiplier(epsilon=0.5, **kw)
+    account.calibrate.cache_clear()
     assert grids == [accounting.SEARCH_PLD_DISCRETIZATION, accounting.DEFAULT_PLD_DISCRETIZATION]
     fine = epsilon_spent(noise_multiplier=sigma, **kw)
     assert 0.99 * 0.5 <= fine <= 0.5
@@ -224,9 +225,9 @@ def composed_reference(pca_sigma, sigma, q, steps, accountant):
 
 
 def check_composed(accountant):
-    from zoo.dp.accounting import _epsilon_spent
+    from zoo.dp.mechanisms import accountant as account
 
-    _epsilon_spent.cache_clear()
+    account.epsilon.cache_clear()
     for pca_sigma, sigma, q, steps in ((8.0, 1.2, 0.01, 300), (3.0, 0.9, 0.05, 50)):
         got = epsilon_spent(
             noise_multiplier=sigma, delta=DELTA, sampling_prob=q, steps=steps, accountant=accountant,
@@ -245,14 +246,13 @@ def test_the_composed_epsilon_is_dp_accountings_composition(accountant):
 
 
 def test_the_composition_check_still_catches_a_dropped_projection(monkeypatch):
-    from zoo.dp import accounting
+    from zoo.dp.mechanisms import DPPCA
+    from zoo.dp.mechanisms import accountant as account
 
-    original = accounting._dpsgd_event
-    dropped = lambda s, q, steps, pca=None, per_unit=1: original(s, q, steps, None, per_unit)  # noqa: E731
-    monkeypatch.setattr(accounting, "_dpsgd_event", dropped)
+    monkeypatch.setattr(DPPCA, "dp_event", lambda self, steps: self.inner.dp_event(steps))
     with pytest.raises(AssertionError):
         check_composed("rdp")
-    accounting._epsilon_spent.cache_clear()
+    account.epsilon.cache_clear()
 
 
 def test_the_projections_noise_meets_its_share_and_sgd_is_calibrated_for_the_rest():
@@ -327,17 +327,16 @@ def test_a_unit_of_k_records_spends_jax_privacys_user_level_epsilon(records, bat
 
 def test_the_user_level_check_catches_a_step_that_ignores_k(monkeypatch):
     """Planted: each step the Poisson-subsampled Gaussian of one record, whatever k."""
-    from zoo.dp import accounting
+    from zoo.dp.mechanisms import DPSGD, ELS
+    from zoo.dp.mechanisms import accountant as account
 
-    original = accounting._dpsgd_event
-    ignored = lambda s, q, steps, pca=None, per_unit=1: original(s, q, steps, pca)  # noqa: E731
-    monkeypatch.setattr(accounting, "_dpsgd_event", ignored)
-    accounting._epsilon_spent.cache_clear()
+    monkeypatch.setattr(ELS, "step_event", DPSGD.step_event)
+    account.epsilon.cache_clear()
     try:
         with pytest.raises(AssertionError):
             check_user_level(*USER_LEVEL[0])
     finally:
-        accounting._epsilon_spent.cache_clear()
+        account.epsilon.cache_clear()
 
 
 def test_a_unit_of_k_records_is_accounted_by_pld_only():

@@ -8,11 +8,12 @@ import logging
 from absl import logging as absl_logging
 
 from zoo.dp import accounting
+from zoo.dp.mechanisms import accountant as account
 
 
 def test_calibrating_with_rdp_prints_no_failed_to_converge_lines(caplog):
-    accounting.calibrate_noise_multiplier.cache_clear()  # searched afresh, not read from a cache
-    accounting._epsilon_spent.cache_clear()
+    account.calibrate.cache_clear()  # searched afresh, not read from a cache
+    account.epsilon.cache_clear()
     with caplog.at_level(logging.WARNING, logger="absl"):
         # python-docs-lm-dp's figures: the search tries multipliers whose low orders do not converge
         sigma = accounting.calibrate_noise_multiplier(

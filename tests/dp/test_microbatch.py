@@ -40,8 +40,8 @@ MASKED = [1, 2, 5, 7, 9, 10, 11]
 
 def engine_for(cfg, clipping, microbatch, *, users=False, remat="none", precision="float32", cls=Engine):
     units = ROWS // K_SLOTS if users else ROWS
-    plan = fixed_batch_plan(units, clip_norm=0.5, clipping=clipping, microbatch_size=microbatch)
-    plan = dataclasses.replace(plan, records_per_user=K_SLOTS if users else None)
+    user = {"unit": "user", "records_per_user": K_SLOTS} if users else {}
+    plan = fixed_batch_plan(units, clip_norm=0.5, clipping=clipping, microbatch_size=microbatch, **user)
     params = random_params(cfg, 1)
     freeze = resolve_freeze(params, ())
     engine = make_engine(
@@ -115,7 +115,7 @@ class NoisePerMicrobatch(Engine):
     def clipped_sum(self, state, frozen, batch):
         from zoo.dp import clipping as mb
 
-        clip = zoo.dp.clipping_method(self.dp.clipping).clip
+        clip = zoo.dp.clipping_method(self.dp.performance.clipping).clip
         counter = iter(range(1_000))
 
         def noisy_clip(model, trainable, frozen_, part, request):
@@ -124,7 +124,7 @@ class NoisePerMicrobatch(Engine):
             noise = zoo.dp.add_gaussian_noise(summed, key, noise_multiplier=1.0, l2_clip_norm=0.5)
             return noise, norms, losses
 
-        request = zoo.dp.ClipRequest(self.dp.clip_norm, self.dp.microbatch_size, batch["mask"])
+        request = zoo.dp.ClipRequest(self.dp.clip_norm, self.dp.performance.microbatch_size, batch["mask"])
         return mb.accumulated_clip(noisy_clip, self.clip_model, state.params, frozen, batch, request)
 
     def privatize(self, state, grad_sum):
@@ -185,11 +185,11 @@ PLANS = {
 }
 
 
-def plan_for(name: str, **settings):
+def plan_for(name: str, microbatch_size: int | None = None, **settings):
     dp = dataclasses.replace(PLANS[name], **settings)
     layout = layout_for(MLP)
     users = group_rows(USER_OF) if dp.unit == "user" else None
-    return make_plan(dp, RECORDS, 40, layout, seed=3, users=users)
+    return make_plan(dp, RECORDS, 40, layout, seed=3, users=users, microbatch_size=microbatch_size)
 
 
 @pytest.mark.parametrize("name", list(PLANS))

@@ -18,6 +18,8 @@ from tests.numerics import assert_bitwise_equal, assert_close
 from zoo import lora
 from zoo.configs import DataConfig, LoraConfig, OptimConfig
 from zoo.dp import accounting, clipping, ghost
+from zoo.dp.mechanisms import Mechanism
+from zoo.dp.mechanisms import accountant as account
 from zoo.dp.noise import add_gaussian_noise, noise_key
 from zoo.dp.plan import fixed_batch_plan
 from zoo.dp.sampling import PoissonSampler
@@ -555,23 +557,19 @@ def check_accountant():
 
 
 def test_accountant_is_monotone_infinite_without_noise_and_agrees_with_dp_accounting():
-    accounting._epsilon_spent.cache_clear()
+    account.epsilon.cache_clear()
     check_accountant()
 
 
 def test_accountant_check_still_catches_a_dropped_step(monkeypatch):
-    original = accounting._dpsgd_event
-    monkeypatch.setattr(
-        accounting,
-        "_dpsgd_event",
-        lambda s, q, steps, pca=None, per_unit=1: original(s, q, max(steps - 1, 1), pca, per_unit),
-    )
-    accounting._epsilon_spent.cache_clear()
+    original = Mechanism.dp_event
+    monkeypatch.setattr(Mechanism, "dp_event", lambda self, steps: original(self, max(steps - 1, 1)))
+    account.epsilon.cache_clear()
     try:
         with pytest.raises(AssertionError):
             check_accountant()
     finally:
-        accounting._epsilon_spent.cache_clear()
+        account.epsilon.cache_clear()
 
 
 # -- truncation -------------------------------------------------------------------------------

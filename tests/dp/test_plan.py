@@ -124,7 +124,7 @@ def test_an_els_plan_spends_jax_privacys_user_level_epsilon_over_users_times_k()
     plan = user_plan(ELS)
     n_users, k = len(RECORDS_OF), ELS.records_per_user
     assert plan.sampler.sampling_prob == ELS.expected_batch_size / (n_users * k)
-    assert (plan.unit, plan.records_per_unit) == ("user", k)
+    assert (plan.unit, plan.mechanism.records_per_unit) == ("user", k)
     assert plan.records_per_user is None  # no [users, k] slots: each record is clipped alone
     assert plan.sampler.algorithm == "ELS" and plan.sampler.users == n_users
     assert plan.expected_batch_size == pytest.approx(ELS.expected_batch_size)  # the normaliser counts records

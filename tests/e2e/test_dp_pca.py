@@ -14,7 +14,7 @@ from tests.e2e.clikit import refused
 from tests.numerics import assert_bitwise_equal
 from zoo import recipes
 from zoo.cli import main
-from zoo.dp.pca import PCA_STREAM, private_pca
+from zoo.dp.pca_fit import PCA_STREAM, private_pca
 from zoo.train import checkpoint
 from zoo.train.state import train_key
 from zoo.train.task import load_task

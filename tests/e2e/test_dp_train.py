@@ -165,7 +165,7 @@ def test_dp_step_draws_its_noise_with_the_configured_sampler():
     noise = {}
     for prng in (DEFAULT_NOISE_PRNG, "threefry2x32"):
         run = build_run(quick_dp(**{"dp.epsilon": None, "dp.noise_multiplier": 2.0, "dp.noise_prng": prng}))
-        assert run.engine.dp.noise_prng == prng
+        assert run.engine.dp.performance.noise_prng == prng
         trainable, frozen = run.freeze.split(run.params)
         state = TrainState.create(trainable, run.engine.optimizer, seed=0)
         batch = jax.tree.map(jnp.asarray, train_batch(run, 0))
@@ -206,7 +206,7 @@ def test_step_keys_and_noise_keys_are_not_the_init_keys():
         init_words.update(np.asarray(jax.random.bits(leaf_key, (8,), jnp.uint32)).tolist())
     for step in range(64):
         at_step = dataclasses.replace(state, step=jnp.int32(step))
-        for key in (at_step.step_key(), noise_key(at_step.step_key(), run.engine.dp.noise_prng)):
+        for key in (at_step.step_key(), noise_key(at_step.step_key(), run.engine.dp.performance.noise_prng)):
             assert not init_words.intersection(np.asarray(jax.random.key_data(key)).ravel().tolist()), step
 
 

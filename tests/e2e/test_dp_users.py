@@ -1,4 +1,4 @@
-"""dp.unit = "user" from the command line (zoo.dp.users, zoo.dp.els, zoo.data.users): a DP run on
+"""dp.unit = "user" from the command line (zoo.dp.users, zoo.dp.els_sampler, zoo.data.users): a DP run on
 a CSV with a user column, or a language model on text:DIR with each file one user, protects
 users, by ULS (the default) or ELS (dp.sampler = "els").
 Removing one user with all of its records leaves every shape, message, summary field and exit

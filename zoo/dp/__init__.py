@@ -11,9 +11,9 @@ one registration.
 
 from zoo.configs import DPConfig
 
-# ghost registers its clipping method in the table on import, els its sampler (ELS), users the
-# poisson row's draws of users (ULS)
-from zoo.dp import els, ghost, users  # noqa: E402, I001
+# ghost registers its clipping method in the table on import, els_sampler its sampler (ELS),
+# users the poisson row's draws of users (ULS)
+from zoo.dp import els_sampler, ghost, users  # noqa: E402, I001
 from zoo.dp.accounting import (
     ACCOUNTANTS,
     calibrate_noise_multiplier,
@@ -62,7 +62,7 @@ __all__ = [
     "clipped_grad_sum",
     "clipping_method",
     "clipping_names",
-    "els",
+    "els_sampler",
     "ghost",
     "users",
     "make_sampler",

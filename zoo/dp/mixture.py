@@ -1,4 +1,4 @@
-"""The epsilon of ELS's steps (:mod:`zoo.dp.els`): ``steps`` self-compositions of one
+"""The epsilon of ELS's steps (:mod:`zoo.dp.els_sampler`): ``steps`` self-compositions of one
 mixture-of-Gaussians step, computed as dp_accounting's ``PLDAccountant`` computes it, with the
 step's PLD built once.
 

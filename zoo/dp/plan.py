@@ -1,18 +1,20 @@
-"""A run's DP plan: one frozen value, made in one place.
+"""A run's DP plan: the made pieces of its mechanism, in one frozen value, made in one place.
 
 :func:`make_plan` turns the recipe's ``[dp]`` section (:class:`zoo.configs.DPConfig`), the
-number of records (or the users' records), the planned steps and the layout into a
-:class:`DPPlan`. The section picks its mechanism from :data:`zoo.dp.mechanisms.MECHANISMS` (DP-SGD
-over records or users, ELS, DP-PCA with DP-SGD), its performance choices become a
-:class:`zoo.dp.mechanisms.Performance`, and the mechanism's ``make`` returns the sampler, the
-clipped aggregation, the noise and the ``dp_event`` that the accountant composes
-(:mod:`zoo.dp.mechanisms.accountant`). A :class:`DPPlan` is the view of the two that the engine,
-the loop and the summary read. ``zoo train``, ``zoo audit`` (its canaries wrap the mechanism:
-:meth:`zoo.dp.mechanisms.Mechanism.with_canaries`), ``zoo bench`` and ``benchmarks/`` all get
-their plan here, so what the audit certifies is what training runs.
+number of records (or the users' records), the planned steps, the layout and
+``train.microbatch_size`` into a :class:`DPPlan`. The section picks its mechanism from
+:data:`zoo.dp.mechanisms.MECHANISMS` (DP-SGD over records or users, ELS, DP-PCA with DP-SGD),
+its performance choices become a :class:`zoo.dp.mechanisms.Performance`, and the mechanism's
+``make`` returns the sampler, the clipped aggregation, the noise and the ``dp_event`` that the
+accountant composes (:mod:`zoo.dp.mechanisms.accountant`). The plan holds those pieces; the
+engine calls them, and nothing copies their fields. ``zoo train``, ``zoo audit`` (its canaries
+wrap the mechanism, :meth:`zoo.dp.mechanisms.Mechanism.with_canaries`, and its white-box
+transform travels with the plan), ``zoo bench`` and ``benchmarks/`` all get their plan here, so
+what the audit certifies is what training runs.
 
 A bench or a test that feeds fixed batches of its own (no sampler, no accounting) gets its plan
-from :func:`fixed_batch_plan`, with the same defaults (:class:`zoo.configs.DPConfig`'s).
+from :func:`fixed_batch_plan`: a DP-SGD mechanism like every other path's (a batch of ``B`` rows
+is ``q = 1`` over ``B`` units, normaliser ``B``), with :class:`zoo.configs.DPConfig`'s defaults.
 """
 
 from __future__ import annotations
@@ -27,75 +29,95 @@ import numpy as np
 
 from zoo.checks import require_number
 from zoo.configs import DPConfig
-from zoo.dp.accounting import calibrate_gaussian, truncation_budget, truncation_delta
-from zoo.dp.mechanisms import GaussianNoise, Mechanism, Performance, clipped_aggregation, mechanism_for
+from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform
+from zoo.dp.mechanisms import DPSGD, Made, Mechanism, Performance, UserDPSGD, mechanism_for
 from zoo.dp.mechanisms import accountant as account
-from zoo.dp.sampling import PoissonSampler
+from zoo.dp.truncation import truncation_budget, truncation_delta
 from zoo.dp.validate import check_choices, check_units, validate
 from zoo.parallel.layout import Layout
 
-__all__ = ["DPPlan", "fixed_batch_plan", "make_plan", "plan_of"]
+__all__ = ["Accounting", "DPPlan", "fixed_batch_plan", "make_plan", "plan_of", "without_noise"]
 
 _DEFAULTS = DPConfig()  # the one place each setting's default is written
 
 
 @dataclass(frozen=True)
-class DPPlan:
-    """The view of a mechanism and its performance choices that the DP step, the loop and the
-    summary read: noise multiplier, clip norm, clipping method, microbatch size, noise PRNG, the
-    public normaliser ``expected_batch_size`` and, for a run that samples its own batches, the
-    sampler (padded to a multiple of ``pad_multiple``, truncated with probability at most
-    ``truncation_prob`` per step), the accountant and the ``epsilon`` the planned steps spend at
-    ``delta``. ``mechanism`` (None for :func:`fixed_batch_plan`'s) is what the accountant
-    composes; ``performance`` what the step is computed with."""
+class Accounting:
+    """How a plan's privacy is counted (``accountant`` at ``delta``) and what its planned steps
+    spend: ``epsilon``, and the per-step probability ``truncation_prob`` the padding is sized for
+    (both None for :func:`fixed_batch_plan`'s: not accounted)."""
 
-    noise_multiplier: float
-    clip_norm: float
-    expected_batch_size: float  # the noisy sum is divided by it: public, never the realised size
-    microbatch_size: int | None = None
-    clipping: str = _DEFAULTS.clipping  # a row of zoo.dp.clipping.CLIPPING
-    noise_prng: str = _DEFAULTS.noise_prng
     accountant: str = _DEFAULTS.accountant
     delta: float = _DEFAULTS.delta
-    sampler: PoissonSampler | None = None  # None: the caller hands the step fixed batches
-    epsilon: float | None = None  # what the planned steps spend (None without a sampler)
-    pad_multiple: int = 1  # lcm(microbatch size, the layout's batch ways)
-    truncation_prob: float | None = None  # per-step bound the padding is sized for
-    # The DP-PCA's Gaussian release before the first step (zoo.dp.pca; data.dp_pca), or None.
-    pca_noise_multiplier: float | None = None
-    # dp.unit = "user" under ULS: the record slots of a user (the batch is [users, k];
-    # zoo.dp.users). None: a row of the batch is one record, clipped alone.
-    records_per_user: int | None = None
-    unit: str = _DEFAULTS.unit  # what the epsilon protects: a record or a user (dp.unit)
-    # The records of one unit that a step draws each on its own: 1, or k under ELS.
-    records_per_unit: int = 1
-    mechanism: Any = None  # a zoo.dp.mechanisms mechanism; None: no accounting
-    performance: Performance | None = None
+    epsilon: float | None = None
+    truncation_prob: float | None = None
+
+
+@dataclass(frozen=True)
+class DPPlan:
+    """A mechanism and what it made: ``mechanism`` (what the accountant composes), the
+    ``performance`` choices the step is computed with, ``made`` (sampler, clipped aggregation,
+    noise, ``dp_event``: what the engine and the loop call), the ``accounting`` and the
+    ``transform`` of the clipped sum before the noise (``zoo audit``'s white-box canaries; by
+    default the sum as it is)."""
+
+    mechanism: Any  # a zoo.dp.mechanisms mechanism
+    performance: Performance
+    made: Made
+    accounting: Accounting
+    transform: ClippedSumTransform = KEEP_SUM
+
+    # -- small reads of the pieces ---------------------------------------------------------
+    @property
+    def sampler(self):
+        """The made sampler (None: the caller hands the step fixed batches)."""
+        return self.made.sampler
 
     @property
-    def aggregate(self):
-        """The clipped aggregation the step runs (:func:`zoo.dp.mechanisms.clipped_aggregation`)."""
-        return clipped_aggregation(
-            self.clip_norm, Performance(self.clipping, self.microbatch_size, self.noise_prng)
-        )
+    def noise_multiplier(self) -> float:
+        return self.mechanism.noise_multiplier
 
     @property
-    def noise(self) -> GaussianNoise:
-        """The step's noise transform (:class:`zoo.dp.mechanisms.GaussianNoise`)."""
-        return GaussianNoise(self.noise_multiplier, self.clip_norm, self.expected_batch_size, self.noise_prng)
+    def clip_norm(self) -> float:
+        return self.mechanism.clip_norm
 
+    @property
+    def expected_batch_size(self) -> float:
+        """The noisy sum is divided by it: public, never the realised size (the made noise's)."""
+        return self.made.noise.expected_batch_size
+
+    @property
+    def records_per_user(self) -> int | None:
+        """ULS's record slots of a user (the batch is ``[users, k]``); None: a row is clipped alone."""
+        return self.mechanism.records_per_user
+
+    @property
+    def unit(self) -> str:
+        """What the epsilon protects: a record or a user (``dp.unit``)."""
+        return self.mechanism.unit
+
+    @property
+    def epsilon(self) -> float | None:
+        """What the planned steps spend (None without accounting)."""
+        return self.accounting.epsilon
+
+    @property
+    def delta(self) -> float:
+        return self.accounting.delta
+
+    # -- accounting ------------------------------------------------------------------------
     def epsilon_at(self, steps: int) -> float:
         """Epsilon spent after ``steps`` steps at the plan's ``delta``: the accountant over the
         mechanism's ``dp_event(steps)`` (before the first: 0, or the DP-PCA's)."""
-        return account.epsilon(self.mechanism, steps, self.delta, self.accountant)
+        return account.epsilon(self.mechanism, steps, self.delta, self.accounting.accountant)
 
     def privacy_at(self, steps: int) -> dict[str, float]:
         """The ``(epsilon, delta)`` guaranteed after ``steps`` steps, the Poisson truncation
         included: ``delta`` is the accountant's plus what truncating the draws to the padded
-        size adds (:func:`zoo.dp.accounting.truncation_delta`). With DP-PCA, each part's
+        size adds (:func:`zoo.dp.truncation.truncation_delta`). With DP-PCA, each part's
         epsilon too (``epsilon_pca``, ``epsilon_sgd``; they compose to ``epsilon``)."""
         eps = self.epsilon_at(steps)
-        parts = account.part_epsilons(self.mechanism, steps, self.delta, self.accountant)
+        parts = account.part_epsilons(self.mechanism, steps, self.delta, self.accounting.accountant)
         units = self.sampler.units
         extra = truncation_delta(
             num_examples=units.num_examples,
@@ -103,7 +125,7 @@ class DPPlan:
             padded_batch_size=units.padded_batch_size,
             steps=steps,
             epsilon=eps,
-            records_per_unit=self.records_per_unit,
+            records_per_unit=self.mechanism.records_per_unit,
         )
         return {
             "epsilon": eps,
@@ -112,6 +134,19 @@ class DPPlan:
             "delta_truncation": extra,
             **parts,
         }
+
+    # -- variants --------------------------------------------------------------------------
+    def with_noise(self, noise_multiplier: float) -> DPPlan:
+        """The plan with another noise multiplier: the mechanism's and the made noise's (the
+        accounting is left as it was: a variant for the audit and the tests, not a new plan)."""
+        made = dataclasses.replace(
+            self.made, noise=dataclasses.replace(self.made.noise, noise_multiplier=float(noise_multiplier))
+        )
+        return dataclasses.replace(self, mechanism=self.mechanism.with_noise(noise_multiplier), made=made)
+
+    def with_transform(self, transform: ClippedSumTransform) -> DPPlan:
+        """The plan with ``transform`` on its clipped sum before the noise (``zoo audit``)."""
+        return dataclasses.replace(self, transform=transform)
 
 
 def make_plan(
@@ -133,11 +168,10 @@ def make_plan(
 
     ``wrap`` changes the section's mechanism before it is made (``zoo audit``'s
     :class:`zoo.dp.mechanisms.Canaries`). ``canaries``, ``canary_rows``: the same wrapper, by
-    its settings (:meth:`Mechanism.with_canaries`): extra
-    units, each in the training set with probability 1/2, so the accounting counts ``N +
-    canaries // 2`` units (``q`` is the expected batch over them), while the sampler draws the
-    ``N`` real ones. ``canary_rows``: they travel as batch rows (black-box), so the padding has
-    room for all of them.
+    its settings (:meth:`Mechanism.with_canaries`): extra units, each in the training set with
+    probability 1/2, so the accounting counts ``N + canaries // 2`` units (``q`` is the expected
+    batch over them), while the sampler draws the ``N`` real ones. ``canary_rows``: they travel
+    as batch rows (black-box), so the padding has room for all of them.
 
     The padded batch splits over the layout's batch axes and into clipping microbatches (a
     multiple of their lcm), and is sized so that truncating a draw adds at most ``delta / 1000``
@@ -169,26 +203,7 @@ def plan_of(
     epsilon = account.epsilon(mechanism, steps, dp.delta, dp.accountant)
     truncation = truncation_budget(delta=dp.delta, epsilon=epsilon, steps=steps)
     made = mechanism.make(performance, data=data, seed=seed, truncation_prob=truncation)
-    return DPPlan(
-        noise_multiplier=mechanism.noise_multiplier,
-        clip_norm=mechanism.clip_norm,
-        expected_batch_size=made.sampler.sampling_prob * mechanism.units * mechanism.records_per_unit,
-        microbatch_size=performance.microbatch_size,
-        clipping=performance.clipping,
-        noise_prng=performance.noise_prng,
-        accountant=dp.accountant,
-        delta=dp.delta,
-        sampler=made.sampler,
-        epsilon=epsilon,
-        pad_multiple=performance.pad_multiple,
-        truncation_prob=truncation,
-        pca_noise_multiplier=getattr(mechanism, "pca_noise_multiplier", None),
-        records_per_user=mechanism.records_per_user,
-        unit=mechanism.unit,
-        records_per_unit=mechanism.records_per_unit,
-        mechanism=mechanism,
-        performance=performance,
-    )
+    return DPPlan(mechanism, performance, made, Accounting(dp.accountant, dp.delta, epsilon, truncation))
 
 
 def _user_count(users) -> int:
@@ -198,21 +213,11 @@ def _user_count(users) -> int:
     return len(users[0]) - 1
 
 
-def pca_noise_multiplier(dp: DPConfig) -> float | None:
-    """The DP-PCA's noise multiplier: the one whose Gaussian release alone spends
-    ``dp.pca_epsilon`` at ``dp.delta`` (None without DP-PCA). DP-SGD's is then calibrated for
-    what the two spend composed (:mod:`zoo.dp.mechanisms.pca`)."""
-    if dp.pca_epsilon is None:
-        return None
-    return calibrate_gaussian(epsilon=dp.pca_epsilon, delta=dp.delta, accountant=dp.accountant)
-
-
 def without_noise(plan: DPPlan) -> DPPlan:
     """``plan`` with the noise turned off (the audit's ``--no-noise``): the same clipping,
     sampler and padding, and no privacy claimed (epsilon infinite)."""
-    return dataclasses.replace(
-        plan, noise_multiplier=0.0, epsilon=math.inf, mechanism=plan.mechanism.with_noise(0.0)
-    )
+    quiet = plan.with_noise(0.0)
+    return dataclasses.replace(quiet, accounting=dataclasses.replace(plan.accounting, epsilon=math.inf))
 
 
 def fixed_batch_plan(
@@ -221,19 +226,19 @@ def fixed_batch_plan(
     """The plan of a DP step fed batches by its caller (benches, tests): no sampler, no
     accounting, and the noisy sum divided by ``batch_size`` (the rows of a fixed batch, or
     the expected size of the padded batches the caller draws), clipped ``microbatch_size``
-    examples at a time. ``settings`` are :class:`zoo.configs.DPConfig` fields (``clip_norm``,
-    ``clipping``, ``noise_prng``...); the rest keep DPConfig's defaults."""
+    examples at a time. Its mechanism is DP-SGD's (ULS's under ``unit = "user"``: the batch's
+    units are users of ``records_per_user`` slots) over ``batch_size`` units all drawn (q = 1).
+    ``settings`` are :class:`zoo.configs.DPConfig` fields (``clip_norm``, ``clipping``,
+    ``noise_prng``, ``unit``...); the rest keep DPConfig's defaults."""
     dp = dataclasses.replace(_DEFAULTS, **settings)
     rows = require_number("batch_size", batch_size, positive=True, finite=True)
-    return DPPlan(
-        noise_multiplier=require_number("noise_multiplier", noise_multiplier, lo=0.0),
-        clip_norm=dp.clip_norm,
-        expected_batch_size=rows,
-        microbatch_size=microbatch_size,
-        clipping=dp.clipping,
-        noise_prng=dp.noise_prng,
-        accountant=dp.accountant,
-        delta=dp.delta,
-        pad_multiple=microbatch_size or 1,
-        performance=Performance.of(dp, microbatch_size),
-    )
+    sigma = require_number("noise_multiplier", noise_multiplier, lo=0.0)
+    common = {
+        "noise_multiplier": sigma,
+        "clip_norm": dp.clip_norm,
+        "expected_batch_size": rows,
+        "units": rows,
+    }
+    mechanism = UserDPSGD(**common, slots=dp.records_per_user) if dp.unit == "user" else DPSGD(**common)
+    performance = Performance.of(dp, microbatch_size)
+    return DPPlan(mechanism, performance, mechanism.make(performance), Accounting(dp.accountant, dp.delta))

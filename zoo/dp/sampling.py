@@ -187,7 +187,7 @@ class PoissonSampler:
 
 @dataclass(frozen=True)
 class UserDraws:
-    """How a sampler row draws under ``dp.unit = "user"`` (:mod:`zoo.dp.users`, :mod:`zoo.dp.els`).
+    """How a sampler row draws under ``dp.unit = "user"`` (:mod:`zoo.dp.users`, :mod:`zoo.dp.els_sampler`).
 
     ``make(users, records_per_user, expected_batch_size, seed, truncation_prob, *,
     pad_to_multiple, population, extra_rows)``, ``users`` the ``(offsets, rows)`` of

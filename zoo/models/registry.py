@@ -154,7 +154,7 @@ class ModelConfig:
     @property
     def input_projection(self) -> tuple[str, ...] | None:
         """Canonical path of the model's fixed input projection: a leaf fitted before training
-        (``zoo.dp.pca``) and never trained; None when it has none."""
+        (``zoo.dp.pca_fit``) and never trained; None when it has none."""
         return None
 
     def with_input_projection(self, width: int) -> ModelConfig:

@@ -18,7 +18,6 @@ import optax
 from zoo import microbatch
 from zoo.api import apply_fn
 from zoo.dp import ClipModel
-from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform
 from zoo.dp.plan import DPPlan
 from zoo.dp.users import group_users, user_loss
 from zoo.freeze import FreezePlan
@@ -38,8 +37,8 @@ class Engine:
 
     Build one with :func:`make_engine` (the one place an engine is made). ``layout`` is always
     there (one device by default); ``dp`` is the run's :class:`zoo.dp.plan.DPPlan` (``None``:
-    no DP); ``clipped_sum_transform`` changes the clipped sum before the noise and reports on
-    the release (``zoo audit``'s canaries; by default it keeps the sum and reports nothing).
+    no DP): the engine calls its made aggregation and noise, and its transform of the clipped
+    sum (``zoo audit``'s canaries; by default it keeps the sum and reports nothing).
     ``precision`` is the run's :class:`zoo.precision.Precision`: applied to the model in
     :meth:`logits` (and handed to the clipping methods), and to the frozen leaves it holds.
     ``placement`` (``[train] placement``, :mod:`zoo.parallel.placement`) keeps the state where
@@ -55,7 +54,6 @@ class Engine:
     optimizer: optax.GradientTransformation
     layout: Layout
     dp: DPPlan | None = None
-    clipped_sum_transform: ClippedSumTransform = KEEP_SUM
     precision: Precision = FLOAT32
     placement: Placement = ON_DEVICE
     microbatch_size: int | None = None  # a non-private step's gradient accumulation (train.microbatch_size)
@@ -83,7 +81,7 @@ class Engine:
         """``(sum of clipped per-example grads, pre-clip norms, per-example losses)`` by the
         run's clipping method (a row of :data:`zoo.dp.clipping.CLIPPING`), in microbatches of
         ``dp.microbatch_size`` examples under one scan (:func:`zoo.dp.microbatch.accumulated_clip`)."""
-        return self.dp.aggregate(self.clip_model, state.params, frozen, batch)
+        return self.dp.made.aggregate(self.clip_model, state.params, frozen, batch)
 
     @property
     def clip_model(self) -> ClipModel:
@@ -110,8 +108,8 @@ class Engine:
         return state.step_key()
 
     def privatize(self, state: TrainState, grad_sum: dict) -> dict:
-        """Noisy mean of a clipped sum: the plan's noise transform, drawn with the step's key."""
-        noise = dataclasses.replace(self.dp.noise, partitioned=self.layout.devices > 1)
+        """Noisy mean of a clipped sum: the plan's made noise, drawn with the step's key."""
+        noise = dataclasses.replace(self.dp.made.noise, partitioned=self.layout.devices > 1)
         return noise.apply(grad_sum, self.noise_key(state))
 
     def _dp_grads(self, state: TrainState, frozen: dict, batch: dict):
@@ -123,7 +121,7 @@ class Engine:
         # the logical batch, with its key and its normaliser.
         grad_sum, _, losses = self.clipped_sum(state, frozen, batch)
         loss = masked_mean(losses, batch["mask"])
-        transform = self.clipped_sum_transform
+        transform = self.dp.transform
         grads = self.privatize(state, transform.add(grad_sum, self.dp, batch))
         return loss, grads, transform.project(grads, grad_sum, self.dp, batch)
 
@@ -255,7 +253,6 @@ def make_engine(
     stack: StackPlan | None = None,
     dp: DPPlan | None = None,
     layout: Layout | None = None,
-    clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
     precision: Precision = FLOAT32,
     placement: Placement = ON_DEVICE,
     microbatch_size: int | None = None,
@@ -265,7 +262,7 @@ def make_engine(
     ``stack`` defaults to no remat with the freeze plan's frozen prefix; ``layout`` to one
     device (:func:`zoo.parallel.layout_for`); ``dp`` (a :class:`zoo.dp.plan.DPPlan`, from
     :func:`zoo.dp.plan.make_plan` or :func:`zoo.dp.plan.fixed_batch_plan`) makes the step
-    DP-SGD; ``clipped_sum_transform`` is the audit's hook on the clipped sum; ``precision``
+    DP-SGD (the audit's hook on the clipped sum travels with it); ``precision``
     the run's precision policy (float32 by default: no cast anywhere); ``placement`` where the
     state lives and the update runs (:mod:`zoo.parallel.placement`); ``microbatch_size`` splits a
     non-private step's batch for gradient accumulation (:func:`mean_loss_and_grad`).
@@ -280,7 +277,6 @@ def make_engine(
         optimizer=optimizer,
         layout=layout,
         dp=dp,
-        clipped_sum_transform=clipped_sum_transform,
         precision=precision,
         placement=placement,
         microbatch_size=microbatch_size,

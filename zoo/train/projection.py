@@ -1,5 +1,5 @@
 """The fixed input projection of ``data.dp_pca``: its width on the model config, and its values,
-fitted once on the training features when a run is built (:mod:`zoo.dp.pca`).
+fitted once on the training features when a run is built (:mod:`zoo.dp.pca_fit`).
 
 The projection is a leaf of the model (``cfg.input_projection``, e.g. the MLP's ``pca.w``), kept
 in every checkpoint and never trained, so ``zoo eval``, ``zoo.load_checkpoint`` and exports apply
@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from zoo.configs import DataConfig
-from zoo.dp.pca import PCA_STREAM, private_pca
+from zoo.dp.pca_fit import PCA_STREAM, private_pca
 from zoo.dp.plan import DPPlan
 from zoo.errors import ZooError
 from zoo.models.paths import dotted, get_path
@@ -58,9 +58,9 @@ def fit(
     DP, plain PCA of the same clipped rows."""
     path = cfg.input_projection
     k = int(get_path(params, path).shape[-1])
-    sigma = 0.0 if plan is None else plan.pca_noise_multiplier
+    sigma = 0.0 if plan is None else plan.mechanism.pca_noise_multiplier
     key = None if plan is None else jax.random.fold_in(root, PCA_STREAM)
-    prng = None if plan is None else plan.noise_prng
+    prng = None if plan is None else plan.performance.noise_prng
     projection = private_pca(features, k, noise_multiplier=sigma, key=key, prng=prng)
     return _replace_leaf(params, path, projection)
 

@@ -123,9 +123,11 @@ def build_run(
     task = task or stages.load_data(recipe, source)
     start = stages.model_start(recipe, task, source)
     root = stages.root_key(recipe) if root is None and recipe.dp.enabled else root
-    plan = stages.dp_plan(recipe, task, start, plan_steps, root, wrap=wrap_mechanism)
+    plan = stages.dp_plan(
+        recipe, task, start, plan_steps, root, wrap=wrap_mechanism, transform=clipped_sum_transform
+    )
     start = stages.projection(start, task, plan, root)
-    engine = stages.engine(recipe, start, plan, plan_steps, clipped_sum_transform=clipped_sum_transform)
+    engine = stages.engine(recipe, start, plan, plan_steps)
     policy = "none" if recipe.train.remat == AUTO else recipe.train.remat
     run = Run(
         recipe, task, start.cfg, start.params, start.freeze, engine, plan_steps,

@@ -177,12 +177,14 @@ def dp_plan(
     root: jax.Array | None,
     *,
     wrap: Callable | None = None,
+    transform: ClippedSumTransform = KEEP_SUM,
 ) -> DPPlan | None:
     """Stage 3, the DP plan (None without DP): :func:`zoo.dp.plan.make_plan` over the task's
     records, its sampler seeded once, here, from the secret ``root`` key data, so which records
     a step reads is as secret as its noise and a resumed run (same root) draws the same batches.
     ``wrap`` changes the mechanism before it is made (``zoo audit``'s canaries,
-    :class:`zoo.dp.mechanisms.Canaries`)."""
+    :class:`zoo.dp.mechanisms.Canaries`); ``transform`` changes the clipped sum before the noise
+    (the white-box audit's, :class:`zoo.audit.canaries.WhiteBoxCanaries`): it travels with the plan."""
     if not recipe.dp.enabled:
         start.layout.check_batch_rows(recipe.train.batch_size, "train.batch_size")
         checks.require_batch_fits(recipe.train.batch_size, task.row_bytes, "train.batch_size")
@@ -200,7 +202,7 @@ def dp_plan(
         users=task.user_groups(),
     )
     checks.require_batch_fits(plan.sampler.padded_batch_size, task.row_bytes, _batch_setting(recipe, plan))
-    return plan
+    return plan.with_transform(transform)
 
 
 def _batch_setting(recipe: Recipe, plan: DPPlan) -> str:
@@ -230,12 +232,10 @@ def engine(
     *,
     optimizer: optax.GradientTransformation | None = None,
     layout: Layout | None = None,
-    clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
 ) -> Engine:
     """Stage 5, the engine: the recipe's optimizer over ``plan_steps`` (no global clip under DP),
     remat policy (``auto`` starts unrematerialized: :mod:`zoo.train.auto_remat` picks later),
-    precision, the plan and the layout. A bench passes its own ``optimizer`` or ``layout``; the
-    audit its ``clipped_sum_transform``."""
+    precision, the plan and the layout. A bench passes its own ``optimizer`` or ``layout``."""
     checks.warn_long_warmup(recipe.optim, plan_steps)
     checks.warn_remat_without_stack(recipe.train.remat, start.cfg)
     layout = layout or start.layout
@@ -252,7 +252,6 @@ def engine(
         policy="none" if recipe.train.remat == AUTO else recipe.train.remat,
         precision=Precision(recipe.train.precision),
         layout=layout,
-        clipped_sum_transform=clipped_sum_transform,
         placement=placement,
         microbatch_size=recipe.train.microbatch_size,
     )
@@ -267,7 +266,6 @@ def start_engine(
     policy: str = "none",
     precision: Precision = FLOAT32,
     layout: Layout | None = None,
-    clipped_sum_transform: ClippedSumTransform = KEEP_SUM,
     placement: Placement = ON_DEVICE,
     microbatch_size: int | None = None,
 ) -> Engine:
@@ -282,7 +280,6 @@ def start_engine(
         stack=StackPlan(get_policy(policy), start.freeze.frozen_prefix),
         dp=plan,
         layout=layout or start.layout,
-        clipped_sum_transform=clipped_sum_transform,
         precision=precision,
         placement=placement,
         microbatch_size=microbatch_size,

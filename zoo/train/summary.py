@@ -38,7 +38,7 @@ def privacy_unit(task: Task, plan=None) -> dict:
     train split), the number of them (``N``, public: the sampling rate publishes it), and
     where group privacy over several units is explained. Under ``dp.unit = "user"`` (the
     ``plan`` says): a user, the number of users, the most records a user gives a step, and
-    the algorithm that draws them (``ULS`` or ``ELS``, zoo.dp.users and zoo.dp.els)."""
+    the algorithm that draws them (``ULS`` or ``ELS``, zoo.dp.users and zoo.dp.els_sampler)."""
     if plan is not None and plan.unit == "user":
         return {
             "privacy_unit": "user",
@@ -130,13 +130,12 @@ def summarize(
             noise_multiplier=run.dp.noise_multiplier,
             sampling_prob=run.dp.sampler.sampling_prob,
             clip_norm=run.dp.clip_norm,
-            accountant=run.dp.accountant,
+            accountant=run.dp.accounting.accountant,
             expected_batch_size=recipe.dp.expected_batch_size,
             padded_batch_size=run.dp.sampler.padded_batch_size,
             planned_steps=run.plan_steps,
         )
-        if run.dp.pca_noise_multiplier is not None:  # data.dp_pca: its part of the budget
-            summary.update(
-                pca_noise_multiplier=run.dp.pca_noise_multiplier, pca_epsilon=recipe.dp.pca_epsilon
-            )
+        pca = run.dp.mechanism.pca_noise_multiplier
+        if pca is not None:  # data.dp_pca: its part of the budget
+            summary.update(pca_noise_multiplier=pca, pca_epsilon=recipe.dp.pca_epsilon)
     return summary

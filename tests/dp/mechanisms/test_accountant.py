@@ -1,6 +1,6 @@
 """zoo.dp.mechanisms.accountant: every mechanism's epsilon, the accountant over its own
-dp_event, is the one zoo.dp.accounting computes from the numbers (the code before mechanisms
-were objects), and so is the noise multiplier calibrated to a budget."""
+dp_event, is the one the oracle computes from the numbers (tests/dp/oracle.py: the code before
+mechanisms were objects), and so is the noise multiplier calibrated to a budget."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import dataclasses
 import pytest
 
 from tests.dp.mechanisms.sections import SECTIONS, STEPS, plan, units
-from zoo.dp.accounting import guaranteed_privacy, resolve_noise_multiplier
-from zoo.dp.plan import pca_noise_multiplier
+from tests.dp.oracle import guaranteed_privacy, pca_noise_multiplier, resolve_noise_multiplier
 
 
 def todays(dp, steps: int = STEPS, canaries: int = 0) -> tuple[float, float]:
-    """``(noise multiplier, epsilon)`` as zoo.dp.accounting computes them from the numbers."""
+    """``(noise multiplier, epsilon)`` as the oracle computes them from the numbers."""
     per_unit = dp.records_per_user if dp.sampler == "els" else 1
     return resolve_noise_multiplier(dp, units(dp) + canaries // 2, steps, pca_noise_multiplier(dp), per_unit)
 
@@ -37,8 +36,8 @@ def test_a_mechanisms_epsilon_is_todays(name):
         delta=dp.delta,
         steps=STEPS,
         accountant=dp.accountant,
-        pca_noise_multiplier=pca_noise_multiplier(dp),
-        records_per_unit=per_unit,
+        pca=pca_noise_multiplier(dp),
+        per_unit=per_unit,
     )
     assert made.privacy_at(STEPS) == expected
 

@@ -40,7 +40,7 @@ def test_no_performance_setting_changes_epsilon_or_the_event(name):
     ]
     first = plans[0]
     for made, perf in zip(plans, PERFORMANCES, strict=True):
-        assert (made.clipping, made.microbatch_size, made.noise_prng) == (
+        assert (made.performance.clipping, made.performance.microbatch_size, made.performance.noise_prng) == (
             perf.clipping,
             perf.microbatch_size,
             perf.noise_prng,
@@ -53,7 +53,7 @@ def test_no_performance_setting_changes_epsilon_or_the_event(name):
             first.expected_batch_size,
         )
         assert made.epsilon == first.epsilon and made.privacy_at(STEPS)["epsilon"] == first.epsilon
-    assert len({made.pad_multiple for made in plans}) > 1  # the settings did reach the plan
+    assert len({made.performance.pad_multiple for made in plans}) > 1  # the settings did reach the plan
 
 
 def test_a_sections_performance_settings_reach_its_plan_and_not_its_epsilon():

@@ -103,7 +103,9 @@ def _per_record(dp: DPConfig) -> bool:
 
 
 def _with_pca(dp: DPConfig, units: int) -> DPPCA:
-    from zoo.dp.accounting import calibrate_gaussian
+    """The section's DP-SGD mechanism after DP-PCA's release, its noise calibrated here, the one
+    place, for its share ``dp.pca_epsilon``."""
+    from zoo.dp.mechanisms.accountant import calibrate_gaussian
 
     without = dataclasses.replace(dp, pca_epsilon=None)
     sigma = calibrate_gaussian(epsilon=dp.pca_epsilon, delta=dp.delta, accountant=dp.accountant)

@@ -1,9 +1,12 @@
-"""The accountant of a mechanism: it composes the mechanism's own ``dp_event``.
+"""The accountant: it composes a mechanism's own ``dp_event``. zoo's one.
 
 :func:`epsilon` is dp_accounting's PLD or RDP accountant over ``mechanism.dp_event(steps)``;
-:func:`calibrate` finds the smallest noise multiplier whose event meets a budget. Both do what
-:mod:`zoo.dp.accounting` does for its numbers (the same PLD grids, search and range checks), so a
-mechanism's epsilon is the one zoo reported before mechanisms were objects.
+:func:`calibrate` finds the smallest noise multiplier whose event meets a budget, and
+:func:`calibrate_gaussian` the DP-PCA release's (one Gaussian of sensitivity 1, its share
+``dp.pca_epsilon``: the one place the PCA noise is calibrated). The numbers-based functions of
+:mod:`zoo.dp.accounting` build a mechanism and call these; the code that computed from the
+numbers before mechanisms were objects is the tests' oracle (``tests/dp/oracle.py``), and a
+mechanism's epsilon is the one it computes.
 """
 
 from __future__ import annotations
@@ -11,10 +14,42 @@ from __future__ import annotations
 import functools
 import math
 
+from zoo.checks import is_number
 from zoo.dp import bounds, mixture
-from zoo.dp.accounting import DEFAULT_PLD_DISCRETIZATION, SEARCH_PLD_DISCRETIZATION, _make_accountant
+from zoo.dp.validate import ACCOUNTANTS
+from zoo.errors import ZooError, choice_error
 
-__all__ = ["calibrate", "epsilon", "event_epsilon", "part_epsilons"]
+__all__ = [
+    "DEFAULT_PLD_DISCRETIZATION",
+    "SEARCH_PLD_DISCRETIZATION",
+    "calibrate",
+    "calibrate_gaussian",
+    "epsilon",
+    "event_epsilon",
+    "make_accountant",
+    "part_epsilons",
+]
+
+DEFAULT_PLD_DISCRETIZATION = 1e-4  # dp_accounting's own default
+# The calibration searches with a coarser grid. A pessimistic PLD on any grid is an upper
+# bound on epsilon, so the sigma it finds meets the budget, only slightly above the sigma the
+# default grid finds, and it finds it sooner (the comparison is in docs/dp.md).
+SEARCH_PLD_DISCRETIZATION = 1e-3
+
+
+def make_accountant(accountant: str, pld_discretization: float):
+    """A factory of dp_accounting's ``accountant`` (``"pld"`` on the grid ``pld_discretization``,
+    or ``"rdp"``)."""
+    if accountant == "pld":
+        from dp_accounting.pld import PLDAccountant
+
+        return functools.partial(PLDAccountant, value_discretization_interval=pld_discretization)
+    if accountant == "rdp":
+        from dp_accounting.rdp import RdpAccountant
+
+        bounds.quiet_rdp()
+        return RdpAccountant
+    raise choice_error("accountant", accountant, ACCOUNTANTS)
 
 
 def _leaves(event):
@@ -66,17 +101,24 @@ def event_epsilon(event, delta: float, accountant: str = "pld", grid: float | No
     kept = mixture.self_composed_epsilon(event, delta, grid) if accountant == "pld" else None
     if kept is not None:  # a mixture's steps, with the step's PLD built once
         return kept
-    acc = _make_accountant(accountant, grid)()
+    acc = make_accountant(accountant, grid)()
     acc.compose(event)
     return float(acc.get_epsilon(delta))
 
 
 # A run asks at every eval, on resume and for its summary: mechanisms are frozen, so hashable.
 @functools.lru_cache(maxsize=256)
-def epsilon(mechanism, steps: int, delta: float, accountant: str = "pld") -> float:
+def epsilon(
+    mechanism,
+    steps: int,
+    delta: float,
+    accountant: str = "pld",
+    pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+) -> float:
     """Epsilon at ``delta`` after ``steps`` steps of ``mechanism``: its ``dp_event(steps)``
-    composed by the accountant."""
-    return event_epsilon(mechanism.dp_event(steps), delta, accountant)
+    composed by the accountant (on its reported grid for ``pld_discretization``)."""
+    event = mechanism.dp_event(steps)
+    return event_epsilon(event, delta, accountant, grids(event, pld_discretization)[1])
 
 
 @functools.lru_cache(maxsize=64)
@@ -91,11 +133,18 @@ def part_epsilons(mechanism, steps: int, delta: float, accountant: str = "pld") 
 
 
 @functools.lru_cache(maxsize=64)
-def calibrate(mechanism, epsilon: float, delta: float, steps: int, accountant: str = "pld") -> float:
+def calibrate(
+    mechanism,
+    epsilon: float,
+    delta: float,
+    steps: int,
+    accountant: str = "pld",
+    pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+) -> float:
     """The smallest noise multiplier (to ~1e-6) whose ``steps`` steps of ``mechanism`` spend at
     most ``epsilon`` at ``delta``: searched on the event's coarse PLD grid (an upper bound on
     the fine one's epsilon), checked on the fine grid, and searched there again if it fails."""
-    coarse, fine = grids(mechanism.with_noise(1.0).dp_event(steps))
+    coarse, fine = grids(mechanism.with_noise(1.0).dp_event(steps), pld_discretization)
     search = functools.partial(_search, mechanism, epsilon, delta, steps, accountant)
     if accountant == "pld" and fine < coarse:
         sigma = search(coarse)
@@ -116,10 +165,63 @@ def _search(mechanism, epsilon, delta, steps, accountant, grid, lower=0.0) -> fl
             epsilon, delta, steps, lambda s: event_epsilon(event(s), delta, accountant, grid)
         )
     sigma = dp_accounting.calibrate_dp_mechanism(
-        bounds.with_deadline(_make_accountant(accountant, grid)),
+        bounds.with_deadline(make_accountant(accountant, grid)),
         event,
         float(epsilon),
         float(delta),
         bracket_interval=dp_accounting.LowerEndpointAndGuess(lower, 1.05 * lower if lower else 1.0),
     )
     return float(sigma)
+
+
+@functools.lru_cache(maxsize=64)
+def calibrate_gaussian(
+    *,
+    epsilon: float,
+    delta: float,
+    accountant: str = "pld",
+    pld_discretization: float = DEFAULT_PLD_DISCRETIZATION,
+) -> float:
+    """The smallest noise multiplier (to ~1e-6) whose one Gaussian release of sensitivity 1 is
+    ``(epsilon, delta)``-DP: the DP-PCA's noise for its share ``dp.pca_epsilon``."""
+    import dp_accounting
+
+    if not (is_number(epsilon) and epsilon > 0 and math.isfinite(epsilon)):
+        raise ZooError(f"epsilon must be a finite number > 0; got epsilon={epsilon!r}.")
+    if not (is_number(delta) and 0.0 < delta < 1.0):
+        raise ZooError(f"delta must be in (0, 1); got delta={delta!r}.")
+    make_acc = make_accountant(accountant, pld_discretization)
+    spent = lambda s: make_acc().compose(dp_accounting.GaussianDpEvent(s)).get_epsilon(delta)  # noqa: E731
+    _check_pca_range(epsilon, delta, spent)
+    sigma = dp_accounting.calibrate_dp_mechanism(
+        make_acc,
+        dp_accounting.GaussianDpEvent,
+        float(epsilon),
+        float(delta),
+        bracket_interval=dp_accounting.LowerEndpointAndGuess(bounds.SIGMA_MIN, 1.0),
+    )
+    return float(sigma)
+
+
+def _check_pca_range(epsilon: float, delta: float, spent) -> None:
+    """ZooError naming ``dp.pca_epsilon`` unless the multiplier that meets it lies in the searched
+    range: the budget is DP-PCA's one Gaussian release, not DP-SGD's steps, so the fix is there."""
+    release = (
+        f"dp.pca_epsilon={epsilon:g} at delta={delta:g} (the DP-PCA projection: one Gaussian "
+        "release, not DP-SGD's steps)"
+    )
+    low = spent(bounds.SIGMA_MIN)
+    if low <= epsilon:
+        raise ZooError(
+            f"noise calibration: {release} is met already by noise multiplier {bounds.SIGMA_MIN:g}, "
+            f"the smallest searched (it spends epsilon={low:.3g}); set dp.pca_epsilon below {low:.3g}"
+        )
+    high = spent(bounds.SIGMA_MAX)
+    if not high <= epsilon:
+        why = (
+            f"delta={delta:g} is below what the accountant resolves; raise dp.delta"
+            if math.isinf(high)
+            else f"even noise multiplier {bounds.SIGMA_MAX:g}, the largest searched, spends "
+            f"epsilon={high:.3g}; raise dp.pca_epsilon to at least that"
+        )
+        raise ZooError(f"noise calibration: {release} is too small: {why}")

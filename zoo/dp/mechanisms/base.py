@@ -125,8 +125,10 @@ def clipped_aggregation(clip_norm: float, performance: Performance) -> Callable:
 class Made:
     """A mechanism made: what a run samples, aggregates, noises and accounts with."""
 
-    sampler: Any  # batch_indices(step) -> (indices, mask, realised); sampling_prob; units
-    aggregate: Callable  # clipped_aggregation's
+    sampler: Any  # batch_indices(step) -> (indices, mask, realised); sampling_prob; units (or None)
+    # clipped_aggregation's: a closure, made from the mechanism's clip norm and the performance
+    # settings, so neither its repr nor its identity says anything the plan does not
+    aggregate: Callable = dataclasses.field(repr=False, compare=False)
     noise: GaussianNoise
     dp_event: Callable[[int], Any]  # steps -> dp_accounting.DpEvent
 
@@ -148,6 +150,7 @@ class Mechanism:
     name: ClassVar[str] = "?"
     unit: ClassVar[str] = "record"
     records_per_unit: ClassVar[int] = 1  # a unit's records each drawn on its own (ELS: k)
+    pca_noise_multiplier: ClassVar[float | None] = None  # a DP-PCA release first (DPPCA's)
 
     @property
     def records_per_user(self) -> int | None:
@@ -204,10 +207,15 @@ class Mechanism:
             extra_rows=self.extra_rows,
         )
 
-    def make(self, performance: Performance, *, data, seed: int, truncation_prob: float) -> Made:
+    def make(
+        self, performance: Performance, *, data=None, seed: int = 0, truncation_prob: float = 0.0
+    ) -> Made:
         """The mechanism's pieces for a run over ``data`` whose sampler draws with ``seed``,
-        truncating a draw with probability at most ``truncation_prob`` per step."""
-        sampler = self.sampler(data, seed, truncation_prob, performance.pad_multiple)
+        truncating a draw with probability at most ``truncation_prob`` per step; ``data=None``:
+        no sampler (the caller hands the step fixed batches)."""
+        sampler = (
+            None if data is None else self.sampler(data, seed, truncation_prob, performance.pad_multiple)
+        )
         noise = GaussianNoise(self.noise_multiplier, self.clip_norm, self.normaliser, performance.noise_prng)
         return Made(sampler, clipped_aggregation(self.clip_norm, performance), noise, self.dp_event)
 

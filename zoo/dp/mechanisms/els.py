@@ -1,4 +1,4 @@
-"""ELS (:mod:`zoo.dp.els`): the unit is a user, whose at most ``k`` kept records are each drawn
+"""ELS (:mod:`zoo.dp.els_sampler`): the unit is a user, whose at most ``k`` kept records are each drawn
 with probability ``q = E / (N_users * k)`` and clipped alone. In one step a user is in the batch
 ``Binomial(k, q)`` times: the step is dp_accounting's ``MixtureOfGaussiansDpEvent`` over that
 sensitivity, as jax_privacy's ``DpsgdTrainingUserLevelAccountant`` builds it (PLD only)."""

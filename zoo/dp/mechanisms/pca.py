@@ -1,4 +1,4 @@
-"""DP-PCA composed with DP-SGD (:mod:`zoo.dp.pca`): one Gaussian release of the features'
+"""DP-PCA composed with DP-SGD (:mod:`zoo.dp.pca_fit`): one Gaussian release of the features'
 second moment before the first step, with noise multiplier ``pca_noise_multiplier``, then the
 ``inner`` mechanism's steps. Its event is the two composed; the noise multiplier it calibrates
 is the inner mechanism's, for what the two spend together."""
@@ -48,6 +48,8 @@ class DPPCA:
         """The events of each part alone: ``{"pca": ..., "sgd": ...}``."""
         return {"pca": self.pca_event(), "sgd": self.inner.dp_event(steps)}
 
-    def make(self, performance: Performance, *, data, seed: int, truncation_prob: float) -> Made:
+    def make(
+        self, performance: Performance, *, data=None, seed: int = 0, truncation_prob: float = 0.0
+    ) -> Made:
         made = self.inner.make(performance, data=data, seed=seed, truncation_prob=truncation_prob)
         return dataclasses.replace(made, dp_event=self.dp_event)

@@ -33,7 +33,7 @@ class MLPConfig(FlatClassifierConfig):
     """Classifier MLP: [pca ->] in_proj -> `num_layers` scanned dense blocks -> head.
 
     ``d_pca > 0`` reads the input through a fixed ``pca.w`` [d_in, d_pca] first: a projection
-    fitted before training (``data.dp_pca``, :mod:`zoo.dp.pca`) and never trained
+    fitted before training (``data.dp_pca``, :mod:`zoo.dp.pca_fit`) and never trained
     (:attr:`input_projection`), kept in the checkpoint like any other weight. ``num_layers = 0``
     is one hidden layer (in_proj) and no stack.
     """

@@ -1,4 +1,4 @@
-"""zoo.dp.pca: DP-PCA's mechanism against a float64 NumPy reference, its noise, its sensitivity,
+"""zoo.dp.pca_fit: DP-PCA's mechanism against a float64 NumPy reference, its noise, its sensitivity,
 and its keys; each check has a planted bug it catches."""
 
 import jax
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.numerics import assert_close
-from zoo.dp import pca
+from zoo.dp import pca_fit as pca
 from zoo.dp.noise import noise_key
 from zoo.train.state import BATCH_STREAM
 
@@ -136,12 +136,12 @@ def test_a_pca_budget_out_of_range_names_dp_pca_epsilon_and_its_one_release(pca_
     """The projection's noise is calibrated for one Gaussian release: an unreachable share is
     refused naming the setting at fault, not DP-SGD's steps ("over 1 steps ... fewer steps")."""
     from zoo.configs import DPConfig
-    from zoo.dp.plan import pca_noise_multiplier
+    from zoo.dp.mechanisms import mechanism_for
     from zoo.errors import ZooError
 
     cfg = DPConfig(enabled=True, epsilon=400.0, pca_epsilon=pca_epsilon)
     with pytest.raises(ZooError) as caught:
-        pca_noise_multiplier(cfg)
+        mechanism_for(cfg, 1000)  # the DP-PCA row calibrates the release
     message = str(caught.value)
     assert f"dp.pca_epsilon={pca_epsilon:g}" in message and "one Gaussian release" in message
     assert fix in message and "steps" not in message.replace("DP-SGD's steps", "")

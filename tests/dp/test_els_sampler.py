@@ -1,4 +1,4 @@
-"""ELS (zoo.dp.els): each user keeps at most k of its records, a subset fixed once from the
+"""ELS (zoo.dp.els_sampler): each user keeps at most k of its records, a subset fixed once from the
 secret seed, and the kept records are Poisson-sampled one by one at q = E / (N_users * k)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from zoo.data.users import group_rows
-from zoo.dp.els import CappedRecordSampler, cap_records
+from zoo.dp.els_sampler import CappedRecordSampler, cap_records
 
 RECORDS_OF = np.array([1, 9, 2, 2, 14, 3, 1, 5, 7, 1] * 4)  # 40 users, skewed
 OWNER = np.random.default_rng(0).permutation(np.repeat(np.arange(len(RECORDS_OF)), RECORDS_OF))
