@@ -156,6 +156,7 @@ def dp_bf16(size: dict, say=None) -> list[dict]:
     from zoo.dp.plan import fixed_batch_plan
     from zoo.precision import Precision
     from zoo.train import stages
+    from zoo.train.engine import GradientSettings, make_engine
 
     rows = []
     for model in size.get("bf16_models", list(size["models"])):
@@ -175,9 +176,8 @@ def dp_bf16(size: dict, say=None) -> list[dict]:
                 ("ghost float32", "ghost", "float32"),
             ):
                 plan = dp and fixed_batch_plan(spec["batch"], noise_multiplier=1.0, clipping=dp)
-                engine = stages.start_engine(
-                    start, "nnx", optax.sgd(1e-3), plan=plan, precision=Precision(precision)
-                )
+                grad = GradientSettings("nnx", optax.sgd(1e-3), precision=Precision(precision))
+                engine = make_engine(start, grad, dp=plan)
                 state = {"state": engine.init_state(start.params, 0, jax.random.key(0)), "out": None}
                 steppers[name] = state_stepper(lambda s, b, e=engine: _advance(e, s, b), state, batch)
             times = time_in_rounds(steppers, size["rounds"], size["steps"])

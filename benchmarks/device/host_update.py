@@ -68,7 +68,7 @@ def phases(step, state, frozen, batch) -> tuple[dict, object]:
     marks, out = [time.perf_counter()], {}
     up = jax.block_until_ready(step.up(state))
     marks.append(time.perf_counter())
-    loss, grads, _ = jax.block_until_ready(step.grads(*up, frozen, batch))
+    loss, grads, _ = jax.block_until_ready(step.grads(up, frozen, batch))
     marks.append(time.perf_counter())
     loss, grads = jax.block_until_ready(jax.device_put((loss, grads), step.host))
     marks.append(time.perf_counter())
@@ -94,7 +94,7 @@ def measure(cfg, params, row: str, args, limit: int) -> dict:
         "seq": args.seq,
     }
     tic = time.perf_counter()
-    compiled = step.grads.lower(*step.up(state), frozen, batch).compile()
+    compiled = step.grads.lower(step.up(state), frozen, batch).compile()
     out["compile_s"] = round(time.perf_counter() - tic, 1)
     out["device_footprint_gib"] = round(footprint(compiled) / 2**30, 3)
     if footprint(compiled) > limit:

@@ -25,6 +25,7 @@ import zoo
 from zoo.dp.plan import fixed_batch_plan
 from zoo.models import registry
 from zoo.train import stages
+from zoo.train.engine import GradientSettings, make_engine
 
 
 def digest(tree) -> str:
@@ -49,7 +50,7 @@ def cases():
 def fingerprint(cfg, backend: str, clipping: str | None) -> dict:
     start = stages.config_start(cfg, seed=0)  # the run stages' model start and engine
     plan = fixed_batch_plan(4, noise_multiplier=1.0, clip_norm=1.0, clipping=clipping) if clipping else None
-    engine = stages.start_engine(start, backend, optax.adamw(1e-2), plan=plan)
+    engine = make_engine(start, GradientSettings(backend, optax.adamw(1e-2)), dp=plan)
     state, frozen = engine.init_state(start.params, 0, jax.random.key(5))
     x = zoo.example_batch(cfg, 4, seed=2, seq_len=8 if cfg.max_len else None)
     batch = {"x": x, "y": zoo.example_labels(cfg, x), "mask": jnp.ones((4,), jnp.float32)}

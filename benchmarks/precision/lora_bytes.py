@@ -1,7 +1,7 @@
 """Device bytes of a LoRA run's params and optimizer state, float32 against bfloat16.
 
 The engine a LoRA run builds (the run stages' model start, adapters on a frozen base:
-``zoo.bench.finetune.lora_start``, and engine: ``zoo.train.stages.start_engine``) is made under each precision policy (``zoo.precision``) and its state placed on the device:
+``zoo.bench.finetune.lora_start``, and engine: ``zoo.train.engine.make_engine``) is made under each precision policy (``zoo.precision``) and its state placed on the device:
 the bytes of the trainable adapters, their AdamW state and the frozen base, as placed, and the
 argument bytes XLA's ``memory_analysis()`` reports for the compiled step (the batch included).
 ``--base-dtype bfloat16`` starts from a bf16 base, as ``zoo import --dtype bfloat16`` gives::
@@ -25,7 +25,7 @@ from zoo.bench.finetune import lora_start
 from zoo.configs import LoraConfig, OptimConfig
 from zoo.models import canonical
 from zoo.precision import PRECISIONS, Precision
-from zoo.train import stages
+from zoo.train.engine import GradientSettings, make_engine
 from zoo.train.state import make_optimizer
 
 TARGETS = ("attn.q", "attn.v", "mlp.*")  # the python-docs-llama-lora and hf-lm-lora recipes'
@@ -44,7 +44,7 @@ def measure(preset: str, base_dtype: str, rank: int, batch: int, seq: int) -> li
     rows = []
     for precision in PRECISIONS:
         optimizer = make_optimizer(OptimConfig(lr=3e-3), 100)
-        engine = stages.start_engine(start, "nnx", optimizer, precision=Precision(precision))
+        engine = make_engine(start, GradientSettings("nnx", optimizer, precision=Precision(precision)))
         state, frozen = engine.init_state(start.params, 0)
         compiled = engine.train_step.lower(state, frozen, place).compile()
         rows.append(

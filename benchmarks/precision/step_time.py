@@ -1,6 +1,6 @@
 """Train-step time in bfloat16 against float32, side by side in one process.
 
-For each workload the engine's step (the run stages' ``zoo.train.stages.start_engine``, AdamW; with ``dp`` a
+For each workload the engine's step (the run stages' ``zoo.train.engine.make_engine``, AdamW; with ``dp`` a
 ghost-clipped DP-SGD step) is compiled under each precision policy (``zoo.precision``); the
 two steps then take turns in timed rounds (``zoo.bench.common.time_in_rounds``), and the
 figure is the median over rounds of the per-round ratio bf16 / float32. On a CPU, XLA may
@@ -25,6 +25,7 @@ from zoo.bench.common import median_ratio, state_stepper, time_in_rounds
 from zoo.dp.plan import fixed_batch_plan
 from zoo.precision import PRECISIONS, Precision
 from zoo.train import stages
+from zoo.train.engine import GradientSettings, make_engine
 
 # name -> (preset, batch, seq, overrides, DP clipping or None)
 WORKLOADS = {
@@ -38,7 +39,9 @@ def stepper(preset, batch, seq, overrides, clipping, precision):
     cfg = zoo.get_config(preset, **overrides)
     start = stages.config_start(cfg, seed=0)
     dp = fixed_batch_plan(batch, noise_multiplier=1.0, clip_norm=0.1, clipping=clipping) if clipping else None
-    engine = stages.start_engine(start, "nnx", optax.adamw(1e-3), plan=dp, precision=Precision(precision))
+    engine = make_engine(
+        start, GradientSettings("nnx", optax.adamw(1e-3), precision=Precision(precision)), dp=dp
+    )
     state, frozen = engine.init_state(start.params, 0, jax.random.key(0))
     x = zoo.example_batch(cfg, batch, seq_len=seq)
     data = {"x": x, "y": zoo.example_labels(cfg, x), "mask": np.ones((batch,), np.float32)}

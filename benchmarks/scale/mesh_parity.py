@@ -24,7 +24,8 @@ import zoo  # noqa: E402
 from zoo.bench.floats import excess
 from zoo.configs import OptimConfig  # noqa: E402
 from zoo.parallel import layout_for, parse_mesh  # noqa: E402
-from zoo.train import stages  # noqa: E402
+from zoo.train import stages
+from zoo.train.engine import GradientSettings, make_engine  # noqa: E402
 from zoo.train.state import make_optimizer  # noqa: E402
 
 MESHES = ("data=8", "fsdp=8", "data=2,fsdp=2,tensor=2")
@@ -32,7 +33,7 @@ MESHES = ("data=8", "fsdp=8", "data=2,fsdp=2,tensor=2")
 
 def run(cfg, mesh: str, steps: int, batch: int, optim: OptimConfig, backend: str):
     start = stages.config_start(cfg, seed=0, layout=layout_for(cfg, parse_mesh(mesh)))
-    engine = stages.start_engine(start, backend, make_optimizer(optim, steps))
+    engine = make_engine(start, GradientSettings(backend, make_optimizer(optim, steps)))
     state, frozen = engine.init_state(start.params, 0)
     losses = []
     for step in range(steps):

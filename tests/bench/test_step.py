@@ -80,5 +80,5 @@ def test_the_bench_step_from_shapes_keeps_an_offloaded_state_in_host_memory(offl
     base = recipes.parse_recipe({"train": {"offload": offload}})
     step = compile_step(cfg, x, zoo.example_labels(cfg, x), recipe=base)
     kinds = {x.sharding.memory_kind for x in jax.tree.leaves(step.state.opt_state)}
-    assert kinds == {"pinned_host"} and step.engine.offload == offload
+    assert kinds == {"pinned_host"} and step.engine.placement.offload == offload
     assert step.program == zoo_train_program("none", offload=offload, num_layers=3)

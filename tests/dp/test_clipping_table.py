@@ -19,7 +19,8 @@ from zoo.dp.plan import fixed_batch_plan
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.models import canonical, registry
-from zoo.train.engine import make_engine
+from zoo.train.engine import GradientSettings, make_engine
+from zoo.train.start import config_start
 
 TOY = "toy-half"
 
@@ -47,7 +48,9 @@ def _engine(clipping: str):
     params = canonical.init_params(cfg, 0)
     freeze = resolve_freeze(params, ())
     plan = fixed_batch_plan(8, noise_multiplier=1.0, clip_norm=1.0, clipping=clipping)
-    engine = make_engine(cfg, "nnx", freeze, optax.sgd(0.1), dp=plan)
+    engine = make_engine(
+        config_start(cfg, params, freeze=freeze), GradientSettings("nnx", optax.sgd(0.1)), dp=plan
+    )
     return engine, params
 
 

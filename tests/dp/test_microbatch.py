@@ -27,9 +27,8 @@ from zoo.microbatch import valid_sizes as valid_microbatch_sizes
 from zoo.models import registry
 from zoo.parallel import layout_for
 from zoo.precision import Precision
-from zoo.remat import get_policy
-from zoo.scan import StackPlan
-from zoo.train.engine import Engine, make_engine
+from zoo.train.engine import Engine, GradientSettings, make_engine
+from zoo.train.start import config_start
 
 MLP = zoo.get_config(registry.get_kind("mlp").small, num_layers=2)
 TRANSFORMER = zoo.get_config(registry.get_kind("transformer").small, num_layers=2)
@@ -44,15 +43,8 @@ def engine_for(cfg, clipping, microbatch, *, users=False, remat="none", precisio
     plan = fixed_batch_plan(units, clip_norm=0.5, clipping=clipping, microbatch_size=microbatch, **user)
     params = random_params(cfg, 1)
     freeze = resolve_freeze(params, ())
-    engine = make_engine(
-        cfg,
-        "nnx",
-        freeze,
-        optax.sgd(0.1),
-        stack=StackPlan(get_policy(remat), freeze.frozen_prefix),
-        dp=plan,
-        precision=Precision(precision),
-    )
+    grad = GradientSettings("nnx", optax.sgd(0.1), remat=remat, precision=Precision(precision))
+    engine = make_engine(config_start(cfg, params, freeze=freeze), grad, dp=plan)
     if cls is not Engine:  # a planted bug: the same engine, one method replaced
         engine = cls(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)})
     state, frozen = engine.init_state(params, 0, jax.random.key(3))

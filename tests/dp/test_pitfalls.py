@@ -25,10 +25,9 @@ from zoo.dp.plan import fixed_batch_plan
 from zoo.dp.sampling import PoissonSampler
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
-from zoo.remat import get_policy
-from zoo.scan import StackPlan
 from zoo.train import engine as engine_lib
 from zoo.train.engine import Engine
+from zoo.train.start import config_start
 from zoo.train.state import make_optimizer
 
 CFG = zoo.get_config("mlp-s", d_in=6, d_hidden=8, num_layers=1, num_classes=3)  # an mlp-xs
@@ -61,11 +60,10 @@ def make_engine(method="vmap", sigma=SIGMA, microbatch=None, engine_cls=Engine):
     else:
         plan = resolve_freeze(params, freeze)
     engine = engine_lib.make_engine(
-        cfg,
-        "nnx",
-        plan,
-        make_optimizer(OptimConfig(name="sgd", lr=0.1, schedule="constant"), 10, clip=False),
-        stack=StackPlan(get_policy("none"), plan.frozen_prefix),
+        config_start(cfg, params, freeze=plan),
+        engine_lib.GradientSettings(
+            "nnx", make_optimizer(OptimConfig(name="sgd", lr=0.1, schedule="constant"), 10, clip=False)
+        ),
         dp=fixed_batch_plan(
             E, noise_multiplier=sigma, clip_norm=C, microbatch_size=microbatch or mb, clipping=kind
         ),

@@ -22,9 +22,8 @@ from zoo.configs import OptimConfig
 from zoo.freeze import resolve_freeze
 from zoo.jaxprs import checkpoint_names
 from zoo.models import canonical, discover, registry
-from zoo.remat import get_policy
-from zoo.scan import StackPlan
-from zoo.train.engine import make_engine
+from zoo.train.engine import GradientSettings, make_engine
+from zoo.train.start import config_start
 from zoo.train.state import make_optimizer
 
 KIND = "toykind"  # a folder name no built-in kind uses
@@ -270,12 +269,9 @@ def test_the_engine_trains_it(toy, backend):
     cfg = toy[1].small
     params = random_params(cfg, seed=1)
     plan = resolve_freeze(params, ())
+    optimizer = make_optimizer(OptimConfig(name="sgd", lr=0.3, schedule="constant"), 10)
     engine = make_engine(
-        cfg,
-        backend,
-        plan,
-        make_optimizer(OptimConfig(name="sgd", lr=0.3, schedule="constant"), 10),
-        stack=StackPlan(get_policy("full"), plan.frozen_prefix),
+        config_start(cfg, params, freeze=plan), GradientSettings(backend, optimizer, remat="full")
     )
     state, frozen = engine.init_state(params, seed=0)
     x = np.asarray(zoo.example_batch(cfg, 16, seed=5))

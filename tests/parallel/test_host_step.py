@@ -22,8 +22,9 @@ from zoo.parallel import placement as placements
 from zoo.parallel.mesh import MeshSpec
 from zoo.parallel.placement import PLACEMENTS, placement_named
 from zoo.precision import Precision
-from zoo.train.engine import evaluate, make_engine
+from zoo.train.engine import GradientSettings, evaluate, make_engine
 from zoo.train.hardest import hardest
+from zoo.train.start import config_start
 
 ON_HOST = PLACEMENTS["update-on-host"]
 
@@ -35,16 +36,11 @@ def train(update_on: str, dp=False, precision="float32", plant=None, microbatch_
     params = random_params(LLAMA, 1)
     plan = resolve_freeze(params, ("blocks.mlp_norm",))
     dp_plan = fixed_batch_plan(ROWS, noise_multiplier=1.0, clip_norm=1.0) if dp else None
-    engine = make_engine(
-        LLAMA,
-        "nnx",
-        plan,
-        optax.adamw(1e-2),
-        dp=dp_plan,
-        placement=ON_HOST if update_on == "host" else PLACEMENTS["device"],
-        precision=Precision(precision),
-        microbatch_size=microbatch_size,
+    grad = GradientSettings(
+        "nnx", optax.adamw(1e-2), precision=Precision(precision), microbatch_size=microbatch_size
     )
+    placement = ON_HOST if update_on == "host" else PLACEMENTS["device"]
+    engine = make_engine(config_start(LLAMA, params, freeze=plan), grad, placement, dp_plan)
     step = engine.train_step
     if plant is not None:
         step.update = plant(step.update)
@@ -125,14 +121,9 @@ def read_only_passes(precision: str = "float32") -> list[tuple]:
     params = random_params(LLAMA, 1)
     seen = []
     for placement in ("device", "update-on-host"):
-        engine = make_engine(
-            LLAMA,
-            "nnx",
-            resolve_freeze(params, ("blocks.mlp_norm",)),
-            optax.adamw(1e-2),
-            placement=PLACEMENTS[placement],
-            precision=Precision(precision),
-        )
+        start = config_start(LLAMA, params, patterns=("blocks.mlp_norm",))
+        grad = GradientSettings("nnx", optax.adamw(1e-2), precision=Precision(precision))
+        engine = make_engine(start, grad, PLACEMENTS[placement])
         state, frozen = engine.init_state(params, 0)
         batch = engine.place_batch(batch_of(0))
         seen.append(

@@ -29,10 +29,12 @@ from zoo.freeze import resolve_freeze
 from zoo.models import registry
 from zoo.parallel import placement as placements
 from zoo.parallel.placement import PLACEMENTS, Placement, placement_named
-from zoo.train.engine import Engine, make_engine
+from zoo.train.engine import Engine, GradientSettings, make_engine
+from zoo.train.start import config_start
 
 LLAMA = zoo.get_config(registry.get_kind("llama").small, num_layers=2)
 STEPS, ROWS = 3, 4
+ADAMW = GradientSettings("nnx", optax.adamw(1e-2))
 IN_PROGRAM = ["device", "offload-optimizer", "offload-optimizer+params"]  # one jitted step each
 OFFLOADED = IN_PROGRAM[1:]
 
@@ -49,7 +51,8 @@ def train(setting: str, engine_cls=Engine, dp=False, freeze=("blocks.mlp_norm",)
     params = random_params(LLAMA, 1)
     plan = resolve_freeze(params, freeze)
     dp_plan = fixed_batch_plan(ROWS, noise_multiplier=1.0, clip_norm=1.0) if dp else None
-    engine = make_engine(LLAMA, "nnx", plan, optax.adamw(1e-2), dp=dp_plan, placement=PLACEMENTS[setting])
+    start = config_start(LLAMA, params, freeze=plan)
+    engine = make_engine(start, GradientSettings("nnx", optax.adamw(1e-2)), PLACEMENTS[setting], dp_plan)
     if engine_cls is not Engine:  # a planted bug: the same engine, one method replaced
         engine = engine_cls(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)})
     state, frozen = engine.init_state(params, 0, jax.random.key(3))
@@ -137,9 +140,7 @@ def one_moment_left(self, layout, optimizer, state):
 @pytest.mark.parametrize("plant", [never_written_back, one_moment_left])
 def test_the_memory_kind_check_catches_a_moment_left_on_the_device(monkeypatch, plant):
     params = random_params(LLAMA, 1)
-    engine = make_engine(
-        LLAMA, "nnx", resolve_freeze(params, ()), optax.adamw(1e-2), placement=PLACEMENTS["offload-optimizer"]
-    )
+    engine = make_engine(config_start(LLAMA, params), ADAMW, PLACEMENTS["offload-optimizer"])
     state, frozen = engine.init_state(params, 0)
     check_kinds([memory_kinds(state)], "offload-optimizer")
     monkeypatch.setattr(Placement, "store", plant)
@@ -151,10 +152,7 @@ def test_the_memory_kind_check_catches_a_moment_left_on_the_device(monkeypatch, 
 
 def test_the_eval_step_reads_offloaded_params():
     params = random_params(LLAMA, 1)
-    engines = [
-        make_engine(LLAMA, "nnx", resolve_freeze(params, ()), optax.adamw(1e-2), placement=PLACEMENTS[s])
-        for s in IN_PROGRAM
-    ]
+    engines = [make_engine(config_start(LLAMA, params), ADAMW, PLACEMENTS[s]) for s in IN_PROGRAM]
     out = []
     for engine in engines:
         state, frozen = engine.init_state(params, 0)
@@ -182,9 +180,7 @@ def placements_in_program(setting: str) -> tuple[collections.Counter, object]:
     (``jax.export``): on a CPU, ``device_put`` inside ``jit`` lowers to nothing (JAX lowers it
     only for TPU and GPU), and only the step's arguments and results carry a memory kind."""
     params = random_params(LLAMA, 1)
-    engine = make_engine(
-        LLAMA, "nnx", resolve_freeze(params, ()), optax.adamw(1e-2), placement=PLACEMENTS[setting]
-    )
+    engine = make_engine(config_start(LLAMA, params), ADAMW, PLACEMENTS[setting])
     state, frozen = engine.init_state(params, 0)
     text = export.export(engine.train_step, platforms=["tpu"])(state, frozen, batch_of(0)).mlir_module()
     return collections.Counter(re.findall(r'_xla_buffer_placement = "(\w+)"', text)), state

@@ -18,7 +18,8 @@ from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
 from zoo.losses import masked_mean
 from zoo.models import registry
-from zoo.train.engine import make_engine, mean_loss_and_grad
+from zoo.train.engine import GradientSettings, make_engine, mean_loss_and_grad
+from zoo.train.start import config_start
 
 CFG = zoo.get_config(registry.get_kind("transformer").small, num_layers=2)
 ROWS = 8
@@ -33,7 +34,8 @@ def _batch() -> dict:
 def _step(microbatch_size):
     params = random_params(CFG, seed=1)
     freeze = resolve_freeze(params, ())
-    engine = make_engine(CFG, "nnx", freeze, optax.adamw(1e-2), microbatch_size=microbatch_size)
+    grad = GradientSettings("nnx", optax.adamw(1e-2), microbatch_size=microbatch_size)
+    engine = make_engine(config_start(CFG, params, freeze=freeze), grad)
     state, frozen = engine.init_state(params, 0)
     return fast_jit(engine.train_step_fn)(state, frozen, _batch())
 

@@ -23,10 +23,9 @@ from zoo.freeze import resolve_freeze
 from zoo.jaxprs import iter_eqns, scope_float_dtypes
 from zoo.models import registry
 from zoo.precision import Precision
-from zoo.remat import get_policy
-from zoo.scan import StackPlan
 from zoo.train import engine as engine_lib
-from zoo.train.engine import Engine, make_engine
+from zoo.train.engine import Engine, GradientSettings, make_engine
+from zoo.train.start import config_start
 
 BF16 = Precision("bfloat16")
 EPS32 = float(np.finfo(np.float32).eps)
@@ -47,13 +46,9 @@ def engine_of(cfg, optimizer, *, params=None, plan=None, dp=None, remat="none", 
     params = random_params(cfg, 1) if params is None else params
     plan = plan or resolve_freeze(params, ())
     engine = make_engine(
-        cfg,
-        "nnx",
-        plan,
-        optimizer,
-        stack=StackPlan(get_policy(remat), plan.frozen_prefix),
+        config_start(cfg, params, freeze=plan),
+        GradientSettings("nnx", optimizer, remat=remat, precision=BF16),
         dp=dp,
-        precision=BF16,
     )
     if engine_cls is not Engine:  # a planted bug: the same engine, one method replaced
         engine = engine_cls(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)})
@@ -235,11 +230,12 @@ def test_a_user_level_step_clips_each_users_mean_gradient(cfg, clipping):
     from zoo.dp.users import group_users
 
     k, users, clip = 3, 4, 0.5
-    plan = fixed_batch_plan(users, clip_norm=clip, clipping=clipping)
-    plan = dataclasses.replace(plan, records_per_user=k)
+    plan = fixed_batch_plan(users, clip_norm=clip, clipping=clipping, unit="user", records_per_user=k)
     params = random_params(cfg, 1)
     freeze = resolve_freeze(params, ())
-    engine = make_engine(cfg, "nnx", freeze, optax.sgd(0.1), dp=plan)
+    engine = make_engine(
+        config_start(cfg, params, freeze=freeze), GradientSettings("nnx", optax.sgd(0.1)), dp=plan
+    )
     state, frozen = engine.init_state(params, 0, jax.random.key(3))
     batch = batch_of(cfg, users * k)
     mask = np.ones(users * k, np.float32)

@@ -94,7 +94,7 @@ CANARY_KEY = "canaries"  # where a white-box step's batch carries its GradientCa
 
 @dataclass(frozen=True)
 class WhiteBoxCanaries:
-    """The audit's transform of the clipped sum (the engine's ``clipped_sum_transform``,
+    """The audit's transform of the clipped sum (the DP plan's ``transform``,
     :class:`zoo.dp.clipping.ClippedSumTransform`): the step's batch carries this step's
     :class:`GradientCanaries` under :data:`CANARY_KEY`; their clipped gradients join the clipped
     sum before the noise, and the step reports the release along each canary direction as

@@ -25,7 +25,7 @@ from zoo.dp.plan import DPPlan, fixed_batch_plan
 from zoo.errors import ZooError
 from zoo.precision import FLOAT32, Precision
 from zoo.train import stages
-from zoo.train.engine import Engine
+from zoo.train.engine import Engine, GradientSettings, make_engine
 from zoo.train.state import TrainState
 
 BASELINE = "non-private"
@@ -66,7 +66,7 @@ class Setup:
 
 def setup_for(cfg, backend: str, batch: int, microbatch: int, freeze: Sequence[str], seed: int, **options):
     """``(Setup, params)``: the model start and engine of the run stages
-    (:func:`zoo.train.stages.config_start`, :func:`~zoo.train.stages.start_engine`) for a preset
+    (:func:`zoo.train.stages.config_start`, :func:`~zoo.train.engine.make_engine`) for a preset
     on the bench's synthetic batches, with the bench's SGD with momentum; ``options`` are
     :func:`setup_from`'s."""
     start = stages.config_start(cfg, seed=seed, patterns=tuple(freeze))
@@ -87,7 +87,7 @@ def setup_from(
     (:func:`zoo.train.stages.model_start`, its freeze plan included), under the ``remat`` policy
     and ``precision``; ``step_microbatch``: :class:`Setup`'s."""
     opt = optax.sgd(LR, momentum=MOMENTUM)
-    engine = stages.start_engine(start, backend, opt, policy=remat, precision=precision)
+    engine = make_engine(start, GradientSettings(backend, opt, remat=remat, precision=precision))
     setup = Setup(
         engine=engine, batch_size=batch, microbatch_size=microbatch, step_microbatch=step_microbatch
     )
@@ -212,7 +212,8 @@ def _non_private(setup: Setup):
     """The engine's ordinary step; with ``step_microbatch``, the engine's step accumulating the
     gradient of the mean loss over the microbatches (:func:`zoo.microbatch.accumulate`), as the
     DP rows take them."""
-    engine = dataclasses.replace(setup.engine, microbatch_size=setup.step_microbatch)
+    grad = dataclasses.replace(setup.engine.grad, microbatch_size=setup.step_microbatch)
+    engine = dataclasses.replace(setup.engine, grad=grad)
     return engine.train_step_fn, engine.optimizer
 
 

@@ -25,6 +25,7 @@ from zoo.dp.plan import fixed_batch_plan
 from zoo.models import canonical
 from zoo.models.registry import get_config
 from zoo.train import stages
+from zoo.train.engine import GradientSettings, make_engine
 from zoo.train.state import make_optimizer
 from zoo.ui import emit_json, print_table
 
@@ -37,7 +38,7 @@ def _compiled_run(start: stages.Start, backend, policy, batch, dp=None):
     """One row's run: the engine stage on the model ``start`` (:mod:`zoo.train.stages`, its
     freeze plan) with the DP plan ``dp`` (None: no DP), compiled for ``batch``."""
     optimizer = make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000, clip=dp is None)
-    engine = stages.start_engine(start, backend, optimizer, plan=dp, policy=policy)
+    engine = make_engine(start, GradientSettings(backend, optimizer, remat=policy), dp=dp)
     state, frozen = engine.init_state(start.params, 0)
     compiled = engine.train_step.lower(state, frozen, batch).compile()
     return dict(

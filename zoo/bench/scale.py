@@ -31,6 +31,7 @@ from zoo.models import canonical
 from zoo.models.registry import get_config, replace_checked
 from zoo.parallel import layout_for, parse_mesh
 from zoo.train import stages
+from zoo.train.engine import GradientSettings, make_engine
 from zoo.train.state import make_optimizer
 from zoo.ui import emit_json, print_table
 
@@ -102,7 +103,7 @@ def _mesh_run(cfg, backend, mesh_text, remat, params, batch):
     layout = layout_for(cfg, spec, jax.devices()[: spec.devices] if spec.data else None)
     start = stages.config_start(cfg, params, layout=layout)
     optimizer = make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000)
-    engine = stages.start_engine(start, backend, optimizer, policy=remat)
+    engine = make_engine(start, GradientSettings(backend, optimizer, remat=remat))
     rows, ways = int(batch["x"].shape[0]), layout.spec.batch_ways
     if rows % ways:  # name the devices: a bench mesh may use fewer than there are
         raise ZooError(

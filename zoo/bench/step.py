@@ -26,7 +26,6 @@ from zoo.api import example_batch, example_labels
 from zoo.bench.common import state_stepper
 from zoo.models import canonical
 from zoo.models.registry import ModelConfig, get_config
-from zoo.parallel import offload as host_offload
 from zoo.precision import FLOAT32
 from zoo.recipes import Recipe
 from zoo.train import stages
@@ -126,11 +125,11 @@ def compile_step(
 
 def placed_shapes(engine: Engine, state, frozen: dict):
     """``(state, frozen)`` shapes with the shardings ``engine.init_state`` commits them to (the
-    layout's device, or its mesh, in host memory for what ``[train] offload`` keeps there), so
+    layout's device, or its mesh, in host memory for what ``[train] placement`` keeps there), so
     that they lower to the program real arrays lower to, and its memory analysis does not
     count an offloaded state as device bytes."""
     layout = engine.layout
-    state_shardings = host_offload.state_shardings(layout, state, engine.optimizer, engine.offload)
+    state_shardings = engine.placement.state_shardings(layout, state, engine.optimizer)
     if layout.is_single:
         device = jax.sharding.SingleDeviceSharding(layout.mesh.devices.flat[0])
         frozen_shardings = jax.tree.map(lambda _: device, frozen)

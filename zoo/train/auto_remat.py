@@ -34,7 +34,6 @@ from zoo.configs import OFFLOADS
 from zoo.errors import ZooError
 from zoo.parallel.placement import offloaded
 from zoo.remat import choose_fitting, footprint, get_policy, nothing_fits, policy_names, step_bytes
-from zoo.scan import StackPlan
 from zoo.train.runlog import atomic_write
 
 CACHE_FILE = "remat-auto.json"
@@ -132,7 +131,8 @@ def _write(key: str, entry: dict) -> None:
 
 def with_policy(engine, policy: str, offload: str | None = None):
     """``engine`` with its stack on ``policy`` (same frozen prefix), and on ``offload`` if given."""
-    engine = dataclasses.replace(engine, stack=StackPlan(get_policy(policy), engine.stack.frozen_prefix))
+    get_policy(policy)  # an unknown name fails here, with the valid list
+    engine = dataclasses.replace(engine, grad=dataclasses.replace(engine.grad, remat=policy))
     return engine if offload is None else dataclasses.replace(engine, placement=offloaded(offload))
 
 

@@ -1,8 +1,16 @@
-"""One training engine for both backends.
+"""One training engine for both backends, made from its owned parts.
 
 A model meets the engine as canonical params plus a pure ``apply``; the freeze plan splits
 params into (trainable, frozen). Remat, freezing and DP are written once, here, on pytrees.
 Everything under ``jit`` is a pure function of arrays and keys.
+
+An engine is made (:func:`make_engine`, the one place) from four parts, each with one owner:
+the model start (:class:`zoo.train.start.Start`: config, freeze plan, layout), the
+:class:`GradientSettings` (backend, optimizer, remat policy, precision, microbatch size), the
+:class:`zoo.parallel.placement.Placement` (where the state lives and the update runs: its own
+checks and its own step program) and the :class:`zoo.dp.plan.DPPlan` (the made sampler,
+aggregation and noise; None without DP). A new memory setting is a new placement or a new
+microbatch output (:mod:`zoo.microbatch`), never a keyword threaded through the stages.
 """
 
 from __future__ import annotations
@@ -23,40 +31,72 @@ from zoo.dp.users import group_users, user_loss
 from zoo.freeze import FreezePlan
 from zoo.losses import accuracy_per_example, masked_mean, per_example_loss
 from zoo.models.registry import ModelConfig
-from zoo.parallel import Layout, layout_for
+from zoo.parallel import Layout
 from zoo.parallel.placement import ON_DEVICE, Placement
 from zoo.precision import FLOAT32, Precision
-from zoo.remat import get_policy
+from zoo.remat import RematPolicy
 from zoo.scan import StackPlan
 from zoo.train.state import TrainState, step_metrics
+
+
+@dataclass(frozen=True)
+class GradientSettings:
+    """How the engine computes a step's gradient: the model's ``backend``, the ``optimizer``
+    that applies it, the ``remat`` policy of the layer stack (a name or a
+    :class:`zoo.remat.RematPolicy`, run over the freeze plan's frozen prefix), the run's
+    ``precision`` (:class:`zoo.precision.Precision`: applied to the model in
+    :meth:`Engine.logits`, handed to the clipping methods, and to the frozen leaves it holds)
+    and ``microbatch_size`` (``train.microbatch_size``: a non-private step's gradient
+    accumulated over microbatches, :func:`mean_loss_and_grad`; under DP the plan's performance
+    settings carry the same knob to the clipping)."""
+
+    backend: str
+    optimizer: optax.GradientTransformation
+    remat: str | RematPolicy = "none"
+    precision: Precision = FLOAT32
+    microbatch_size: int | None = None
 
 
 @dataclass(frozen=True)
 class Engine:
     """A model's train and eval steps: remat, freezing and DP written once, on pytrees.
 
-    Build one with :func:`make_engine` (the one place an engine is made). ``layout`` is always
-    there (one device by default); ``dp`` is the run's :class:`zoo.dp.plan.DPPlan` (``None``:
-    no DP): the engine calls its made aggregation and noise, and its transform of the clipped
-    sum (``zoo audit``'s canaries; by default it keeps the sum and reports nothing).
-    ``precision`` is the run's :class:`zoo.precision.Precision`: applied to the model in
-    :meth:`logits` (and handed to the clipping methods), and to the frozen leaves it holds.
-    ``placement`` (``[train] placement``, :mod:`zoo.parallel.placement`) keeps the state where
-    it says and makes the step's program: the step fetches what it keeps in host memory as it
-    needs it, or, for the update on the host, runs in two programs that call :meth:`grads` and
-    :meth:`update`.
+    Made by :func:`make_engine` from its parts: the model's ``cfg``, ``freeze`` plan and
+    ``layout`` (a model start's), the :class:`GradientSettings` ``grad``, the ``placement``
+    (:mod:`zoo.parallel.placement`: where the state lives, and the step's program, which for the
+    update on the host calls :meth:`grads` and :meth:`update`) and the ``dp`` plan
+    (:class:`zoo.dp.plan.DPPlan`, None without DP: the engine calls its made aggregation and
+    noise, and its transform of the clipped sum, ``zoo audit``'s canaries).
     """
 
     cfg: ModelConfig
-    backend: str
-    stack: StackPlan  # the scan of the layer stack: its remat policy and frozen prefix
     freeze: FreezePlan
-    optimizer: optax.GradientTransformation
     layout: Layout
-    dp: DPPlan | None = None
-    precision: Precision = FLOAT32
+    grad: GradientSettings
     placement: Placement = ON_DEVICE
-    microbatch_size: int | None = None  # a non-private step's gradient accumulation (train.microbatch_size)
+    dp: DPPlan | None = None
+
+    # -- the parts, as the steps read them -------------------------------------------------
+    @property
+    def backend(self) -> str:
+        return self.grad.backend
+
+    @property
+    def optimizer(self) -> optax.GradientTransformation:
+        return self.grad.optimizer
+
+    @property
+    def precision(self) -> Precision:
+        return self.grad.precision
+
+    @property
+    def microbatch_size(self) -> int | None:
+        return self.grad.microbatch_size
+
+    @property
+    def stack(self) -> StackPlan:
+        """The scan of the layer stack: the remat policy over the freeze plan's frozen prefix."""
+        return self.freeze.stack_plan(self.grad.remat)
 
     # -- pure pieces ---------------------------------------------------------------------
     def logits(self, params: dict, x: jax.Array) -> jax.Array:
@@ -80,7 +120,7 @@ class Engine:
     def clipped_sum(self, state: TrainState, frozen: dict, batch: dict):
         """``(sum of clipped per-example grads, pre-clip norms, per-example losses)`` by the
         run's clipping method (a row of :data:`zoo.dp.clipping.CLIPPING`), in microbatches of
-        ``dp.microbatch_size`` examples under one scan (:func:`zoo.dp.microbatch.accumulated_clip`)."""
+        ``train.microbatch_size`` examples under one scan (:func:`zoo.dp.clipping.accumulated_clip`)."""
         return self.dp.made.aggregate(self.clip_model, state.params, frozen, batch)
 
     @property
@@ -245,42 +285,16 @@ def mean_loss_and_grad(example_losses, trainable: dict, batch: dict, microbatch_
 
 
 def make_engine(
-    cfg: ModelConfig,
-    backend: str,
-    freeze: FreezePlan,
-    optimizer: optax.GradientTransformation,
-    *,
-    stack: StackPlan | None = None,
-    dp: DPPlan | None = None,
-    layout: Layout | None = None,
-    precision: Precision = FLOAT32,
-    placement: Placement = ON_DEVICE,
-    microbatch_size: int | None = None,
+    start, grad: GradientSettings, placement: Placement = ON_DEVICE, dp: DPPlan | None = None
 ) -> Engine:
-    """The one way to make an :class:`Engine`.
-
-    ``stack`` defaults to no remat with the freeze plan's frozen prefix; ``layout`` to one
-    device (:func:`zoo.parallel.layout_for`); ``dp`` (a :class:`zoo.dp.plan.DPPlan`, from
-    :func:`zoo.dp.plan.make_plan` or :func:`zoo.dp.plan.fixed_batch_plan`) makes the step
-    DP-SGD (the audit's hook on the clipped sum travels with it); ``precision``
-    the run's precision policy (float32 by default: no cast anywhere); ``placement`` where the
-    state lives and the update runs (:mod:`zoo.parallel.placement`); ``microbatch_size`` splits a
-    non-private step's batch for gradient accumulation (:func:`mean_loss_and_grad`).
-    """
-    layout = layout or layout_for(cfg)
-    placement.check(layout=layout)
-    return Engine(
-        cfg=cfg,
-        backend=backend,
-        stack=stack or StackPlan(get_policy("none"), freeze.frozen_prefix),
-        freeze=freeze,
-        optimizer=optimizer,
-        layout=layout,
-        dp=dp,
-        precision=precision,
-        placement=placement,
-        microbatch_size=microbatch_size,
-    )
+    """The one way to make an :class:`Engine`: from a model ``start`` (a
+    :class:`zoo.train.start.Start`: its config, freeze plan and layout), the gradient settings,
+    the ``placement`` (checked here against the layout, :meth:`Placement.check`) and the DP plan
+    (:func:`zoo.dp.plan.make_plan` or :func:`zoo.dp.plan.fixed_batch_plan`'s; None: no DP).
+    ``zoo train`` makes its parts from the recipe (:func:`zoo.train.stages.engine`); a bench or
+    a test passes its own."""
+    placement.check(layout=start.layout)
+    return Engine(start.cfg, start.freeze, start.layout, grad, placement, dp)
 
 
 def evaluate(engine: Engine, state: TrainState, frozen: dict, batches) -> dict:

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import jax
-import optax
 
 from zoo import lora
 from zoo.data.errors import DataDependentWarning
@@ -30,14 +28,14 @@ from zoo.models import canonical
 from zoo.models.registry import ModelConfig
 from zoo.parallel import layout_for, spec_from_section
 from zoo.parallel.layout import Layout
-from zoo.parallel.placement import ON_DEVICE, Placement, placement_named
-from zoo.precision import FLOAT32, Precision
+from zoo.parallel.placement import Placement, placement_named
+from zoo.precision import Precision
 from zoo.recipes import Recipe
-from zoo.remat import AUTO, get_policy
-from zoo.scan import StackPlan
+from zoo.remat import AUTO
 from zoo.train import checkpoint, checks
 from zoo.train import projection as fitted
-from zoo.train.engine import Engine, make_engine
+from zoo.train.engine import Engine, GradientSettings, make_engine
+from zoo.train.start import Start, config_start  # noqa: F401  (stage 2 without a recipe)
 from zoo.train.state import batch_seed, make_optimizer, secret_train_key, train_key
 from zoo.train.task import Task, fit_model_to_task, load_task
 
@@ -97,40 +95,6 @@ def load_data(recipe: Recipe, source=None) -> Task:
     if source is not None and task.type.tokenized:
         checks.check_vocab_fits(start, source, task.data.vocab_size)
     return task
-
-
-@dataclass(frozen=True)
-class Start:
-    """Stage 2, the model start: sizes fitted to the data, initial params (fresh or the start
-    checkpoint's), the freeze plan, the LoRA setup and the layout on the recipe's mesh."""
-
-    cfg: ModelConfig
-    params: dict
-    freeze: FreezePlan
-    layout: Layout
-    adapters: lora.LoraSetup | None = None
-    base: dict | None = None  # a LoRA run's base checkpoint (checkpoint.base_reference)
-    source: object = None  # the start checkpoint, or None
-
-    def with_params(self, params: dict) -> Start:
-        return Start(self.cfg, params, self.freeze, self.layout, self.adapters, self.base, self.source)
-
-
-def config_start(
-    cfg: ModelConfig,
-    params: dict | None = None,
-    *,
-    seed: int = 0,
-    patterns: tuple[str, ...] = (),
-    freeze: FreezePlan | None = None,
-    layout: Layout | None = None,
-) -> Start:
-    """Stage 2 without a recipe (``zoo bench``: a preset on synthetic batches): ``params``
-    (default: fresh from ``seed``), frozen by ``patterns`` or the given ``freeze`` plan (a LoRA
-    setup's), laid out on ``layout`` (default: one device)."""
-    params = canonical.init_params(cfg, seed) if params is None else params
-    freeze = freeze or resolve_freeze(params, tuple(patterns))
-    return Start(cfg, params, freeze, layout or layout_for(cfg))
 
 
 def model_start(recipe: Recipe, task: Task, source=None, *, seed: int | None = None) -> Start:
@@ -224,66 +188,40 @@ def projection(start: Start, task: Task, plan: DPPlan | None, root: jax.Array | 
     return start.with_params(fitted.fit(start.cfg, start.params, task.data.x_train, plan, key))
 
 
-def engine(
-    recipe: Recipe,
-    start: Start,
-    plan: DPPlan | None,
-    plan_steps: int,
-    *,
-    optimizer: optax.GradientTransformation | None = None,
-    layout: Layout | None = None,
-) -> Engine:
-    """Stage 5, the engine: the recipe's optimizer over ``plan_steps`` (no global clip under DP),
-    remat policy (``auto`` starts unrematerialized: :mod:`zoo.train.auto_remat` picks later),
-    precision, the plan and the layout. A bench passes its own ``optimizer`` or ``layout``."""
+def engine(recipe: Recipe, start: Start, plan: DPPlan | None, plan_steps: int) -> Engine:
+    """Stage 5, the engine, made from its parts (:func:`zoo.train.engine.make_engine`): the
+    model start, the recipe's gradient settings (:func:`gradient_settings`), its placement
+    (:func:`placement`) and the DP plan. A variant without a recipe (``zoo bench``) makes the
+    same call with parts of its own."""
     checks.warn_long_warmup(recipe.optim, plan_steps)
     checks.warn_remat_without_stack(recipe.train.remat, start.cfg)
-    layout = layout or start.layout
-    placement = placement_named(recipe.train.placement)
-    try:  # a mesh that --mesh data=auto resolved to several devices, say
-        placement.check(layout=layout)
-    except ValueError as error:
-        raise ZooError(f"train.{error}") from None
-    return start_engine(
-        start,
+    where = placement(recipe, start.layout)
+    return make_engine(start, gradient_settings(recipe, plan_steps, private=plan is not None), where, plan)
+
+
+def gradient_settings(recipe: Recipe, plan_steps: int, *, private: bool = False) -> GradientSettings:
+    """The recipe's gradient settings: the backend, the optimizer over ``plan_steps`` (no global
+    clip under DP: the gradients are clipped per example), the remat policy (``auto`` starts
+    unrematerialized: :mod:`zoo.train.auto_remat` picks later), the precision and
+    ``train.microbatch_size``."""
+    return GradientSettings(
         recipe.model.backend,
-        optimizer or make_optimizer(recipe.optim, plan_steps, clip=plan is None),
-        plan=plan,
-        policy="none" if recipe.train.remat == AUTO else recipe.train.remat,
+        make_optimizer(recipe.optim, plan_steps, clip=not private),
+        remat="none" if recipe.train.remat == AUTO else recipe.train.remat,
         precision=Precision(recipe.train.precision),
-        layout=layout,
-        placement=placement,
         microbatch_size=recipe.train.microbatch_size,
     )
 
 
-def start_engine(
-    start: Start,
-    backend: str,
-    optimizer: optax.GradientTransformation,
-    *,
-    plan: DPPlan | None = None,
-    policy: str = "none",
-    precision: Precision = FLOAT32,
-    layout: Layout | None = None,
-    placement: Placement = ON_DEVICE,
-    microbatch_size: int | None = None,
-) -> Engine:
-    """Stage 5 from a model start, without a recipe (``zoo bench``): the remat ``policy`` over
-    the freeze plan's frozen prefix, the DP ``plan`` (None: no DP), on ``start``'s layout, with
-    ``placement`` where the state lives (:mod:`zoo.parallel.placement`)."""
-    return make_engine(
-        start.cfg,
-        backend,
-        start.freeze,
-        optimizer,
-        stack=StackPlan(get_policy(policy), start.freeze.frozen_prefix),
-        dp=plan,
-        layout=layout or start.layout,
-        precision=precision,
-        placement=placement,
-        microbatch_size=microbatch_size,
-    )
+def placement(recipe: Recipe, layout: Layout) -> Placement:
+    """``train.placement``, checked against the run's resolved ``layout`` (a mesh that
+    ``--mesh data=auto`` resolved to several devices, say), one line naming the setting."""
+    where = placement_named(recipe.train.placement)
+    try:
+        where.check(layout=layout)
+    except ValueError as error:
+        raise ZooError(f"train.{error}") from None
+    return where
 
 
 def _warn_if_nothing_trains(freeze: FreezePlan, patterns: tuple[str, ...]) -> None:

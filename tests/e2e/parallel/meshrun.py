@@ -9,9 +9,8 @@ from zoo.configs import OptimConfig
 from zoo.freeze import resolve_freeze
 from zoo.parallel import layout_for, parse_mesh
 from zoo.precision import Precision
-from zoo.remat import get_policy
-from zoo.scan import StackPlan
-from zoo.train.engine import make_engine
+from zoo.train.engine import GradientSettings, make_engine
+from zoo.train.start import config_start
 from zoo.train.state import make_optimizer
 
 BATCH = 8
@@ -30,18 +29,11 @@ def engine_for(cfg, mesh: str, *, backend="nnx", remat="none", freeze=(), dp=Non
     params = random_params(cfg, 1)
     plan = resolve_freeze(params, tuple(freeze))
     layout = layout_for(cfg, parse_mesh(mesh))
-    engine = make_engine(
-        cfg,
-        backend,
-        plan,
-        # SGD: an update is linear in the gradient, so rounding stays rounding. Adam's first
-        # steps divide a gradient by its own size, and a near-zero entry can flip sign.
-        make_optimizer(OptimConfig(name="sgd", lr=0.1, schedule="constant"), 10, clip=dp is None),
-        stack=StackPlan(get_policy(remat), plan.frozen_prefix),
-        dp=dp,
-        layout=layout,
-        precision=Precision(precision),
-    )
+    # SGD: an update is linear in the gradient, so rounding stays rounding. Adam's first
+    # steps divide a gradient by its own size, and a near-zero entry can flip sign.
+    optimizer = make_optimizer(OptimConfig(name="sgd", lr=0.1, schedule="constant"), 10, clip=dp is None)
+    grad = GradientSettings(backend, optimizer, remat=remat, precision=Precision(precision))
+    engine = make_engine(config_start(cfg, params, freeze=plan, layout=layout), grad, dp=dp)
     return engine, params
 
 

@@ -35,7 +35,9 @@ def test_the_audit_pads_and_splits_like_training_on_a_mesh(mode):
     assert audited.expected_batch_size == pytest.approx(train.expected_batch_size, rel=1e-12)
     for plan in (train, audited):
         assert plan.sampler.padded_batch_size % plan.performance.pad_multiple == 0
-        assert plan.accounting.truncation_prob == truncation_budget(delta=plan.delta, epsilon=plan.epsilon, steps=40)
+        assert plan.accounting.truncation_prob == truncation_budget(
+            delta=plan.delta, epsilon=plan.epsilon, steps=40
+        )
     # The audit's plan is training's plan function with the canaries counted as records.
     again = make_plan(
         recipe.dp,
