@@ -68,42 +68,17 @@ class DPPlan:
     transform: ClippedSumTransform = KEEP_SUM
 
     # -- small reads of the pieces ---------------------------------------------------------
-    @property
-    def sampler(self):
-        """The made sampler (None: the caller hands the step fixed batches)."""
-        return self.made.sampler
-
-    @property
-    def noise_multiplier(self) -> float:
-        return self.mechanism.noise_multiplier
-
-    @property
-    def clip_norm(self) -> float:
-        return self.mechanism.clip_norm
-
-    @property
-    def expected_batch_size(self) -> float:
-        """The noisy sum is divided by it: public, never the realised size (the made noise's)."""
-        return self.made.noise.expected_batch_size
-
-    @property
-    def records_per_user(self) -> int | None:
-        """ULS's record slots of a user (the batch is ``[users, k]``); None: a row is clipped alone."""
-        return self.mechanism.records_per_user
-
-    @property
-    def unit(self) -> str:
-        """What the epsilon protects: a record or a user (``dp.unit``)."""
-        return self.mechanism.unit
-
-    @property
-    def epsilon(self) -> float | None:
-        """What the planned steps spend (None without accounting)."""
-        return self.accounting.epsilon
-
-    @property
-    def delta(self) -> float:
-        return self.accounting.delta
+    # The made sampler (None: the caller hands the step fixed batches).
+    sampler = property(lambda self: self.made.sampler)
+    noise_multiplier = property(lambda self: self.mechanism.noise_multiplier)
+    clip_norm = property(lambda self: self.mechanism.clip_norm)
+    # The noisy sum is divided by it: public, never the realised size (the made noise's).
+    expected_batch_size = property(lambda self: self.made.noise.expected_batch_size)
+    # ULS's record slots of a user (the batch is [users, k]); None: a row is clipped alone.
+    records_per_user = property(lambda self: self.mechanism.records_per_user)
+    unit = property(lambda self: self.mechanism.unit)  # what the epsilon protects (dp.unit)
+    epsilon = property(lambda self: self.accounting.epsilon)  # the planned steps' (None: not accounted)
+    delta = property(lambda self: self.accounting.delta)
 
     # -- accounting ------------------------------------------------------------------------
     def epsilon_at(self, steps: int) -> float:

@@ -34,8 +34,6 @@ import dataclasses
 import jax
 from jax.sharding import SingleDeviceSharding
 
-from zoo.parallel import placement
-
 
 class HostStep:
     """An engine's train step with the update on the host: ``(state, frozen, batch) -> (state,
@@ -44,8 +42,8 @@ class HostStep:
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self.device = placement.compute_device(engine.layout)
-        self.host = placement.host_device(engine.layout)  # the one rule
+        self.device = engine.placement.compute(engine.layout)
+        self.host = engine.placement.host(engine.layout)  # the one rule
         self._to_compute = jax.jit(engine.precision.to_compute)
         self.grads = jax.jit(self._grads)
         self.update = jax.jit(engine.update, donate_argnames="state")

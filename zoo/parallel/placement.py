@@ -108,6 +108,14 @@ class Placement:
             )
 
     # -- outside jit ------------------------------------------------------------------------
+    def host(self, layout: Layout) -> jax.Device | None:
+        """The host device that keeps a state held off the device (:func:`host_device`)."""
+        return host_device(layout)
+
+    def compute(self, layout: Layout) -> jax.Device:
+        """The device the step computes on (:func:`compute_device`)."""
+        return compute_device(layout)
+
     def build(self, layout: Layout, trainable: dict, make):
         """``make(trainable)`` (a fresh ``TrainState``), built on the host when the placement
         keeps state there: the optimizer leaves (for AdamW twice the params in float32) never

@@ -77,21 +77,10 @@ class Engine:
     dp: DPPlan | None = None
 
     # -- the parts, as the steps read them -------------------------------------------------
-    @property
-    def backend(self) -> str:
-        return self.grad.backend
-
-    @property
-    def optimizer(self) -> optax.GradientTransformation:
-        return self.grad.optimizer
-
-    @property
-    def precision(self) -> Precision:
-        return self.grad.precision
-
-    @property
-    def microbatch_size(self) -> int | None:
-        return self.grad.microbatch_size
+    backend = property(lambda self: self.grad.backend)
+    optimizer = property(lambda self: self.grad.optimizer)
+    precision = property(lambda self: self.grad.precision)
+    microbatch_size = property(lambda self: self.grad.microbatch_size)
 
     @property
     def stack(self) -> StackPlan:
