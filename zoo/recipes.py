@@ -165,12 +165,11 @@ def _old_placement(base, values: Mapping[str, object]) -> dict[str, object]:
     except ValueError as error:
         raise ZooError(str(error)) from None
     if offload not in (None, "none") or update_on not in (None, "device"):
-        old = " and ".join(
-            f"train.{k} = {v!r}" for k, v in (("offload", offload), ("update_on", update_on)) if v
-        )
+        given = [f"train.{k} = {v!r}" for k, v in (("offload", offload), ("update_on", update_on)) if v]
         warnings.warn(
-            f"{old} is spelled train.placement = {placement!r} now (--placement {placement}); the old "
-            "keys (--offload, --update-on) go in the next release",
+            f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} spelled train.placement = "
+            f"{placement!r} now (--placement {placement}); the old keys (--offload, --update-on) go "
+            "in the next release",
             FutureWarning,
             stacklevel=2,
         )

@@ -1,5 +1,5 @@
-"""Logical batches larger than the chip (zoo.dp.microbatch): the DP step in microbatches of
-``dp.microbatch_size`` equals the step over the whole batch, for every clipping method and with
+"""Logical batches larger than the chip (zoo.microbatch, zoo.dp.clipping.accumulated_clip): the DP step in microbatches of
+``train.microbatch_size`` equals the step over the whole batch, for every clipping method and with
 records or users as the unit; its noise is drawn once, for the logical batch; and the setting
 never changes epsilon."""
 

@@ -169,3 +169,63 @@ def test_a_plan_over_no_unit_is_refused_in_the_same_line_at_either_unit(canaries
             make_plan(dp, 0, STEPS, layout, seed=3, users=users, canaries=canaries)
         lines.append(str(refusal.value))
     assert lines[0] == lines[1] and "num_examples=0" in lines[0]
+
+
+# -- the plan is the made pieces -----------------------------------------------------------------
+def check_made_pieces(plan) -> None:
+    """What the engine calls is what the mechanism made: the noise's multiplier, clip norm and
+    normaliser are the mechanism's, the sampler draws at its q, the event is its own, and the
+    aggregation clips at its clip norm."""
+    from zoo.dp.mechanisms import GaussianNoise
+
+    m = plan.mechanism
+    assert plan.made.noise == GaussianNoise(
+        m.noise_multiplier, m.clip_norm, m.normaliser, plan.performance.noise_prng
+    ), plan.made.noise
+    assert plan.made.dp_event(STEPS) == m.dp_event(STEPS)
+    if plan.sampler is not None:
+        assert plan.sampler.sampling_prob == m.sampling_prob
+    assert (plan.noise_multiplier, plan.clip_norm, plan.expected_batch_size) == (
+        m.noise_multiplier,
+        m.clip_norm,
+        m.normaliser,
+    )
+
+
+def every_plan():
+    from tests.dp.mechanisms.sections import SECTIONS, plan
+    from zoo.dp.plan import fixed_batch_plan
+
+    made = [plan(dp) for dp in SECTIONS.values()]
+    made.append(fixed_batch_plan(8, noise_multiplier=1.5, clip_norm=0.5))
+    made.append(fixed_batch_plan(4, unit="user", records_per_user=3))
+    return made
+
+
+def test_a_plans_made_noise_sampler_and_event_are_its_mechanisms():
+    for plan in every_plan():
+        check_made_pieces(plan)
+    fixed = every_plan()[-2]  # a fixed batch of 8 rows: DP-SGD drawing all 8 (q = 1), normaliser 8
+    assert (fixed.mechanism.name, fixed.mechanism.sampling_prob, fixed.expected_batch_size) == (
+        "dpsgd",
+        1.0,
+        8.0,
+    )
+    assert every_plan()[-1].records_per_user == 3 and every_plan()[-1].unit == "user"
+
+
+def test_the_pieces_check_catches_a_plan_whose_noise_is_not_the_mechanisms(monkeypatch):
+    """Planted: the made noise keeps the uncalibrated multiplier (1.0) and the normaliser counts
+    the padded rows, as a plan rebuilt from copies could."""
+    from zoo.dp.mechanisms import Mechanism
+
+    make = Mechanism.make
+
+    def stale(self, performance, **kwargs):
+        made = make(self, performance, **kwargs)
+        noise = dataclasses.replace(made.noise, noise_multiplier=1.0)
+        return dataclasses.replace(made, noise=noise)
+
+    monkeypatch.setattr(Mechanism, "make", stale)
+    with pytest.raises(AssertionError):
+        check_made_pieces(every_plan()[0])

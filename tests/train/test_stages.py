@@ -84,3 +84,34 @@ def test_many_processes_without_a_mesh_are_refused_in_one_line(monkeypatch):
         stages.start_checkpoint(recipe)
     meshed = settings.with_values(recipe, {"mesh.data": "auto"})
     assert stages.start_checkpoint(meshed) is None
+
+
+def test_the_engine_stage_makes_the_engine_of_the_recipes_parts():
+    """make_engine takes four parts, and the engine stage makes each from the recipe's sections:
+    the gradient settings from [model] and [train], the placement from train.placement."""
+    import inspect
+
+    from zoo.parallel.placement import PLACEMENTS
+    from zoo.train.engine import Engine, make_engine
+
+    assert list(inspect.signature(make_engine).parameters) == ["start", "grad", "placement", "dp"]
+    assert [f.name for f in dataclasses.fields(Engine)] == [
+        "cfg",
+        "freeze",
+        "layout",
+        "grad",
+        "placement",
+        "dp",
+    ]
+    values = {"train.steps": 20, "train.placement": "offload-optimizer", "train.microbatch_size": 16}
+    values |= {"train.precision": "bfloat16", "train.remat": "full"}
+    run = build_run(settings.with_values(recipes.load_recipe("digits-mlp"), values), choose_remat=False)
+    grad = run.engine.grad
+    assert (grad.backend, grad.remat, grad.precision.name, grad.microbatch_size) == (
+        "nnx",
+        "full",
+        "bfloat16",
+        16,
+    )
+    assert run.engine.placement is PLACEMENTS["offload-optimizer"] and run.engine.dp is None
+    assert run.engine.stack == run.freeze.stack_plan("full")

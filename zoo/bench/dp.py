@@ -8,11 +8,11 @@ rows differ only in how the gradient is made:
 ``zoo vmap``          the engine's DP step: :func:`zoo.dp.clipped_grad_sum` with all B
                       per-example gradients at once (``microbatch_size=None``), then
                       :func:`zoo.dp.privatize` (Gaussian noise, divide by the expected batch).
-``zoo microbatch k``  the same with ``microbatch_size=k``: B / k chunks under ``lax.scan``.
+``zoo microbatch k``  the same with ``microbatch_size=k``: B / k microbatches under the one loop.
 
 ``--microbatch K`` (``microbatch=K``) benches a logical batch of B examples taken K at a time:
-every zoo row is the engine's DP step with ``dp.microbatch_size = K`` (one scan accumulates
-the clipped sums, the noise is added once: :mod:`zoo.dp.microbatch`) and the non-private row
+every zoo row is the engine's DP step with ``train.microbatch_size = K`` (one scan accumulates
+the clipped sums, the noise is added once: :mod:`zoo.microbatch`) and the non-private row
 accumulates its gradient over the same microbatches; other libraries' rows take the whole
 batch, so they run only when named. ``--precision`` and ``--remat`` set every row's precision
 policy and remat policy. So ``zoo bench dp`` runs at real size (docs/dp.md).
@@ -346,7 +346,7 @@ def add_bench(bench_sub) -> None:
         type=int,
         default=None,
         metavar="K",
-        help="every row takes the batch K examples at a time (dp.microbatch_size; the non-private "
+        help="every row takes the batch K examples at a time (train.microbatch_size; the non-private "
         "row accumulates its gradient); default: the whole batch, and the zoo microbatch row at B/8",
     )
     p.add_argument("--precision", default="float32", choices=PRECISIONS, help="every row's precision policy")

@@ -91,7 +91,7 @@ def run_policies(args) -> int:
         {
             "name": "auto",
             "description": "zoo train only: compile every policy (and on an accelerator every "
-            "[train] offload setting) for the run's shapes and train with the fastest whose step fits "
+            "in-program [train] placement) for the run's shapes and train with the fastest whose step fits "
             "--memory-budget B (default on an accelerator: its memory less 5%; choice cached)",
         }
     )

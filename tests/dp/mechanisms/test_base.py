@@ -100,7 +100,7 @@ def test_the_noise_transform_draws_step_ts_noise_with_step_ts_key():
 @pytest.mark.numerics
 def test_the_noise_transform_runs_under_jit_and_a_plans_noise_is_its_mechanisms():
     made = plan(SECTIONS["dpsgd"])
-    noise = made.noise
+    noise = made.made.noise
     assert (noise.noise_multiplier, noise.clip_norm, noise.expected_batch_size) == (
         made.mechanism.noise_multiplier,
         made.mechanism.clip_norm,
