@@ -1,12 +1,14 @@
 """Where a run's training state lives, and where its optimizer update runs: one value,
 ``[train] placement`` (``--placement``).
 
-=========================  ===================================================================
-``device``                 the state on the device (the default)
-``offload-optimizer``      the optimizer state in host memory between steps
-``offload-optimizer+params``  the optimizer state and the float32 params in host memory
-``update-on-host``         the state on the host's CPU device, and the update run there
-=========================  ===================================================================
+- ``device``: the state on the device (the default);
+- ``offload-optimizer``: the optimizer state in host memory between steps;
+- ``offload-optimizer+params``: the optimizer state and the float32 params in host memory;
+- ``update-on-host``: the state on the host's CPU device, and the update run there.
+
+The names say what moves where, in the words of the old settings they replace (``offload =
+"optimizer"``, ``"optimizer+params"``, ``update_on = "host"``), so a reader of a recipe needs no
+table to read one.
 
 The two ``offload-*`` placements keep :class:`jax.sharding.Sharding` memory kinds: inside the
 one jitted step each offloaded leaf is copied to the device on its own (leaf by leaf, so XLA can

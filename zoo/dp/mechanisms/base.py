@@ -111,10 +111,12 @@ class GaussianNoise:
 def clipped_aggregation(clip_norm: float, performance: Performance) -> Callable:
     """``aggregate(clip_model, trainable, frozen, batch) -> (clipped sum, pre-clip norms,
     per-example losses)``: the clipped sum over ``batch`` (its ``mask`` says which rows count)
-    by the performance's clipping method, accumulated over its microbatches under one scan."""
-    clip = clipping_method(performance.clipping).clip
+    by the performance's clipping method, accumulated over its microbatches under one scan. The
+    method is looked up in the table when the step is traced: one unregistered since is refused
+    then, in one line."""
 
     def aggregate(clip_model, trainable, frozen, batch):
+        clip = clipping_method(performance.clipping).clip
         request = ClipRequest(clip_norm, performance.microbatch_size, batch["mask"])
         return accumulated_clip(clip, clip_model, trainable, frozen, batch, request)
 
