@@ -67,7 +67,7 @@ def check_small_updates_land(engine_cls=Engine):
     engine, state, frozen = engine_of(MLP, optax.sgd(LR), engine_cls=engine_cls)
     batch = batch_of(MLP)
     before = jax.tree.map(np.asarray, state.params)
-    _, grads, _ = jax.jit(engine._grads)(state, frozen, batch)
+    _, grads, _ = jax.jit(engine.grads)(state, frozen, batch)
     after, _ = engine.train_step(state, frozen, batch)
     assert float_dtypes((after.params, after.opt_state)) == {"float32"}
     for p0, p1, g in zip(*(jax.tree.leaves(t) for t in (before, after.params, grads)), strict=True):

@@ -132,7 +132,9 @@ class Made:
     # settings, so neither its repr nor its identity says anything the plan does not
     aggregate: Callable = dataclasses.field(repr=False, compare=False)
     noise: GaussianNoise
-    dp_event: Callable[[int], Any]  # steps -> dp_accounting.DpEvent
+    # steps -> dp_accounting.DpEvent: the mechanism's own (a bound method, equal by identity, so
+    # the plan compares the mechanism instead)
+    dp_event: Callable[[int], Any] = dataclasses.field(compare=False)
 
 
 @dataclass(frozen=True)
