@@ -25,6 +25,7 @@ from zoo.dp.plan import fixed_batch_plan
 from zoo.dp.sampling import PoissonSampler
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
+from zoo.jaxprs import scope_float_dtypes
 from zoo.train import engine as engine_lib
 from zoo.train.engine import Engine
 from zoo.train.start import config_start
@@ -335,11 +336,12 @@ def test_accountant_check_still_catches_a_sampler_with_another_rate(digits_run):
         digits_run.dp.sampler, sampling_prob=digits_run.dp.sampler.sampling_prob * 1.2
     )
     with pytest.raises(AssertionError):  # planted: the batches drawn at 1.2 q, accounted at q
+        made = dataclasses.replace(digits_run.dp.made, sampler=sampler)
         check_accountant_gets_the_samplers_q_and_t(
             dataclasses.replace(
                 digits_run,
                 engine=dataclasses.replace(
-                    digits_run.engine, dp=dataclasses.replace(digits_run.dp, sampler=sampler)
+                    digits_run.engine, dp=dataclasses.replace(digits_run.dp, made=made)
                 ),
             )
         )
@@ -496,13 +498,15 @@ def check_precision():
     def loss(p, xi):
         return jnp.sum(jnp.tanh(xi @ p["w"]).astype(jnp.float32))
 
-    summed = reduce_dtypes(
-        lambda p: clipping.clipped_grad_sum(loss, p, x, request=clipping.ClipRequest(C, microbatch_size=2))[
-            0
-        ],
-        params,
-    )
+    def clipped(p):
+        return clipping.clipped_grad_sum(loss, p, x, request=clipping.ClipRequest(C, microbatch_size=2))[0]
+
+    summed = reduce_dtypes(clipped, params)
     assert summed == {("scan", "float32")}, summed
+    # Within each microbatch too: the clipped sum and the running total are float32 (the scan's
+    # carry alone would widen a sum already rounded to bf16).
+    scopes = scope_float_dtypes(jax.make_jaxpr(clipped)(params), ("f32_clipped_sum", "f32_accumulate"))
+    assert all(scopes.values()) and all(d <= {"float32"} for d in scopes.values()), scopes
     drawn = reduce_dtypes(
         lambda p: add_gaussian_noise(p, jax.random.key(0), noise_multiplier=1.0, l2_clip_norm=C), params
     )
