@@ -64,11 +64,11 @@ class HostStep:
 
     def up(self, state):
         """``state`` as the gradient program reads it, on the compute device: the params in the
-        compute dtype, the step and the key, and no optimizer state."""
+        compute dtype, the step and the key, and no optimizer state (an empty tuple: no leaves,
+        and no ``None`` that a compiled program's argument list reads as a dropped argument)."""
         step, rng = jax.device_put((state.step, state.rng), SingleDeviceSharding(self.device))
-        return dataclasses.replace(
-            state, step=step, params=self.params_up(state.params), opt_state=None, rng=rng
-        )
+        params = self.params_up(state.params)
+        return dataclasses.replace(state, step=step, params=params, opt_state=(), rng=rng)
 
     def __call__(self, state, frozen: dict, batch: dict):
         loss, grads, report = self.grads(self.up(state), frozen, batch)
