@@ -92,6 +92,12 @@ def batch_of(cfg, batch: int, seq: int, seed: int = 0):
     return x, jnp.roll(x, -1, axis=1)
 
 
+def splash_fields(block: int, fused: bool) -> dict:
+    """zoo's model settings for splash with every block ``block`` tokens and the ``fused``
+    backward or not (``model.splash_*``: the plain step takes the same two)."""
+    return {**{f"splash_{name}": block for name in splash.FIELDS}, "splash_fused_backward": fused}
+
+
 def zoo_rows(cfg, rows: list[Row], seq: int, precision: str) -> dict:
     """Compiled zoo steps (from shapes) and one real state per batch size that they share."""
     built, states = {}, {}
@@ -115,12 +121,12 @@ def zoo_rows(cfg, rows: list[Row], seq: int, precision: str) -> dict:
     return built
 
 
-def plain_rows(cfg, rows: list[Row], seq: int, precision: str, block: int) -> dict:
+def plain_rows(cfg, rows: list[Row], seq: int, precision: str, block: int, fused: bool) -> dict:
     optimizer = step_recipe_optimizer()
     built, states = {}, {}
     for row in rows:
         step = plain_step.make_step(
-            optimizer, cfg.num_heads, row.attention, row.policy, block, jnp.dtype(precision)
+            optimizer, cfg.num_heads, row.attention, row.policy, block, jnp.dtype(precision), fused
         )
         x, y = batch_of(cfg, row.batch, seq)
         if row.batch not in states:
@@ -160,13 +166,11 @@ def measure(args) -> dict:
     overrides = {"vocab_size": args.vocab} if args.vocab else {}
     if args.vocab_multiple > 1:  # zoo's rows only: the model option (the plain step keeps its vocabulary)
         overrides["vocab_multiple"] = args.vocab_multiple
-    cfg = get_config(args.preset, **overrides)
+    cfg = get_config(args.preset, **overrides, **splash_fields(args.block, args.fused))
     seq = args.seq or cfg.max_len
-    splash.BLOCK = args.block
-    splash.FUSED_BACKWARD = plain_step.FUSED = args.fused
     zoo_list = parse_rows("zoo", args.zoo, args.batch)
     plain_list = parse_rows("plain", args.plain, args.batch)
-    built = {**plain_rows(cfg, plain_list, seq, args.precision, args.block)}
+    built = {**plain_rows(cfg, plain_list, seq, args.precision, args.block, args.fused)}
     built.update(zoo_rows(cfg, zoo_list, seq, args.precision))
     chip_peak = peak(args.precision)
     result = {
@@ -254,7 +258,9 @@ def parse_args(argv=None):
     parser.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--vocab", type=int, default=0, help="override the vocabulary (e.g. 50304)")
     parser.add_argument("--vocab-multiple", type=int, default=1, help="zoo's model.vocab_multiple (e.g. 128)")
-    parser.add_argument("--block", type=int, default=splash.BLOCK, help="splash block size (both steps)")
+    parser.add_argument(
+        "--block", type=int, default=splash.SplashBlocks().block_q, help="splash block size (both steps)"
+    )
     parser.add_argument("--fused", action="store_true", help="splash's fused backward kernel (both steps)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
