@@ -11,7 +11,8 @@ Five sections, one table, one JSON file (docs/device.md says what each measures)
              process: the peak never resets) beside ``memory_analysis()``, host bytes, and
              whether each offload policy saves device memory against its on-device twin;
   time       median step time per policy (>= 10 timed steps after warm-up), ratio to
-             ``none``, MFU from counted FLOPs and a table of peak FLOP/s per device kind;
+             ``none``, MFU (``zoo.train.throughput``: zoo's one FLOP count over the device's
+             peak, from ``get_tpu_info`` on a TPU or a table by device kind);
   dp         ghost / non-private and jax_privacy.clipped_grad / ghost on mlp-s,
              transformer-s and llama-s (``zoo bench dp``'s code) at GPU batch sizes;
   attention  chunked against dense causal attention at T=8192: temp bytes and time.
@@ -26,6 +27,7 @@ and the run goes on. ``--small`` runs the same code at tiny sizes in a minute or
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -45,6 +47,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import device_costs  # noqa: E402
 import device_sections  # noqa: E402
 import jax  # noqa: E402
+
+from zoo.train import throughput  # noqa: E402
 
 SECTIONS = ("gradients", "memory", "time", "dp", "attention")
 _WIDE = {"d_model": 512, "num_heads": 8, "d_ff": 2048, "max_len": 1024}
@@ -140,7 +144,7 @@ def run(args, say) -> dict:
         "jax": jax.__version__,
         "small": args.small,
         "sizes": size,
-        "peak_flops_table": device_costs.PEAK_FLOPS,
+        "chip": dataclasses.asdict(chip) if (chip := throughput.chip()) else None,
         "sections": {},
         "seconds": {},
     }

@@ -7,11 +7,11 @@ over a logical batch of ``MICRO x ACCUM`` rows (``train.microbatch_size``).
     python benchmarks/device/host_update.py --small --rows full:2:2 --compare   # a CPU: tiny, quick
 
 A row is ``REMAT:MICRO:ACCUM``. For each: the device program (the gradient) is compiled from the
-real arrays and its device footprint read (``memory_analysis()``, as ``fits_table.py`` does); a
-row over the chip's ``bytes_limit`` is reported and skipped. Then one warm-up step, ``--steps``
-timed steps (the median), and one step timed phase by phase (params up, gradient, gradient down,
-host update; each blocked, so they do not overlap as in the timed steps). MFU counts
-``fits_table.flops_per_step`` over the median step against the chip's bf16 peak.
+real arrays and its device footprint read (``devicekit.footprint``, as ``fits_table.py`` reads
+it); a row over the chip's ``bytes_limit`` is reported and skipped. Then one warm-up step,
+``--steps`` timed steps (the median), and one step timed phase by phase (params up, gradient,
+gradient down, host update; each blocked, so they do not overlap as in the timed steps). MFU:
+``devicekit.step_mfu`` (zoo's one FLOP count) over the median step against the chip's peak.
 
 ``--compare``: the same steps with the update on the device (``offload = none``), from the same
 params, where that fits (``--compare-preset``, default the row's own at ``--small``): the
@@ -33,7 +33,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from fits_table import PEAK_BF16, config, flops_per_step, footprint, host_params, say  # noqa: E402
+from devicekit import config, footprint, host_params, say, step_mfu  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo import recipes  # noqa: E402
@@ -109,16 +109,14 @@ def measure(cfg, params, row: str, args, limit: int) -> dict:
     out["phases_ms"], state = phases(step, state, frozen, batch)
     seconds = statistics.median(times[1:])
     kind = jax.devices()[0].device_kind
-    chip = next((v for k, v in PEAK_BF16.items() if k.lower() in kind.lower()), None)
+    mfu = step_mfu(cfg, rows, args.seq, seconds, args.precision)
     stats = jax.devices()[0].memory_stats() or {}
     return {
         **out,
         "fits": True,
         "ms_per_step": round(seconds * 1e3, 1),
         "tokens_per_s": round(rows * args.seq / seconds, 1),
-        "mfu": None
-        if chip is None
-        else round(flops_per_step(cfg, params, rows, args.seq) / seconds / chip, 4),
+        "mfu": None if mfu is None else round(mfu, 4),
         "peak_bytes_in_use_gib": round(stats.get("peak_bytes_in_use", 0) / 2**30, 3),
         "loss": float(metrics["loss"]),
         "device": kind,

@@ -13,10 +13,11 @@ lines of JAX handed the same optax optimizer; ATTENTION ``xla`` or ``splash``, P
 the rows of one program family share one state (each step donates it to the next), so the
 chip holds two copies of the weights and optimizer state, not one per row.
 
-Figures: the median ms/step over rounds, tokens/s, MFU (model FLOPs per step / time / the
-chip's peak: 6 per matrix weight per token, the tied head included, plus 12 L B T^2 d for the
-attention scores and values, as ``device_costs.py`` counts; the causal half is not subtracted),
-XLA's compiled temp bytes, and the row's tokens/s over the plain splash step's at its batch.
+Figures: the median ms/step over rounds, tokens/s, MFU (``devicekit.step_mfu``: zoo's one
+FLOP count, ``zoo.train.throughput.step_flops``: 6 per matrix weight per token, the tied head
+once, plus 12 L B T^2 d for the attention scores and values, the causal half not subtracted;
+over the time and the chip's peak), XLA's compiled temp bytes, and the row's tokens/s over the
+plain splash step's at its batch.
 ``--profile ROWS`` adds ``jax.profiler``'s per-operation time of those rows, added up by part
 (``op_profile.py``), and ``--top N`` their N slowest operations.
 """
@@ -27,22 +28,19 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import op_profile  # beside this script: its folder is sys.path[0]
+import plain_step
+from devicekit import footprint, step_mfu
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import op_profile  # noqa: E402
-import plain_step  # noqa: E402
-from device_costs import PEAK_FLOPS  # noqa: E402
-
-from zoo.bench.common import memory_stats, time_in_rounds  # noqa: E402
-from zoo.bench.step import compile_step, step_recipe  # noqa: E402
-from zoo.models import canonical, splash  # noqa: E402
-from zoo.models.registry import get_config  # noqa: E402
+from zoo.bench.common import memory_stats, time_in_rounds
+from zoo.bench.step import compile_step, step_recipe
+from zoo.models import canonical, splash
+from zoo.models.registry import get_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,28 +61,6 @@ def parse_rows(family: str, text: str, batches: list[int]) -> list[Row]:
         attention, policy = item.split(":")
         rows += [Row(family, attention, policy, b) for b in batches]
     return rows
-
-
-def flops_per_step(cfg, batch: int, seq: int) -> float:
-    d, layers = cfg.d_model, cfg.num_layers
-    matrices = layers * (4 * d * d + 2 * d * cfg.d_ff) + d * cfg.vocab_size
-    return 6.0 * matrices * batch * seq + 12.0 * layers * batch * seq * seq * d
-
-
-def footprint_bytes(compiled) -> int:
-    """Arguments + outputs - aliased + temp bytes of a compiled step (``memory_analysis()``)."""
-    m = memory_stats(compiled)
-    return (
-        m["argument_size_in_bytes"]
-        + m["output_size_in_bytes"]
-        - m["alias_size_in_bytes"]
-        + m["temp_size_in_bytes"]
-    )
-
-
-def peak(dtype: str) -> float | None:
-    kind = jax.devices()[0].device_kind
-    return next((v[dtype] for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
 
 
 def batch_of(cfg, batch: int, seq: int, seed: int = 0):
@@ -172,7 +148,6 @@ def measure(args) -> dict:
     plain_list = parse_rows("plain", args.plain, args.batch)
     built = {**plain_rows(cfg, plain_list, seq, args.precision, args.block, args.fused)}
     built.update(zoo_rows(cfg, zoo_list, seq, args.precision))
-    chip_peak = peak(args.precision)
     result = {
         "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,
@@ -189,17 +164,16 @@ def measure(args) -> dict:
         times = time_in_rounds({row.name: v[0] for row, v in group.items()}, args.rounds, args.steps)
         for row, (_, compiled, compile_s) in group.items():
             ms = statistics.median(times[row.name]) * 1e3
-            flops = flops_per_step(cfg, b, seq)
             result["rows"].append(
                 {
                     "row": row.name,
                     "ms": ms,
                     "tokens_per_s": b * seq / ms * 1e3,
-                    "mfu": flops / (ms / 1e3) / chip_peak if chip_peak else None,
+                    "mfu": step_mfu(cfg, b, seq, ms / 1e3, args.precision),
                     "temp_mib": memory_stats(compiled)["temp_size_in_bytes"] / 2**20,
                     # The step's device footprint: what the HBM must hold for it (the process
                     # peak below leaves the compiled temp out on a TPU v5e with JAX 0.10.2).
-                    "footprint_mib": footprint_bytes(compiled) / 2**20,
+                    "footprint_mib": footprint(compiled) / 2**20,
                     "compile_s": compile_s,
                 }
             )
