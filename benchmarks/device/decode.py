@@ -11,7 +11,8 @@ precision policy. The decode time is the whole call's minus the prefill's, timed
 
 The roofline: a decode step must read every parameter once (the tied head reads the whole
 token table) and each sequence's cache up to its length, so its time is at least those bytes
-over the chip's HBM bandwidth (``--bandwidth``, 819 GB/s for a v5e). Tokens/s at the roofline is
+over the chip's HBM bandwidth (``--bandwidth``; default the chip's, ``zoo.train.throughput.chip``,
+and 819 GB/s, a v5e's datasheet figure, where none is known). Tokens/s at the roofline is
 the batch over that time, with the cache at its mean length over the decode (prompt + new/2).
 """
 
@@ -30,6 +31,7 @@ import numpy as np
 from zoo.generate import Model, generate, loop
 from zoo.models import canonical, decode
 from zoo.models.registry import get_config
+from zoo.train import throughput
 
 V5E_HBM = 819e9  # bytes/s
 
@@ -105,10 +107,12 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
-    parser.add_argument("--bandwidth", type=float, default=V5E_HBM, help="HBM bytes/s of the chip")
+    parser.add_argument("--bandwidth", type=float, default=0, help="HBM bytes/s (default: the chip's)")
     parser.add_argument("--json", default="")
     parser.add_argument("--small", action="store_true", help="a CPU: a tiny GPT-2 shape, batch 1 and 2")
     args = parser.parse_args(argv)
+    chip = throughput.chip()  # get_tpu_info's bandwidth on a TPU; a v5e's where none is known
+    args.bandwidth = args.bandwidth or (chip.bandwidth if chip else V5E_HBM)
     models = {name: get_config(name) for name in args.models.split(",")}
     batches = [int(b) for b in args.batches.split(",")]
     if args.small:

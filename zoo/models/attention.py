@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from zoo import jaxfeatures
 from zoo.models.ops import in_float32
-from zoo.models.splash import resolve, splash
+from zoo.models.splash import SplashBlocks, resolve, splash
 from zoo.precision import float32_scope
 
 KINDS = ("auto", "dense", "chunked", "splash")
@@ -373,17 +373,17 @@ def attention(
     key_mask: jax.Array | None = None,
     cache: CacheSlice | None = None,
     rule: str = "auto",
+    blocks: SplashBlocks | None = None,
 ) -> jax.Array:
     """``softmax(q k^T / sqrt(d_head) + mask) v`` per head: the models' attention.
 
     q: [..., T, H * d_head]; k, v: [..., T, KV * d_head] (KV = ``num_kv_heads``, dividing H).
     ``kind``: one of :data:`KINDS` (chunked: keys ``chunk`` at a time, T need not divide by it;
-    splash interpreted off a TPU). ``causal`` adds the causal mask and ``key_mask`` [..., T] (True = a real key) masks padding;
-    a query row with no key to attend to gives zeros (chunked and cached). ``cache``: the
-    queries are new tokens [B, S, ...] at slots [slot, slot + S) that also read the cache
-    (always causal). ``rule``: how the chunked remat rule is written, one of :data:`RULES`
-    (``"auto"``: the first of :func:`available_rules`). Returns [..., T, H * d_head].
-    """
+    splash interpreted off a TPU, tuned by ``blocks``, a config's ``splash_blocks``). ``causal``
+    adds the causal mask, ``key_mask`` [..., T] (True: a real key) masks padding; a row with no
+    key to read gives zeros (chunked, cached). ``cache``: the queries are new tokens [B, S, ...]
+    at slots [slot, slot + S) that also read the cache (always causal). ``rule``: how chunked's
+    remat rule is written (:data:`RULES`; ``"auto"``: :func:`available_rules`' first). -> [..., T, H * d_head]."""
     if kind not in KINDS:
         raise ValueError(f"unknown attention {kind!r}; valid: {', '.join(KINDS)}")
     if rule not in RULES:
@@ -394,7 +394,7 @@ def attention(
     if cache is not None:
         return _cached(q, k, v, num_heads, num_kv_heads, cache, chunk)
     if kind == "splash":
-        return splash(q, k, v, num_heads, num_kv_heads, causal=causal, key_mask=key_mask)
+        return splash(q, k, v, num_heads, num_kv_heads, causal=causal, key_mask=key_mask, blocks=blocks)
     if chunk:
         return _chunked(q, k, v, num_heads, num_kv_heads, chunk, causal, key_mask, rule)
     return _dense(q, k, v, num_heads, num_kv_heads, causal, key_mask)

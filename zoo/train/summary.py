@@ -70,11 +70,18 @@ def say_resumed(console: Console, out: Path, point: ResumePoint, run: Run) -> No
         )
 
 
-def attention_ran(cfg) -> dict:
-    """``{"attention": kind}``: the attention the model ran on this backend (``auto`` resolved:
-    :func:`zoo.models.splash.resolve`), for the kinds that have one; ``{}`` for the rest."""
+def attention_ran(cfg, seq: int | None = None) -> dict:
+    """``{"attention": kind, "platform": ...}``: the attention the model ran on this backend
+    (``auto`` resolved: :func:`zoo.models.splash.resolve`), for the kinds that have one; ``{}``
+    for the rest. Splash adds ``"splash"``: its block sizes (at ``seq`` tokens, as the kernels
+    cut them) and its backward kernel (:meth:`zoo.models.splash.SplashBlocks.ran`)."""
     kind = getattr(cfg, "attention", None)
-    return {} if kind is None else {"attention": resolve(kind), "platform": jax.default_backend()}
+    if kind is None:
+        return {}
+    ran = {"attention": resolve(kind), "platform": jax.default_backend()}
+    if ran["attention"] == "splash":
+        ran["splash"] = cfg.splash_blocks.ran(seq)
+    return ran
 
 
 def remat_auto(chosen: dict) -> dict:
@@ -101,7 +108,7 @@ def summarize(
         "remat": run.remat,
         **({"remat_auto": remat_auto(run.auto)} if run.auto else {}),
         "precision": run.precision.name,
-        **attention_ran(run.engine.cfg),
+        **attention_ran(run.engine.cfg, run.task.seq_len or getattr(run.engine.cfg, "max_len", None)),
         "offload": run.engine.offload,
         "update_on": run.engine.update_on,
         "model": recipe.model.preset,
