@@ -38,7 +38,7 @@ from zoo.train.resume import (
 from zoo.train.run import Run, build_run, epsilon_at, local_batch, release_params, state_key
 from zoo.train.state import TrainState, key_bytes
 from zoo.train.summary import last_logged_loss, run_evaluation, say_resumed, summarize
-from zoo.ui import StepLines
+from zoo.ui import StepLines, rate_text
 
 
 class TrainingDiverged(ZooError):
@@ -258,7 +258,8 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
             done = progress.done = step + 1
             progress.loss = float("nan") if loss is None else loss
             shown = "-" if loss is None else f"{loss:.4f}"
-            bar_view.update(bar, completed=done, loss=shown, rate=f"{progress.rate:,.0f}")
+            rate = progress.rate if progress.timed_seconds else None  # the first step is not timed
+            bar_view.update(bar, completed=done, loss=shown, rate=rate_text(rate))
             if done % cadence.log_every == 0 or done == steps:
                 losses = {} if loss is None else {"loss": loss}
                 log.write({"step": done, **losses, "grad_norm": grad_norm, "examples_per_sec": progress.rate})
@@ -272,7 +273,7 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
                 with checkpoint.finish_before_interrupt():  # Ctrl-C waits for the write
                     checkpoint.save(out, done, state, lora.adapters_of(params) if run.base else params, meta)
                     progress.last_saved = done
-            lines.update(done, rate=progress.rate, loss=loss, evals=progress.eval_metrics)
+            lines.update(done, rate=rate, loss=loss, evals=progress.eval_metrics)
     return state
 
 
