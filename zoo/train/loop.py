@@ -2,12 +2,14 @@
 
 :func:`train` runs a built :class:`~zoo.train.run.Run`, writing ``metrics.jsonl``,
 ``recipe.json`` and orbax checkpoints, or continues it from a resume point.
-:func:`train_recipe` is the whole way from a recipe: the run directory is checked first
-(:func:`open_run_dir`), then the run is built once and trained.
+:func:`train_recipe` is the whole way from a recipe: the run directory is locked
+(:mod:`zoo.train.runlock`, one run at a time) and checked (:func:`open_run_dir`), then the run
+is built once and trained.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import time
@@ -21,7 +23,7 @@ from zoo import lora
 from zoo.errors import ZooError
 from zoo.parallel.distributed import is_main_process
 from zoo.recipes import Recipe, to_dict
-from zoo.train import checkpoint, runlog, tracking
+from zoo.train import checkpoint, runlock, runlog, tracking
 from zoo.train.compiles import CompileCounter
 from zoo.train.prefetch import Prefetch
 from zoo.train.resume import (
@@ -71,13 +73,15 @@ def _quiet_unless_main(console: Console | None, show_progress: bool) -> tuple[Co
 
 
 def open_run_dir(
-    out: Path, recipe: Recipe, resume: bool, console: Console
+    out: Path, recipe: Recipe, resume: bool, console: Console, existed: bool | None = None
 ) -> tuple[ResumePoint | None, dict | None]:
     """``(resume point or None, summary of a finished run or None)``, checked before anything
-    is built: a refused ``--resume`` or a bad ``--out`` fails here, before the data loads."""
+    is built: a refused ``--resume`` or a bad ``--out`` fails here, before the data loads.
+    ``existed``: whether ``out`` was there before its lock made it (default: whether it is)."""
     point = preflight(out, recipe, resume)
     if resume and point is None:  # --resume on a new --out: a fresh run, said so
-        there = "does not exist yet" if not out.exists() else "holds no checkpoint yet"
+        existed = out.exists() if existed is None else existed
+        there = "holds no checkpoint yet" if existed else "does not exist yet"
         _say(console, f"--resume: {out} {there}; starting a new run there at step 0")
     summary = finished_summary(out, point, recipe)
     if summary is not None:
@@ -105,25 +109,29 @@ def train_recipe(
     """
     console, show_progress = _quiet_unless_main(console, show_progress)
     out = Path(out_dir)
-    point, finished = open_run_dir(out, recipe, resume, console)
-    if finished is not None:
-        return finished
-    run = build_run(recipe, point.plan_steps if point else None, console=console, root=saved_root(out, point))
-    if recipe.model.init_from:  # zoo has no loss scaling for float16
-        from zoo.train import checks
+    existed = out.exists()
+    # One run at a time in ``out``, from its checks to its summary: process 0 holds the lock.
+    with runlock.hold(out) if is_main_process() else contextlib.nullcontext():
+        point, finished = open_run_dir(out, recipe, resume, console, existed)
+        if finished is not None:
+            return finished
+        root = saved_root(out, point)
+        run = build_run(recipe, point.plan_steps if point else None, console=console, root=root)
+        if recipe.model.init_from:  # zoo has no loss scaling for float16
+            from zoo.train import checks
 
-        checks.check_trainable_dtype(recipe.model.init_from, run.params)
-    if on_built is not None:
-        on_built(run)
-    return train(
-        run,
-        out,
-        point=point,
-        console=console,
-        show_progress=show_progress,
-        resume_command=resume_command,
-        profile=profile,
-    )
+            checks.check_trainable_dtype(recipe.model.init_from, run.params)
+        if on_built is not None:
+            on_built(run)
+        return train(
+            run,
+            out,
+            point=point,
+            console=console,
+            show_progress=show_progress,
+            resume_command=resume_command,
+            profile=profile,
+        )
 
 
 def _restore(run: Run, out: Path, point: ResumePoint | None, console: Console):
