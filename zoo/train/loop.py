@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ def open_run_dir(
     ``existed``: whether ``out`` was there before its lock made it (default: whether it is)."""
     point = preflight(out, recipe, resume)
     if resume and point is None:  # --resume on a new --out: a fresh run, said so
-        existed = out.exists() if existed is None else existed
+        existed = os.path.exists(out) if existed is None else existed
         there = "holds no checkpoint yet" if existed else "does not exist yet"
         _say(console, f"--resume: {out} {there}; starting a new run there at step 0")
     summary = finished_summary(out, point, recipe)
@@ -109,7 +110,7 @@ def train_recipe(
     """
     console, show_progress = _quiet_unless_main(console, show_progress)
     out = Path(out_dir)
-    existed = out.exists()
+    existed = os.path.exists(out)  # False, not raised, for a name too long
     # One run at a time in ``out``, from its checks to its summary: process 0 holds the lock.
     with runlock.hold(out) if is_main_process() else contextlib.nullcontext():
         point, finished = open_run_dir(out, recipe, resume, console, existed)
