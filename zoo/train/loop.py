@@ -185,7 +185,8 @@ def train(
 ) -> dict:
     """Train ``run`` into ``out_dir`` (from ``point``, a checkpoint :func:`open_run_dir`
     accepted, if given) and return the run summary. On Ctrl-C, says where it stopped and
-    ``resume_command`` (the command that continues the run, as the CLI knows it)."""
+    ``resume_command`` (the command that continues the run, as the CLI knows it); a checkpoint
+    write out of room is one ZooError line saying the same."""
     if point is not None and point.plan_steps != run.plan_steps:
         raise ValueError(
             f"the run was built for {run.plan_steps} planned steps, its checkpoint for "
@@ -206,15 +207,15 @@ def train(
         with CompileCounter() as compiles:
             state = _steps(run, out, state, frozen, meta, log, progress, console, show_progress, compiles)
     except KeyboardInterrupt:
-        saved = progress.last_saved
-        where = f"the last checkpoint is step {saved}" if saved else "no checkpoint was written yet"
-        how = (
-            f"Continue with: {resume_command}"
-            if resume_command
-            else f"Continue with the same recipe and settings, and --resume --out {out}"
+        _say(
+            console,
+            f"interrupted after step {progress.done}; {_how_to_continue(progress, out, resume_command)}",
         )
-        _say(console, f"interrupted after step {progress.done}; {where} in {out}. {how}")
         raise
+    except checkpoint.CheckpointWriteError as error:  # a full disk: the last good step is intact
+        raise ZooError(
+            f"{error}; {_how_to_continue(progress, out, resume_command, 'Once there is room, continue')}"
+        ) from None
     finally:
         log.close()
     if log.trace is not None:
@@ -234,6 +235,20 @@ def train(
     if main:
         runlog.write_json(out / runlog.SUMMARY, summary)
     return summary
+
+
+def _how_to_continue(
+    progress: _Progress, out: Path, resume_command: str | None, lead: str = "Continue"
+) -> str:
+    """Where a stopped run's last checkpoint is, and the command that continues it."""
+    saved = progress.last_saved
+    where = f"the last checkpoint is step {saved}" if saved else "no checkpoint was written yet"
+    how = (
+        f"with: {resume_command}"
+        if resume_command
+        else f"with the same recipe and settings, and --resume --out {out}"
+    )
+    return f"{where} in {out}. {lead} {how}"
 
 
 def _steps(run, out, state, frozen, meta, log, progress, console, show_progress, compiles) -> TrainState:

@@ -117,3 +117,8 @@ def test_a_huge_vocab_multiple_is_refused_before_anything_is_allocated(capsys, t
     argv = _train(tmp_path, "--set", "model.vocab_multiple=1000000000000", recipe="python-docs-llama")
     refused(capsys, argv, "vocab_multiple must be an int in [1, 65,536]", "1000000000000")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_empty_lora_is_refused_not_ignored(capsys, tmp_path):
+    """Issue 67, item 4: the section flags share one path (SECTION_FLAGS); --lora '' was skipped."""
+    refused(capsys, _train(tmp_path, "--lora", ""), "--lora '' names no rank")
