@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 
@@ -68,6 +69,15 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def rate_text(rate: float | None) -> str:
+    """A rate with the digits it has: whole numbers with separators from 100 up (``1,234``),
+    three significant figures below (``42.3``, ``0.423``), so that a slow run does not read
+    ``0``; ``-`` before a rate is measured (the first step compiles and is not timed)."""
+    if rate is None or not math.isfinite(rate) or rate <= 0:
+        return "-"
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
 class StepLines:
     """Plain progress lines where a progress bar cannot be seen (stderr is a file or a pipe).
 
@@ -85,10 +95,12 @@ class StepLines:
         self.on = visible and not console.is_terminal
         self.every = every or max(1, total // 10)
 
-    def update(self, done: int, *, rate: float, loss: float | None = None, evals: dict | None = None) -> None:
+    def update(
+        self, done: int, *, rate: float | None, loss: float | None = None, evals: dict | None = None
+    ) -> None:
         if not self.on or not (done % self.every == 0 or done == self.total):
             return
-        figures = [f"{rate:,.0f} ex/s"] + ([] if loss is None else [f"loss {loss:.4f}"])
+        figures = [f"{rate_text(rate)} ex/s"] + ([] if loss is None else [f"loss {loss:.4f}"])
         figures += [f"{key} {_short(value)}" for key, value in (evals or {}).items()]
         self.console.print(
             Text(f"{self.name}: step {done}/{self.total}  " + ", ".join(figures)), soft_wrap=True

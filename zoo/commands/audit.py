@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from zoo.commands.train import add_recipe_flags, resolve_recipe
-from zoo.ui import console, emit_json, print_table
+from zoo.ui import console, emit_json, print_table, rate_text
 
 MODES = ("whitebox", "blackbox")  # zoo.audit.MODES, without importing the training stack
 
@@ -38,7 +38,7 @@ def run_audit(args) -> int:
 
         def report(step: int, loss: float) -> None:
             rate = step / (time.perf_counter() - start)
-            progress.update(bar, completed=step, loss=f"{loss:.4f}", rate=f"{rate:.1f}")
+            progress.update(bar, completed=step, loss=f"{loss:.4f}", rate=rate_text(rate))
 
         summary = audit(
             recipe,

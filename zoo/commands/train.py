@@ -40,25 +40,37 @@ FLAG_FIELDS = {  # flag dest -> (section, field) of the recipe
 }
 
 
+def _lora_values(text: str) -> dict[str, object]:
+    from zoo.lora import parse_flag
+
+    return {key.removeprefix("lora."): value for key, value in parse_flag(text).items()}
+
+
+def _mesh_values(text: str) -> dict[str, object]:
+    from zoo.parallel.mesh import flag_values
+
+    return flag_values(text)  # --mesh '' is refused, not ignored
+
+
+SECTION_FLAGS = {  # flag dest -> (section, parser of the flag into that section's fields)
+    "lora": ("lora", _lora_values),
+    "mesh": ("mesh", _mesh_values),
+}
+
+
 def recipe_changes(args) -> dict[str, dict[str, object]]:
     """The recipe fields that the flags and ``--set`` values of ``args`` set, parsed once, as
     ``{section: {field: value}}``. Flags and --set land together, so that one may complete
-    another (--memory-budget with --set train.remat=auto); a --set wins over a flag."""
-    changes: dict[str, dict[str, object]] = {}
+    another (--memory-budget with --set train.remat=auto). Where a flag and a --set name the
+    same field, the flag wins, whatever their order: docs/recipes.md's "flags override fields",
+    and a --set kept in a script or an alias stays open to a flag typed after it."""
+    changes = settings.parse_sets(args.set or [])
     for dest, (section, field) in FLAG_FIELDS.items():
         if getattr(args, dest, None) is not None:
             changes.setdefault(section, {})[field] = getattr(args, dest)
-    if getattr(args, "lora", None):
-        from zoo.lora import parse_flag
-
-        lora = {key.removeprefix("lora."): value for key, value in parse_flag(args.lora).items()}
-        changes.setdefault("lora", {}).update(lora)
-    if getattr(args, "mesh", None) is not None:  # --mesh '' is refused, not ignored
-        from zoo.parallel.mesh import flag_values
-
-        changes.setdefault("mesh", {}).update(flag_values(args.mesh))
-    for section, values in settings.parse_sets(args.set or []).items():
-        changes.setdefault(section, {}).update(values)
+    for dest, (section, parse) in SECTION_FLAGS.items():
+        if getattr(args, dest, None) is not None:
+            changes.setdefault(section, {}).update(parse(getattr(args, dest)))
     return changes
 
 
@@ -188,7 +200,7 @@ def continue_command(args, out: Path) -> str:
     """The ``zoo train`` command that continues this one after an interrupt: the same recipe,
     flags and ``--set`` values (a resume must not change the run), ``--resume --out OUT``."""
     words = ["zoo", "train", args.recipe]
-    for dest in (*FLAG_FIELDS, "lora", "mesh"):
+    for dest in (*FLAG_FIELDS, *SECTION_FLAGS):
         value = getattr(args, dest, None)
         for item in value if isinstance(value, list) else [] if value is None else [value]:
             words += [f"--{dest.replace('_', '-')}", str(item)]

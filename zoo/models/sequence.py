@@ -45,6 +45,19 @@ def check_splash(cfg) -> None:
         raise ZooError(str(error)) from None
 
 
+# The largest vocab_multiple: tiles are at most a few hundred rows (128 fills the MXU), and a
+# multiple this size already pads a table to 65,536 rows. Without a bound a mistyped
+# multiple sizes a table of 10^12 rows and fails only in the allocator.
+MAX_VOCAB_MULTIPLE = 65536
+
+
+def check_vocab_multiple(cfg) -> None:
+    """A config's ``vocab_multiple`` is an int in [1, :data:`MAX_VOCAB_MULTIPLE`]."""
+    what = f"an int in [1, {MAX_VOCAB_MULTIPLE:,}] (rows the token table is rounded up to a multiple of)"
+    name = f"{type(cfg).__name__}.vocab_multiple"
+    require_int(name, cfg.vocab_multiple, lo=1, hi=MAX_VOCAB_MULTIPLE, what=what, error=ZooError)
+
+
 def check_mlp_chunk(cfg) -> None:
     """A config's ``mlp_chunk`` (tokens per MLP chunk, ``ops.token_chunks``) is an int >= 0."""
     chunk = cfg.mlp_chunk
@@ -88,9 +101,8 @@ class SequenceConfig(ModelConfig):
         check_attention(self)
         check_splash(self)
         check_mlp_chunk(self)
-        require_positive(
-            self, "vocab_size", "d_model", "num_heads", "num_layers", "max_len", "vocab_multiple"
-        )
+        require_positive(self, "vocab_size", "d_model", "num_heads", "num_layers", "max_len")
+        check_vocab_multiple(self)
         if self.d_model % self.num_heads:
             raise ZooError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
