@@ -270,13 +270,13 @@ def test_the_residual_figures_docs_show_are_what_the_command_prints(start, comma
 
 
 def test_the_padded_shape_docs_dp_gives_is_the_one_python_docs_lm_dp_builds():
-    """docs/dp.md's python-docs-lm-dp section: the padded batch the run's summary reports."""
+    """docs/dp-recipes.md's python-docs-lm-dp section: the padded batch the run's summary reports."""
     import warnings
 
     from zoo import recipes
     from zoo.train.run import build_run
 
-    said = _figure(r"fixed padded shape \((\d+) windows", (ROOT / "docs" / "dp.md").read_text())
+    said = _figure(r"fixed padded shape \((\d+) windows", (ROOT / "docs" / "dp-recipes.md").read_text())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = build_run(recipes.load_recipe("python-docs-lm-dp"), choose_remat=False)
