@@ -61,6 +61,15 @@ def _jsonable(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def stage_lines(quiet: bool = False):
+    """What a long command prints as it goes: each call writes one plain, dim line on stderr
+    (``finetune bench: compiling frozen``), which a log or a pipe shows at once, where a
+    progress bar shows nothing until it ends. ``None`` (nothing printed) when ``quiet``."""
+    if quiet:
+        return None
+    return lambda message: err_console.print(message, style="dim", markup=False, highlight=False)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":

@@ -1,4 +1,4 @@
-"""What the DP noise costs per sampler (docs/dp.md, "The noise sampler").
+"""What the DP noise costs per sampler (docs/dp-mechanisms.md, "The noise sampler").
 
 Times :func:`zoo.dp.add_gaussian_noise` (jitted, per-leaf draws in the engine's order) on the
 trainable parameters of a few presets, for every sampler in ``zoo.dp.noise.NOISE_PRNGS``. The

@@ -26,7 +26,7 @@ __all__ = ["NOISE_PRNGS", "DEFAULT_NOISE_PRNG", "add_gaussian_noise", "noise_key
 # JAX's counter-based samplers with keys of at least 64 bits.  Philox-4x32-10 (the generator
 # behind PyTorch's CUDA sampler, also in cuRAND) is the default because it is the fastest of
 # them here: on CPU JAX lowers threefry2x32 with a rolled loop, and the noise is most of what
-# a ghost DP step on mlp-s adds to the non-private step (docs/dp.md, "The noise sampler").
+# a ghost DP step on mlp-s adds to the non-private step (docs/dp-mechanisms.md, "The noise sampler").
 # philox2x32 is left out: its 32-bit key makes two of a long run's per-step, per-leaf noise
 # keys likely to collide (about 1 in 3 for 6 leaves x 10k steps), and equal keys mean equal
 # noise.
