@@ -92,9 +92,11 @@ class StepLines:
 
     A bar redraws one line on a terminal; written to a log it would show nothing until the run
     ends. Off a terminal, ``update`` prints ``NAME: step D/T`` every ``every`` steps (about ten
-    lines a run) with the throughput, the loss when there is one, and the latest eval figures.
-    A DP run hands no loss (it is not released), so its lines carry only released figures: the
-    step, the padded rows per second, and the eval metrics and epsilon of the latest eval.
+    lines a run) with the throughput as the bar shows it (``speed``: tokens a second for an LM,
+    with the MFU on an accelerator: zoo.train.pace), the loss when there is one, and the latest
+    eval figures. A DP run hands no loss (it is not released), so its lines carry only released
+    figures: the step, the padded rows (or their tokens) per second, and the eval metrics and
+    epsilon of the latest eval.
     """
 
     def __init__(
@@ -104,12 +106,10 @@ class StepLines:
         self.on = visible and not console.is_terminal
         self.every = every or max(1, total // 10)
 
-    def update(
-        self, done: int, *, rate: float | None, loss: float | None = None, evals: dict | None = None
-    ) -> None:
+    def update(self, done: int, *, speed: str, loss: float | None = None, evals: dict | None = None) -> None:
         if not self.on or not (done % self.every == 0 or done == self.total):
             return
-        figures = [f"{rate_text(rate)} ex/s"] + ([] if loss is None else [f"loss {loss:.4f}"])
+        figures = [speed] + ([] if loss is None else [f"loss {loss:.4f}"])
         figures += [f"{key} {_short(value)}" for key, value in (evals or {}).items()]
         self.console.print(
             Text(f"{self.name}: step {done}/{self.total}  " + ", ".join(figures)), soft_wrap=True

@@ -28,12 +28,14 @@ pytestmark = [pytest.mark.xdist_group("dp-neighbours"), pytest.mark.usefixtures(
 ROWS, EVAL = 40, 0.2
 TRAIN = split_indices(ROWS, EVAL, 0, "pair")[0]  # the rows a changed record must be among
 CHANGED = int(TRAIN[0])
-# The DP figures follow the number of records kept, which zoo treats as public; the rest of
-# these are what training measured (eval metrics, speed) or where it wrote.
+# The DP figures follow the number of records kept, which zoo treats as public (and so do the
+# FLOPs of a step over the padded batch); the rest of these are what training measured (eval
+# metrics, speed) or where it wrote.
 VARYING = {
     "epsilon", "delta", "delta_accountant", "delta_truncation", "noise_multiplier", "sampling_prob",
-    "padded_batch_size", "epsilon_pca", "epsilon_sgd", "pca_noise_multiplier", "privacy_units",
+    "padded_batch_size", "step_flops", "epsilon_pca", "epsilon_sgd", "pca_noise_multiplier", "privacy_units",
     "eval_loss", "eval_accuracy", "eval_bits_per_char", "examples_per_sec", "out_dir",
+    "tokens_per_sec", "mfu", "train_sec", "startup_sec", "eval_sec", "checkpoint_sec", "wall_sec",
 }  # fmt: skip
 TINY = [
     "--steps", "2", "--no-progress", "--json", "--set", "dp.epsilon=none", "--set", "dp.noise_multiplier=2.0",

@@ -10,6 +10,10 @@ import types
 import pytest
 
 import zoo
+from zoo import lora
+from zoo.configs import LoraConfig
+from zoo.freeze import resolve_freeze
+from zoo.models import canonical
 from zoo.train import throughput
 
 # GPT-2 small: 12 layers of d 768 (q, k, v, o: 4 d^2; MLP: 2 d x 3072), the 50,257 x 768 token
@@ -37,6 +41,65 @@ def test_llama_1b_counts_the_head_once_and_the_untied_table_as_a_lookup(tied):
     assert throughput.matrix_weights(cfg) == LLAMA_WEIGHTS == 1_235_746_816
     attention = 12 * 16 * 2 * 2048**2 * (32 * 64)
     assert throughput.step_flops(cfg, 2, 2048) == 6 * LLAMA_WEIGHTS * 2 * 2048 + attention
+
+
+# A frozen weight needs no gradient of its own: 4 FLOPs per weight per token where a gradient
+# passes through it to something that trains below, 2 (its forward) where none does.
+LLAMA_LAYER = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192
+LLAMA_TABLE = 128256 * 2048
+
+
+def test_a_frozen_prefix_over_frozen_embeddings_counts_its_forward_and_a_frozen_head_4():
+    cfg = zoo.get_config("llama-1b")  # the head is the (frozen) token table
+    plan = resolve_freeze(canonical.canonical_shapes(cfg), ["embed", "blocks[0:8]"])
+    by_hand = (8 * 2 * LLAMA_LAYER + 8 * 6 * LLAMA_LAYER + 4 * LLAMA_TABLE) * 2 * 2048
+    by_hand += 4 * 2 * 2048**2 * 2048 * (8 * 1 + 8 * 3)  # attention: forward only below layer 8
+    assert throughput.step_flops(cfg, 2, 2048, plan) == by_hand
+    # with the embeddings trained, a gradient passes through every frozen layer: 4, and 12
+    plan = resolve_freeze(canonical.canonical_shapes(cfg), ["blocks[0:8]"])
+    by_hand = (8 * 4 * LLAMA_LAYER + 8 * 6 * LLAMA_LAYER + 6 * LLAMA_TABLE) * 2 * 2048
+    assert throughput.step_flops(cfg, 2, 2048, plan) == by_hand + 12 * 16 * 2 * 2048**2 * 2048
+
+
+def lora_run(name: str, targets: tuple[str, ...], rank: int = 8):
+    """``(config with adapters, freeze plan)`` as a LoRA run builds them (zoo.train.stages)."""
+    cfg = zoo.get_config(name)
+    setup = lora.resolve(cfg, LoraConfig(rank=rank, alpha=16.0, targets=targets))
+    adapted = lora.adapted_config(cfg, setup)
+    return adapted, lora.freeze_plan(adapted, setup)
+
+
+def test_lora_counts_the_frozen_base_at_4_and_its_adapters_at_6():
+    cfg, plan = lora_run("gpt2-124m", ("attn.q", "attn.v"))
+    adapters = 12 * 2 * (768 * 8 + 8 * 768)  # lora_a [768, 8] and lora_b [8, 768], q and v, 12 layers
+    by_hand = (4 * GPT2_WEIGHTS + 6 * adapters) * 8 * 1024 + 12 * 12 * 8 * 1024**2 * 768
+    assert throughput.step_flops(cfg, 8, 1024, plan) == by_hand
+    # the adapters are no weights of the model's (matrix_weights), but work of the step's
+    assert throughput.matrix_weights(cfg) == GPT2_WEIGHTS
+
+
+def test_lora_in_the_top_layers_leaves_the_layers_below_a_forward_pass():
+    cfg, plan = lora_run("gpt2-124m", ("blocks[6:12].attn.q",))
+    layer, adapter = 4 * 768 * 768 + 2 * 768 * 3072, 2 * 768 * 8
+    # layers 0-5 (their zero, frozen adapter rows included) forward only; 6-11: the base 4, the
+    # adapters 6; the tied head 4
+    per_token = 6 * 2 * (layer + adapter) + 6 * (4 * layer + 6 * adapter) + 4 * 50257 * 768
+    attention = 4 * 8 * 1024**2 * 768 * (6 * 1 + 6 * 3)
+    assert throughput.step_flops(cfg, 8, 1024, plan) == per_token * 8 * 1024 + attention
+
+
+def test_a_frozen_stack_behind_a_trained_input_projection_still_passes_its_gradient():
+    cfg = zoo.get_config("mlp-s")  # in_proj [64, 128], one block [128, 128], head [128, 10]
+    plan = resolve_freeze(canonical.canonical_shapes(cfg), ["blocks"])
+    assert throughput.step_flops(cfg, 32, 1, plan) == (6 * 64 * 128 + 4 * 128 * 128 + 6 * 128 * 10) * 32
+    plan = resolve_freeze(canonical.canonical_shapes(cfg), ["in_proj", "blocks"])
+    assert throughput.step_flops(cfg, 32, 1, plan) == (2 * 64 * 128 + 2 * 128 * 128 + 6 * 128 * 10) * 32
+
+
+def test_a_plan_that_freezes_nothing_is_the_plain_count():
+    cfg = zoo.get_config("gpt2-124m")
+    plan = resolve_freeze(canonical.canonical_shapes(cfg), [])
+    assert throughput.step_flops(cfg, 8, 1024, plan) == throughput.step_flops(cfg, 8, 1024)
 
 
 def test_a_conv_kind_is_refused_in_one_line():

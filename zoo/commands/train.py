@@ -212,6 +212,8 @@ def continue_command(args, out: Path) -> str:
 
 
 def _fmt(value) -> str:
+    if value is None:  # a figure with nothing to measure it by (the MFU on a CPU)
+        return "n/a"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 

@@ -13,7 +13,6 @@ import contextlib
 import io
 import math
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from zoo.parallel.distributed import is_main_process
 from zoo.recipes import Recipe, to_dict
 from zoo.train import checkpoint, runlock, runlog, tracking
 from zoo.train.compiles import CompileCounter
+from zoo.train.pace import Pace, step_counts
 from zoo.train.prefetch import Prefetch
 from zoo.train.resume import (
     ResumePoint,
@@ -41,7 +41,7 @@ from zoo.train.resume import (
 from zoo.train.run import Run, build_run, epsilon_at, local_batch, release_params, state_key
 from zoo.train.state import TrainState, key_bytes
 from zoo.train.summary import last_logged_loss, run_evaluation, say_resumed, summarize
-from zoo.ui import StepLines, rate_text
+from zoo.ui import StepLines
 
 
 class TrainingDiverged(ZooError):
@@ -163,14 +163,9 @@ class _Progress:
     start: int
     done: int
     last_saved: int
+    pace: Pace  # the steady-state rate, and the seconds of eval and checkpoints
     loss: float = float("nan")
     eval_metrics: dict | None = None
-    timed_examples: int = 0
-    timed_seconds: float = 0.0
-
-    @property
-    def rate(self) -> float:
-        return self.timed_examples / self.timed_seconds if self.timed_seconds else 0.0
 
 
 def train(
@@ -196,13 +191,14 @@ def train(
     main = is_main_process()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    pace = Pace(step_counts(run))  # the run's wall time starts here
     state, frozen, start, meta = _restore(run, out, point, console)
     if run.task.data.notice:  # e.g. text: is tokenized in memory; said once the run is accepted
         _say(console, run.task.data.notice)
     if main and (not point or point.changes):
         runlog.write_json(out / runlog.RECIPE, meta["recipe"])
     log = tracking.open_tracker(run, out, start, main, profile)  # metrics.jsonl, tb/, the profiler
-    progress = _Progress(start=start, done=start, last_saved=start)
+    progress = _Progress(start=start, done=start, last_saved=start, pace=pace)
     try:
         with CompileCounter() as compiles:
             state = _steps(run, out, state, frozen, meta, log, progress, console, show_progress, compiles)
@@ -228,10 +224,13 @@ def train(
             f"{out / tracking.TB_DIR}, the Profile tab",
         )
     if start == run.steps:  # finished, but killed before its summary was written
-        progress.eval_metrics = run_evaluation(run, state, frozen)
+        with pace.pause("eval"):
+            progress.eval_metrics = run_evaluation(run, state, frozen)
         progress.loss = last_logged_loss(out)
-    rate = progress.rate if progress.timed_seconds else None
-    summary = summarize(run, out, progress.loss, progress.eval_metrics or {}, compiles.count, rate, point)
+    summary = summarize(
+        run, out, progress.loss, progress.eval_metrics or {}, compiles.count, pace.examples_per_sec, point,
+        speed=pace.summary(),
+    )  # fmt: skip
     if main:
         runlog.write_json(out / runlog.SUMMARY, summary)
     return summary
@@ -256,14 +255,14 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
     engine, cadence, steps = run.engine, run.recipe.train, run.steps
     rows = engine.layout.local_rows(run.batch_rows)  # this process reads only its rows
     prefetch = Prefetch(lambda step: local_batch(run, step, rows), range(progress.start, steps))
-    with runlog.progress_bar(console) as bar_view, prefetch:
+    pace = progress.pace
+    with runlog.progress_bar(console, rate_unit=None) as bar_view, prefetch:
         bar = bar_view.add_task(
             run.recipe.name, total=steps, completed=progress.start, loss="-", rate="-", visible=show_progress
         )
         lines = StepLines(console, run.recipe.name, steps, visible=show_progress)  # off a terminal
         for step, (batch, examples) in prefetch:
             log.before_step(step)
-            tic = time.perf_counter()
             with compiles.track():
                 state, metrics = engine.train_step(
                     state, frozen, engine.layout.place_local(batch, run.batch_rows)
@@ -272,32 +271,31 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
             # Under DP the batch's loss (no noise) is not released; the noisy gradient's norm is.
             loss = None if run.dp else float(metrics["loss"])
             grad_norm = float(metrics["grad_norm"])
-            if step > progress.start:  # the first step includes compilation
-                progress.timed_seconds += time.perf_counter() - tic
-                # under DP every padded row (the realised batch size is not released)
-                progress.timed_examples += run.batch_rows if run.dp else examples
+            # the first step compiles and is not timed; under DP every padded row counts (the
+            # realised batch size is not released)
+            pace.step_done(run.batch_rows if run.dp else examples)
             watched = (loss, "loss") if loss is not None else (grad_norm, "the noisy gradient's norm")
             if not math.isfinite(watched[0]):
                 _diverged(*watched, step, progress.last_saved, out)
             done = progress.done = step + 1
             progress.loss = float("nan") if loss is None else loss
             shown = "-" if loss is None else f"{loss:.4f}"
-            rate = progress.rate if progress.timed_seconds else None  # the first step is not timed
-            bar_view.update(bar, completed=done, loss=shown, rate=rate_text(rate))
+            bar_view.update(bar, completed=done, loss=shown, rate=pace.text())
             if done % cadence.log_every == 0 or done == steps:
                 losses = {} if loss is None else {"loss": loss}
-                log.write({"step": done, **losses, "grad_norm": grad_norm, "examples_per_sec": progress.rate})
+                log.write({"step": done, **losses, "grad_norm": grad_norm, **pace.record()})
             if done % cadence.eval_every == 0 or done == steps:
-                progress.eval_metrics = run_evaluation(run, state, frozen)
+                with pace.pause("eval"):
+                    progress.eval_metrics = run_evaluation(run, state, frozen)
                 if run.dp:
                     progress.eval_metrics["epsilon"] = epsilon_at(run, done)
                 log.write({"step": done, **progress.eval_metrics})
             if done % cadence.checkpoint_every == 0 or done == steps:
                 params = run.freeze.merge(state.params, frozen)
-                with checkpoint.finish_before_interrupt():  # Ctrl-C waits for the write
+                with checkpoint.finish_before_interrupt(), pace.pause("checkpoint"):  # Ctrl-C waits
                     checkpoint.save(out, done, state, lora.adapters_of(params) if run.base else params, meta)
                     progress.last_saved = done
-            lines.update(done, rate=rate, loss=loss, evals=progress.eval_metrics)
+            lines.update(done, speed=pace.text(), loss=loss, evals=progress.eval_metrics)
     return state
 
 

@@ -99,8 +99,10 @@ def summarize(
     compile_count: int,
     rate: float | None,
     point: ResumePoint | None,
+    speed: dict | None = None,
 ) -> dict:
-    """``summary.json``: what ran, where, how fast, and its final metrics (and privacy)."""
+    """``summary.json``: what ran, where, how fast, and its final metrics (and privacy).
+    ``speed``: the rates and seconds of :meth:`zoo.train.pace.Pace.summary`."""
     recipe, steps = run.recipe, run.steps
     summary = {
         "recipe": recipe.name,
@@ -116,6 +118,7 @@ def summarize(
         "steps": steps,
         **({} if run.dp else {"train_loss": loss}),  # under DP the batches' loss is not released
         "examples_per_sec": rate,
+        **(speed or {}),
         "compile_count": compile_count,
         "out_dir": str(out),
         "fingerprint": fingerprint(recipe),

@@ -18,17 +18,35 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 
 import jax
 
+from zoo.freeze import parse_pattern
 from zoo.models import canonical
+from zoo.models.registry import STACK
 
 
-def _counted_config(cfg):
-    """``cfg`` without what the count leaves out: LoRA's adapters and the table's padding rows."""
+def _counted_config(cfg, adapters: bool = False):
+    """``cfg`` without what the count leaves out: the table's padding rows, and LoRA's
+    adapters unless ``adapters`` (a count that knows what trains counts them)."""
     drop = {k: v for k, v in (("lora", None), ("vocab_multiple", 1)) if hasattr(cfg, k)}
+    drop = {k: v for k, v in drop.items() if not (adapters and k == "lora")}
     return dataclasses.replace(cfg, **drop) if drop else cfg
+
+
+@dataclass(frozen=True)
+class _Matrix:
+    """One matmul of a token's forward pass: the leaf whose weights it multiplies (``path``),
+    how many a layer (``weights``), whether it repeats per layer of the stack (``stacked``),
+    and, for one that does not, whether it sits in front of the stack (``inputs``: an input
+    projection) rather than after it (the head, a tied head included)."""
+
+    path: str
+    weights: int
+    stacked: bool
+    inputs: bool
 
 
 def matrix_weights(cfg) -> int:
@@ -40,13 +58,16 @@ def matrix_weights(cfg) -> int:
 
     Raises ValueError for a kind with a weight of more than two axes (a conv kernel, whose
     FLOPs depend on its output positions, not on tokens)."""
-    return _matrix_weights(_counted_config(cfg))
+    counted = _counted_config(cfg)
+    layers = getattr(counted, "num_layers", 0)
+    return sum(m.weights * (layers if m.stacked else 1) for m in _matrices(counted))
 
 
 @functools.lru_cache(maxsize=64)
-def _matrix_weights(counted) -> int:
+def _matrices(counted) -> tuple[_Matrix, ...]:
     shapes = jax.eval_shape(lambda: canonical.init_params(counted, 0))
-    total, tied_table, has_head = 0, 0, False
+    inputs = _input_leaves(counted)
+    found, tied_table, has_head = [], 0, False
     for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
         parts = tuple(jax.tree_util.keystr(path, simple=True, separator=".").split("."))
         has_head = has_head or parts[0] == "head"
@@ -57,12 +78,30 @@ def _matrix_weights(counted) -> int:
         if parts[-1] == "w" and len(axes) > 2:
             where = f"{type(counted).__name__} {'.'.join(parts)}"
             raise ValueError(f"{where} has {len(axes)} axes: FLOPs per token count dense layers only")
-        total += leaf.size if parts[-1] == "w" and len(axes) == 2 else 0
-    return total + (tied_table if counted.task == "lm" and not has_head else 0)
+        if parts[-1] == "w" and len(axes) == 2:
+            stacked = parts[0] == STACK
+            size = leaf.size // (leaf.shape[0] if stacked else 1)
+            found.append(_Matrix(".".join(parts), size, stacked, ".".join(parts) in inputs))
+    if counted.task == "lm" and not has_head and tied_table:  # the token table is the head
+        found.append(_Matrix("embed.w", tied_table, False, False))
+    return tuple(found)
 
 
-def step_flops(cfg, batch: int, seq: int = 1) -> float:
-    """FLOPs of one training step (forward and backward) on ``batch`` rows of ``seq`` tokens:
+@functools.lru_cache(maxsize=64)
+def _input_leaves(cfg) -> frozenset[str]:
+    """The leaves in front of the stack: those its kind names as its input layers (the
+    patterns of ``cfg.frozen_prefix()`` other than the stack's own: embeddings, an input
+    projection)."""
+    patterns = [parse_pattern(text) for text in cfg.frozen_prefix()]
+    paths = canonical.canonical_shapes(cfg)
+    return frozenset(
+        p for p in paths if not p.startswith(STACK + ".") and any(q.selects(p) for q in patterns)
+    )
+
+
+def step_flops(cfg, batch: int, seq: int = 1, freeze=None) -> float:
+    """FLOPs of one training step (forward and backward) on ``batch`` rows of ``seq`` tokens.
+    With everything trained (``freeze`` None):
 
         6 * N * batch * seq  +  12 * L * batch * seq**2 * width
 
@@ -70,12 +109,59 @@ def step_flops(cfg, batch: int, seq: int = 1) -> float:
     term is the attention scores ``q k^T`` and their use ``p v`` (2 * 2 * seq**2 * width per
     layer and row forward, three times that with the backward), with ``width`` the query
     heads times the head width and L the layers; kinds without attention have none. The
-    causal half is not subtracted: dense attention computes it."""
-    flops = 6.0 * matrix_weights(cfg) * batch * seq
+    causal half is not subtracted: dense attention computes it.
+
+    With ``freeze`` (the run's :class:`zoo.freeze.FreezePlan`, LoRA's adapters included when
+    ``cfg`` has them) the backward counts what the gradient needs. The 4 backward FLOPs per
+    weight are 2 for the weight's gradient and 2 for its input's. A frozen weight needs no
+    gradient of its own: it counts 4 per token (2 where no gradient passes through it
+    either: nothing that trains lies at its layer or below, as in a frozen prefix over
+    frozen embeddings, which autodiff never differentiates). A trained weight counts 6, and
+    so does each adapter (``lora_a``, ``lora_b``) in the layers it trains in. A layer's
+    attention counts its forward 4 only, or all 12 where a gradient passes through it.
+    "Below" is by layer: the input layers (:func:`_input_leaves`), then each layer of the
+    stack, then the rest (final norm, head). Within the lowest layer that trains every
+    frozen weight counts 4, an upper bound (a LoRA adapter on ``attn.q`` in layer 0 makes
+    layer 0's ``attn.k`` count 4 where its input needs no gradient): at most one layer's
+    difference. A trained weight counts 6 even where its input is data (an MLP's first
+    layer): the convention every MFU figure follows."""
+    counted = _counted_config(cfg, adapters=freeze is not None)
+    layers = getattr(counted, "num_layers", 0)
+    trains, lowest = _training(counted, freeze, layers)
+    per_token = 0.0
+    for m in _matrices(counted):
+        for level in range(layers) if m.stacked else [-1 if m.inputs else layers]:
+            per_token += m.weights * (6 if trains(m.path, level) else 4 if lowest <= level else 2)
+    flops = per_token * batch * seq
     if getattr(cfg, "attention", None) is not None:
-        width = cfg.num_heads * cfg.d_head
-        flops += 12.0 * cfg.num_layers * batch * seq * seq * width
+        forward = 4.0 * batch * seq * seq * cfg.num_heads * cfg.d_head
+        flops += sum(forward * (3 if lowest <= level else 1) for level in range(cfg.num_layers))
     return flops
+
+
+def _training(counted, freeze, layers: int):
+    """``(trains(path, level), lowest level that trains)``: whether the weights of ``path``
+    train at ``level`` (a layer of the stack, -1 in front of it, ``layers`` after it), and
+    the lowest level of any leaf that trains (tables, norms and biases included; inf: none)."""
+    if freeze is None:
+        return (lambda path, level: True), -1
+    missing = {m.path for m in _matrices(counted)} - set(freeze.shapes)
+    if missing:
+        raise ValueError(f"the freeze plan has no {sorted(missing)}: it is not this config's")
+    inputs = _input_leaves(counted)
+
+    def trains(path: str, level: int) -> bool:
+        status = freeze.trainable(path)
+        return status.whole if status.layers is None else level in status.layers
+
+    lowest = math.inf
+    for path in freeze.shapes:
+        status = freeze.trainable(path)
+        if status.none:
+            continue
+        level = min(status.layers) if status.layers is not None else -1 if path in inputs else layers
+        lowest = min(lowest, level)
+    return trains, lowest
 
 
 @dataclass(frozen=True)
