@@ -43,14 +43,14 @@ REPORT=("$PY" "$REPO/benchmarks/device/session_report.py")
 if [ "${SMALL:-}" = 1 ]; then
   # A shared 2-core CI machine runs each tiny step slower than the chip runs the real one.
   BUDGET=${BUDGET:-3000}; MAX_SCALE=${MAX_SCALE:-4}; SMALL_FLAG=--small; HF_1B=small; HF_3B=small; FREEZE_TO=1
-  GPT2_STEPS=160; GPT2_EVERY=20; GPT2_KILL=50
+  GPT2_STEPS=160; GPT2_EVERY=20; GPT2_KILL=50; NEW_TOKENS=32  # transformer-xs has 64 positions
   GPT2_SIZE=(--set model.preset=transformer-xs --set data.seq_len=32 --batch-size 4)
   LLAMA_SIZE=(--set data.seq_len=32 --batch-size 4)
   FULL_SIZE=(--set model.preset=llama-xs --set data.seq_len=32 --batch-size 4 --microbatch-size 2)
   DP_SIZE=(--set model.preset=transformer-xs --set data.seq_len=32 --set dp.expected_batch_size=16 --set dp.microbatch_size=4)
 else
   BUDGET=${BUDGET:-450}; MAX_SCALE=${MAX_SCALE:-1}; SMALL_FLAG=; HF_1B=1b; HF_3B=3b; FREEZE_TO=12
-  GPT2_STEPS=200; GPT2_EVERY=50; GPT2_KILL=120
+  GPT2_STEPS=200; GPT2_EVERY=50; GPT2_KILL=120; NEW_TOKENS=128
   GPT2_SIZE=(); LLAMA_SIZE=(); FULL_SIZE=(); DP_SIZE=()
 fi
 PARTS=${PARTS:-gpt2 twin full1b llama1b llama3b dp frozen1b}
@@ -59,8 +59,12 @@ DEADLINE=$((START + BUDGET))
 # The work folder: WORK, or the file system with the most room (a 1B run's checkpoint is about
 # 20 GB; /tmp may be memory).
 if [ -z "${WORK:-}" ]; then
-  best=$(df -P --output=avail,target "$HOME" /tmp /var/tmp 2>/dev/null | tail -n +2 | sort -n | tail -n 1 | awk '{print $2}')
-  WORK=${best:-/tmp}/zoo-session
+  best=/tmp most=0
+  for dir in "$HOME" /tmp /var/tmp; do
+    room=$(df --output=avail "$dir" 2>/dev/null | tail -n 1)
+    if [ -w "$dir" ] && [ "${room:-0}" -gt "$most" ] 2>/dev/null; then best=$dir most=$room; fi
+  done
+  WORK=$best/zoo-session
   rm -rf "$WORK"
 fi
 mkdir -p "$WORK/logs"
@@ -175,8 +179,10 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 VOCAB=$WORK/vocab
 step corpus 5 60 - -- "${INPUTS[@]}" corpus "$WORK/corpus" $SMALL_FLAG
 step vocab 20 150 - corpus -- "${INPUTS[@]}" vocab "$WORK/corpus" "$VOCAB" $SMALL_FLAG ${GPT2_TOKENIZER:+--gpt2 "$GPT2_TOKENIZER"}
-step tokenize_gpt2 10 150 - vocab -- "${ZOO[@]}" tokenize "text:$WORK/corpus" --out "$WORK/gpt2.tokens" \
-  --vocabulary "hf:$VOCAB/gpt2/tokenizer.json" --no-progress
+if has gpt2 || has twin || has dp; then
+  step tokenize_gpt2 10 150 - vocab -- "${ZOO[@]}" tokenize "text:$WORK/corpus" --out "$WORK/gpt2.tokens" \
+    --vocabulary "hf:$VOCAB/gpt2/tokenizer.json" --no-progress
+fi
 if has llama1b || has full1b || has llama3b || has frozen1b; then
   step tokenize_llama 10 150 - vocab -- "${ZOO[@]}" tokenize "text:$WORK/corpus" --out "$WORK/llama.tokens" \
     --vocabulary "hf:$VOCAB/llama/tokenizer.json" --no-progress
@@ -194,7 +200,7 @@ for part in $PARTS; do
     step gpt2_resume 40 200 "$RUN" gpt2_train -- "${ZOO[@]}" "${GPT2[@]}" --resume --out "$RUN"
     step gpt2_eval 15 90 - gpt2_resume -- "${ZOO[@]}" eval "$RUN"
     step gpt2_sample 15 90 - gpt2_resume -- "${ZOO[@]}" sample "$RUN" --prompt "def main(argv):" \
-      --max-new-tokens 64 --temperature 0.8 --seed 0
+      --max-new-tokens "$NEW_TOKENS" --temperature 0.8 --seed 0
     ;;
   twin)
     TWIN=$WORK/runs/gpt2-twin
@@ -211,7 +217,7 @@ for part in $PARTS; do
       --set train.eval_batches=2 "${LLAMA_SIZE[@]}" --out "$WORK/runs/llama-1b-lora"
     ;;
   full1b)
-    step full_llama1b 90 240 "$WORK/runs/llama-1b-full" tokenize_llama -- "${ZOO[@]}" train llama-1b-tokens \
+    step full_llama1b 90 300 "$WORK/runs/llama-1b-full" tokenize_llama -- "${ZOO[@]}" train llama-1b-tokens \
       "${LLAMA_DATA[@]}" --steps 2 --set train.eval_batches=1 "${FULL_SIZE[@]}" --out "$WORK/runs/llama-1b-full"
     rm -rf "$WORK/runs/llama-1b-full/checkpoints"  # about 20 GB: the room the next parts need
     ;;

@@ -239,7 +239,7 @@ def write_hf_llama(size: str, out: Path, tokenizer: Path) -> dict:
         shard[name] = value
         held += value.size * 2
         if held >= SHARD_BYTES or index == len(tensors) - 1:
-            shards.append(shard)
+            shards.append(list(shard))  # the names; the arrays go once written
             total += held
             path = out / f"shard-{len(shards)}.safetensors"
             save_file(shard, str(path), metadata={"format": "pt"})

@@ -25,7 +25,7 @@ recipe the chip refuses, or fail one that fits.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
 import sys
 import tomllib
@@ -40,11 +40,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "recipe
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("recipe_fits", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec.loader.exec_module(module)
-    return module
+    if str(SCRIPT.parent) not in sys.path:  # a plain script beside its kin (fits_table.py, ...)
+        sys.path.insert(0, str(SCRIPT.parent))
+    return importlib.import_module(SCRIPT.stem)
 
 
 DECLARED = sorted(r.name for r in recipes.list_recipes() if r.device_memory is not None)
