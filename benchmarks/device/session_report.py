@@ -27,6 +27,7 @@ from pathlib import Path
 
 COMPARED = ("loss", "grad_norm", "eval_loss")
 PROGRESS = re.compile(r": step (\d+)/(\d+)\s+([\d,.]+) ex/s")
+INTERRUPTED = re.compile(r"interrupted after step (\d+)")
 
 
 def records(run: Path) -> dict[int, dict]:
@@ -76,9 +77,8 @@ def row(step: dict, logs: Path) -> dict:
     out["ex_per_s"] = cli_rate(log)
     recipe = json.loads((run / "recipe.json").read_text()) if (run / "recipe.json").is_file() else {}
     seq = recipe.get("data", {}).get("seq_len")
-    finished = (run / "summary.json").is_file() and "interrupted after step" not in log.read_text(
-        errors="replace"
-    )
+    stopped = INTERRUPTED.search(log.read_text(errors="replace")) if log.is_file() else None
+    finished = (run / "summary.json").is_file() and stopped is None
     summary = json.loads((run / "summary.json").read_text()) if finished else {}
     rate = summary.get("examples_per_sec") or out["ex_per_s"]
     out["tokens_per_s"] = round(rate * seq) if rate and seq else None
@@ -86,6 +86,8 @@ def row(step: dict, logs: Path) -> dict:
         (v for k, v in summary.items() if "mfu" in k.lower() and isinstance(v, (int, float))), None
     )
     last = records(run) if (run / "metrics.jsonl").is_file() else {}
+    if stopped:  # the run went on after this step: its figures up to the interrupt
+        last = {k: v for k, v in last.items() if k <= int(stopped.group(1))}
     losses = [r for _, r in sorted(last.items()) if "loss" in r]
     evals = [r for _, r in sorted(last.items()) if "eval_loss" in r]
     out["loss"] = summary.get("train_loss", losses[-1]["loss"] if losses else None)
