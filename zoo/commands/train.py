@@ -260,9 +260,7 @@ def run_eval(args) -> int:
         warnings.simplefilter("ignore")
         run = build_run(recipe, choose_remat=False)
     state, frozen = run.engine.init_state(run.params, recipe.train.seed)
-    metrics = evaluate(
-        run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
-    )
+    metrics = evaluate(run.engine, state, frozen, run.task.eval_batches(run.eval_rows, run.eval_batch_count))
     metrics = {"checkpoint": str(args.checkpoint_dir), "step": ckpt.step, **task_metrics(run.task, metrics)}
     if run.dp:
         metrics.update(_dp_guarantee(run, ckpt))
@@ -270,7 +268,7 @@ def run_eval(args) -> int:
     if args.hardest:
         from zoo.train.hardest import hardest
 
-        batches = run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
+        batches = run.task.eval_batches(run.eval_rows, run.eval_batch_count)
         hard = hardest(run.engine, state, frozen, batches, args.hardest)
     if args.json:
         emit_json({**metrics, "hardest": hard} if hard is not None else metrics)

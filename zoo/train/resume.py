@@ -11,7 +11,7 @@ report an epsilon it did not spend. What may change:
 - ``train.offload``: where the optimizer state and params wait between steps, not the math
   (the offloaded step equals the on-device step, ``tests/parallel/test_offload.py``);
 - ``train.log_every``, ``train.eval_every``, ``train.checkpoint_every``: bookkeeping;
-- ``description``;
+- ``description`` and ``device_memory`` (what a recipe is sized for);
 - ``train.steps``, upward only. The learning-rate schedule and the DP noise multiplier keep
   the horizon the run was planned with (``plan_steps``), so the steps already taken stay the
   steps of the run being extended; a DP run's epsilon is accounted again over every step.
@@ -36,6 +36,7 @@ from zoo.train import checkpoint, runlog
 # train.steps). Everything else is compared.
 FREE_FIELDS = (
     "description",
+    "device_memory",  # what the recipe is sized for, not what a run computes
     "train.remat",
     "train.offload",
     "train.memory_budget",

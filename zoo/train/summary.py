@@ -19,8 +19,9 @@ from zoo.train.task import Task
 
 
 def run_evaluation(run: Run, state: TrainState, frozen: dict) -> dict:
-    """The run's eval metrics (``eval_batches`` batches of the training batch's rows)."""
-    batches = run.task.eval_batches(run.batch_rows, run.recipe.train.eval_batches)
+    """The run's eval metrics: the windows of ``eval_batches`` batches of the training batch's
+    rows, :attr:`Run.eval_rows` at a time (a microbatch where the step has one)."""
+    batches = run.task.eval_batches(run.eval_rows, run.eval_batch_count)
     return task_metrics(run.task, evaluate(run.engine, state, frozen, batches))
 
 
