@@ -178,7 +178,7 @@ def candidate_table(rows: list[dict]) -> list[dict]:
             (f"{k.replace('_', ' ')} {r[k]}" for k in ("same_as", "dominated_by") if r.get(k)),
             "does not compile: out of memory" if r.get("compile_oom")
             else "out of memory when run" if r.get("out_of_memory")
-            else f"timed in {len(r['round_ms'])} round(s): slower, or a long step" if r.get("stopped") else "",
+            else f"stopped after {len(r['round_ms'])} round" if r.get("stopped") else "",
         )  # fmt: skip
         out.append(
             {
