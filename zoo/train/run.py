@@ -152,7 +152,7 @@ def build_run(
     )  # fmt: skip
     if recipe.train.remat == AUTO and choose_remat:
         chosen = auto_remat.resolve(run, train_batch(run, 0), console or Console(stderr=True))
-        engine = auto_remat.with_policy(engine, chosen["policy"], chosen["offload"])
+        engine = auto_remat.apply(engine, chosen)
         run = dataclasses.replace(run, engine=engine, remat=f"{AUTO}:{chosen['policy']}", auto=chosen)
     return run
 

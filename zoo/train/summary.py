@@ -88,8 +88,10 @@ def attention_ran(cfg, seq: int | None = None) -> dict:
 def remat_auto(chosen: dict) -> dict:
     """What ``--remat auto`` chose and why: the policy, the offload setting, the budget in
     bytes and where it came from (``flag``: ``--memory-budget``; ``device``: the device's
-    memory less a margin, :mod:`zoo.train.auto_remat`), and the reason."""
-    return {k: chosen[k] for k in ("policy", "offload", "budget", "budget_source", "reason")}
+    memory less a margin, ``device_memory``, :mod:`zoo.train.auto_remat`), the reason, and
+    every candidate's need, fit and time (``candidates``)."""
+    keys = ("policy", "offload", "budget", "budget_source", "device_memory", "reason", "candidates")
+    return {k: chosen[k] for k in keys if k in chosen}
 
 
 def summarize(

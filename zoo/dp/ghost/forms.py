@@ -28,16 +28,16 @@ device.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import jax
 
+from zoo.cache import ChoiceCache, digest
+
 FORMS = ("gram", "materialise")
 CACHE_FILE = "ghost-forms.json"
+CACHE = ChoiceCache(CACHE_FILE)
 MATERIALISE_MIN_POSITIONS = 32
 
 
@@ -81,23 +81,18 @@ class Shape:
 
 
 def cache_path() -> Path:
-    root = os.environ.get("ZOO_CACHE_DIR") or Path.home() / ".cache" / "zoo"
-    return Path(root) / CACHE_FILE
+    return CACHE.path
 
 
 def key(shape: Shape) -> str:
     """The cache key of a shape on this device and JAX."""
     device = jax.devices()[0]
     parts = {**shape.__dict__, "device": [device.platform, device.device_kind], "jax": jax.__version__}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+    return digest(parts)
 
 
 def read_cache() -> dict:
-    try:
-        doc = json.loads(cache_path().read_text())
-    except (OSError, ValueError, RecursionError):  # an unreadable cache costs speed, never a run
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    return CACHE.read()  # an unreadable cache costs speed, never a run
 
 
 @functools.lru_cache(maxsize=4)

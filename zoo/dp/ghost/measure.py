@@ -11,10 +11,7 @@ step's dtype, median of a few calls after a compiling one.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import tempfile
 import time
 
 import jax
@@ -91,14 +88,7 @@ def measure(shapes, remeasure: bool = False, progress=None) -> dict:
 
 
 def _write(key: str, entry: dict) -> None:
-    path = forms.cache_path()
-    doc = forms.read_cache()
-    doc[key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)  # a reader sees the old file or the new one, never half of it
+    forms.CACHE.put(key, entry)  # merged into the file as it is now; a reader sees it whole
 
 
 def choice_table(rows: list[dict], timings: dict | None = None) -> dict:
