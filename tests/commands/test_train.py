@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 
+from tests.tiny import FIXED_NOISE
 from zoo import recipes
 from zoo.cli import build_parser, main
 from zoo.commands import settings
@@ -15,7 +16,7 @@ from zoo.commands.train import FLAG_FIELDS, SECTION_FLAGS, recipe_changes, resol
 from zoo.train.loop import train_recipe
 
 TINY = {"train.steps": 2, "train.eval_batches": 1, "train.checkpoint_every": 2, "model.d_hidden": 8}
-TINY |= {"dp.epsilon": None, "dp.noise_multiplier": 2.0, "dp.accountant": "rdp"}
+TINY |= FIXED_NOISE
 
 
 def test_eval_of_a_user_level_run_names_the_unit_its_epsilon_protects(tmp_path, capsys):

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from tests.e2e.clikit import refused
-from tests.e2e.test_dp_neighbours import MLP, TINY, outcome
+from tests.e2e.test_dp_neighbours import MLP, outcome
+from tests.tiny import TINY_DP
 from zoo.data.users import held_out
 from zoo.dp import plan as dp_plan
 from zoo.train import stages
@@ -125,7 +126,7 @@ def test_a_form_without_users_is_refused_naming_the_forms_with_them(capsys, unit
 
 # -- a language model on text:DIR, each file one user --------------------------------------------
 FILES = 12
-LM = ["train", "python-docs-lm-dp", *TINY, "--set", "data.user_column=file", "--set", "dp.unit=user"]
+LM = ["train", "python-docs-lm-dp", *TINY_DP, "--set", "data.user_column=file", "--set", "dp.unit=user"]
 LM += ["--set", "dp.clipping=vmap", "--set", f"dp.records_per_user={K}", "--set", "dp.expected_batch_size=4"]
 LM += ["--set", "data.eval_fraction=0.25", "--set", "data.seq_len=8", "--set", "model.max_len=8"]
 LM += ["--set", "model.d_model=16", "--set", "model.num_layers=1", "--set", "model.d_ff=16", "--steps", "1"]
