@@ -21,7 +21,9 @@ Masked scores take the float32 minimum (:func:`masked`), finite, so a row with n
 gives zeros, not NaN. Every max, exp and sum of a softmax runs inside the ``f32_softmax`` scope
 (:data:`zoo.precision.FLOAT32_SCOPES`). Heads are grouped: q [..., KV, G, T, d] against keys
 [..., KV, T, d] (G = H / KV), so grouped-query attention reads each key once. The cache keeps
-each head's keys as one contiguous [T, d] matrix, the layout XLA's CPU dot reads fastest.
+p heads side by side in each slot's row (:class:`CacheSlice`), and its reads contract a row
+whole against queries spread over the row's lanes (:func:`_spread`); both products of a read
+take the cache as it is (bf16 under a bf16 policy) and accumulate in float32.
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ KINDS = ("auto", "dense", "chunked", "splash")
 class CacheSlice(NamedTuple):
     """One layer's view of a key/value cache, what a block reads besides its new tokens.
 
-    ``k``, ``v``: [B, KV, T, d], the keys and values of the slots written before (None when
-    nothing is written yet: the prefill). ``pad`` [B]: the first slot row b may read (its left
-    padding ends there). ``slot``: the slot of the first new token."""
+    ``k``, ``v``: [B, KV / p, T, p * d], the keys and values of the slots written before, p
+    heads side by side in each slot's row (:mod:`zoo.models.decode` picks p; None when nothing
+    is written yet: the prefill). ``pad`` [B]: the first slot row b may read (its left padding
+    ends there). ``slot``: the slot of the first new token."""
 
     k: jax.Array | None
     v: jax.Array | None
@@ -105,16 +108,18 @@ def _dense(q, k, v, heads: int, kv_heads: int, causal: bool, key_mask) -> jax.Ar
 # --- the online softmax: parts over key sets, merged ---------------------------------------
 
 
-def _part(q, k, v, ok):
+def _part(q, k, v, ok, scale=None):
     """``(m, l, acc)`` of q [..., G, S, d] over keys k, v [..., T, d] where ``ok`` (broadcast to
-    [..., G, S, T]): the row max, the normaliser and the unnormalised output, float32."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    s = masked(jnp.einsum("...gsd,...td->...gst", q, k).astype(jnp.float32) * scale, ok)
+    [..., G, S, T]): the row max, the normaliser and the unnormalised output, float32. The two
+    products take their operands as they are (a bf16 cache is read as bf16, never copied to
+    float32) and accumulate in float32; ``scale`` defaults to 1/sqrt(d)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = masked(jnp.einsum("...gsd,...td->...gst", q, k, preferred_element_type=jnp.float32) * scale, ok)
     with float32_scope("f32_softmax"):
         m = s.max(-1)
         p = jnp.where(ok, jnp.exp(s - m[..., None]), 0.0)
         norm = p.sum(-1)
-    acc = jnp.einsum("...gst,...td->...gsd", p.astype(v.dtype), v).astype(jnp.float32)
+    acc = jnp.einsum("...gst,...td->...gsd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return m, norm, acc
 
 
@@ -132,17 +137,17 @@ def _empty(q):
     return jnp.full(lead, low, jnp.float32), jnp.zeros(lead, jnp.float32), jnp.zeros(q.shape, jnp.float32)
 
 
-def _online(q, k, v, ok_fn, chunk: int):
+def _online(q, k, v, ok_fn, chunk: int, scale=None):
     """:func:`_part` over all of k, v [..., T, d] (``chunk`` 0 or >= T) or ``chunk`` keys at a
     time (a scan; T a multiple of ``chunk``). ``ok_fn(start, size)``: the mask of those keys."""
     seq = k.shape[-2]
     if not chunk or chunk >= seq:
-        return _part(q, k, v, ok_fn(0, seq))
+        return _part(q, k, v, ok_fn(0, seq), scale)
 
     def step(carry, i):
         start = i * chunk
         kc, vc = (jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=-2) for a in (k, v))
-        return _merge(carry, _part(q, kc, vc, ok_fn(start, chunk))), None
+        return _merge(carry, _part(q, kc, vc, ok_fn(start, chunk), scale)), None
 
     out, _ = jax.lax.scan(step, _empty(q), jnp.arange(seq // chunk))
     return out
@@ -336,9 +341,34 @@ def _chunked(q, k, v, heads: int, kv_heads: int, chunk: int, causal: bool, key_m
 # --- cached reads ------------------------------------------------------------------------
 
 
+def _spread(qh: jax.Array, per_row: int) -> jax.Array:
+    """Grouped queries [B, KV, G, S, d] as a cache row of ``per_row`` (p) heads reads them:
+    [B, KV/p, p * G, S, p * d], head j * p + h's queries in lanes [h * d, (h + 1) * d) and zeros
+    in its row-mates' lanes. One product over a row of p heads then gives each head its own
+    scores (the zeros add nothing), so a packed row is contracted whole, as it lies."""
+    b, kv, g, s, d = qh.shape
+    x = qh.reshape(b, kv // per_row, per_row, g, s, d)
+    lanes = [jnp.pad(x[:, :, h], [(0, 0)] * 4 + [(h * d, (per_row - 1 - h) * d)]) for h in range(per_row)]
+    return jnp.stack(lanes, 2).reshape(b, kv // per_row, per_row * g, s, per_row * d)
+
+
+def _gathered(part, kv_heads: int, per_row: int):
+    """:func:`_spread`'s inverse on ``(m, l, acc)``: [B, KV/p, p * G, S(, p * d)] ->
+    [B, KV, G, S(, d)], each head's output sliced from its own lanes (its row-mates' lanes hold
+    their values weighted by its probabilities, and are dropped)."""
+    m, norm, acc = part
+    b, rows, pg, s, width = acc.shape
+    g, d = pg // per_row, width // per_row
+    m, norm = (x.reshape(b, kv_heads, g, s) for x in (m, norm))
+    x = acc.reshape(b, rows, per_row, g, s, width)
+    own = jnp.stack([x[:, :, h, ..., h * d : (h + 1) * d] for h in range(per_row)], 2)
+    return m, norm, own.reshape(b, kv_heads, g, s, d)
+
+
 def _cached(q, k, v, heads: int, kv_heads: int, cache: CacheSlice, chunk: int) -> jax.Array:
     """The new tokens' q [B, S, H * d] over the cached keys (slots [pad_b, slot)) and their own
-    k, v [B, S, KV * d] (slot + i reads new slots [max(pad_b, slot), slot + i])."""
+    k, v [B, S, KV * d] (slot + i reads new slots [max(pad_b, slot), slot + i]). The cache
+    holds p = KV / ``cache.k.shape[1]`` heads to a row (:class:`CacheSlice`)."""
     b, s, width = q.shape
     qh, kh, vh = _grouped(q, heads, kv_heads), _heads(k, kv_heads), _heads(v, kv_heads)
     rows, pad, slot = jnp.arange(s), cache.pad[:, None, None, None], cache.slot
@@ -356,7 +386,9 @@ def _cached(q, k, v, heads: int, kv_heads: int, cache: CacheSlice, chunk: int) -
 
     out = _online(qh, kh, vh, new_ok, divisor(s))
     if cache.k is not None:
-        out = _merge(_online(qh, cache.k, cache.v, past_ok, divisor(cache.k.shape[-2])), out)
+        per_row, scale = kv_heads // cache.k.shape[1], 1.0 / math.sqrt(width // heads)
+        past = _online(_spread(qh, per_row), cache.k, cache.v, past_ok, divisor(cache.k.shape[-2]), scale)
+        out = _merge(_gathered(past, kv_heads, per_row), out)
     return _ungrouped(_finish(*out)[0]).astype(q.dtype)
 
 
