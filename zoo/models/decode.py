@@ -85,9 +85,9 @@ def cache_spec(cfg) -> DecodeCache:
 
 def row_lanes(platform: str | None = None) -> int:
     """The lanes a cache row fills on ``platform`` (default: JAX's default backend):
-    :data:`LANES` on a TPU; 1 elsewhere, one head to a row (a CPU's products over rows of several
-    heads do p times the work for nothing: one layer's read at transformer-s shapes, batch 8,
-    took 0.50 ms with one head to a row and 1.14 ms with four)."""
+    :data:`LANES` on a TPU; 1 elsewhere, one head to a row: a CPU's products over rows of p heads
+    do p times the work for the same bytes (a float32 read 1.1 to 1.6 times slower,
+    ``benchmarks/generate/RESULTS.md``, "The decode step's bytes")."""
     return LANES if (platform or jax.default_backend()) == "tpu" else 1
 
 
