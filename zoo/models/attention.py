@@ -21,40 +21,26 @@ Masked scores take the float32 minimum (:func:`masked`), finite, so a row with n
 gives zeros, not NaN. Every max, exp and sum of a softmax runs inside the ``f32_softmax`` scope
 (:data:`zoo.precision.FLOAT32_SCOPES`). Heads are grouped: q [..., KV, G, T, d] against keys
 [..., KV, T, d] (G = H / KV), so grouped-query attention reads each key once. The cache keeps
-p heads side by side in each slot's row (:class:`CacheSlice`), and its reads contract a row
-whole against queries spread over the row's lanes (:func:`_spread`); both products of a read
-take the cache as it is (bf16 under a bf16 policy) and accumulate in float32.
+p heads side by side in each slot's row (:mod:`zoo.models.cache_rows`), and its reads contract
+a row whole against queries spread over the row's lanes; both products of a read take the cache
+as it is (bf16 under a bf16 policy) and accumulate in float32.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from zoo import jaxfeatures
+from zoo.models.cache_rows import CacheSlice, gathered, spread
 from zoo.models.ops import in_float32
 from zoo.models.splash import resolve, splash
 from zoo.precision import float32_scope
 
 KINDS = ("auto", "dense", "chunked", "splash")
-
-
-class CacheSlice(NamedTuple):
-    """One layer's view of a key/value cache, what a block reads besides its new tokens.
-
-    ``k``, ``v``: [B, KV / p, T, p * d], the keys and values of the slots written before, p
-    heads side by side in each slot's row (:mod:`zoo.models.decode` picks p; None when nothing
-    is written yet: the prefill). ``pad`` [B]: the first slot row b may read (its left padding
-    ends there). ``slot``: the slot of the first new token."""
-
-    k: jax.Array | None
-    v: jax.Array | None
-    pad: jax.Array
-    slot: jax.Array
 
 
 def masked(scores: jax.Array, ok: jax.Array) -> jax.Array:
@@ -341,30 +327,6 @@ def _chunked(q, k, v, heads: int, kv_heads: int, chunk: int, causal: bool, key_m
 # --- cached reads ------------------------------------------------------------------------
 
 
-def _spread(qh: jax.Array, per_row: int) -> jax.Array:
-    """Grouped queries [B, KV, G, S, d] as a cache row of ``per_row`` (p) heads reads them:
-    [B, KV/p, p * G, S, p * d], head j * p + h's queries in lanes [h * d, (h + 1) * d) and zeros
-    in its row-mates' lanes. One product over a row of p heads then gives each head its own
-    scores (the zeros add nothing), so a packed row is contracted whole, as it lies."""
-    b, kv, g, s, d = qh.shape
-    x = qh.reshape(b, kv // per_row, per_row, g, s, d)
-    lanes = [jnp.pad(x[:, :, h], [(0, 0)] * 4 + [(h * d, (per_row - 1 - h) * d)]) for h in range(per_row)]
-    return jnp.stack(lanes, 2).reshape(b, kv // per_row, per_row * g, s, per_row * d)
-
-
-def _gathered(part, kv_heads: int, per_row: int):
-    """:func:`_spread`'s inverse on ``(m, l, acc)``: [B, KV/p, p * G, S(, p * d)] ->
-    [B, KV, G, S(, d)], each head's output sliced from its own lanes (its row-mates' lanes hold
-    their values weighted by its probabilities, and are dropped)."""
-    m, norm, acc = part
-    b, rows, pg, s, width = acc.shape
-    g, d = pg // per_row, width // per_row
-    m, norm = (x.reshape(b, kv_heads, g, s) for x in (m, norm))
-    x = acc.reshape(b, rows, per_row, g, s, width)
-    own = jnp.stack([x[:, :, h, ..., h * d : (h + 1) * d] for h in range(per_row)], 2)
-    return m, norm, own.reshape(b, kv_heads, g, s, d)
-
-
 def _cached(q, k, v, heads: int, kv_heads: int, cache: CacheSlice, chunk: int) -> jax.Array:
     """The new tokens' q [B, S, H * d] over the cached keys (slots [pad_b, slot)) and their own
     k, v [B, S, KV * d] (slot + i reads new slots [max(pad_b, slot), slot + i]). The cache
@@ -387,8 +349,8 @@ def _cached(q, k, v, heads: int, kv_heads: int, cache: CacheSlice, chunk: int) -
     out = _online(qh, kh, vh, new_ok, divisor(s))
     if cache.k is not None:
         per_row, scale = kv_heads // cache.k.shape[1], 1.0 / math.sqrt(width // heads)
-        past = _online(_spread(qh, per_row), cache.k, cache.v, past_ok, divisor(cache.k.shape[-2]), scale)
-        out = _merge(_gathered(past, kv_heads, per_row), out)
+        past = _online(spread(qh, per_row), cache.k, cache.v, past_ok, divisor(cache.k.shape[-2]), scale)
+        out = _merge(gathered(past, kv_heads, per_row), out)
     return _ungrouped(_finish(*out)[0]).astype(q.dtype)
 
 

@@ -34,9 +34,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from zoo.models.attention import CacheSlice
-
-LANES = 128  # the width of a TPU tile's rows (and of its vector registers and matrix units)
+from zoo.models.cache_rows import LANES as LANES
+from zoo.models.cache_rows import CacheSlice, heads_per_row
+from zoo.models.cache_rows import row_lanes as row_lanes
 
 
 class Cache(NamedTuple):
@@ -81,20 +81,6 @@ def cache_spec(cfg) -> DecodeCache:
     spec = getattr(importlib.import_module(module), attr)
     spec.check(cfg)
     return spec
-
-
-def row_lanes(platform: str | None = None) -> int:
-    """The lanes a cache row fills on ``platform`` (default: JAX's default backend):
-    :data:`LANES` on a TPU; 1 elsewhere, one head to a row: a CPU's products over rows of p heads
-    do p times the work for the same bytes (a float32 read 1.1 to 1.6 times slower,
-    ``benchmarks/generate/RESULTS.md``, "The decode step's bytes")."""
-    return LANES if (platform or jax.default_backend()) == "tpu" else 1
-
-
-def heads_per_row(kv_heads: int, head_dim: int, lanes: int = LANES) -> int:
-    """p: how many heads share a slot's row of the cache, the most that divide ``kv_heads``
-    and fit ``lanes`` (1 for heads of ``lanes`` or more)."""
-    return max(p for p in range(1, kv_heads + 1) if kv_heads % p == 0 and (p == 1 or p * head_dim <= lanes))
 
 
 def cache_shape(cfg, batch: int, length: int, lanes: int = 1) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """One layer's cached read on this machine: one head to a cache row, and a TPU's rows of 128 lanes.
 
-    .venv/bin/python benchmarks/generate/cache_rows.py                    # transformer-s, gpt2-124m, llama-1b shapes
-    .venv/bin/python benchmarks/generate/cache_rows.py --batch 8 --slots 640 --dtype bfloat16
+    .venv/bin/python benchmarks/generate/cache_reads.py                    # transformer-s, gpt2-124m, llama-1b shapes
+    .venv/bin/python benchmarks/generate/cache_reads.py --batch 8 --slots 640 --dtype bfloat16
 
 ``zoo.models.attention.attention`` reads a cache of ``--slots`` slots for one new token
 (``CacheSlice``), jitted, side by side in one process: the cache in rows of one head (what
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.models.attention import CacheSlice, attention
-from zoo.models.decode import LANES, heads_per_row
+from zoo.models.cache_rows import LANES, heads_per_row
 
 SHAPES = {  # heads, kv heads, head width
     "transformer-s": (4, 4, 32),
