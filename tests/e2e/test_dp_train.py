@@ -58,6 +58,7 @@ def test_dp_step_compiles_once_and_summary_reports_privacy(dp_run):
     for key in ("epsilon", "delta", "noise_multiplier", "sampling_prob", "clip_norm", "steps", "accountant"):
         assert key in summary, key
     assert summary["steps"] == 4 and summary["accountant"] == "pld"
+    assert summary["noise_prng"] == "philox4x32"  # dp.noise_prng = "auto" names what drew on this CPU
     assert summary["delta_accountant"] == recipe.dp.delta and summary["clip_norm"] == recipe.dp.clip_norm
     # q is the expected batch over the number of TRAINING examples (eval rows are not sampled)
     data = load_dataset(
