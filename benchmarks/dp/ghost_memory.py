@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--precision", default="bfloat16")
     parser.add_argument("--remats", default="none,dots")
     parser.add_argument("--gpt2", action="store_true", help="also gpt2-124m at T 256 and 1024")
+    parser.add_argument("--only-gpt2", action="store_true", help="gpt2-124m alone")
+    parser.add_argument("--seqs", default=None, help="gpt2-124m's lengths (default 256,1024)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--forms", choices=("own", "tpu"), default="own", help="whose formula picks the norm forms"
@@ -60,9 +62,14 @@ def main() -> None:
         from zoo.dp.ghost import forms
 
         forms.BALANCE[jax.devices()[0].platform] = forms.BALANCE["tpu"]
-    cases = [("gpt2-small-shaped", get_config("gpt2-124m", **SMALL), seq) for seq in SMALL_SEQS]
-    if args.gpt2:
-        cases += [("gpt2-124m", get_config("gpt2-124m"), seq) for seq in GPT2_SEQS]
+    cases = (
+        []
+        if args.only_gpt2
+        else [("gpt2-small-shaped", get_config("gpt2-124m", **SMALL), s) for s in SMALL_SEQS]
+    )
+    if args.gpt2 or args.only_gpt2:
+        seqs = [int(s) for s in args.seqs.split(",")] if args.seqs else GPT2_SEQS
+        cases += [("gpt2-124m", get_config("gpt2-124m"), seq) for seq in seqs]
     out = []
     for name, cfg, seq in cases:
         for remat in args.remats.split(","):
