@@ -403,7 +403,7 @@ def grouped(kind: str, inputs, d, records: int = 1):
 
 def build(kind: str, inputs, d, leaves, rows=None, force=None, records: int = 1) -> Rule:
     """The rule of an op of ``kind`` on its input and output gradient, per example or per
-    unit of ``records`` consecutive rows; the one place sites and stages make rules."""
+    unit of ``records`` consecutive rows; the one place the taps make rules."""
     return RULES[kind](*grouped(kind, inputs, d, records), leaves, rows, force)
 
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.dp.ghost import forms
-from zoo.dp.ghost.rules import RULES, SHARED, by_unit, grouped
+from zoo.dp.ghost.rules import SHARED, build, by_unit, grouped
 from zoo.precision import float32_scope
 
 FIRST, SECOND = "first", "second"  # the halves of a shared leaf's cross term
@@ -62,14 +62,14 @@ def tap_outputs(spec: Tap, inputs, dz) -> dict:
         first_inputs = None
         if spec.cross is not None and spec.cross[1] == SECOND:
             inputs, first_inputs = inputs
-        rule_in, rule_d = grouped(spec.kind, inputs, dz, spec.records)
-        rule = RULES[spec.kind](rule_in, rule_d, spec.leaves, spec.rows, spec.choice)
+        rule = build(spec.kind, inputs, dz, spec.leaves, spec.rows, spec.choice, spec.records)
         sq = rule.sq()
         out = {"sq": jnp.stack([sq[leaf] for leaf in spec.leaves], axis=-1)}
         if spec.keep:
             out["kept"] = rule.kept()
         if spec.cross is not None:
             pair, half = spec.cross
+            rule_in, rule_d = grouped(spec.kind, inputs, dz, spec.records)
             if half == FIRST:
                 out["cross"] = SHARED[pair].first(rule_in, rule_d)
             else:
@@ -111,6 +111,6 @@ def rule_of(spec: Tap, inputs, z):
     def make(i, d):
         if spec.cross is not None and spec.cross[1] == SECOND:
             i = i[0]
-        return RULES[spec.kind](*grouped(spec.kind, i, d, spec.records), spec.leaves, spec.rows, spec.choice)
+        return build(spec.kind, i, d, spec.leaves, spec.rows, spec.choice, spec.records)
 
     return jax.eval_shape(make, inputs, z)
