@@ -17,7 +17,7 @@ from tests.conftest import fast_jit, reduction_size
 from tests.dp.ghost.test_api import B, batch, params_of
 from tests.numerics import assert_close, assert_close_bf16
 from zoo.dp import ClipRequest, ghost
-from zoo.dp.ghost import stages, taps
+from zoo.dp.ghost import products, stages, taps
 from zoo.losses import per_example_loss
 from zoo.models.paths import flat_by_path
 
@@ -141,6 +141,15 @@ def test_the_materialised_form_in_the_scan(name):
     after: each layer's norms and the step (a tied head's too)."""
     check_sites(name, "dots", "materialise")
     check_step(name, "dots", dense="materialise")
+
+
+def test_a_materialised_op_takes_its_examples_in_chunks(monkeypatch):
+    """A wide op forms its float32 per-example gradients a chunk of examples at a time (here one
+    example a chunk): the same norms and sums."""
+    monkeypatch.setattr(products, "MATERIALISE_CHUNK_BYTES", 1)
+    assert products.examples_per_chunk(B, 10) == 1 and products.examples_per_chunk(8, 1 << 20) == 1
+    check_sites("tied", "dots", "materialise")
+    check_step("tied", "dots", dense="materialise")
 
 
 @pytest.mark.parametrize("name", ["transformer", "tied"])
