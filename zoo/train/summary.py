@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 from rich.console import Console
 
+from zoo.dp.noise import resolve_noise_prng
 from zoo.models.splash import resolve
 from zoo.train import runlog
 from zoo.train.engine import evaluate
@@ -142,6 +143,7 @@ def summarize(
             sampling_prob=run.dp.sampler.sampling_prob,
             clip_norm=run.dp.clip_norm,
             accountant=run.dp.accountant,
+            noise_prng=resolve_noise_prng(recipe.dp.noise_prng),  # "auto": the one that drew
             expected_batch_size=recipe.dp.expected_batch_size,
             padded_batch_size=run.dp.sampler.padded_batch_size,
             planned_steps=run.plan_steps,

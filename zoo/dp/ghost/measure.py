@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from zoo.dp.ghost import forms
 from zoo.dp.ghost.forms import FORMS, Shape
-from zoo.dp.ghost.rules import RULES
+from zoo.dp.ghost.rules import RULES, compute_dtype
 from zoo.dp.ghost.stages import GhostPlan, probe_pass
 
 MEASURED_KINDS = ("dense", "unembed")  # a conv or a token table keeps its formula
@@ -43,7 +43,7 @@ def site_shapes(gp: GhostPlan, params, x, y) -> list[dict]:
             positions *= n
         if positions == 1 and gp.records == 1:
             continue  # no sequence axis: the flat rule, nothing to choose
-        dtype = jnp.result_type(a.dtype, d.dtype).name
+        dtype = compute_dtype(a, d).name
         seq = positions * gp.records
         shape = Shape(site.kind, units, seq, a.shape[-1], d.shape[-1], dtype, True)
         rows.append({"site": site.key, "layers": layers, "shape": shape})
