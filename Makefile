@@ -1,6 +1,6 @@
-# Two entry points: `make run` (the main job on offline data) and `make test`.
-# Each creates .venv from pyproject.toml's ranges at CI's exact versions (constraints.txt) when it
-# is missing or stale.
+# Two entry points: `make run` (the main job on offline data) and `make test`; `make help` lists
+# every target. Each creates .venv from pyproject.toml's ranges at CI's exact versions
+# (constraints.txt) when it is missing or stale. A target's `## ` comment is its line in `make help`.
 PYTHON ?= $(shell command -v python3.12 2>/dev/null || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -69,7 +69,11 @@ OLDEST_SKIP += or (converted_weights and (digits or heads or kv))
 OLDEST_SKIP += or ((test_api.py or test_conv.py or test_rules.py) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
 OLDEST_SKIP += or (test_forms.py and not (transformer or bf16 or measure))
 
-.PHONY: run test test-isa test-oldest lint bench docs clean
+.PHONY: help run test test-isa test-oldest lint bench docs clean
+.DEFAULT_GOAL := help
+
+help: ## this list
+	@awk -F ':.*## ' '/^[a-z-]+:.*## / { printf "  make %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "CI lock constraints.txt (JAX 0.12) needs Python >= 3.12; found " + sys.version'
@@ -84,31 +88,49 @@ $(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
 	$(OLDEST)/bin/python -m pip install -q -c constraints-oldest.txt -e ".[dev]"
 	touch $(OLDEST_STAMP)
 
-run: $(STAMP)
+run: $(STAMP) ## create .venv, then train digits-transformer with --remat full on offline digits
 	$(BIN)/zoo train digits-transformer --remat full
+	@echo "zoo is $(BIN)/zoo: \`source $(BIN)/activate\` puts it on this shell's PATH (README, Command line)"
 
 # tests/e2e/parallel needs 8 devices, and XLA takes the simulated device count only at start-up:
 # that folder runs as a session of its own.
 MESH_XLA := --xla_force_host_platform_device_count=8
 
-test: $(STAMP)
+test: $(STAMP) ## the test suite (pytest -n 2), then the 8-device mesh tests
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel
 	XLA_FLAGS="$${XLA_FLAGS:-} $(MESH_XLA)" $(BIN)/python -m pytest -q -n 2 --dist loadgroup tests/e2e/parallel
 
-test-isa: $(STAMP)
+test-isa: $(STAMP) ## the numerics tests again under narrower CPU instruction sets
 	@echo "== ISA caps to re-run: $(ISAS) (AVX2 only where the machine has AVX-512)"
 	set -e; for isa in $(ISAS); do \
 	  echo "== numerics-sensitive tests under --xla_cpu_max_isa=$$isa"; \
 	  XLA_FLAGS="$${XLA_FLAGS:-} --xla_cpu_max_isa=$$isa" $(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel $(ISA_SELECT); \
 	done
 
-test-oldest: $(OLDEST_STAMP)
+test-oldest: $(OLDEST_STAMP) ## unit tests at the oldest supported versions, in .venv-oldest
 	@$(OLDEST)/bin/python -c 'import sys, jax, flax; print(f"== oldest supported: Python {sys.version.split()[0]}, JAX {jax.__version__}, flax {flax.__version__}")'
 	$(OLDEST)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow" -k "not ($(OLDEST_SKIP))" --durations=15 $(OLDEST_TESTS)
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff check and ruff format --check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-clean:
+# What the docs show, run as written (the README's block, each doc's first example and every
+# doc's Python block), and the docs' links and scripts.
+DOCS_TESTS := tests/e2e/test_docs.py tests/e2e/test_doc_python.py tests/test_doc_links.py
+
+docs: $(STAMP) ## run the docs' commands and Python blocks as written, and check their links
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup $(DOCS_TESTS)
+
+# One quick CPU run of each `zoo bench` (one timing round, small shapes): a smoke run that every
+# bench still runs and prints its table; the figures of benchmarks/*/RESULTS.md come from the
+# full commands beside them (benchmarks/README.md).
+bench: $(STAMP) ## one quick CPU run of each zoo bench (minutes); full runs: benchmarks/README.md
+	$(BIN)/zoo bench engine --steps 2 --repeats 1
+	$(BIN)/zoo bench remat transformer-s --policies none,full --layers 2 --repeats 1
+	$(BIN)/zoo bench finetune transformer-s --layers 2 --repeats 1 --steps 1
+	$(BIN)/zoo bench dp mlp-s --batch 32 --no-sweep --rounds 1 --steps 1
+	XLA_FLAGS="$${XLA_FLAGS:-} $(MESH_XLA)" $(BIN)/zoo bench scale mlp-s --mesh 'data=1;data=8' --repeats 1 --steps 1
+
+clean: ## remove .venv, .venv-oldest, runs/ and pytest's cache
 	rm -rf $(VENV) $(OLDEST) runs .pytest_cache

@@ -218,7 +218,7 @@ def test_the_decode_softmax_is_float32_like_trainings(name):
 
 
 def test_the_decode_check_still_catches_a_bf16_softmax(monkeypatch):
-    def planted(q, k, v, ok):  # the scores, max, exp and sum in the compute dtype
+    def planted(q, k, v, ok, scale=None):  # the scores, max, exp and sum in the compute dtype
         s = attention.masked(jnp.einsum("...gsd,...td->...gst", q, k), ok)
         with jax.named_scope("f32_softmax"):
             m = s.max(-1)

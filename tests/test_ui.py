@@ -36,3 +36,41 @@ def test_a_run_off_a_terminal_prints_a_line_every_few_steps_with_only_released_f
 def test_no_progress_prints_no_step_lines(capsys, tmp_path):
     assert main(["train", "digits-mlp", "--out", str(tmp_path / "r"), "--no-progress", *RUN]) == 0
     assert ": step " not in capsys.readouterr().err
+
+
+class _Clock:
+    """A clock that moves ``tick`` seconds at each reading: each timed step takes ``tick``."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick = 0.0, tick
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_a_slow_run_shows_its_rate_with_its_digits_not_zero(capsys, tmp_path, monkeypatch):
+    """Issue 67, item 16: at under one example a second the lines and the bar read "0 ex/s".
+    A fake clock makes each step take 10 s: 4 examples a step is 0.4 ex/s, and the first step,
+    which compiles and is not timed, has no rate yet."""
+    from zoo.train import pace
+
+    monkeypatch.setattr(pace, "time", _Clock(10.0))
+    # One eval, after the last step: every clock reading between the first step's end and the
+    # last is a step's end, so each timed step takes the clock's 10 s.
+    run = [*RUN, "--set", "train.eval_every=4"]
+    assert main(["train", "digits-mlp", "--out", str(tmp_path / "r"), "--batch-size", "4", *run]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("digits-mlp: step ")]
+    assert [line.split("  ")[1].split(",")[0] for line in lines] == ["-", *["0.4 ex/s"] * 3], err
+    bar = [line for line in err.splitlines() if line.startswith("digits-mlp ")]
+    assert bar and "0.4 ex/s" in bar[-1], err
+
+
+@pytest.mark.parametrize(
+    "rate, shown", [(None, "-"), (0.0, "-"), (0.4234, "0.423"), (42.34, "42.3"), (1234.5, "1,234")]
+)
+def test_a_rate_keeps_three_significant_figures_below_100(rate, shown):
+    from zoo.ui import rate_text
+
+    assert rate_text(rate) == shown

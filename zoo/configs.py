@@ -61,7 +61,7 @@ OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "constant")
 LAYOUTS = ("flat", "rows")
 UNITS = ("record", "user")  # what a DP run protects (dp.unit; docs/dp.md "What is guaranteed")
-DEFAULT_NOISE_PRNG = "philox4x32"  # the JAX PRNG that draws DP noise (zoo.dp.noise.NOISE_PRNGS)
+DEFAULT_NOISE_PRNG = "auto"  # the fastest DP noise sampler measured on the platform (zoo.dp.noise.FASTEST)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Recipes: TOML files validated into frozen dataclasses; :func:`override` replaces fields.
 
-A recipe has a name, a description and sections ``model``, ``data``, ``optim``, ``train``,
+A recipe has a name, a description, optionally the ``device_memory`` of the accelerator it is
+sized for, and sections ``model``, ``data``, ``optim``, ``train``,
 ``dp``, ``freeze``, ``lora`` and ``mesh`` (the last two left out of the resolved form while
 they are off). Unknown sections or keys, and values of the wrong type, are errors. The
 command line's flags and ``--set`` values reach a recipe through :func:`override`, as
@@ -53,6 +54,10 @@ class Recipe:
     freeze: FreezeConfig
     lora: LoraConfig
     mesh: MeshConfig = MeshConfig()
+    # The memory of the one accelerator the recipe is sized for, in bytes (``device_memory =
+    # "15.75GiB"``: a TPU v5e chip's): its shipped shapes must fit it
+    # (tests/e2e/test_accelerator_recipes.py, benchmarks/device/recipe_fits.py). None: any device.
+    device_memory: int | None = None
 
     def __post_init__(self) -> None:
         check_choices(self.dp)  # clipping and sampler name rows of zoo.dp's tables
@@ -88,6 +93,7 @@ SECTIONS: dict[str, type] = {
 
 
 NONE = "none"
+DEVICE_MEMORY = "device_memory"  # a top-level key, beside name and description
 
 
 def _coerce(value, hint, where: str):
@@ -198,13 +204,14 @@ def parse_recipe(doc: Mapping[str, object], default_name: str = "recipe") -> Rec
     doc = dict(doc)
     name = doc.pop("name", default_name)
     description = doc.pop("description", "")
+    memory = _coerce(doc.pop(DEVICE_MEMORY, None), ByteSize | None, DEVICE_MEMORY)
     for key in doc:
-        require_choice("recipe section", key, [*SECTIONS, "name", "description"])
+        require_choice("recipe section", key, [*SECTIONS, "name", "description", DEVICE_MEMORY])
     sections = {"model": model_section(doc.get("model", {}))}
     for key, cls in SECTIONS.items():
         if key != "model":
             sections[key] = _section(cls(), doc.get(key, {}), key)
-    return Recipe(name=name, description=description, **sections)
+    return Recipe(name=name, description=description, device_memory=memory, **sections)
 
 
 def override(recipe: Recipe, changes: Mapping[str, Mapping[str, object]]) -> Recipe:
@@ -270,6 +277,8 @@ def _read_recipe_file(path: Path) -> str:
 def to_dict(recipe: Recipe) -> dict:
     """The resolved recipe as plain data (TOML/JSON-ready); model overrides are inlined."""
     out = {"name": recipe.name, "description": recipe.description}
+    if recipe.device_memory is not None:
+        out[DEVICE_MEMORY] = recipe.device_memory
     for key in SECTIONS:
         section = getattr(recipe, key)
         if (key == "lora" and not section.enabled) or (key == "mesh" and section.is_default):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +61,15 @@ def _jsonable(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def stage_lines(quiet: bool = False):
+    """What a long command prints as it goes: each call writes one plain, dim line on stderr
+    (``finetune bench: compiling frozen``), which a log or a pipe shows at once, where a
+    progress bar shows nothing until it ends. ``None`` (nothing printed) when ``quiet``."""
+    if quiet:
+        return None
+    return lambda message: err_console.print(message, style="dim", markup=False, highlight=False)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -68,14 +78,25 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def rate_text(rate: float | None) -> str:
+    """A rate with the digits it has: whole numbers with separators from 100 up (``1,234``),
+    three significant figures below (``42.3``, ``0.423``), so that a slow run does not read
+    ``0``; ``-`` before a rate is measured (the first step compiles and is not timed)."""
+    if rate is None or not math.isfinite(rate) or rate <= 0:
+        return "-"
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
 class StepLines:
     """Plain progress lines where a progress bar cannot be seen (stderr is a file or a pipe).
 
     A bar redraws one line on a terminal; written to a log it would show nothing until the run
     ends. Off a terminal, ``update`` prints ``NAME: step D/T`` every ``every`` steps (about ten
-    lines a run) with the throughput, the loss when there is one, and the latest eval figures.
-    A DP run hands no loss (it is not released), so its lines carry only released figures: the
-    step, the padded rows per second, and the eval metrics and epsilon of the latest eval.
+    lines a run) with the throughput as the bar shows it (``speed``: tokens a second for an LM,
+    with the MFU on an accelerator: zoo.train.pace), the loss when there is one, and the latest
+    eval figures. A DP run hands no loss (it is not released), so its lines carry only released
+    figures: the step, the padded rows (or their tokens) per second, and the eval metrics and
+    epsilon of the latest eval.
     """
 
     def __init__(
@@ -85,10 +106,10 @@ class StepLines:
         self.on = visible and not console.is_terminal
         self.every = every or max(1, total // 10)
 
-    def update(self, done: int, *, rate: float, loss: float | None = None, evals: dict | None = None) -> None:
+    def update(self, done: int, *, speed: str, loss: float | None = None, evals: dict | None = None) -> None:
         if not self.on or not (done % self.every == 0 or done == self.total):
             return
-        figures = [f"{rate:,.0f} ex/s"] + ([] if loss is None else [f"loss {loss:.4f}"])
+        figures = [speed] + ([] if loss is None else [f"loss {loss:.4f}"])
         figures += [f"{key} {_short(value)}" for key, value in (evals or {}).items()]
         self.console.print(
             Text(f"{self.name}: step {done}/{self.total}  " + ", ".join(figures)), soft_wrap=True

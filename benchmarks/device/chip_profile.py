@@ -36,20 +36,15 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import op_profile  # noqa: E402
+from devicekit import config  # noqa: E402
 
 from zoo.bench import dp_rows  # noqa: E402
-from zoo.models import canonical, registry  # noqa: E402
-from zoo.models.registry import get_config  # noqa: E402
+from zoo.models import canonical  # noqa: E402
 from zoo.precision import get_precision  # noqa: E402
 
 
 def say(message: str) -> None:
     print(f"profile: {message}", flush=True)
-
-
-def _config(preset: str, small: bool):
-    cfg = get_config(preset)
-    return registry.get_kind(cfg.kind).small if small else cfg
 
 
 def _save(out: Path | None, name: str, payload) -> None:
@@ -94,7 +89,7 @@ def _ghost_backward(setup):
 
 
 def dp_part(args, out: Path | None) -> dict:
-    cfg = _config("gpt2-124m", args.small)
+    cfg = config("gpt2-124m", args.small)
     shapes = [(8, "none"), (16, "dots")] if args.small else [(256, "none"), (1024, "dots")]
     methods = {**dp_rows.methods(), "ghost backward": _ghost_backward}
     result = {}
@@ -149,7 +144,7 @@ def _median_s(fn, rounds: int) -> float:
 
 
 def host_part(args, out: Path | None) -> dict:
-    cfg = _config("llama-1b", args.small)
+    cfg = config("llama-1b", args.small)
     shapes = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
     cpu = jax.devices("cpu")[0]
     device = jax.devices()[0]
@@ -196,7 +191,7 @@ def host_part(args, out: Path | None) -> dict:
 def decode_part(args, out: Path | None) -> dict:
     from zoo.generate import Model, generate
 
-    cfg = _config("gpt2-124m", args.small)
+    cfg = config("gpt2-124m", args.small)
     batch, prompt, new = (4, 8, 8) if args.small else (64, 512, 128)
     params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), canonical.init_params(cfg, 0))
     model = Model(cfg, "nnx", params, "bfloat16")

@@ -11,21 +11,25 @@ Five sections, one table, one JSON file (docs/device.md says what each measures)
              process: the peak never resets) beside ``memory_analysis()``, host bytes, and
              whether each offload policy saves device memory against its on-device twin;
   time       median step time per policy (>= 10 timed steps after warm-up), ratio to
-             ``none``, MFU from counted FLOPs and a table of peak FLOP/s per device kind;
+             ``none``, MFU (``zoo.train.throughput``: zoo's one FLOP count over the device's
+             peak, from ``get_tpu_info`` on a TPU or a table by device kind);
   dp         ghost / non-private and jax_privacy.clipped_grad / ghost on mlp-s,
              transformer-s and llama-s (``zoo bench dp``'s code) at GPU batch sizes;
   attention  chunked against dense causal attention at T=8192: temp bytes and time.
 
-A gradient mismatch is the first line of the output and the exit status is 1. A row that
-raises (say a JAX 0.12-only feature on JAX 0.11) is marked skipped with its error in the JSON,
-and the run goes on. ``--small`` runs the same code at tiny sizes in a minute or two on CPU
-(3 timed rounds instead of 10; each gradient variant on one (model, dtype) pair in turn);
-``tests/e2e/test_device_check.py`` runs it that way.
+Progress goes to stderr as it runs, a line per section and per row with the seconds since the
+start (``--quiet``: none): a run takes minutes. A gradient mismatch is the first line of the
+output and the exit status is 1. A row that raises (say a JAX 0.12-only feature on JAX 0.11)
+is marked skipped with its error in the JSON, and the run goes on. ``--small`` runs the same
+code at tiny sizes on a CPU, minutes of compiling (3 timed rounds instead of 10; each gradient
+variant on one (model, dtype) pair in turn); ``tests/e2e/test_device_check.py`` runs it that
+way.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -41,10 +45,13 @@ os.environ.setdefault("COLUMNS", "160")
 # (75%) in this process.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-# device_costs and device_sections sit beside this script: its folder is sys.path[0].
+# device_costs, device_sections and devicekit sit beside this script: its folder is sys.path[0].
 import device_costs  # noqa: E402
 import device_sections  # noqa: E402
+import devicekit  # noqa: E402
 import jax  # noqa: E402
+
+from zoo.train import throughput  # noqa: E402
 
 SECTIONS = ("gradients", "memory", "time", "dp", "attention")
 _WIDE = {"d_model": 512, "num_heads": 8, "d_ff": 2048, "max_len": 1024}
@@ -140,7 +147,7 @@ def run(args, say) -> dict:
         "jax": jax.__version__,
         "small": args.small,
         "sizes": size,
-        "peak_flops_table": device_costs.PEAK_FLOPS,
+        "chip": dataclasses.asdict(chip) if (chip := throughput.chip()) else None,
         "sections": {},
         "seconds": {},
     }
@@ -157,11 +164,15 @@ def run(args, say) -> dict:
         "dp": lambda: device_costs.dp_cost(size["dp"], say) + device_costs.dp_bf16(size["dp"], say),
         "attention": lambda: device_costs.attention(size["attention"], say),
     }
-    for name in SECTIONS:
-        if name in wanted:
-            tic = time.perf_counter()
-            result["sections"][name] = device_sections.guarded({}, lambda name=name: {"rows": steps[name]()})
-            result["seconds"][name] = round(time.perf_counter() - tic, 2)
+    order = [name for name in SECTIONS if name in wanted]
+    for i, name in enumerate(order, 1):
+        if say:
+            say(f"{name}: section {i} of {len(order)}")
+        tic = time.perf_counter()
+        result["sections"][name] = device_sections.guarded({}, lambda name=name: {"rows": steps[name]()})
+        result["seconds"][name] = round(time.perf_counter() - tic, 2)
+        if say:
+            say(f"{name}: {result['seconds'][name]:.0f} s, {result['sections'][name]['status']}")
     return result
 
 
@@ -262,7 +273,8 @@ def parse_args(argv=None):
         default="auto",
         help="memory rows in child processes (auto: where memory_stats() has a peak)",
     )
-    p.add_argument("--progress", action="store_true", help="progress lines on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (one per row)")
+    p.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.add_argument("--variants", help="comma-separated gradient variants to check (default: all)")
     p.add_argument("--policies", help="comma-separated memory/time policies (default: every one)")
     p.add_argument("--depths", help="comma-separated memory depths (default: 12,24); time runs at the first")
@@ -289,7 +301,7 @@ def main(argv=None) -> int:
     if unknown:
         print(f"unknown section(s) {sorted(unknown)}; valid: {', '.join(SECTIONS)}", file=sys.stderr)
         return 2
-    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
+    say = None if args.quiet else devicekit.say
     tic = time.perf_counter()
     result = run(args, say)
     wall = time.perf_counter() - tic

@@ -12,37 +12,7 @@ from device_sections import guarded, memory_row
 import zoo
 from zoo.bench.common import compile_timed, median_ratio, memory_stats, state_stepper, time_in_rounds
 from zoo.models.attention import attention as attend
-
-# Dense peak FLOP/s per device kind (vendor datasheets, without sparsity): leads, not
-# measurements. float32 matmuls on NVIDIA GPUs run as TF32 under JAX's default precision.
-PEAK_FLOPS = {
-    "H200": {"bfloat16": 989e12, "float32": 494e12},
-    "H100": {"bfloat16": 989e12, "float32": 494e12},
-    "A100": {"bfloat16": 312e12, "float32": 156e12},
-    "L4": {"bfloat16": 121e12, "float32": 60e12},
-    "TPU v4": {"bfloat16": 275e12, "float32": 275e12},
-    "TPU v5 lite": {"bfloat16": 197e12, "float32": 197e12},
-    "TPU v5p": {"bfloat16": 459e12, "float32": 459e12},
-    "TPU v6 lite": {"bfloat16": 918e12, "float32": 918e12},
-}
-
-
-def peak_flops(dtype: str = "float32") -> float | None:
-    """The table's peak for ``jax.devices()[0]``, or None for a device it does not know."""
-    kind = jax.devices()[0].device_kind
-    return next((v[dtype] for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
-
-
-def model_flops(cfg, params, batch: int, seq: int) -> float:
-    """Counted FLOPs of one training step (forward and backward, no recomputation): 6 per
-    weight per token for the matrices of the stack and the head, and 12 B T^2 d per layer for
-    q k^T and p v (the causal half not subtracted: dense attention computes it)."""
-    matrices = sum(
-        r.count
-        for r in zoo.param_table(params)
-        if len(r.shape) >= 2 and r.path.startswith(("blocks.", "head."))
-    )
-    return 6.0 * matrices * batch * seq + 12.0 * cfg.num_layers * batch * seq * seq * cfg.d_model
+from zoo.train import throughput
 
 
 def _xla_flops(compiled) -> float | None:
@@ -55,7 +25,8 @@ def step_times(size: dict, keep: dict, say=None) -> list[dict]:
     """Median step time of every policy at ``size["time_depth"]`` layers in every precision
     (steps from the memory section where it ran in this process, else compiled here), all
     timed in the same rounds: its ratio to ``none`` (same precision), a bf16 row's to the same
-    policy in float32, and an MFU estimate from :func:`model_flops` against :data:`PEAK_FLOPS`."""
+    policy in float32, and MFU (``zoo.train.throughput``: zoo's one FLOP count, the device's
+    peak)."""
     depth = size["time_depth"]
     runs, rows = {}, []
     for precision in size["precisions"]:
@@ -86,8 +57,7 @@ def step_times(size: dict, keep: dict, say=None) -> list[dict]:
 
 def _time_row(run: dict, times: dict, policy: str, precision: str, depth: int) -> dict:
     cfg, x = run["cfg"], run["x"]
-    params = zoo.to_canonical(zoo.load_model(cfg))
-    flops = model_flops(cfg, params, x.shape[0], x.shape[1])
+    flops = throughput.step_flops(cfg, x.shape[0], x.shape[1])
     mine = times[f"{policy} {precision}"]
     step_s = statistics.median(mine)
     row = {
@@ -101,7 +71,7 @@ def _time_row(run: dict, times: dict, policy: str, precision: str, depth: int) -
         row["ratio_to_none"] = median_ratio(mine, times[f"none {precision}"])
     if precision != "float32" and f"{policy} float32" in times:
         row["ratio_to_float32"] = median_ratio(mine, times[f"{policy} float32"])
-    peak = peak_flops(precision)
+    peak = throughput.peak_flops(precision)
     row.update(model_flops=flops, achieved_tflops=flops / step_s / 1e12, peak_flops=peak)
     row["mfu"] = flops / step_s / peak if peak else None
     row.update(guarded({}, lambda: {"xla_flops": _xla_flops(run["compiled"])}))

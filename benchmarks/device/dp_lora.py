@@ -8,7 +8,9 @@ noise added once.
     python benchmarks/device/dp_lora.py --small --batch 16 --microbatch 4     # a CPU: tiny, quick
 
 One JSON object: ``zoo bench dp``'s (its rows' ms/step, ratios and compiled temp bytes), with
-tokens/s per row and the chip's ``memory_stats()`` peak after the rows ran.
+tokens/s and MFU per row (``devicekit.step_mfu``: the model's FLOPs, the same count for every
+row, so a DP row's extra work lowers its MFU) and the chip's ``memory_stats()`` peak after the
+rows ran.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
-from fits_table import config, host_params  # noqa: E402
+from devicekit import config, host_params, step_mfu  # noqa: E402
 
 from zoo import recipes  # noqa: E402
 from zoo.bench.dp import bench_dp  # noqa: E402
@@ -74,6 +76,7 @@ def main(argv=None) -> int:
     )
     for row in result["rows"]:
         row["tokens_per_s"] = round(args.batch * seq / (row["step_ms"] / 1e3), 1)
+        row["mfu"] = step_mfu(cfg, args.batch, seq, row["step_ms"] / 1e3, args.precision)
     stats = jax.devices()[0].memory_stats() or {}
     result["peak_bytes_in_use"] = stats.get("peak_bytes_in_use")
     result["device_kind"] = jax.devices()[0].device_kind

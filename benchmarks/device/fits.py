@@ -1,7 +1,7 @@
 """The largest batch that fits: ``zoo train``'s step for a preset at sequence length T, under a
-remat policy and a ``[train] offload`` setting, each batch tried in a process of its own.
+remat policy and an in-program ``[train] placement``, each batch tried in a process of its own.
 
-    .venv/bin/python benchmarks/device/fits.py llama-1b --seq 2048 --remat full --offload optimizer
+    .venv/bin/python benchmarks/device/fits.py llama-1b --seq 2048 --remat full --placement offload-optimizer
     .venv/bin/python benchmarks/device/fits.py llama-1b --small        # CPU, tiny: the kind's small config
 
 Batches double from 1 until a step fails (out of memory, or past ``--max-batch``), then the
@@ -9,15 +9,15 @@ gap is bisected. Each row is one child process (``memory_stats()``'s peak never 
 compiles the step (``zoo.bench.step.compile_step``, real arrays), runs ``--steps`` timed steps
 after one warm-up (the initial params drawn in host memory, so that the device's peak is the
 training state's and the step's), and prints a JSON line: the HBM peak (below), ms/step,
-tokens/s and MFU (``device_costs.model_flops`` over the step time, against the
-``device_costs.PEAK_FLOPS`` row of the device; None for a device the table lacks). The result
-is the row of the largest batch that fits, as one JSON line (and ``--out FILE``).
+tokens/s and MFU (``devicekit.step_mfu``: zoo's one FLOP count over the step time and the
+device's peak; None where the peak is not known). The result is the row of the largest batch
+that fits, as one JSON line (and ``--out FILE``).
 
 HBM peak: ``hbm_peak_bytes`` is the larger of ``peak_bytes`` (``memory_stats()``'s
 ``peak_bytes_in_use``; None on a CPU, which has none) and ``compiled_bytes``, the compiled
-step's device footprint from ``memory_analysis()`` (arguments + outputs - aliased + temp,
-device memory only: an offloaded state's ``pinned_host`` bytes do not count on a chip;
-:func:`zoo.remat.step_bytes`). On the TPU v5e under JAX 0.10.2 ``peak_bytes_in_use`` does not
+step's device footprint from ``memory_analysis()`` (``devicekit.footprint``: the larger of
+XLA's peak and arguments + outputs - aliased + temp, device memory only: an offloaded state's
+``pinned_host`` bytes do not count on a chip). On the TPU v5e under JAX 0.10.2 ``peak_bytes_in_use`` does not
 see a program's temp (1.86 GiB for every remat policy), so neither figure alone is the peak
 (docs/device.md).
 """
@@ -27,23 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the peak is the step's own
 if "--small" in sys.argv[1:] and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     # Tiny runs are all compile time; LLVM's optimisation passes double it on CPU.
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-
-
-def _config(args):
-    import zoo
-    from zoo.models import registry
-
-    cfg = zoo.get_config(args.preset)
-    return registry.get_kind(cfg.kind).small if args.small else cfg
 
 
 def hbm_peak(stats_peak: int | None, compiled: int) -> dict:
@@ -56,21 +46,9 @@ def hbm_peak(stats_peak: int | None, compiled: int) -> dict:
     }
 
 
-def median_step_seconds(stepper, steps: int) -> float:
-    """The median of ``steps`` timed steps of ``stepper`` (``stepper(1)`` runs one and blocks),
-    after one untimed warm-up."""
-    stepper(1)
-    times = []
-    for _ in range(steps):
-        tic = time.perf_counter()
-        stepper(1)
-        times.append(time.perf_counter() - tic)
-    return statistics.median(times)
-
-
 def row(args, batch: int) -> dict:
     """Compile and time ``zoo train``'s step at ``batch`` rows (in this process)."""
-    import device_costs  # beside this script: its folder is sys.path[0]
+    import devicekit  # beside this script: its folder is sys.path[0]
     import jax
 
     import zoo
@@ -79,30 +57,28 @@ def row(args, batch: int) -> dict:
     from zoo.bench.step import compile_step
     from zoo.models import canonical
     from zoo.parallel.placement import host_device
-    from zoo.remat import footprint, step_bytes
 
-    cfg = _config(args)
+    cfg = devicekit.config(args.preset, args.small)
     seq = args.seq if not args.small else cfg.max_len
     x = zoo.example_batch(cfg, batch, seq_len=seq)
     y = zoo.example_labels(cfg, x)
     with jax.default_device(host_device() or jax.devices()[0]):  # on the host: the peak is the step's alone
         params = canonical.init_params(cfg, 0)
-    base = recipes.parse_recipe({"train": {"offload": args.offload}}, "fits")
+    base = recipes.parse_recipe({"train": {"placement": args.placement}}, "fits")
     step = compile_step(cfg, x, y, remat=args.remat, precision=args.precision, params=params, recipe=base)
     run = {"state": step.state, "out": None}
     stepper = step.stepper(run)
-    seconds = median_step_seconds(stepper, args.steps)
+    seconds = devicekit.median_step_seconds(stepper, args.steps)
     device = jax.devices()[0]
     stats = device.memory_stats() or {}
     analysis = memory_stats(step.compiled)
-    compiled = footprint(step_bytes(step.compiled, host_separate=device.platform != "cpu"))
-    peak = device_costs.peak_flops(args.precision)
-    flops = device_costs.model_flops(cfg, params, batch, seq)
+    compiled = devicekit.footprint(step.compiled)
+    mfu = devicekit.step_mfu(cfg, batch, seq, seconds, args.precision)
     return {
         "preset": args.preset if not args.small else f"{args.preset} (small: {cfg.kind} small config)",
         "seq": seq,
         "remat": args.remat,
-        "offload": args.offload,
+        "placement": args.placement,
         "precision": args.precision,
         "batch": batch,
         "fits": True,
@@ -111,7 +87,7 @@ def row(args, batch: int) -> dict:
         "host_temp_bytes": analysis["host_temp_size_in_bytes"],
         "ms_per_step": round(seconds * 1e3, 3),
         "tokens_per_s": round(batch * seq / seconds, 1),
-        "mfu": None if peak is None else round(flops / seconds / peak, 4),
+        "mfu": None if mfu is None else round(mfu, 4),
         "compile_s": round(step.compile_s, 3),
         "loss": float(run["out"]["loss"]),
         "device": jax.devices()[0].device_kind,
@@ -121,14 +97,16 @@ def row(args, batch: int) -> dict:
 def child(args, batch: int) -> dict:
     """One row in a child process; a failed step (out of memory) is ``fits: False``."""
     argv = [sys.executable, os.path.abspath(__file__), args.preset, "--row", str(batch)]
-    argv += ["--seq", str(args.seq), "--remat", args.remat, "--offload", args.offload]
+    argv += ["--seq", str(args.seq), "--remat", args.remat, "--placement", args.placement]
     argv += ["--precision", args.precision, "--steps", str(args.steps), *(["--small"] if args.small else [])]
     done = subprocess.run(argv, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode == 0 and lines:
         return json.loads(lines[-1])
+    from devicekit import out_of_memory  # imports JAX, but this process never starts a backend
+
     tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-    memory = any(word in done.stderr for word in ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory"))
+    memory = out_of_memory(done.stderr)
     return {"batch": batch, "fits": False, "out_of_memory": memory, "error": tail[:300]}
 
 
@@ -157,13 +135,13 @@ def search(args) -> tuple[dict | None, list[dict]]:
 
 
 def main(argv=None) -> int:
-    from zoo.configs import OFFLOADS
+    from zoo.configs import STATE_PLACEMENTS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("preset", help="a model preset, e.g. llama-1b")
     p.add_argument("--seq", type=int, default=2048, help="tokens per row (T)")
     p.add_argument("--remat", default="full", help="remat policy (zoo remat-policies)")
-    p.add_argument("--offload", default="none", choices=OFFLOADS)
+    p.add_argument("--placement", default="device", choices=STATE_PLACEMENTS[:-1])  # one program each
     p.add_argument("--precision", default="bfloat16", choices=("float32", "bfloat16"))
     p.add_argument("--steps", type=int, default=5, help="timed steps per row (after one warm-up)")
     p.add_argument("--max-batch", type=int, default=256)

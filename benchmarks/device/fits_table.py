@@ -44,15 +44,14 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from fits import median_step_seconds  # noqa: E402  (beside this script: sys.path[0])
+from devicekit import config, footprint, host_params, median_step_seconds, out_of_memory, say, step_mfu  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo import recipes  # noqa: E402
 from zoo.bench.common import state_stepper  # noqa: E402
 from zoo.bench.step import bench_start, compile_step  # noqa: E402
-from zoo.models import canonical, registry  # noqa: E402
-from zoo.parallel.placement import host_device, placement_named  # noqa: E402
-from zoo.remat import step_bytes  # noqa: E402
+from zoo.models import canonical  # noqa: E402
+from zoo.parallel.offload import host_fields  # noqa: E402
 from zoo.train import stages  # noqa: E402
 
 MODES = {
@@ -60,8 +59,6 @@ MODES = {
     "lora": {"lora": {"rank": 16, "alpha": 32.0, "targets": ["attn.q", "attn.v", "mlp.*"]}},
     "frozen": None,  # built per config: the token table and the first 3/4 of the layers
 }
-PEAK_BF16 = {"TPU v5 lite": 197e12, "TPU v5p": 459e12, "TPU v4": 275e12, "TPU v6 lite": 918e12}
-OOM_WORDS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "exceeds")
 
 
 def parse_row(text: str) -> dict:
@@ -78,11 +75,6 @@ def parse_row(text: str) -> dict:
     }
 
 
-def config(preset: str, small: bool):
-    cfg = zoo.get_config(preset)
-    return registry.get_kind(cfg.kind).small if small else cfg
-
-
 def recipe_for(cfg, row: dict, precision: str, batch_size: int = 64, microbatch_size: int | None = None):
     extra = MODES[row["mode"]]
     if extra is None:
@@ -97,27 +89,6 @@ def recipe_for(cfg, row: dict, precision: str, batch_size: int = 64, microbatch_
     if microbatch_size is not None:
         train["microbatch_size"] = microbatch_size
     return recipes.parse_recipe({"train": train, **extra}, "fits")
-
-
-def flops_per_step(cfg, params, batch: int, seq: int) -> float:
-    """6 FLOPs per matrix weight per token (the token table counts when it is the tied head),
-    plus 12 L B T^2 (heads x head width) for q k^T and p v."""
-    paths = {r.path: r for r in zoo.param_table(params)}
-    tied = not any(p.startswith("head.") for p in paths)
-    matrices = sum(
-        r.count for p, r in paths.items() if len(r.shape) >= 2 and (tied or not p.startswith("embed."))
-    )
-    width = cfg.num_heads * (getattr(cfg, "head_dim", 0) or cfg.d_model // cfg.num_heads)
-    return 6.0 * matrices * batch * seq + 12.0 * cfg.num_layers * batch * seq * seq * width
-
-
-def footprint(compiled) -> int:
-    """Device bytes of a compiled step: the larger of XLA's peak (where reported) and arguments +
-    outputs - aliased + temp in device memory (``zoo.remat.step_bytes``: an offloaded state's
-    host-memory arguments are not the chip's)."""
-    peak = int(getattr(compiled.memory_analysis(), "peak_memory_in_bytes", 0) or 0)
-    m = step_bytes(compiled, host_separate=jax.devices()[0].platform != "cpu")
-    return max(peak, m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"])
 
 
 def compile_for(cfg, recipe, params, batch: int, seq: int):
@@ -140,28 +111,6 @@ def resident_bytes(cfg, recipe, params_shapes) -> int:
     away = placement_named(recipe.train.placement).host_fields
     kept = [frozen] + [getattr(state, f.name) for f in dataclasses.fields(state) if f.name not in away]
     return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(kept))
-
-
-def host_params(cfg) -> dict:
-    """Params of ``cfg`` in host memory, drawn leaf by leaf on the device (scaled normals for the
-    matrices, ones for norm scales, zeros for the rest) and copied out: ``canonical.init_params``
-    on the host's CPU takes minutes at 3B. A benchmark's weights need a shape and a scale, not
-    the preset's own initialisation."""
-    shapes = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
-    host = host_device() or jax.devices()[0]
-
-    def fill(path, leaf, index):
-        name = jax.tree_util.keystr(path)
-        if len(leaf.shape) >= 2:
-            make = jax.jit(lambda k: 0.02 * jax.random.normal(k, leaf.shape, leaf.dtype))
-            return jax.device_put(make(jax.random.key(index)), host)
-        value = jnp.ones if "scale" in name else jnp.zeros
-        with jax.default_device(host):
-            return value(leaf.shape, leaf.dtype)
-
-    leaves = jax.tree_util.tree_leaves_with_path(shapes)
-    filled = [fill(path, leaf, i) for i, (path, leaf) in enumerate(leaves)]
-    return jax.tree.unflatten(jax.tree.structure(shapes), filled)
 
 
 def largest(fits, most: int) -> int:
@@ -206,7 +155,7 @@ def measure_row(row: dict, args, limit: int) -> dict:
             step = compiled_at(b)
             compiled, compile_s = step.compiled, step.compile_s
         except Exception as e:  # noqa: BLE001 - a compile-time out-of-memory is a result
-            if not any(w in str(e) for w in OOM_WORDS):
+            if not out_of_memory(e):
                 raise
             sizes[b] = None
             return False
@@ -228,7 +177,7 @@ def measure_row(row: dict, args, limit: int) -> dict:
                 found["accumulated"] = accumulated(cfg, row, args, batch, params, seq, limit)
             return {**out, **found}
         except Exception as e:  # noqa: BLE001
-            if not any(w in str(e) for w in OOM_WORDS):
+            if not out_of_memory(e):
                 raise
             out.setdefault("stepped_down", []).append(batch)
             batch -= 1
@@ -265,8 +214,7 @@ def run_at(compiled_at, batch: int, params, cfg, seq: int, args, limit: int) -> 
     seconds = median_step_seconds(stepper, args.steps)
     stats = jax.devices()[0].memory_stats() or {}
     kind = jax.devices()[0].device_kind
-    chip = next((v for k, v in PEAK_BF16.items() if k.lower() in kind.lower()), None)
-    flops = flops_per_step(cfg, params, batch, seq)
+    mfu = step_mfu(cfg, batch, seq, seconds, args.precision)
     peak_in_use = stats.get("peak_bytes_in_use")
     return {
         "fits": True,
@@ -276,7 +224,7 @@ def run_at(compiled_at, batch: int, params, cfg, seq: int, args, limit: int) -> 
         "hbm_peak_gib": round(max(fp, peak_in_use or 0) / 2**30, 3),
         "ms_per_step": round(seconds * 1e3, 2),
         "tokens_per_s": round(batch * seq / seconds, 1),
-        "mfu": None if chip is None else round(flops / seconds / chip, 4),
+        "mfu": None if mfu is None else round(mfu, 4),
         "compile_s": round(compile_s, 2),
         "loss": float(run["out"]["loss"]),
         "device": kind,
@@ -314,13 +262,6 @@ def plot(rows: list[dict], path: str) -> None:
     fig.suptitle(f"What fits on one {device} at T {seq}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-
-
-T0 = time.time()
-
-
-def say(text: str) -> None:
-    print(f"[{time.time() - T0:7.1f} s] {text}", file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:

@@ -6,18 +6,22 @@ over a logical batch of ``MICRO x ACCUM`` rows (``train.microbatch_size``).
     python benchmarks/device/host_update.py --preset llama-1b --seq 2048 --rows full:4:16,full:4:32
     python benchmarks/device/host_update.py --small --rows full:2:2 --compare   # a CPU: tiny, quick
 
-A row is ``REMAT:MICRO:ACCUM``. For each: the device program (the gradient) is compiled from the
-real arrays and its device footprint read (``memory_analysis()``, as ``fits_table.py`` does); a
-row over the chip's ``bytes_limit`` is reported and skipped. Then one warm-up step, ``--steps``
-timed steps (the median), and one step timed phase by phase (params up, gradient, gradient down,
-host update; each blocked, so they do not overlap as in the timed steps). MFU counts
-``fits_table.flops_per_step`` over the median step against the chip's bf16 peak.
+A row is ``REMAT:MICRO:ACCUM`` (a remat policy, rows per microbatch, microbatches a step); a
+malformed one is refused in one line before anything runs (:func:`parse_row`). For each: the
+device program (the gradient) is compiled from the real arrays and its device footprint read
+(``devicekit.footprint``, as ``fits_table.py`` reads it); a row over the chip's
+``bytes_limit`` is reported and skipped. Then one warm-up step,
+``--steps`` timed steps (the median), and one step timed phase by phase (params up, gradient,
+gradient down, host update; each blocked, so they do not overlap as in the timed steps). MFU:
+``devicekit.step_mfu`` (zoo's one FLOP count) over the median step against the chip's peak.
 
 ``--compare``: the same steps with the update on the device (``offload = none``), from the same
 params, where that fits (``--compare-preset``, default the row's own at ``--small``): the
 largest relative difference of the params and the losses after ``--steps`` + 1 steps.
 
-One JSON line per row on stdout; ``--json FILE`` writes them all.
+One JSON line per row on stdout; ``--json FILE`` writes them all. A row that runs out of memory
+is ``"fits": false``; one that fails otherwise is ``"fits": null`` with its error, and the run's
+exit status is 1 (:func:`row_result`): a failure never reads as a measurement.
 """
 
 from __future__ import annotations
@@ -33,12 +37,28 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from fits_table import PEAK_BF16, config, flops_per_step, footprint, host_params, say  # noqa: E402
+from devicekit import config, footprint, host_params, out_of_memory, say, step_mfu  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo import recipes  # noqa: E402
 from zoo.bench.step import bench_start  # noqa: E402
+from zoo.remat import policy_names  # noqa: E402
 from zoo.train import stages  # noqa: E402
+
+ROW_FORM = "REMAT:MICRO:ACCUM"
+
+
+def parse_row(row: str) -> tuple[str, int, int]:
+    """``(remat, micro, accum)`` of one ``--rows`` item; SystemExit with one line naming a
+    malformed one, the form and what is valid (a remat policy; whole numbers >= 1)."""
+    remat, *sizes = row.split(":")
+    if remat in policy_names() and len(sizes) == 2 and all(s.isdigit() and int(s) > 0 for s in sizes):
+        return remat, int(sizes[0]), int(sizes[1])
+    raise SystemExit(
+        f"host_update: bad row {row!r}: the form is {ROW_FORM} (e.g. full:4:16): REMAT one of "
+        f"{', '.join(policy_names())}; MICRO (rows per microbatch) and ACCUM (microbatches a step) "
+        "whole numbers >= 1"
+    )
 
 
 def recipe_for(remat: str, micro: int, accum: int, precision: str, update_on: str = "host"):
@@ -79,17 +99,17 @@ def phases(step, state, frozen, batch) -> tuple[dict, object]:
     return out, new
 
 
-def measure(cfg, params, row: str, args, limit: int) -> dict:
-    remat, micro, accum = row.split(":")
-    recipe = recipe_for(remat, int(micro), int(accum), args.precision)
+def measure(cfg, params, row: tuple[str, int, int], args, limit: int) -> dict:
+    remat, micro, accum = row
+    recipe = recipe_for(remat, micro, accum, args.precision)
     engine, state, frozen, batch = build(cfg, recipe, params, args.seq)
     step = engine.train_step
     rows = recipe.train.batch_size
     out = {
-        "row": row,
+        "row": ":".join(map(str, row)),
         "remat": remat,
-        "micro": int(micro),
-        "accum": int(accum),
+        "micro": micro,
+        "accum": accum,
         "rows": rows,
         "seq": args.seq,
     }
@@ -105,20 +125,18 @@ def measure(cfg, params, row: str, args, limit: int) -> dict:
         state, metrics = step(state, frozen, batch)
         jax.block_until_ready(state)
         times.append(time.perf_counter() - t0)
-        say(f"{row}: step {i} {times[-1]:.2f} s, loss {float(metrics['loss']):.4f}")
+        say(f"{out['row']}: step {i} {times[-1]:.2f} s, loss {float(metrics['loss']):.4f}")
     out["phases_ms"], state = phases(step, state, frozen, batch)
     seconds = statistics.median(times[1:])
     kind = jax.devices()[0].device_kind
-    chip = next((v for k, v in PEAK_BF16.items() if k.lower() in kind.lower()), None)
+    mfu = step_mfu(cfg, rows, args.seq, seconds, args.precision)
     stats = jax.devices()[0].memory_stats() or {}
     return {
         **out,
         "fits": True,
         "ms_per_step": round(seconds * 1e3, 1),
         "tokens_per_s": round(rows * args.seq / seconds, 1),
-        "mfu": None
-        if chip is None
-        else round(flops_per_step(cfg, params, rows, args.seq) / seconds / chip, 4),
+        "mfu": None if mfu is None else round(mfu, 4),
         "peak_bytes_in_use_gib": round(stats.get("peak_bytes_in_use", 0) / 2**30, 3),
         "loss": float(metrics["loss"]),
         "device": kind,
@@ -162,11 +180,21 @@ def compare(args) -> dict:
     }
 
 
+def row_result(cfg, params, row: tuple[str, int, int], args, limit: int) -> dict:
+    """:func:`measure`'s row; one that runs out of memory (at compile or run time) is
+    ``fits: false``, one that fails otherwise ``fits: null`` with its error."""
+    try:
+        return measure(cfg, params, row, args, limit)
+    except Exception as e:  # noqa: BLE001 - one row's failure is its result, the rest still run
+        error = f"{type(e).__name__}: {str(e)[:400]}"
+        return {"row": ":".join(map(str, row)), "fits": False if out_of_memory(e) else None, "error": error}
+
+
 def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="llama-1b")
     parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--rows", default="full:4:16", help="comma-separated REMAT:MICRO:ACCUM")
+    parser.add_argument("--rows", default="full:4:16", help=f"comma-separated {ROW_FORM}")
     parser.add_argument("--precision", default="bfloat16")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--small", action="store_true", help="the kind's small config (a CPU)")
@@ -175,7 +203,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--compare-seq", type=int, default=1024)
     parser.add_argument("--compare-micro", type=int, default=4)
     parser.add_argument("--json", default=None)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.rows = [parse_row(row) for row in args.rows.split(",")]  # before anything runs
+    return args
 
 
 def main(argv=None) -> int:
@@ -188,11 +218,8 @@ def main(argv=None) -> int:
     results = []
     say(f"{args.preset}: drawing params on the device, copying them to the host")
     params = host_params(cfg)
-    for row in args.rows.split(","):
-        try:
-            results.append(measure(cfg, params, row, args, limit))
-        except Exception as e:  # noqa: BLE001 - one row's failure is its result
-            results.append({"row": row, "fits": False, "error": f"{type(e).__name__}: {str(e)[:400]}"})
+    for row in args.rows:
+        results.append(row_result(cfg, params, row, args, limit))
         print(json.dumps(results[-1]), flush=True)
     del params
     if args.compare:
@@ -201,7 +228,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-    return 0
+    return 1 if any(r.get("fits", False) is None for r in results) else 0
 
 
 if __name__ == "__main__":

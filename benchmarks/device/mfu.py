@@ -13,10 +13,11 @@ lines of JAX handed the same optax optimizer; ATTENTION ``xla`` or ``splash``, P
 the rows of one program family share one state (each step donates it to the next), so the
 chip holds two copies of the weights and optimizer state, not one per row.
 
-Figures: the median ms/step over rounds, tokens/s, MFU (model FLOPs per step / time / the
-chip's peak: 6 per matrix weight per token, the tied head included, plus 12 L B T^2 d for the
-attention scores and values, as ``device_costs.py`` counts; the causal half is not subtracted),
-XLA's compiled temp bytes, and the row's tokens/s over the plain splash step's at its batch.
+Figures: the median ms/step over rounds, tokens/s, MFU (``devicekit.step_mfu``: zoo's one
+FLOP count, ``zoo.train.throughput.step_flops``: 6 per matrix weight per token, the tied head
+once, plus 12 L B T^2 d for the attention scores and values, the causal half not subtracted;
+over the time and the chip's peak), XLA's compiled temp bytes, and the row's tokens/s over the
+plain splash step's at its batch.
 ``--profile ROWS`` adds ``jax.profiler``'s per-operation time of those rows, added up by part
 (``op_profile.py``), and ``--top N`` their N slowest operations.
 """
@@ -27,22 +28,19 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import op_profile  # beside this script: its folder is sys.path[0]
+import plain_step
+from devicekit import footprint, step_mfu
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import op_profile  # noqa: E402
-import plain_step  # noqa: E402
-from device_costs import PEAK_FLOPS  # noqa: E402
-
-from zoo.bench.common import memory_stats, time_in_rounds  # noqa: E402
-from zoo.bench.step import compile_step, step_recipe  # noqa: E402
-from zoo.models import canonical, splash  # noqa: E402
-from zoo.models.registry import get_config  # noqa: E402
+from zoo.bench.common import memory_stats, time_in_rounds
+from zoo.bench.step import compile_step, step_recipe
+from zoo.models import canonical, splash
+from zoo.models.registry import get_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,31 +63,15 @@ def parse_rows(family: str, text: str, batches: list[int]) -> list[Row]:
     return rows
 
 
-def flops_per_step(cfg, batch: int, seq: int) -> float:
-    d, layers = cfg.d_model, cfg.num_layers
-    matrices = layers * (4 * d * d + 2 * d * cfg.d_ff) + d * cfg.vocab_size
-    return 6.0 * matrices * batch * seq + 12.0 * layers * batch * seq * seq * d
-
-
-def footprint_bytes(compiled) -> int:
-    """Arguments + outputs - aliased + temp bytes of a compiled step (``memory_analysis()``)."""
-    m = memory_stats(compiled)
-    return (
-        m["argument_size_in_bytes"]
-        + m["output_size_in_bytes"]
-        - m["alias_size_in_bytes"]
-        + m["temp_size_in_bytes"]
-    )
-
-
-def peak(dtype: str) -> float | None:
-    kind = jax.devices()[0].device_kind
-    return next((v[dtype] for k, v in PEAK_FLOPS.items() if k.lower() in kind.lower()), None)
-
-
 def batch_of(cfg, batch: int, seq: int, seed: int = 0):
     x = jax.random.randint(jax.random.key(seed), (batch, seq), 0, cfg.vocab_size, jnp.int32)
     return x, jnp.roll(x, -1, axis=1)
+
+
+def splash_fields(block: int, fused: bool) -> dict:
+    """zoo's model settings for splash with every block ``block`` tokens and the ``fused``
+    backward or not (``model.splash_*``: the plain step takes the same two)."""
+    return {**{f"splash_{name}": block for name in splash.FIELDS}, "splash_fused_backward": fused}
 
 
 def zoo_rows(cfg, rows: list[Row], seq: int, precision: str) -> dict:
@@ -115,12 +97,12 @@ def zoo_rows(cfg, rows: list[Row], seq: int, precision: str) -> dict:
     return built
 
 
-def plain_rows(cfg, rows: list[Row], seq: int, precision: str, block: int) -> dict:
+def plain_rows(cfg, rows: list[Row], seq: int, precision: str, block: int, fused: bool) -> dict:
     optimizer = step_recipe_optimizer()
     built, states = {}, {}
     for row in rows:
         step = plain_step.make_step(
-            optimizer, cfg.num_heads, row.attention, row.policy, block, jnp.dtype(precision)
+            optimizer, cfg.num_heads, row.attention, row.policy, block, jnp.dtype(precision), fused
         )
         x, y = batch_of(cfg, row.batch, seq)
         if row.batch not in states:
@@ -160,15 +142,12 @@ def measure(args) -> dict:
     overrides = {"vocab_size": args.vocab} if args.vocab else {}
     if args.vocab_multiple > 1:  # zoo's rows only: the model option (the plain step keeps its vocabulary)
         overrides["vocab_multiple"] = args.vocab_multiple
-    cfg = get_config(args.preset, **overrides)
+    cfg = get_config(args.preset, **overrides, **splash_fields(args.block, args.fused))
     seq = args.seq or cfg.max_len
-    splash.BLOCK = args.block
-    splash.FUSED_BACKWARD = plain_step.FUSED = args.fused
     zoo_list = parse_rows("zoo", args.zoo, args.batch)
     plain_list = parse_rows("plain", args.plain, args.batch)
-    built = {**plain_rows(cfg, plain_list, seq, args.precision, args.block)}
+    built = {**plain_rows(cfg, plain_list, seq, args.precision, args.block, args.fused)}
     built.update(zoo_rows(cfg, zoo_list, seq, args.precision))
-    chip_peak = peak(args.precision)
     result = {
         "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,
@@ -185,17 +164,16 @@ def measure(args) -> dict:
         times = time_in_rounds({row.name: v[0] for row, v in group.items()}, args.rounds, args.steps)
         for row, (_, compiled, compile_s) in group.items():
             ms = statistics.median(times[row.name]) * 1e3
-            flops = flops_per_step(cfg, b, seq)
             result["rows"].append(
                 {
                     "row": row.name,
                     "ms": ms,
                     "tokens_per_s": b * seq / ms * 1e3,
-                    "mfu": flops / (ms / 1e3) / chip_peak if chip_peak else None,
+                    "mfu": step_mfu(cfg, b, seq, ms / 1e3, args.precision),
                     "temp_mib": memory_stats(compiled)["temp_size_in_bytes"] / 2**20,
                     # The step's device footprint: what the HBM must hold for it (the process
                     # peak below leaves the compiled temp out on a TPU v5e with JAX 0.10.2).
-                    "footprint_mib": footprint_bytes(compiled) / 2**20,
+                    "footprint_mib": footprint(compiled) / 2**20,
                     "compile_s": compile_s,
                 }
             )
@@ -254,7 +232,9 @@ def parse_args(argv=None):
     parser.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--vocab", type=int, default=0, help="override the vocabulary (e.g. 50304)")
     parser.add_argument("--vocab-multiple", type=int, default=1, help="zoo's model.vocab_multiple (e.g. 128)")
-    parser.add_argument("--block", type=int, default=splash.BLOCK, help="splash block size (both steps)")
+    parser.add_argument(
+        "--block", type=int, default=splash.SplashBlocks().block_q, help="splash block size (both steps)"
+    )
     parser.add_argument("--fused", action="store_true", help="splash's fused backward kernel (both steps)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")

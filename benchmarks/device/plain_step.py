@@ -59,24 +59,23 @@ def _xla_attention(q, k, v):
     return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, -1).astype(v.dtype), v)
 
 
-FUSED = False  # splash's one backward kernel for dq, dk and dv
-
-
-def _splash_kernel(seq: int, heads: int, block: int, interpret: bool):
+def _splash_kernel(seq: int, heads: int, block: int, fused: bool, interpret: bool):
+    """``fused``: splash's one backward kernel for dq, dk and dv."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
     sizes = sk.BlockSizes(
         block_q=block, block_kv=block, block_kv_compute=block,
         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-        **({"use_fused_bwd_kernel": True} if FUSED else {"block_q_dq": block, "block_kv_dq": block}),
+        **({"use_fused_bwd_kernel": True} if fused else {"block_q_dq": block, "block_kv_dq": block}),
     )  # fmt: skip
     mask = sm.MultiHeadMask([sm.CausalMask((seq, seq))] * heads)
     return sk.make_splash_mha_single_device(mask, block_sizes=sizes, interpret=interpret)
 
 
-def _splash_attention(q, k, v, block: int):
-    kernel = _splash_kernel(q.shape[2], q.shape[1], min(block, q.shape[2]), jax.default_backend() != "tpu")
+def _splash_attention(q, k, v, block: int, fused: bool):
+    interpret = jax.default_backend() != "tpu"
+    kernel = _splash_kernel(q.shape[2], q.shape[1], min(block, q.shape[2]), fused, interpret)
     return jax.vmap(kernel)(q / math.sqrt(q.shape[-1]), k, v)
 
 
@@ -87,7 +86,7 @@ POLICIES = {
 }
 
 
-def logits_fn(params, x, heads: int, attention: str, remat: str, block: int, dtype):
+def logits_fn(params, x, heads: int, attention: str, remat: str, block: int, dtype, fused: bool = False):
     """Logits [B, T, V] (``dtype``) of token ids x [B, T]."""
     p = jax.tree.map(lambda a: a.astype(dtype), params)
     batch, seq = x.shape
@@ -101,7 +100,7 @@ def logits_fn(params, x, heads: int, attention: str, remat: str, block: int, dty
         a = _ln(h, w["ln1_g"], w["ln1_b"])
         q, k, v = jnp.split(a @ w["qkv_w"] + w["qkv_b"], 3, axis=-1)
         q, k, v = split(q), split(k), split(v)
-        ctx = _xla_attention(q, k, v) if attention == "xla" else _splash_attention(q, k, v, block)
+        ctx = _xla_attention(q, k, v) if attention == "xla" else _splash_attention(q, k, v, block, fused)
         h = h + ctx.transpose(0, 2, 1, 3).reshape(batch, seq, d) @ w["o_w"] + w["o_b"]
         m = _ln(h, w["ln2_g"], w["ln2_b"])
         return h + jax.nn.gelu(m @ w["up_w"] + w["up_b"]) @ w["down_w"] + w["down_b"], None
@@ -112,11 +111,19 @@ def logits_fn(params, x, heads: int, attention: str, remat: str, block: int, dty
     return _ln(h, p["lnf_g"], p["lnf_b"]) @ p["wte"].T
 
 
-def make_step(optimizer, heads: int, attention: str, remat: str, block: int = 512, dtype=jnp.bfloat16):
+def make_step(
+    optimizer,
+    heads: int,
+    attention: str,
+    remat: str,
+    block: int = 512,
+    dtype=jnp.bfloat16,
+    fused: bool = False,
+):
     """A jitted ``(params, opt_state, x, y) -> (params, opt_state, loss)``, donating the state."""
 
     def loss_fn(params, x, y):
-        logits = logits_fn(params, x, heads, attention, remat, block, dtype)
+        logits = logits_fn(params, x, heads, attention, remat, block, dtype, fused)
         return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y).mean()
 
     def step(params, opt_state, x, y):

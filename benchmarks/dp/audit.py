@@ -1,4 +1,4 @@
-"""Soundness and power of ``zoo audit`` on a recipe (docs/dp.md, "Auditing").
+"""Soundness and power of ``zoo audit`` on a recipe (docs/dp-audit.md).
 
 Run from the repository root with the project venv::
 

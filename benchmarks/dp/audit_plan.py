@@ -1,5 +1,5 @@
-"""The sampler settings of ``zoo train`` and ``zoo audit`` on a mesh, side by side (docs/dp.md,
-"Auditing"): what the audit certifies is the pipeline training runs.
+"""The sampler settings of ``zoo train`` and ``zoo audit`` on a mesh, side by side (docs/dp-audit.md):
+what the audit certifies is the pipeline training runs.
 
 Builds both with the public API (``zoo.train.run.build_run``, ``zoo.audit.run.plan_audit``) for
 a DP recipe on ``--mesh`` (default ``data=2``, on as many simulated CPU devices) and prints the

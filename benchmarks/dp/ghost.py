@@ -182,12 +182,12 @@ def stages(cfg, b):
 
     def probe(params, opt_state, x, y, key):
         gp = ghost.prepare(cfg, x)
-        return _total(ghost.probe_pass(gp, params, x, y))
+        losses, _, kept = ghost.tap_pass(gp, params, x, y, sums=True)
+        return _total((losses, kept.out))
 
     def norms(params, opt_state, x, y, key):
         gp = ghost.prepare(cfg, x)
-        _, caps, deltas = ghost.probe_pass(gp, params, x, y)
-        sq, _ = ghost.squared_norms(gp, caps, deltas, b)
+        _, sq, _ = ghost.tap_pass(gp, params, x, y, sums=True)
         return _total(ghost.clip_factors(sq, keep, CLIP))
 
     def weighted(params, opt_state, x, y, key):
@@ -203,7 +203,7 @@ def stages(cfg, b):
 
     return {
         "forward": forward,
-        "+ probe backward": probe,
+        "+ backward (norms taken, pieces kept)": probe,
         "+ norms and factors": norms,
         "+ book-kept sum": lambda *a: _total(weighted(*a)),
         "+ noise": lambda *a: _total(noised(*a)),

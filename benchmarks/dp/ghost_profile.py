@@ -14,11 +14,10 @@ the wall clock: on a machine shared with other jobs it moves much less from roun
 * ``non-private step`` and ``ghost step``: the engine's train steps (``zoo bench dp``'s rows):
   gradient, (clipping, noise,) SGD with momentum.
 * The book-keeping ghost step cut into prefixes, each reduced to one scalar so that all of its
-  work is done: ``forward`` (the model alone), ``+ hooks`` (the forward under ghost clipping's
-  probe hooks: the probes added and each op's input kept), ``+ activation backward``
-  (``probe_pass``), ``+ norms`` (``squared_norms`` and the clip factors), ``+ clipped sum``
-  (``book_kept_sum``), ``+ noise`` (``privatize``). The step minus the last prefix is the
-  update. Differences of medians are the parts' costs (noisy when small). Beside them, the
+  work is done: ``forward`` (the model alone), ``+ backward with norms`` (``tap_pass``: one
+  activation backward whose taps take every op's norms; nothing kept), ``+ kept pieces`` (the
+  same pass handing out what the clipped sum needs), ``+ clip factors``, ``+ clipped sum``
+  (``kept_sum``), ``+ noise`` (``privatize``). The step minus the last prefix is the update. Differences of medians are the parts' costs (noisy when small). Beside them, the
   other method's clipped sum and noise (``method="backward"``: norm taps in one backward pass,
   then a second forward and backward of the weighted loss).
 * Per site, each alone on inputs computed beforehand: ``norm SITE`` (the rule built from the
@@ -83,19 +82,21 @@ def prefixes(cfg, shape):
     def forward(p, x, y, mask, key):
         return _total(per_example_loss(ghost.ghost_forward(cfg, p, x)[0], y))
 
-    def hooked(p, x, y, mask, key):
-        probes = {s.key: jnp.zeros(((cfg.num_layers,) if s.stacked else ()) + s.shape) for s in gp.active}
-        logits, caps = ghost.ghost_forward(cfg, p, x, probes)
-        return _total((per_example_loss(logits, y), caps))
-
     def norms(p, x, y, mask, key):
-        _, caps, deltas = ghost.probe_pass(gp, p, x, y)
-        sq, rules = ghost.squared_norms(gp, caps, deltas, x.shape[0])
-        return ghost.clip_factors(sq, mask > 0, CLIP), rules
+        losses, sq, _ = ghost.tap_pass(gp, p, x, y)
+        return _total((losses, sq))
+
+    def kept(p, x, y, mask, key, total=True):
+        losses, sq, pieces = ghost.tap_pass(gp, p, x, y, sums=True)
+        factors = ghost.clip_factors(sq, mask > 0, CLIP)
+        return _total((losses, pieces.out)) if total else (factors, pieces)
+
+    def factored(p, x, y, mask, key):
+        return _total(kept(p, x, y, mask, key, total=False)[0])
 
     def clipped(p, x, y, mask, key):
-        (_, weights, use), rules = norms(p, x, y, mask, key)
-        return ghost.book_kept_sum(gp, p, rules, weights, use)
+        (_, weights, use), pieces = kept(p, x, y, mask, key, total=False)
+        return ghost.kept_sum(gp, p, pieces, weights, use)
 
     def noised(p, x, y, mask, key):
         return privatize(
@@ -119,9 +120,9 @@ def prefixes(cfg, shape):
     return {
         "second backward instead (taps, then a weighted backward; + noise)": second_backward,
         "forward": forward,
-        "+ hooks": hooked,
-        "+ activation backward": lambda p, x, y, *_: _total(ghost.probe_pass(gp, p, x, y)),
-        "+ norms": lambda *a: _total(norms(*a)[0]),
+        "+ backward with norms": norms,
+        "+ kept pieces": kept,
+        "+ clip factors": factored,
         "+ clipped sum": lambda *a: _total(clipped(*a)),
         "+ noise": lambda *a: _total(noised(*a)),
     }
@@ -138,7 +139,7 @@ def site_parts(cfg, params, x, y):
     parts = {}
     for site in gp.active:
         if site.stacked:
-            continue  # the stack's sites are vmapped over layers inside the norms stage
+            continue  # the stack's sites take their norms in the scan's backward
 
         def norm(a, d, s=site):
             return _total(RULES[s.kind](a, d, s.leaves, s.rows).sq())

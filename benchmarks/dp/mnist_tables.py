@@ -51,7 +51,7 @@ ROWS = [
     ("fashion-mnist-cnn-dp", 3.0, None, None, None),
     ("mnist-cnn", None, "Opacus", 98.94, 99.0),
 ]
-# Per-row settings the sweep on mnist-val chose over the recipe's (docs/dp.md); a row counts
+# Per-row settings the sweep on mnist-val chose over the recipe's (docs/dp-recipes.md); a row counts
 # only the runs made with them.
 ROW_SETS = {
     "mnist-mlp-dp-pixels@8": ("train.steps=4000",),

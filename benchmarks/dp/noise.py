@@ -1,4 +1,4 @@
-"""What the DP noise costs per sampler (docs/dp.md, "The noise sampler").
+"""What the DP noise costs per sampler (docs/dp-mechanisms.md, "The noise sampler").
 
 Times :func:`zoo.dp.add_gaussian_noise` (jitted, per-leaf draws in the engine's order) on the
 trainable parameters of a few presets, for every sampler in ``zoo.dp.noise.NOISE_PRNGS``. The
@@ -8,7 +8,11 @@ tree through ``x + 0``, shows the fixed cost of one call. The ``philox4x32 parti
 draws the same numbers through the twin in ``zoo/dp/philox.py``, which a program on a device
 mesh uses (JAX's own lowering, ``lax.mulhi``, does not partition).
 
+``--normals N`` times instead one flat draw of N float32 normals per sampler (``chip_normals``:
+GPT-2 124M's count by default), the figure ``zoo.dp.noise.FASTEST`` is set from on a chip:
+
     .venv/bin/python benchmarks/dp/noise.py [--rounds 30] [--calls 20]
+    python benchmarks/dp/noise.py --normals 124000000      # on the chip: median ms per sampler
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import statistics
 import jax
 
 from zoo.bench.common import call_stepper, median_ratio, time_in_rounds
-from zoo.dp.noise import NOISE_PRNGS, add_gaussian_noise
+from zoo.dp.noise import NOISE_PRNGS, add_gaussian_noise, noise_key, resolve_noise_prng
 from zoo.models import canonical
 from zoo.models.registry import get_config
 
@@ -68,12 +72,44 @@ def time_preset(preset: str, rounds: int, calls: int) -> dict:
     }
 
 
+GPT2_124M = 124_439_808  # gpt2-124m's parameters: the normals a DP step of it draws
+
+
+def chip_normals(count: int = GPT2_124M, rounds: int = 10, calls: int = 5) -> dict:
+    """``{sampler: median ms}`` of one jitted draw of ``count`` float32 normals, from the noise
+    key of one step (:func:`zoo.dp.noise.noise_key`), for every sampler in interleaved rounds;
+    with the platform's ``auto`` choice. What the noise of a step costs at its fewest leaves."""
+    key = jax.random.key(0)
+    draws = {
+        name: jax.jit(lambda k, name=name: jax.random.normal(noise_key(k, name), (count,), jax.numpy.float32))
+        for name in NOISE_PRNGS
+    }
+    times = time_in_rounds({name: call_stepper(fn, key) for name, fn in draws.items()}, rounds, calls)
+    return {
+        "platform": jax.devices()[0].platform,
+        "count": count,
+        "auto": resolve_noise_prng("auto"),
+        "ms": {name: round(1e3 * statistics.median(t), 3) for name, t in times.items()},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=20, help="calls per round")
     parser.add_argument("--presets", default=",".join(PRESETS))
+    parser.add_argument(
+        "--normals", type=int, default=None, help="time one draw of this many normals instead"
+    )
     args = parser.parse_args()
+    if args.normals:
+        r = chip_normals(args.normals, args.rounds, args.calls)
+        print(
+            f"{r['platform']}: {r['count']:,} float32 normals, median ms of {args.rounds} rounds (auto = {r['auto']})"
+        )
+        for name, ms in sorted(r["ms"].items(), key=lambda item: item[1]):
+            print(f"  {name:14s} {ms:9.3f} ms")
+        return
     print(f"| preset (params, leaves) | {' | '.join(COLUMNS)} |")
     print("|---|" + "---:|" * len(COLUMNS))
     for preset in args.presets.split(","):

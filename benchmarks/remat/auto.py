@@ -2,8 +2,9 @@
 
 Runs ``zoo bench remat`` once (every policy compiled and timed side by side, in rounds), then
 for each budget, given as a fraction of ``none``'s compiled temp, marks the policies whose
-temp plus arguments fit and picks the fastest of them, exactly as
-``zoo train --remat auto --memory-budget`` and ``zoo bench remat --budget`` do::
+step fits (arguments + outputs - aliased + temp) and picks the fastest of them with the rule
+``zoo train --remat auto --memory-budget`` and ``zoo bench remat --budget`` share
+(``zoo.train.remat_search.pick``)::
 
     python benchmarks/remat/auto.py transformer-s --layers 12 --fractions 0.4,0.2,0.12
     python benchmarks/remat/auto.py transformer-s --layers 12 --attention chunked \
@@ -26,7 +27,8 @@ from zoo.bench.remat import bench_remat
 from zoo.bench.step import DEFAULT_SHAPES, compile_step
 from zoo.configs import add_model_flags, model_flag_overrides
 from zoo.models.registry import get_config
-from zoo.remat import choose_under_budget, footprint
+from zoo.remat import footprint
+from zoo.train.remat_search import fits, pick
 
 
 def default_none_temp(model: str, layers: int) -> int:
@@ -65,8 +67,9 @@ def main(argv=None) -> int:
     choices = []
     for fraction in (float(f) for f in args.fractions.split(",")):
         budget = int(fraction * base)
-        chosen, marked = choose_under_budget(rows, budget)
-        fitting = [r["policy"] for r in marked if r["fits"]]
+        marked = [{**r, "fits": fits(r, budget)} for r in rows]
+        best = pick(marked)  # zoo train --remat auto's rule, on this table
+        chosen, fitting = best and best["policy"], [r["policy"] for r in marked if r["fits"]]
         choices.append({"fraction": fraction, "budget": budget, "chosen": chosen, "fitting": fitting})
         print(
             f"budget {fraction:.0%} of the default model's none temp ({budget / 2**20:.1f} MiB): "

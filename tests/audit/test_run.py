@@ -91,14 +91,14 @@ def test_whitebox_audit_catches_a_planted_bug(bug, tmp_path, monkeypatch):
     if patch is not None:
         patch(monkeypatch)
     summary = audit(dp_recipe(), tmp_path, canaries=M, tamper=tamper, plot=False)
-    print(f"{bug}: claimed {summary['epsilon_claimed']:.2f}, bounds {summary['bounds']}")  # docs/dp.md
+    print(f"{bug}: claimed {summary['epsilon_claimed']:.2f}, bounds {summary['bounds']}")  # docs/dp-audit.md
     assert 2.9 < summary["epsilon_claimed"] <= 3.0
     assert summary["epsilon_lower_bound"] > summary["epsilon_claimed"], summary
     assert summary["compile_count"] == 1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["whitebox"])  # black-box: benchmarks/dp/audit.py, docs/dp.md
+@pytest.mark.parametrize("mode", ["whitebox"])  # black-box: benchmarks/dp/audit.py, docs/dp-audit.md
 def test_a_correct_run_stays_below_its_claim(mode, tmp_path):
     summary = audit(dp_recipe(), tmp_path, canaries=M, mode=mode)
     assert summary["epsilon_lower_bound"] <= summary["epsilon_claimed"], summary

@@ -29,3 +29,34 @@ def test_lora_start_is_the_lora_model_start_of_zoo_train(monkeypatch):
     assert benched.freeze == trained.freeze and benched.freeze.trainable_count > 0
     assert jax.tree.structure(benched.params) == jax.tree.structure(trained.params)
     jax.tree.map(np.testing.assert_array_equal, benched.params, trained.params)
+
+
+def test_the_bench_says_each_compile_and_round_as_it_starts():
+    """A bench of minutes prints as it goes (issue 67): every compile, the warm-up and every
+    timing round, in order, before the table."""
+    from zoo.bench.finetune import bench_finetune
+
+    heard = []
+    bench_finetune("transformer-xs", batch=2, layers=2, steps=1, repeats=2, progress=heard.append)
+    assert heard == [
+        "finetune bench: compiling full",
+        "finetune bench: compiling frozen",
+        "finetune bench: a warm-up step of each of 2 runs",
+        "finetune bench: timing round 1/2",
+        "finetune bench: timing round 2/2",
+    ]
+
+
+def test_the_cli_prints_the_progress_on_stderr_unless_quiet(capsys, monkeypatch):
+    import zoo.bench.finetune as finetune
+    from zoo.cli import main
+
+    def bench(model, *, progress, **kwargs):  # the bench itself: the test above
+        if progress is not None:
+            progress("finetune bench: compiling full")
+        return {"freeze": [], "rows": []}
+
+    monkeypatch.setattr(finetune, "bench_finetune", bench)
+    for quiet, lines in (([], ["finetune bench: compiling full"]), (["--quiet"], [])):
+        assert main(["bench", "finetune", "mlp-s", "--json", *quiet]) == 0
+        assert capsys.readouterr().err.splitlines() == lines

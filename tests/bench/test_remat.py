@@ -15,9 +15,13 @@ from zoo.bench.common import memory_stats
 from zoo.bench.remat import bench_remat, parse_policies
 from zoo.bench.remat_depths import bench_depths
 from zoo.bench.step import compile_step
+from zoo.commands import settings
 from zoo.errors import ZooError
 from zoo.remat import get_policy
 from zoo.scan import stack_levels
+from zoo.train import auto_remat, remat_search
+from zoo.train.loop import train_recipe
+from zoo.train.run import build_run, train_batch
 
 pytestmark = pytest.mark.xdist_group("bench-remat")  # one worker runs the module fixture once
 
@@ -154,3 +158,39 @@ def test_bench_subcommand_registry():
         "full,nested",
         "16,64",
     )
+
+
+def test_bench_and_train_choose_alike_for_the_same_model_batch_and_budget(tmp_path, monkeypatch):
+    """Issue 67 item 13: ``zoo bench remat --budget`` and ``zoo train --remat auto`` call one
+    chooser (:mod:`zoo.train.remat_search`), so the same model, batch and budget get the same
+    choice. They counted a step's memory two ways (temp + arguments; arguments + outputs -
+    aliased + temp) and timed it two ways. Here the times are a fixed table (the machine's
+    noise is not the question) and the budget sits where the two counts part: one byte below
+    what ``none`` needs, so it does not fit."""
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    policies = ["none", "full", "dots"]
+    monkeypatch.setattr(auto_remat, "policy_names", lambda: policies)
+    ms = {"none": 1.0, "dots": 2.0, "full": 3.0}
+    monkeypatch.setattr(
+        remat_search,
+        "time_candidates",
+        lambda steps, init, rounds, *rest: {c: [ms[c.policy] / 1e3] * rounds for c in steps},
+    )
+    values = {"train.steps": 1, "train.batch_size": 64, "model.num_layers": 2, "train.remat": "auto"}
+    recipe = settings.with_values(recipes.load_recipe("digits-mlp"), values)
+    run = build_run(recipe, choose_remat=False)
+    among = remat_search.candidates(policies, ["none"])
+    probe = remat_search.search(run.engine, run.params, train_batch(run, 0), None, among, host_separate=False)
+    budget = probe[0]["need_bytes"] - 1  # none's
+
+    summary = train_recipe(
+        settings.with_values(recipe, {"train.memory_budget": budget}), tmp_path / "run", show_progress=False
+    )
+    bench_result = bench_remat(run.cfg, policies=policies, batch=64, repeats=2, budget=budget)
+    trained = {r["policy"]: r for r in summary["remat_auto"]["candidates"]}
+    fitting = [p for p, r in trained.items() if r["fits"] and "note" not in r]
+    assert bench_result["chosen"] == summary["remat_auto"]["policy"] == min(fitting, key=ms.get) != "none"
+    benched = {r["policy"]: r for r in bench_result["rows"]}
+    assert {p: (r["need_bytes"], r["fits"]) for p, r in benched.items()} == {
+        p: (r["need_bytes"], r["fits"]) for p, r in trained.items()
+    }

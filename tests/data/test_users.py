@@ -5,11 +5,15 @@ from one user's own text."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
 from zoo.data import load_dataset
-from zoo.data.users import group_rows, held_out, split_users
+from zoo.data.forms.schemes import read_text
+from zoo.data.table import Columns
+from zoo.data.users import FILE_USERS, group_rows, held_out, split_users
 
 USERS = 30
 
@@ -151,14 +155,15 @@ def user_text(user: int) -> str:
 
 
 def text_dir(tmp_path) -> tuple[str, dict[str, str]]:
-    """``text:DIR`` of one file per user; the users' names (the paths) and texts."""
+    """``text:DIR`` of one file per user; the users' names (each file's path inside DIR) and
+    texts. Users ``08`` and ``09`` live in a subfolder."""
     root = tmp_path / "corpus"
-    root.mkdir()
+    (root / "sub").mkdir(parents=True)
     texts = {}
     for user in range(len(LETTERS)):
-        path = root / f"{user:02d}.txt"
-        path.write_text(user_text(user))
-        texts[str(path)] = user_text(user)
+        name = f"{'sub/' if user >= 8 else ''}{user:02d}.txt"
+        (root / name).write_text(user_text(user))
+        texts[name] = user_text(user)
     return f"text:{root}", texts
 
 
@@ -232,3 +237,31 @@ def test_every_lm_window_is_a_window_of_its_users_own_text(tmp_path, source):
         for u, w in zip(kind.record_users(ds, SEQ), windows, strict=True)
     ]
     assert found == expected
+
+
+def test_a_text_corpus_gives_the_same_users_and_split_wherever_it_lies(tmp_path):
+    """Issue 67, item 2: a file's user was named by its absolute path, so the same files under
+    another parent drew another split (19 training users against 15 in the sweep). A user is
+    now its path inside the folder the spec names: the same names, split and streams."""
+    spec, texts = text_dir(tmp_path / "here")
+    elsewhere = tmp_path / "there" / "copy" / "corpus"
+    shutil.copytree(spec.partition(":")[2], elsewhere)
+    columns = Columns(private=True, user=FILE_USERS)
+    for where in (spec, f"text:{elsewhere}"):
+        rows = read_text(where, where.partition(":")[2], columns).rows
+        assert sorted(rows[FILE_USERS]) == sorted(texts), where
+    a, b = load_lm(spec, "file"), load_lm(f"text:{elsewhere}", "file")
+    for field in ("x_train", "x_eval", "users_train", "segments_train"):
+        assert np.array_equal(getattr(a, field), getattr(b, field)), field
+
+
+def test_files_named_one_by_one_are_named_from_their_common_folder(tmp_path):
+    spec, texts = text_dir(tmp_path)
+    root = spec.partition(":")[2]
+    rest = f"{root}/00.txt,{root}/sub"  # a file and a folder: named from the folder holding both
+    rows = read_text(f"text:{rest}", rest, Columns(private=True, user=FILE_USERS)).rows
+    assert list(rows[FILE_USERS]) == ["00.txt", "sub/08.txt", "sub/09.txt"]
+    one = f"{root}/sub/09.txt"  # a file named alone: its name
+    assert list(read_text(f"text:{one}", one, Columns(private=True, user=FILE_USERS)).rows[FILE_USERS]) == [
+        "09.txt"
+    ]

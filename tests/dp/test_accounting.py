@@ -188,7 +188,10 @@ def test_valid_configs_pass():
         (dict(epsilon=None, noise_multiplier=0.0), ["noise_multiplier=0.0"]),
         (dict(accountant="gdp"), ["'gdp'", "pld, rdp"]),
         (dict(clipping="per_layer"), ["'per_layer'", "ghost, vmap"]),
-        (dict(noise_prng="philox8x32"), ["'philox8x32'", "philox4x32, threefry2x32, threefry4x32"]),
+        (
+            dict(noise_prng="philox8x32"),
+            ["'philox8x32'", "auto, philox4x32, rbg, threefry2x32, threefry4x32"],
+        ),
         (dict(noise_seed=-1), ["noise_seed=-1", "2**32"]),
         (dict(noise_seed=2**32), ["noise_seed=4294967296", "2**32"]),
         (dict(noise_seed=1.5), ["noise_seed=1.5"]),

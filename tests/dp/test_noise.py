@@ -7,7 +7,15 @@ import pytest
 
 from tests.numerics import assert_close
 from zoo.dp import add_gaussian_noise, privatize
-from zoo.dp.noise import DEFAULT_NOISE_PRNG, NOISE_PRNGS, NOISE_STREAM, noise_key
+from zoo.dp.noise import (
+    AUTO,
+    DEFAULT_NOISE_PRNG,
+    FASTEST,
+    NOISE_PRNGS,
+    NOISE_STREAM,
+    noise_key,
+    resolve_noise_prng,
+)
 from zoo.errors import ZooError
 
 # `numerics` (re-run under narrower ISAs) marks float sampling and its statistics; the key-bit
@@ -128,8 +136,8 @@ def test_noise_prng_picks_the_sampler():
     own = np.asarray(add_gaussian_noise(zeros, key, prng=None, **kw)["w"])
     stream = jax.random.fold_in(key, NOISE_STREAM)
     assert_close(own, jax.random.normal(jax.random.split(stream, 1)[0], (2000,)), n=1)
-    assert str(jax.random.key_impl(noise_key(key))) == DEFAULT_NOISE_PRNG
-    philox = jax.random.key(11, impl=DEFAULT_NOISE_PRNG)  # already the right kind: only the stream
+    assert str(jax.random.key_impl(noise_key(key))) == resolve_noise_prng(DEFAULT_NOISE_PRNG)
+    philox = jax.random.key(11, impl="philox4x32")  # already the right kind: only the stream
     np.testing.assert_array_equal(
         jax.random.key_data(noise_key(philox)), jax.random.key_data(jax.random.fold_in(philox, NOISE_STREAM))
     )
@@ -170,7 +178,29 @@ def test_every_noise_prng_has_a_key_of_at_least_64_bits():
 
 
 def test_unknown_noise_prng_names_the_valid_ones():
-    with pytest.raises(ZooError, match=r"'philox2x32'.*philox4x32, threefry2x32, threefry4x32"):
+    with pytest.raises(ZooError, match=r"'philox2x32'.*auto, philox4x32, rbg, threefry2x32, threefry4x32"):
         add_gaussian_noise(
             {"w": jnp.zeros(3)}, jax.random.key(0), noise_multiplier=1.0, l2_clip_norm=1.0, prng="philox2x32"
         )
+
+
+@pytest.mark.numerics
+def test_auto_draws_on_a_cpu_exactly_what_philox4x32_draws():
+    """``dp.noise_prng = "auto"`` (the default) is the fastest sampler measured on the platform:
+    philox4x32 on a CPU, so a CPU run's noise is bit for bit what it was before ``auto``."""
+    assert DEFAULT_NOISE_PRNG == AUTO and jax.default_backend() == "cpu"
+    assert resolve_noise_prng(AUTO) == "philox4x32" == FASTEST["cpu"]
+    tree = {"w": jnp.zeros((3000,)), "b": jnp.zeros((7,))}
+    kw = dict(noise_multiplier=SIGMA, l2_clip_norm=CLIP)
+    key = jax.random.key(4)
+    auto = add_gaussian_noise(tree, key, prng=AUTO, **kw)
+    philox = add_gaussian_noise(tree, key, prng="philox4x32", **kw)
+    for a, p in zip(jax.tree.leaves(auto), jax.tree.leaves(philox), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(p))
+
+
+def test_auto_names_a_sampler_per_platform():
+    assert resolve_noise_prng(AUTO, "tpu") == "rbg"  # JAX's "fastest on TPU"; benchmarks/dp/noise.py
+    assert resolve_noise_prng(AUTO, "some-new-chip") == "philox4x32"
+    assert resolve_noise_prng("threefry2x32", "tpu") == "threefry2x32" and resolve_noise_prng(None) is None
+    assert set(FASTEST.values()) <= set(NOISE_PRNGS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,14 @@ def test_policies_and_depths_narrow_the_memory_section_and_keep_none():
     assert size["memory"]["depths"] == [24, 12] and size["memory"]["time_depth"] == 24
     with pytest.raises(SystemExit, match="unknown nope. Valid: none"):
         device_check.narrowed(device_check.sizes(False), "full,nope", None)
+
+
+def test_progress_goes_to_stderr_as_it_runs_by_default(tmp_path):
+    """A --small run is minutes of compiling: a line per section and per row, with the seconds
+    since the start, so that a loaded machine does not look hung."""
+    done, result = _run(tmp_path, "--sections", "attention")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stderr.splitlines()
+    for text in ("attention: section 1 of 1", "attention: dense at T=256", "attention: chunked at T=256"):
+        assert any(line.startswith("[") and line.endswith(text) for line in lines), (text, lines)
+    assert any(re.fullmatch(r"\[ *[\d.]+ s\] attention: \d+ s, ok", line) for line in lines), lines

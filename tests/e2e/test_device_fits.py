@@ -13,13 +13,13 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "fits.p
 
 def test_fits_small_finds_the_largest_batch_one_process_per_row(tmp_path):
     out = tmp_path / "fits.json"
-    flags = ["--small", "--max-batch", "2", "--steps", "1", "--offload", "optimizer", "--out", str(out)]
+    flags = ["--small", "--max-batch", "2", "--steps", "1", "--placement", "offload-optimizer", "--out", str(out)]
     done = subprocess.run([sys.executable, str(SCRIPT), "llama-1b", *flags], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
     best = result["largest"]
     assert result["tried"] == len(result["rows"]) == 2 and all(r["fits"] for r in result["rows"])
-    assert (best["batch"], best["offload"], best["remat"]) == (2, "optimizer", "full")
+    assert (best["batch"], best["placement"], best["remat"]) == (2, "offload-optimizer", "full")
     assert best["ms_per_step"] > 0 and best["analysis_bytes"] > 0 and best["device"] == "cpu"
     assert (
         abs(best["tokens_per_s"] - 2 * best["seq"] / (best["ms_per_step"] / 1e3))

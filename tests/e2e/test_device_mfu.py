@@ -5,6 +5,7 @@ Figures are not asserted: speed lives in the benchmark's output, not in tests.""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -13,6 +14,31 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "mfu.py"
+
+
+def sys_path_edits(source: str) -> list[int]:
+    """Lines of ``source`` that change ``sys.path`` (``insert``, ``append``, ``extend``,
+    ``remove``, or an assignment)."""
+    is_path = lambda n: (  # noqa: E731
+        isinstance(n, ast.Attribute) and n.attr == "path" and getattr(n.value, "id", None) == "sys"
+    )
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_path(node.func.value):
+            lines += [node.lineno] if node.func.attr in ("insert", "append", "extend", "remove") else []
+        if isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            lines += [node.lineno for t in targets if is_path(t)]
+    return sorted(lines)
+
+
+def test_no_benchmark_script_edits_sys_path():
+    """benchmarks/README.md: the scripts make no sys.path edits; a device script finds its
+    neighbours (devicekit, plain_step, op_profile) through sys.path[0], its own folder."""
+    assert sys_path_edits("import sys\nsys.path.insert(0, 'x')\nsys.path = []\n") == [2, 3]
+    root = SCRIPT.parents[1]
+    edits = {str(p.relative_to(root)): sys_path_edits(p.read_text()) for p in sorted(root.rglob("*.py"))}
+    assert {name: lines for name, lines in edits.items() if lines} == {}
 
 
 @pytest.mark.slow

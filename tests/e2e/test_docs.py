@@ -1,18 +1,24 @@
-"""The README's command-line block and each doc's first example, run as written, in order, offline.
+"""The README's command-line block, each doc's first example and every doc's Python block, run
+as written, in order, offline.
 
-A new user types the README's commands top to bottom, from the root of a checkout, then a doc's
-first example. Each line here is one test, in the order shown, in one working directory per
-block that stands for the checkout's root (it links every entry there but the outputs, so
-`tests/fixtures/...` and `benchmarks/...` resolve as they do for the user, and what the
-commands write stays out of the checkout), so a command's inputs must come from an earlier line
-or from the checkout. A doc's example must not write over a run the README made. Lines run
+A new user types the README's commands top to bottom, from the root of a checkout, in a shell:
+``zoo`` is found only once a line above has put ``.venv/bin`` on the PATH (``source
+.venv/bin/activate``; ``make run`` does not), as it is for the user. Then a doc's first example,
+then the doc's Python blocks. Each line here is one test, in the order shown, in one working
+directory per block that stands for the checkout's root (it links every entry there but the
+outputs, so `tests/fixtures/...` and `benchmarks/...` resolve as they do for the user, and what
+the commands write stays out of the checkout), so a command's inputs must come from an earlier
+line or from the checkout. No command of a doc may write over a run the README made. Lines run
 in-process through ``zoo.cli.main`` (``python ...`` lines as a child), with short steps:
-``zoo train`` and ``zoo audit`` get ``--set train.steps=2``. Nothing else is changed.
+``zoo train`` and ``zoo audit`` get ``--set train.steps=2``. Nothing else is changed. A Python
+block runs as pasted, and a value it shows in a comment must be the one it gives
+(``doc_python.py``).
 
-A line is skipped only when its comment carries an explicit marker: ``[network]`` (needs the
-Hugging Face Hub or a package index), ``[devices]`` (needs more devices than one process has)
-or ``[long]`` (minutes of compute: a full benchmark, the whole test suite). A placeholder
-(``<RUN>``) fails the test: a shown command names real inputs or is marked.
+A line is skipped only when its comment carries an explicit marker (a Python block: its first
+line's): ``[network]`` (needs the Hugging Face Hub or a package index), ``[devices]`` (needs
+more devices than one process has) or ``[long]`` (minutes of compute: a full benchmark, the
+whole test suite). A placeholder (``<RUN>``) fails the test: a shown command names real inputs
+or is marked.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.doc_python import run_block
 from zoo.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +42,7 @@ STEPS = 2
 MARKERS = ("[network]", "[devices]", "[long]")
 SHORT = {"train": ["--set", f"train.steps={STEPS}"], "audit": ["--set", f"train.steps={STEPS}"]}
 OUTPUTS = {"runs", "hf", "out", "build"}  # what the commands (and the .gitignore) write at the root
+ACTIVATE = ".venv/bin/activate"  # what puts `zoo` (.venv/bin/zoo, made by `make`) on a shell's PATH
 
 
 def linked() -> list[str]:
@@ -56,7 +64,9 @@ class Line:
 
     @property
     def marker(self) -> str | None:
-        comment = self.text.partition(" #")[2] if not self.python else ""
+        first = self.text.splitlines()[0] if self.text else ""
+        comment = first if self.python and first.startswith("#") else ""
+        comment = comment if self.python else self.text.partition(" #")[2]
         return next((m for m in MARKERS if m in comment), None)
 
 
@@ -123,7 +133,7 @@ def _argv(command: str) -> list[str]:
 def run_line(line: Line, cwd: Path) -> None:
     """Run one shown line in ``cwd``; fail with what it printed when it does not exit 0."""
     if line.python:
-        exec(compile(line.text, f"{line.doc}:{line.number}", "exec"), {"__name__": "__doc_example__"})
+        run_block(line.text, f"{line.doc}:{line.number}")
         return
     assert not re.search(r"<[A-Z_]+>", line.text), f"{line.doc}:{line.number} shows a placeholder"
     for command in line.text.split(" && "):
@@ -135,6 +145,8 @@ def run_line(line: Line, cwd: Path) -> None:
                 rc = main(argv[1:at] + argv[at + 2 :])
         elif argv[0] == "zoo":
             rc = main(argv[1:])
+        elif argv[:2] in (["source", ACTIVATE], [".", ACTIVATE]):
+            rc = 0 if (cwd / ACTIVATE).is_file() and (cwd / ACTIVATE).with_name("zoo").is_file() else 1
         elif argv[0] in ("python", ".venv/bin/python"):
             done = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, capture_output=True, text=True)
             rc = done.returncode
@@ -148,6 +160,8 @@ def _workdir(tmp_path_factory, name: str) -> Path:
     cwd = tmp_path_factory.mktemp(name)
     for name in linked():
         os.symlink(ROOT / name, cwd / name)
+    # the environment `make` built (CI's .venv; else the one running the tests)
+    os.symlink(ROOT / ".venv" if (ROOT / ".venv").is_dir() else Path(sys.prefix), cwd / ".venv")
     return cwd
 
 
@@ -166,8 +180,26 @@ def readme_dir(tmp_path_factory) -> Path:
     return _workdir(tmp_path_factory, "readme")
 
 
+def zoo_on_path(lines: list[Line], line: Line) -> bool:
+    """Whether a line above ``line`` put ``zoo`` on the shell's PATH, as a reader's shell has it."""
+    above = lines[: lines.index(line)]
+    return any(
+        shlex.split(a.text, comments=True)[:2] in (["source", ACTIVATE], [".", ACTIVATE]) for a in above
+    )
+
+
+def _runs_zoo(line: Line) -> bool:
+    return not line.python and any(
+        shlex.split(c, comments=True)[:1] == ["zoo"] for c in line.text.split(" && ")
+    )
+
+
 @pytest.mark.parametrize("line", _params(readme_lines(), "docs-readme"))
 def test_readme_command_runs_as_written(line, readme_dir, monkeypatch):
+    if _runs_zoo(line):
+        assert zoo_on_path(readme_lines(), line), (
+            f"README.md:{line.number}: zoo: command not found (no line above it puts .venv/bin on the PATH)"
+        )
     monkeypatch.chdir(readme_dir)
     run_line(line, readme_dir)
 
@@ -181,10 +213,34 @@ _DIRS: dict[str, Path] = {}
     [p for doc in DOCS for p in _params(first_example(doc), f"docs-{doc.stem}")],
 )
 def test_first_example_of_each_doc_runs_as_written(line, tmp_path_factory, monkeypatch):
+    _run_in_docs_dir(line, tmp_path_factory, monkeypatch)
+
+
+def _run_in_docs_dir(line: Line, tmp_path_factory, monkeypatch) -> None:
     if line.doc not in _DIRS:  # one directory per doc, shared by its lines in order
         _DIRS[line.doc] = _workdir(tmp_path_factory, Path(line.doc).stem)
     monkeypatch.chdir(_DIRS[line.doc])
     run_line(line, _DIRS[line.doc])
+
+
+def python_blocks(doc: Path) -> list[Line]:
+    """A doc's Python blocks after its first example (that one runs with the first examples)."""
+    name, first = f"docs/{doc.name}", first_example(doc)
+    blocks = [
+        Line(name, start, "\n".join(body), python=True)
+        for lang, start, body in _blocks(doc)
+        if lang == "python"
+    ]
+    return [b for b in blocks if b not in first]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [p for doc in DOCS for p in _params(python_blocks(doc), f"docs-{doc.stem}")],
+)
+def test_every_python_block_of_each_doc_runs_as_written(line, tmp_path_factory, monkeypatch):
+    """After the doc's first example, in its directory: a block may read what that example made."""
+    _run_in_docs_dir(line, tmp_path_factory, monkeypatch)
 
 
 def test_the_readme_says_its_block_runs_from_the_root_the_walk_stands_for(tmp_path_factory):
@@ -199,17 +255,37 @@ def _written(lines: list[Line]) -> set[str]:
     out = set()
     for line in lines:
         for command in line.text.split(" && ") if not line.python else ():
-            argv = shlex.split(command, comments=True)
+            try:
+                argv = shlex.split(command, comments=True)
+            except ValueError:  # a transcript's line, not a command
+                continue
             if argv[:1] == ["zoo"] and "--out" in argv and "--resume" not in argv and not line.marker:
                 out.add(os.path.normpath(argv[argv.index("--out") + 1]))
     return out
 
 
+def every_command(doc: Path) -> list[Line]:
+    """Every command line a doc shows, in any block but Python and TOML."""
+    name = f"docs/{doc.name}"
+    return [
+        c
+        for lang, start, body in _blocks(doc)
+        if lang not in ("python", "toml")
+        for c in _commands(name, start, body)
+    ]
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
-def test_a_docs_first_example_writes_over_no_run_the_readme_made(doc):
-    """A user who ran the README runs a doc's example in the same folder: an ``--out`` the
+def test_no_command_of_a_doc_writes_over_a_run_the_readme_made(doc):
+    """A user who ran the README runs a doc's commands in the same folder: an ``--out`` the
     README wrote already holds checkpoints, and ``zoo train`` refuses it."""
-    assert not _written(first_example(doc)) & _written(readme_lines())
+    readme = _written(readme_lines())
+    clashes = [
+        f"{c.doc}:{c.number}: {sorted(_written([c]) & readme)}"
+        for c in every_command(doc)
+        if _written([c]) & readme
+    ]
+    assert not clashes, "writes over the README's runs: " + "; ".join(clashes)
 
 
 def test_the_data_docs_stand_in_corpus_is_what_its_comment_says(tmp_path_factory, monkeypatch):
@@ -270,13 +346,13 @@ def test_the_residual_figures_docs_show_are_what_the_command_prints(start, comma
 
 
 def test_the_padded_shape_docs_dp_gives_is_the_one_python_docs_lm_dp_builds():
-    """docs/dp.md's python-docs-lm-dp section: the padded batch the run's summary reports."""
+    """docs/dp-recipes.md's python-docs-lm-dp section: the padded batch the run's summary reports."""
     import warnings
 
     from zoo import recipes
     from zoo.train.run import build_run
 
-    said = _figure(r"fixed padded shape \((\d+) windows", (ROOT / "docs" / "dp.md").read_text())
+    said = _figure(r"fixed padded shape \((\d+) windows", (ROOT / "docs" / "dp-recipes.md").read_text())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = build_run(recipes.load_recipe("python-docs-lm-dp"), choose_remat=False)

@@ -17,6 +17,7 @@ import datasets
 import numpy as np
 import pytest
 
+from tests.tiny import TINY_DP
 from zoo.cli import main
 from zoo.data import load_dataset
 from zoo.data.arrays import split_indices
@@ -28,18 +29,16 @@ pytestmark = [pytest.mark.xdist_group("dp-neighbours"), pytest.mark.usefixtures(
 ROWS, EVAL = 40, 0.2
 TRAIN = split_indices(ROWS, EVAL, 0, "pair")[0]  # the rows a changed record must be among
 CHANGED = int(TRAIN[0])
-# The DP figures follow the number of records kept, which zoo treats as public; the rest of
-# these are what training measured (eval metrics, speed) or where it wrote.
+# The DP figures follow the number of records kept, which zoo treats as public (and so do the
+# FLOPs of a step over the padded batch); the rest of these are what training measured (eval
+# metrics, speed) or where it wrote.
 VARYING = {
     "epsilon", "delta", "delta_accountant", "delta_truncation", "noise_multiplier", "sampling_prob",
-    "padded_batch_size", "epsilon_pca", "epsilon_sgd", "pca_noise_multiplier", "privacy_units",
+    "padded_batch_size", "step_flops", "epsilon_pca", "epsilon_sgd", "pca_noise_multiplier", "privacy_units",
     "eval_loss", "eval_accuracy", "eval_bits_per_char", "examples_per_sec", "out_dir",
+    "tokens_per_sec", "mfu", "train_sec", "startup_sec", "eval_sec", "checkpoint_sec", "wall_sec",
 }  # fmt: skip
-TINY = [
-    "--steps", "2", "--no-progress", "--json", "--set", "dp.epsilon=none", "--set", "dp.noise_multiplier=2.0",
-    "--set", "dp.accountant=rdp", "--set", "dp.noise_seed=0", "--set", "train.eval_batches=1",
-]  # fmt: skip
-MLP = ["train", "digits-mlp-dp", *TINY, "--set", "model.d_hidden=8", "--set", "dp.expected_batch_size=30"]
+MLP = ["train", "digits-mlp-dp", *TINY_DP, "--set", "model.d_hidden=8", "--set", "dp.expected_batch_size=30"]
 
 
 def table(label, feature=None) -> list[str]:
@@ -197,7 +196,7 @@ def test_a_dp_run_releases_the_same_for_both_neighbours(capsys, tmp_path, case):
 
 
 def test_a_dp_language_model_reads_a_numeric_text_column_as_text(capsys, tmp_path):
-    lm = ["train", "python-docs-lm-dp", *TINY]
+    lm = ["train", "python-docs-lm-dp", *TINY_DP]
     a, b = neighbours(capsys, tmp_path, lm_pair(), lm)
     assert a == b and a["code"] == 0, (a["printed"][-3:], b["printed"][-3:])
 

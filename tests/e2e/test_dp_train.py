@@ -58,6 +58,7 @@ def test_dp_step_compiles_once_and_summary_reports_privacy(dp_run):
     for key in ("epsilon", "delta", "noise_multiplier", "sampling_prob", "clip_norm", "steps", "accountant"):
         assert key in summary, key
     assert summary["steps"] == 4 and summary["accountant"] == "pld"
+    assert summary["noise_prng"] == "philox4x32"  # dp.noise_prng = "auto" names what drew on this CPU
     assert summary["delta_accountant"] == recipe.dp.delta and summary["clip_norm"] == recipe.dp.clip_norm
     # q is the expected batch over the number of TRAINING examples (eval rows are not sampled)
     data = load_dataset(
@@ -131,7 +132,7 @@ def test_microbatched_vmap_clipping_with_a_given_noise_multiplier(tmp_path):
         ("dp.clip_norm=0", ["clip_norm=0"]),
         ("dp.expected_batch_size=100000", ["expected_batch_size", "100000"]),
         ("dp.sampler=shuffle", ["sampler='shuffle'", "poisson"]),
-        ("dp.noise_prng=philox2x32", ["'philox2x32'", "philox4x32, threefry2x32, threefry4x32"]),
+        ("dp.noise_prng=philox2x32", ["'philox2x32'", "auto, philox4x32, rbg, threefry2x32, threefry4x32"]),
     ],
 )
 def test_bad_dp_settings_give_clear_errors(setting, needles, tmp_path, capsys):

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from tests.e2e.clikit import refused
-from tests.e2e.test_dp_neighbours import MLP, TINY, outcome
+from tests.e2e.test_dp_neighbours import MLP, outcome
+from tests.tiny import TINY_DP
 from zoo.data.users import held_out
 from zoo.dp import plan as dp_plan
 from zoo.train import stages
@@ -125,7 +126,7 @@ def test_a_form_without_users_is_refused_naming_the_forms_with_them(capsys, unit
 
 # -- a language model on text:DIR, each file one user --------------------------------------------
 FILES = 12
-LM = ["train", "python-docs-lm-dp", *TINY, "--set", "data.user_column=file", "--set", "dp.unit=user"]
+LM = ["train", "python-docs-lm-dp", *TINY_DP, "--set", "data.user_column=file", "--set", "dp.unit=user"]
 LM += ["--set", "dp.clipping=vmap", "--set", f"dp.records_per_user={K}", "--set", "dp.expected_batch_size=4"]
 LM += ["--set", "data.eval_fraction=0.25", "--set", "data.seq_len=8", "--set", "model.max_len=8"]
 LM += ["--set", "model.d_model=16", "--set", "model.num_layers=1", "--set", "model.d_ff=16", "--steps", "1"]
@@ -133,12 +134,12 @@ LM += ["--set", "model.d_model=16", "--set", "model.num_layers=1", "--set", "mod
 
 def write_corpus(root) -> list:
     """``FILES`` text files of different lengths (4 to 32 windows of 8 tokens each): 3 users
-    held out for eval and the rest kept. Which names the split holds out depends on the folder's
-    path, so the names are picked from 60 by :func:`held_out` itself (a fixed ``00..11`` drew no
-    held-out user under one CI path, and the run refused for an empty eval split)."""
-    root.mkdir()
+    held out for eval and the rest kept. A file's user is its name inside the folder, so the
+    split is the same wherever the folder lies; the names are picked from 60 by
+    :func:`held_out` itself, so that the corpus holds 3 held-out users whatever the hash."""
+    root.mkdir(parents=True)
     pool = [root / f"{user:02d}.txt" for user in range(60)]
-    held = held_out([str(path) for path in pool], 0.25, 0)
+    held = held_out([path.name for path in pool], 0.25, 0)
     kept, out = np.flatnonzero(~held)[: FILES - 3], np.flatnonzero(held)[:3]
     assert len(kept) == FILES - 3 and len(out) == 3, "60 names hold 3 held-out and 9 kept users"
     paths = [pool[i] for i in sorted([*kept, *out])]
@@ -152,7 +153,7 @@ def test_removing_a_file_from_an_lm_run_over_users_changes_nothing_released(caps
     run without the largest training file releases the same (only the weights, the eval figures
     and the DP figures that follow the public number of users may differ)."""
     paths = write_corpus(tmp_path / "corpus")
-    train = np.flatnonzero(~held_out([str(p) for p in paths], 0.25, 0))  # by name (zoo.data.users)
+    train = np.flatnonzero(~held_out([p.name for p in paths], 0.25, 0))  # by name (zoo.data.users)
     argv = [*LM, "--dataset", f"text:{tmp_path / 'corpus'}"]
     first = outcome(capsys, tmp_path, "run0", argv)
     paths[int(train.max())].unlink()  # the longest file among the training users
@@ -163,6 +164,25 @@ def test_removing_a_file_from_an_lm_run_over_users_changes_nothing_released(caps
     assert [s["privacy_unit"] for s in summaries] == ["user", "user"]
     assert [s["privacy_units"] for s in summaries] == [len(train), len(train) - 1]
     assert summaries[0]["records_per_user"] == K
+
+
+def test_a_corpus_moved_to_another_folder_gives_the_same_users_split_and_epsilon(capsys, tmp_path):
+    """Issue 67, item 2: the same 24 files and seed from ``d`` and from ``copy/d`` trained 19
+    users against 15, with disjoint held-out sets, and epsilon moved with N: a file's user was
+    its absolute path. Now it is its path inside the folder the spec names."""
+    write_corpus(tmp_path / "here" / "corpus")
+    shutil.copytree(tmp_path / "here" / "corpus", tmp_path / "there" / "copy" / "corpus")
+    seen = []
+    for where in ("here", "there/copy"):
+        folder = tmp_path / where / "corpus"
+        seen.append(outcome(capsys, tmp_path, where.replace("/", "-"), [*LM, "--dataset", f"text:{folder}"]))
+        assert seen[-1]["code"] == 0, seen[-1]["printed"][-3:]
+    first, second = (
+        json.loads((tmp_path / run / "summary.json").read_text()) for run in ("here", "there-copy")
+    )
+    assert first["privacy_units"] == FILES - 3 and first["epsilon"] > 0
+    for key in ("privacy_units", "epsilon", "delta", "sampling_prob", "eval_loss"):
+        assert first[key] == second[key], key
 
 
 # -- issue 60: a profile, special files and a refusal, each the same for neighbouring datasets ---
@@ -206,14 +226,13 @@ SHORT = [*LM, "--set", "data.seq_len=64", "--set", "model.max_len=64"]
 
 def short_users_corpus(root, extra: bool) -> None:
     """Users too short for one window of 65 tokens (all of them together too), and held-out users
-    long enough for the eval split; ``extra``: one more short user, in the training split. Which
-    names the split holds out depends on the folder's path (the users' names), so the users are
-    picked from 40 names by :func:`held_out` itself."""
+    long enough for the eval split; ``extra``: one more short user, in the training split. The
+    users (each file's name in the folder) are picked from 40 names by :func:`held_out` itself."""
     if root.exists():
         shutil.rmtree(root)
     root.mkdir()
     names = [root / f"{user:02d}.txt" for user in range(40)]
-    held = held_out([str(path) for path in names], 0.25, 0)
+    held = held_out([path.name for path in names], 0.25, 0)
     long_users, short_users = np.flatnonzero(held)[:3], np.flatnonzero(~held)[:10]
     assert len(long_users) == 3 and len(short_users) == 10, "40 names hold 3 held-out and 10 kept users"
     chosen = [*long_users, *short_users[: 10 if extra else 9]]

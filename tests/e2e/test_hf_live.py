@@ -23,6 +23,7 @@ from scipy.special import log_softmax
 
 import zoo
 from tests.numerics import assert_close
+from tests.tiny import HF_FIXTURES, TINY_LM
 from zoo.lora.adapter import LoraSpec
 from zoo.models import hf_io
 from zoo.models.canonical import init_adapters
@@ -124,11 +125,8 @@ def test_a_transformer_trained_in_zoo_exports_as_gpt2(tmp_path, head):
 
     from zoo.cli import main
 
-    tiny = ["--set=model.num_layers=1", "--set=model.d_model=32", "--set=model.d_ff=64"]
-    tiny += ["--set=model.max_len=16", "--set=data.seq_len=16", "--set=train.batch_size=4"]
-    tiny += ["--set=train.eval_batches=1", "--steps=1", "--no-progress", "--json"]
     tied = ["--set=model.tie_head=true"] if head == "tied" else []
-    assert main(["train", "python-docs-lm", "--out", str(tmp_path / "run"), *tiny, *tied]) == 0
+    assert main(["train", "python-docs-lm", "--out", str(tmp_path / "run"), *TINY_LM, *tied]) == 0
     ck = zoo.load_checkpoint(tmp_path / "run")
     cfg, flat = ck.model_config, flat_by_path(ck.params)
     if head != "tied":
@@ -154,7 +152,7 @@ def test_gpt2_adapters_export_for_peft_and_name_their_base(tmp_path):
 
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy zoo\n" * 40)
-    fixtures = Path(__file__).parent / "fixtures" / "hf"
+    fixtures = HF_FIXTURES
     assert main(["import", str(fixtures / "gpt2"), "--out", str(tmp_path / "imp")]) == 0
     tiny = ["--set=data.seq_len=16", "--set=train.batch_size=4", "--set=train.eval_batches=1"]
     tiny += ["--steps=3", "--no-progress", "--json", "--set=optim.warmup_steps=0", "--set=optim.lr=0.05"]

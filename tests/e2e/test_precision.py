@@ -58,7 +58,8 @@ def test_the_flag_sets_the_precision_and_a_bad_one_is_one_line(tmp_path, capsys)
 def test_lora_trains_on_a_bf16_import_in_bf16(tmp_path, capsys, recipe, flags):
     """An imported bf16 checkpoint trains LoRA (and DP-LoRA) under the bf16 policy: the base is
     held as it is (tests/train/test_engine.py reads the step: never widened)."""
-    from tests.e2e.cli_inputs.test_cli_sweep2_tracebacks import FIXTURES, TINY
+    from tests.tiny import HF_FIXTURES as FIXTURES
+    from tests.tiny import TINY
 
     (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy zoo\n" * 40)
     imp = tmp_path / "imp"

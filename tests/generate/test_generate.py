@@ -226,18 +226,62 @@ def test_compiles_one_prefill_and_one_decode_program_per_batch_and_bucket():
     assert loop.bucket(1) == loop.bucket(16) == 16 and loop.bucket(17) == 32
 
 
-def test_the_cache_holds_kv_heads_and_its_bytes_are_the_formula():
-    for name in ("transformer", "llama-kv1", "llama-kv4-chunked"):
+@pytest.mark.parametrize("lanes", [1, 128], ids=["a-head-a-row", "tpu-rows"])
+def test_the_cache_holds_kv_heads_and_its_bytes_are_the_formula(lanes):
+    for name, per_row in (("transformer", 4), ("llama-kv1", 1), ("llama-kv2", 2), ("llama-kv4-chunked", 4)):
         cfg = CONFIGS[name]
         kv = cfg.num_kv_heads if isinstance(cfg, LlamaConfig) else cfg.num_heads
-        cache = decode.init_cache(cfg, 2, 48, jnp.float32)
-        assert cache.k.shape == (cfg.num_layers, 2, kv, 48, cfg.d_head)
+        per_row = per_row if lanes > 1 else 1
+        cache = decode.init_cache(cfg, 2, 48, jnp.float32, lanes)
+        assert cache.k.shape == (cfg.num_layers, 2, kv // per_row, 48, per_row * cfg.d_head)
         per_sequence = (cache.k.nbytes + cache.v.nbytes) // 2
         assert (
             decode.cache_bytes(cfg, 48, jnp.float32)
             == per_sequence
             == 2 * cfg.num_layers * 48 * kv * cfg.d_head * 4
         )
+
+
+@pytest.mark.parametrize(
+    "kv_heads, head_dim, per_row",
+    # GPT-2 small, Llama 3.2 1B, 3B and 8B, Qwen-like 80-wide heads, heads that cannot pair
+    [
+        (12, 64, 2),
+        (8, 64, 2),
+        (8, 128, 1),
+        (8, 256, 1),
+        (8, 80, 1),
+        (4, 8, 4),
+        (6, 16, 6),
+        (5, 64, 1),
+        (1, 64, 1),
+    ],
+)
+def test_a_cache_row_holds_the_most_heads_that_divide_kv_and_fit_128_lanes(kv_heads, head_dim, per_row):
+    assert decode.heads_per_row(kv_heads, head_dim) == per_row
+    assert decode.heads_per_row(kv_heads, head_dim, lanes=head_dim) == 1
+
+
+def test_on_a_tpu_gpt2_small_and_llama_1b_caches_are_rows_of_128_lanes():
+    assert decode.row_lanes("tpu") == 128 and decode.row_lanes("cpu") == decode.row_lanes("gpu") == 1
+    tpu = decode.row_lanes("tpu")
+    for name, rows in (("gpt2-124m", 6), ("llama-1b", 4)):
+        cfg = zoo.get_config(name)
+        shape = jax.eval_shape(lambda cfg=cfg: decode.init_cache(cfg, 64, 640, jnp.bfloat16, tpu)).k.shape
+        assert shape == (cfg.num_layers, 64, rows, 640, 128)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("name", ["transformer", "llama-kv2", "llama-kv4-chunked"])
+def test_rows_of_several_heads_decode_what_one_head_to_a_row_decodes(name, monkeypatch):
+    """A TPU's cache (rows of 128 lanes: 4, 2 and 4 heads to a row here) through the whole
+    prefill and decode loop, on this CPU: the same tokens and, under the float rule, logits."""
+    m = model(name, "nnx")
+    one = generate(m, PROMPTS, max_new_tokens=6, temperature=0, keep_logits=True)
+    monkeypatch.setattr(decode, "row_lanes", lambda platform=None: 128)
+    rows = generate(m, PROMPTS, max_new_tokens=6, temperature=0, keep_logits=True)
+    assert rows.tokens == one.tokens
+    assert_close(rows.logits, one.logits, n=max(max(map(len, PROMPTS)) + 6, width(m.config)))
 
 
 @pytest.mark.parametrize(

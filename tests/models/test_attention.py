@@ -296,3 +296,65 @@ def test_a_chunked_model_compiles_its_step_once():
         assert compiles.count == 1
     finally:
         jax.config.update("jax_custom_vjp3", before)
+
+
+# --- cached reads: rows of several heads, read as they lie -----------------------------------
+
+
+def rows_of(x, per_row):
+    """A cache of one head to a row [B, KV, T, d] as rows of ``per_row`` heads [B, KV / p, T, p * d]."""
+    b, kv, t, d = x.shape
+    return jnp.swapaxes(x.reshape(b, kv // per_row, per_row, t, d), 2, 3).reshape(
+        b, kv // per_row, t, per_row * d
+    )
+
+
+def cached_inputs(heads, kv_heads, dtype=jnp.float32, new=3, slots=16, d=8):
+    keys = jax.random.split(jax.random.key(3), 5)
+    q = jax.random.normal(keys[0], (2, new, heads * d), dtype)
+    k, v = (jax.random.normal(key, (2, new, kv_heads * d), dtype) for key in keys[1:3])
+    ck, cv = (jax.random.normal(key, (2, kv_heads, slots, d), dtype) for key in keys[3:])
+    return q, k, v, ck, cv, jnp.array([0, 5]), jnp.int32(10)  # row 1's slots 0-4 are padding
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("kind", ["dense", "chunked"])
+@pytest.mark.parametrize("heads, kv_heads, per_row", [(4, 4, 2), (4, 4, 4), (8, 4, 2), (8, 2, 2)])
+def test_a_cached_read_of_rows_of_several_heads_equals_one_head_to_a_row(heads, kv_heads, per_row, kind):
+    q, k, v, ck, cv, pad, slot = cached_inputs(heads, kv_heads)
+    read = functools.partial(attention, q, k, v, heads, kv_heads, kind=kind, chunk=4)
+    one = read(cache=attention_module.CacheSlice(ck, cv, pad, slot))
+    rows = read(cache=attention_module.CacheSlice(rows_of(ck, per_row), rows_of(cv, per_row), pad, slot))
+    assert_close(rows, one, n=per_row * 8 + 16)  # the terms of a score, and of an output
+    # and a head reads its own keys: one head's cached keys changed changes that head alone
+    changed = read(
+        cache=attention_module.CacheSlice(
+            rows_of(ck.at[:, 1].add(1.0), per_row), rows_of(cv, per_row), pad, slot
+        )
+    )
+    moved = np.abs(np.asarray(changed - rows)).reshape(2, 3, heads, -1).max(axis=(0, 1, 3)) > 1e-6
+    group = heads // kv_heads
+    assert moved.tolist() == [h // group == 1 for h in range(heads)]
+
+
+def test_a_cached_read_takes_a_bf16_cache_as_it_is_and_accumulates_in_float32():
+    from zoo.jaxprs import iter_eqns
+
+    q, k, v, ck, cv, pad, slot = cached_inputs(8, 4, jnp.bfloat16)
+    ck, cv = rows_of(ck, 2), rows_of(cv, 2)
+
+    def read(q, k, v, ck, cv):
+        return attention(q, k, v, 8, 4, cache=attention_module.CacheSlice(ck, cv, pad, slot))
+
+    eqns = list(iter_eqns(jax.make_jaxpr(read)(q, k, v, ck, cv)))
+    reads = [
+        e for e in eqns if e.primitive.name == "dot_general" and ck.shape in [x.aval.shape for x in e.invars]
+    ]
+    assert len(reads) == 2  # the scores and the values
+    for eqn in reads:
+        assert [str(x.aval.dtype) for x in eqn.invars] == ["bfloat16", "bfloat16"]
+        assert str(eqn.outvars[0].aval.dtype) == "float32"
+    upcasts = [
+        e for e in eqns if e.primitive.name == "convert_element_type" and e.invars[0].aval.shape == ck.shape
+    ]
+    assert not upcasts

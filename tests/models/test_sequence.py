@@ -13,6 +13,7 @@ from tests.conftest import labels_for, loss_of, random_params
 from tests.numerics import assert_close
 from zoo.errors import ZooError
 from zoo.models import registry
+from zoo.models.sequence import MAX_VOCAB_MULTIPLE
 
 
 def padded_params(cfg, padded_cfg, params, seed=3):
@@ -60,3 +61,12 @@ def test_an_export_leaves_the_padding_rows_out_and_a_bad_multiple_is_refused():
     assert out["norm_f.scale"] is flat["norm_f.scale"]
     with pytest.raises(ZooError, match="vocab_multiple"):
         registry.get_config("llama-xs", vocab_multiple=0)
+
+
+@pytest.mark.parametrize("multiple", [0, -1, MAX_VOCAB_MULTIPLE + 1, 10**12])
+def test_a_vocab_multiple_out_of_range_is_refused_naming_the_bound(multiple):
+    """Issue 67, item 5: 10^12 had no bound; it sized a table of 10^12 rows and failed in the
+    allocator. The bound is checked with the config, before anything is allocated."""
+    with pytest.raises(ZooError, match=r"vocab_multiple must be an int in \[1, 65,536\]"):
+        registry.get_config("llama-xs", vocab_multiple=multiple)
+    assert registry.get_config("llama-xs", vocab_multiple=MAX_VOCAB_MULTIPLE).table_rows == MAX_VOCAB_MULTIPLE

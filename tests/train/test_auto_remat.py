@@ -11,9 +11,11 @@ from zoo import recipes
 from zoo.commands import settings
 from zoo.configs import OFFLOADS
 from zoo.errors import ZooError
-from zoo.remat import choose_fitting, choose_under_budget, footprint, nothing_fits, parse_bytes, step_bytes
-from zoo.train import auto_remat
+from zoo.remat import footprint, parse_bytes, step_bytes
+from zoo.train import auto_remat, remat_search
+from zoo.train.auto_remat import nothing_fits
 from zoo.train.loop import train_recipe
+from zoo.train.remat_search import Candidate, candidates, fits, pick
 from zoo.train.run import build_run, train_batch
 
 
@@ -28,20 +30,27 @@ def test_parse_bytes():
 
 
 ROWS = [
-    {"policy": "none", "temp_bytes": 900, "argument_bytes": 100, "step_ms": 1.0},
-    {"policy": "full", "temp_bytes": 300, "argument_bytes": 100, "step_ms": 3.0},
-    {"policy": "dots", "temp_bytes": 500, "argument_bytes": 100, "step_ms": 2.0},
+    {"policy": "none", "offload": "none", "temp_bytes": 900, "argument_bytes": 100, "step_ms": 1.0},
+    {"policy": "full", "offload": "none", "temp_bytes": 300, "argument_bytes": 100, "step_ms": 3.0},
+    {"policy": "dots", "offload": "none", "temp_bytes": 500, "argument_bytes": 100, "step_ms": 2.0},
 ]
+ROWS = [{**r, "label": f"{r['policy']}/none", "need_bytes": footprint(r)} for r in ROWS]
+
+
+def marked(rows, budget):
+    return [{**r, "fits": fits(r, budget)} for r in rows]
 
 
 def test_the_fastest_fitting_policy_is_chosen():
-    assert choose_under_budget(ROWS, 1000)[0] == "none"
-    chosen, rows = choose_under_budget(ROWS, 600)  # temp + arguments: none 1000 and dots 600
-    assert chosen == "dots" and [r["fits"] for r in rows] == [False, True, True]
-    assert choose_under_budget(ROWS, 399)[0] is None
-    error = nothing_fits(ROWS, 399)
-    assert "'full' at 400 bytes" in str(error) and "budget of 399 bytes" in str(error)
+    assert pick(marked(ROWS, 1000))["policy"] == "none"
+    rows = marked(ROWS, 600)  # temp + arguments: none 1000 and dots 600
+    assert pick(rows)["policy"] == "dots" and [r["fits"] for r in rows] == [False, True, True]
+    assert pick(marked(ROWS, 399)) is None
+    error = nothing_fits(marked(ROWS, 399), 399)
+    assert "'full/none' at 400 bytes" in str(error) and "budget of 399 bytes" in str(error)
     assert footprint(ROWS[0]) == 1000
+    tied = marked([ROWS[1], {**ROWS[2], "step_ms": 3.0}], 10**6)  # a tie: the earlier candidate
+    assert pick(tied)["policy"] == "full" and pick(tied[::-1])["policy"] == "dots"
 
 
 def test_step_bytes_counts_host_memory_only_where_it_is_the_devices():
@@ -125,7 +134,7 @@ def test_auto_trains_with_the_choice_and_a_second_run_reads_the_cache(tmp_path, 
     def no_search(*args, **kwargs):
         raise AssertionError("searched again despite the cache")
 
-    monkeypatch.setattr(auto_remat, "measure", no_search)
+    monkeypatch.setattr(remat_search, "search", no_search)
     run = build_run(recipe)
     chosen, rows, cached = auto_remat.choose(run, train_batch(run, 0))
     assert cached and chosen == {**entry["chosen"], "budget_source": "flag"} and rows == entry["rows"]
@@ -134,7 +143,8 @@ def test_auto_trains_with_the_choice_and_a_second_run_reads_the_cache(tmp_path, 
 def test_auto_refuses_a_budget_nothing_fits(tmp_path, few_policies):
     with pytest.raises(
         ZooError,
-        match=r"no policy fits the memory budget of 1,024 bytes.*smallest footprint is.*--placement update-on-host",
+        match=r"no policy fits the memory budget of 1,024 bytes: the state and batch alone need [0-9,]+ "
+        r"bytes at the least.*--placement update-on-host",
     ):
         train_recipe(
             quick(**{"train.remat": "auto", "train.memory_budget": "1KiB"}),
@@ -158,17 +168,20 @@ def test_the_cache_key_holds_the_precision():
         p: build_run(quick(**budget, **{"train.precision": p}), choose_remat=False)
         for p in ("float32", "bfloat16")
     }
-    keys = {p: auto_remat._key(run, train_batch(run, 0), 2**30) for p, run in runs.items()}
+    among = candidates(CANDIDATES, ["none"])
+    keys = {p: auto_remat._key(run, train_batch(run, 0), 2**30, among) for p, run in runs.items()}
     assert keys["float32"] != keys["bfloat16"]
-    run = runs["float32"]  # and the offload settings searched
-    assert auto_remat._key(run, train_batch(run, 0), 2**30, OFFLOADS) != keys["float32"]
+    run = runs["float32"]  # and the placements searched
+    assert (
+        auto_remat._key(run, train_batch(run, 0), 2**30, candidates(CANDIDATES, OFFLOADS)) != keys["float32"]
+    )
     assert runs["bfloat16"].engine.precision.name == "bfloat16"
 
 
 def device_argument_bytes(run, policy: str, offload: str, batch: dict) -> int:
     """The step's arguments in device memory, counted from the arrays themselves: the state and
     frozen leaves not in host memory (an offloaded state's are), and the batch."""
-    engine = auto_remat.with_policy(run.engine, policy, offload)
+    engine = remat_search.with_candidate(run.engine, Candidate(policy, offload))
     state, frozen = engine.init_state(run.params, 0, jax.random.key(0))
     leaves = jax.tree.leaves((state, frozen))
     on_device = [x for x in leaves if x.sharding.memory_kind not in ("pinned_host", "unpinned_host")]
@@ -183,7 +196,10 @@ def test_auto_picks_the_fastest_fitting_pair_from_a_table_it_measured(tmp_path, 
     monkeypatch.setattr(auto_remat, "policy_names", lambda: ["none", "full"])
     run = build_run(quick(**{"train.remat": "auto", "train.memory_budget": "1GiB"}), choose_remat=False)
     batch = train_batch(run, 0)
-    untimed = auto_remat.measure(run, batch, 0, offloads=OFFLOADS)  # the footprints alone
+    among = candidates(["none", "full"], OFFLOADS)
+    untimed = remat_search.search(
+        run.engine, run.params, batch, None, among, host_separate=True
+    )  # bytes alone
     for row in untimed:  # the memory figures are the arrays': host bytes left out
         assert row["argument_bytes"] == device_argument_bytes(run, row["policy"], row["offload"], batch), row
     on_device = [r for r in untimed if r["offload"] == "none"]
@@ -196,10 +212,16 @@ def test_auto_picks_the_fastest_fitting_pair_from_a_table_it_measured(tmp_path, 
     assert {(r["policy"], r["offload"]) for r in table} == {
         (p, o) for p in ("none", "full") for o in OFFLOADS
     }
+    labels = {r["label"]: r for r in table}
     for row in table:  # fits: the device's bytes (temp, arguments, outputs not aliased) within budget
+        if row.get("dominated_by"):  # the same policy fit and ran where less of the state moves
+            first = labels[row["dominated_by"]]
+            assert not row["fits"] and first["fits"] and first["policy"] == row["policy"], row
+            assert OFFLOADS.index(first["offload"]) < OFFLOADS.index(row["offload"])
+            continue
         device_bytes = row["temp_bytes"] + row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"]
         assert row["fits"] == (device_bytes <= budget), row
-    fitting = [r for r in table if r["fits"] and r["step_ms"] is not None]
+    fitting = [r for r in table if r["fits"] and r["step_ms"] is not None and not r.get("same_as")]
     fastest = min(fitting, key=lambda r: r["step_ms"])
     assert fastest["offload"] != "none" and not any(r["fits"] for r in table if r["offload"] == "none")
     chosen = summary["remat_auto"]
@@ -243,35 +265,119 @@ def test_without_a_flag_the_budget_is_the_devices_memory(tmp_path, monkeypatch, 
         auto_remat.budget_of(run)
 
 
+class Chip(DeviceWithMemory):
+    """The real first device, saying it is a TPU with ``stats`` as its memory."""
+
+    platform = "tpu"
+
+
+def test_a_chips_budget_is_its_bytes_limit_else_its_hbm_never_its_peak(monkeypatch, few_policies):
+    """On a TPU ``peak_bytes_in_use`` leaves out a program's temporaries: the budget is the
+    allocator's ``bytes_limit``, else the chip's HBM capacity (``get_tpu_info``), less the margin."""
+    run = build_run(quick(**{"train.remat": "auto"}), choose_remat=False)
+    keep = 1 - auto_remat.SAFETY
+    stats = {"bytes_limit": 16_909_336_064, "peak_bytes_in_use": 1_997_000_000, "bytes_in_use": 7}
+    monkeypatch.setattr(auto_remat, "_device", lambda: Chip(stats))
+    assert auto_remat.budget_of(run) == (int(16_909_336_064 * keep), "device")
+    monkeypatch.setattr(auto_remat, "_tpu_hbm", lambda: 17_179_869_184)
+    monkeypatch.setattr(auto_remat, "_device", lambda: Chip({"peak_bytes_in_use": 1_997_000_000}))
+    assert auto_remat.budget_of(run) == (int(17_179_869_184 * keep), "device")
+    assert auto_remat.device_memory(Chip({})) == (17_179_869_184, "tpu_info hbm_capacity_bytes")
+    monkeypatch.setattr(auto_remat, "_tpu_hbm", lambda: None)  # an older JAX or an unknown chip
+    with pytest.raises(ZooError, match=r"the tpu device reports no memory limit.*--memory-budget"):
+        auto_remat.budget_of(run)
+    monkeypatch.setattr(auto_remat, "_device", lambda: DeviceWithMemory({"peak_bytes_in_use": 10**9}))
+    with pytest.raises(ZooError, match=r"the cpu device reports no memory limit"):  # a peak is no limit
+        auto_remat.budget_of(run)
+
+
+def test_on_a_chip_auto_picks_the_fastest_policy_and_placement_that_fit(tmp_path, monkeypatch, few_policies):
+    """The chip path on a CPU: a device that says it is a TPU with ``bytes_limit`` of memory;
+    every policy at every placement a candidate; each need from the step's own compiled memory
+    analysis (a real CPU compile, the host-memory state left out); each time from a table
+    (``time_candidates`` stubbed: its own test times real steps). The limit fits ``full`` but
+    not ``none`` with the state on the device, and ``none`` with the optimizer state on the host."""
+    monkeypatch.setattr(auto_remat, "policy_names", lambda: ["none", "full"])
+    values = {"train.remat": "auto", "train.batch_size": 64, "model.num_layers": 2}
+    run = build_run(quick(**values), choose_remat=False)
+    everything = candidates(["none", "full"], OFFLOADS)
+    probe = remat_search.search(
+        run.engine, run.params, train_batch(run, 0), None, everything, host_separate=True
+    )
+    need = {r["label"]: r["need_bytes"] for r in probe}
+    limit = int(need["full/none"] / (1 - auto_remat.SAFETY)) + 1
+    budget = int(limit * (1 - auto_remat.SAFETY))
+    assert need["none/optimizer"] <= need["full/none"] <= budget < need["none/none"], need
+    monkeypatch.setattr(auto_remat, "_device", lambda: Chip({"bytes_limit": limit, "peak_bytes_in_use": 1}))
+    ms = {"none/none": 1, "none/optimizer": 2, "none/optimizer+params": 3, "full/none": 4}
+    ms |= {"full/optimizer": 5, "full/optimizer+params": 6}
+    monkeypatch.setattr(
+        remat_search, "time_candidates", lambda steps, *a: {c: [ms[c.label] / 1e3] * 3 for c in steps}
+    )
+    summary = train_recipe(quick(**values), tmp_path / "a", show_progress=False)
+    chosen = summary["remat_auto"]
+    assert (chosen["policy"], chosen["offload"]) == ("none", "optimizer")
+    assert summary["remat"] == "auto:none" and summary["offload"] == "optimizer"
+    assert chosen["budget"] == budget and chosen["budget_source"] == "device"
+    assert chosen["device_memory"] == {"bytes": limit, "from": "memory_stats bytes_limit", "kept_free": 0.05}
+    table = {f"{r['policy']}/{r['offload']}": r for r in chosen["candidates"]}
+    assert set(table) == {c.label for c in everything}
+    for label in ("none/none", "full/none", "none/optimizer"):  # compiled: the analysis's need
+        assert table[label]["need_bytes"] == need[label]
+    assert [table[x]["fits"] for x in ("none/none", "full/none", "none/optimizer")] == [False, True, True]
+    assert [table[x]["step_ms"] for x in ("none/none", "full/none", "none/optimizer")] == [None, 4, 2]
+    assert table["none/optimizer+params"]["note"] == "dominated by none/optimizer"
+    assert (
+        table["full/optimizer"]["note"] == table["full/optimizer+params"]["note"] == "dominated by full/none"
+    )
+    assert chosen["reason"] == (
+        f"fastest of 2 fitting (2.0 ms/step, needs {need['none/optimizer'] / 2**20:.1f} MiB); next full/none "
+        f"(4.0 ms); over budget: none/none (needs {need['none/none'] / 2**20:.1f} MiB > {budget / 2**20:.1f} MiB)"
+    )
+
+
 def test_a_pair_that_runs_out_of_memory_when_timed_does_not_fit():
     """memory_analysis() does not see everything the device holds: a fitting pair whose step
-    runs out of memory is not timed, so not chosen; any other error is raised."""
+    runs out of memory is not timed, so not chosen (and a state it took is made again for the
+    next); any other error is raised."""
+    inits = []
 
-    def out_of_memory(*args):
+    def init():
+        inits.append(1)
+        return jnp.zeros(3), {}
+
+    def out_of_memory(state, frozen):
+        state.delete()  # donated, then the run failed: the next step needs a new state
         raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
 
-    def broken(*args):
+    def fine(state, frozen):
+        return state + 1, {}
+
+    def broken(state, frozen):
         raise jax.errors.JaxRuntimeError("INTERNAL: something else")
 
-    assert auto_remat._time(out_of_memory, None, None, None) is None
+    times = remat_search.time_candidates({"none": out_of_memory, "full": fine}, init, 2, None, None)
+    assert times["none"] is None and len(times["full"]) == 2 and len(inits) == 2
     with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
-        auto_remat._time(broken, None, None, None)
+        remat_search.time_candidates({"full": broken}, init, 2, None, None)
     rows = [
-        {"policy": "none", "offload": "none", "temp_bytes": 5, "argument_bytes": 1, "step_ms": None},
-        {"policy": "full", "offload": "none", "temp_bytes": 3, "argument_bytes": 1, "step_ms": 2.0},
+        {**ROWS[0], "step_ms": None, "out_of_memory": True, "need_bytes": 6},
+        {**ROWS[1], "step_ms": 2.0, "need_bytes": 4},
     ]
-    chosen, marked = choose_fitting(rows, 10)
-    assert chosen["policy"] == "full" and all(r["fits"] for r in marked)
-    why = auto_remat.reason(chosen, [{**marked[0], "out_of_memory": True}, marked[1]])
-    assert (
-        why == "fastest of 1 fitting (2.0 ms/step); over budget: none/none (0.0 MiB, out of memory when run)"
+    rows = marked(rows, 10)
+    chosen = pick(rows)
+    assert chosen["policy"] == "full" and [r["fits"] for r in rows] == [False, True]
+    why = auto_remat.reason(chosen, rows, 10)
+    assert why == (
+        "fastest of 1 fitting (2.0 ms/step, needs 0.0 MiB); over budget: none/none (needs 0.0 MiB, out of "
+        "memory when run)"
     )
 
 
 def test_a_pair_the_compiler_refuses_for_memory_is_a_row_not_a_traceback(tmp_path, monkeypatch, few_policies):
     """A TPU refuses at compile time a program that cannot fit its memory: that pair is a row
     that does not fit, and the search goes on (it ended in a traceback)."""
-    real = auto_remat.with_policy
+    real = remat_search.with_candidate
 
     class Refused:
         def lower(self, *args):
@@ -279,22 +385,28 @@ def test_a_pair_the_compiler_refuses_for_memory_is_a_row_not_a_traceback(tmp_pat
                 "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory"
             )
 
-    def refuse_none(engine, policy, offload=None):
-        out = real(engine, policy, offload)
-        if policy == "none":
-            return type("E", (), {"init_state": out.init_state, "train_step": Refused()})()
-        return out
+    class RefusedEngine:
+        def __init__(self, engine):
+            self._engine, self.train_step = engine, Refused()
 
-    monkeypatch.setattr(auto_remat, "with_policy", refuse_none)
+        def __getattr__(self, name):
+            return getattr(self._engine, name)
+
+    def refuse_none(engine, candidate):
+        out = real(engine, candidate)
+        return RefusedEngine(out) if candidate.policy == "none" else out
+
+    monkeypatch.setattr(remat_search, "with_candidate", refuse_none)
     run = build_run(quick(**{"train.remat": "auto", "train.memory_budget": "1GiB"}), choose_remat=False)
-    rows = auto_remat.measure(run, train_batch(run, 0), 2**30)
+    among = candidates(CANDIDATES, ["none"])
+    rows = remat_search.search(run.engine, run.params, train_batch(run, 0), 2**30, among, host_separate=False)
     by_policy = {r["policy"]: r for r in rows}
-    assert by_policy["none"]["compile_oom"] and by_policy["none"]["step_ms"] is None
+    assert by_policy["none"]["compile_oom"] and by_policy["none"].get("step_ms") is None
+    assert not by_policy["none"]["fits"]
     assert by_policy["full"]["step_ms"] is not None and not by_policy["full"].get("out_of_memory")
-    best, _ = choose_fitting(rows, 2**30)
+    best = pick(rows)
     assert best["policy"] != "none"
-    marked = [{**r, "fits": not r.get("out_of_memory")} for r in rows]
-    assert "none/none (does not compile: out of memory)" in auto_remat.reason(best, marked)
+    assert "none/none (does not compile: out of memory)" in auto_remat.reason(best, rows, 2**30)
     error = nothing_fits([by_policy["none"]], 2**30)
     assert "refused all 1 for memory" in str(error)
 
@@ -304,7 +416,9 @@ def test_the_cache_key_holds_the_microbatch_size():
     size is not read at another."""
     values = {"train.remat": "auto", "train.memory_budget": "1GiB", "train.batch_size": 64}
     runs = [build_run(quick(**values, **{"train.microbatch_size": m}), choose_remat=False) for m in (None, 8)]
-    keys = {auto_remat._key(run, train_batch(run, 0), 2**30) for run in runs}
+    keys = {
+        auto_remat._key(run, train_batch(run, 0), 2**30, candidates(CANDIDATES, ["none"])) for run in runs
+    }
     assert len(keys) == 2
 
 

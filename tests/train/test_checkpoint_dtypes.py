@@ -11,7 +11,8 @@ import json
 import pytest
 from safetensors.numpy import load_file
 
-from tests.e2e.cli_inputs.test_cli_sweep2_tracebacks import FIXTURES, TINY
+from tests.tiny import HF_FIXTURES as FIXTURES
+from tests.tiny import TINY
 from zoo.cli import main
 from zoo.models.paths import flat_by_path
 from zoo.train import checkpoint

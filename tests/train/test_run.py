@@ -47,3 +47,25 @@ def test_the_initial_params_are_not_resident_while_training(tmp_path, monkeypatc
     assert seen["initial"] and alive and alive == [0] * len(alive)
     resumed = train_recipe(quick(**{"train.steps": 3}), tmp_path / "a", resume=True, show_progress=False)
     assert resumed["steps"] == 3 and summary["steps"] == 2
+
+
+def test_eval_reads_the_same_windows_a_microbatch_at_a_time():
+    """With train.microbatch_size the eval step takes a microbatch at a time (at the whole batch
+    it would hold every row's activations at once: a DP step's 1,024 GPT-2 windows' logits are
+    200 GB), over the same rows that eval_batches batches of the whole batch read."""
+    from tests.numerics import assert_close
+    from zoo.train.engine import evaluate
+    from zoo.train.run import build_run
+    from zoo.train.summary import run_evaluation
+
+    run = build_run(quick(**{"train.batch_size": 8, "train.microbatch_size": 2, "train.eval_batches": 3}))
+    assert (run.batch_rows, run.eval_rows, run.eval_batch_count) == (8, 2, 12)
+    state, frozen = run.engine.init_state(run.params, 0)
+    seen = []
+    batches = run.task.eval_batches(run.eval_rows, run.eval_batch_count)
+    got = evaluate(run.engine, state, frozen, (seen.append(len(b["mask"])) or b for b in batches))
+    whole = evaluate(run.engine, state, frozen, run.task.eval_batches(8, 3))
+    # a classifier's eval reads its whole eval split (eval_batches caps an LM's windows)
+    assert set(seen) == {2} and got["eval_count"] == whole["eval_count"] == 2 * len(seen)
+    assert_close(got["eval_loss"], whole["eval_loss"], n=len(seen) * 2)
+    assert run_evaluation(run, state, frozen)["eval_loss"] == got["eval_loss"]

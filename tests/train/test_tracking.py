@@ -34,8 +34,17 @@ TINY = {
 pytestmark = pytest.mark.filterwarnings("ignore:optim.warmup_steps")
 NOT_SCALARS = {"step", "elapsed_sec"}  # the step and wall time are the events' own fields
 # What a DP run releases (docs/dp.md): the noisy gradient's norm is post-processing of the noised
-# gradient the accountant counts; throughput and the schedule are public; eval metrics and epsilon.
-DP_RELEASED = {"grad_norm", "examples_per_sec", "learning_rate", "eval_loss", "eval_accuracy", "epsilon"}
+# gradient the accountant counts; throughput (over padded rows) and the schedule are public; eval
+# metrics and epsilon.
+DP_RELEASED = {
+    "grad_norm",
+    "examples_per_sec",
+    "mfu",
+    "learning_rate",
+    "eval_loss",
+    "eval_accuracy",
+    "epsilon",
+}
 
 
 def tiny(name: str, **values):
@@ -53,12 +62,13 @@ def read_events(logdir) -> tuple[dict[str, list[tuple[int, float]]], dict[str, s
 
 
 def logged(run_dir) -> dict[str, list[tuple[int, float]]]:
-    """``{key: [(step, value)]}`` of ``metrics.jsonl``, values as the float32 a scalar event holds."""
+    """``{key: [(step, value)]}`` of ``metrics.jsonl``, values as the float32 a scalar event holds;
+    a null (a rate before the first timed step, the MFU on a CPU) is no scalar."""
     out: dict[str, list[tuple[int, float]]] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         for key, value in record.items():
-            if key not in NOT_SCALARS:
+            if key not in NOT_SCALARS and value is not None:
                 out.setdefault(key, []).append((record["step"], float(np.float32(value))))
     return out
 

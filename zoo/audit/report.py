@@ -28,22 +28,28 @@ def audit(
     progress=None,
     tamper=None,
     plot: bool = True,
+    stage=None,
 ) -> dict:
     """Train ``recipe`` once with ``canaries`` canaries and return the audit's summary.
 
-    ``progress(step, loss)`` is called after every step. ``tamper(engine) -> engine``
+    ``progress(step, loss)`` is called after every step, ``stage(message)`` as each part
+    (planning, training, scoring, writing) starts. ``tamper(engine) -> engine``
     replaces the planned training engine; tests use it to plant known bugs in the DP step
     (no recipe or flag reaches it).
     """
     check_request(recipe, canaries, mode, confidence, no_noise)
+    _say(stage, f"audit: building the run of {recipe.name} with {canaries} canaries (data, DP plan, engine)")
     plan = plan_audit(recipe, canaries, mode, no_noise)
+    _say(stage, f"audit: training {plan.steps} steps (the first one compiles)")
     trace = train_with_canaries(plan, progress, tamper(plan.engine) if tamper else None)
+    _say(stage, f"audit: scoring the canaries ({mode})")
     if mode == "whitebox":
         scores = whitebox_scores(trace.projections)
     else:
         scores = blackbox_scores(trace.loss_before, trace.loss_after)
     bounds = lower_bounds(scores, plan.included, confidence, recipe.dp.delta)
     out = Path(out_dir)
+    _say(stage, f"audit: writing {RESULT}, {SCORES}" + (f" and {PLOT}" if plot else "") + f" to {out}")
     out.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
         out / SCORES,
@@ -76,6 +82,11 @@ def audit(
         summary["plot"] = histogram(out / PLOT, scores, plan.included, summary)
     (out / RESULT).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _say(stage, message: str) -> None:
+    if stage is not None:
+        stage(message)
 
 
 def canary_unit(plan) -> dict:

@@ -15,7 +15,7 @@ every zoo row is the engine's DP step with ``train.microbatch_size = K`` (one sc
 the clipped sums, the noise is added once: :mod:`zoo.microbatch`) and the non-private row
 accumulates its gradient over the same microbatches; other libraries' rows take the whole
 batch, so they run only when named. ``--precision`` and ``--remat`` set every row's precision
-policy and remat policy. So ``zoo bench dp`` runs at real size (docs/dp.md).
+policy and remat policy. So ``zoo bench dp`` runs at real size (docs/dp-mechanisms.md).
 ``jax_privacy``       ``jax_privacy.clipping.clipped_grad`` for the clipped sum, then the same
                       ``privatize``.
 ``optax dpsgd``       ``jax.vmap(jax.grad)`` per-example gradients fed to

@@ -20,6 +20,7 @@ import numpy as np
 from zoo import lora as lora_adapters
 from zoo.api import example_batch, example_labels
 from zoo.bench.common import median_ratio, positive_int, state_stepper, time_in_rounds
+from zoo.bench.step import Progress, say
 from zoo.configs import LoraConfig, OptimConfig
 from zoo.dp.plan import fixed_batch_plan
 from zoo.models import canonical
@@ -27,7 +28,7 @@ from zoo.models.registry import get_config
 from zoo.train import stages
 from zoo.train.engine import GradientSettings, make_engine
 from zoo.train.state import make_optimizer
-from zoo.ui import emit_json, print_table
+from zoo.ui import emit_json, print_table, stage_lines
 
 
 def _nbytes(tree) -> int:
@@ -63,13 +64,14 @@ def lora_start(cfg, params: dict, section: LoraConfig, seed: int = 0) -> stages.
     return dataclasses.replace(start, adapters=setup)
 
 
-def _lora_runs(cfg, backend, params, spec: str, policy, data, batch):
+def _lora_runs(cfg, backend, params, spec: str, policy, data, batch, progress: Progress):
     start = lora_start(cfg, params, lora_adapters.section_from_flag(spec))
     dp = fixed_batch_plan(batch, noise_multiplier=1.0, clip_norm=1.0, clipping="ghost")
-    return {
-        "lora": _compiled_run(start, backend, policy, data),
-        "dp-lora": _compiled_run(start, backend, policy, data, dp),
-    }
+    runs = {}
+    for name, plan in (("lora", None), ("dp-lora", dp)):
+        say(progress, f"finetune bench: compiling {name}")
+        runs[name] = _compiled_run(start, backend, policy, data, plan)
+    return runs
 
 
 def bench_finetune(
@@ -84,9 +86,11 @@ def bench_finetune(
     steps: int = 5,
     repeats: int = 5,
     layers: int | None = None,
+    progress: Progress = None,
 ) -> dict:
     """``freeze`` patterns may say ``{half}`` (``num_layers // 2``); the default is the kind's
-    frozen prefix (``cfg.frozen_prefix()``). ``layers`` overrides the preset's ``num_layers``."""
+    frozen prefix (``cfg.frozen_prefix()``). ``layers`` overrides the preset's ``num_layers``.
+    ``progress(message)`` hears each compile and timing round as it starts."""
     cfg = get_config(model, **({"num_layers": layers} if layers else {}))
     half = cfg.num_layers // 2
     patterns = tuple(p.format(half=half) for p in freeze) if freeze else cfg.frozen_prefix()
@@ -94,13 +98,14 @@ def bench_finetune(
     x = example_batch(cfg, batch, seed=1, seq_len=seq)
     labels = example_labels(cfg, x, seed=0)  # [B] for a classifier, [B, T] for a language model
     data = jax.device_put({"x": x, "y": labels, "mask": np.ones(batch, np.float32)})
-    runs = {
-        name: _compiled_run(stages.config_start(cfg, params, patterns=pats), backend, policy, data)
-        for name, pats in (("full", ()), ("frozen", patterns))
-    }
+    runs = {}
+    for name, pats in (("full", ()), ("frozen", patterns)):
+        say(progress, f"finetune bench: compiling {name}")
+        runs[name] = _compiled_run(stages.config_start(cfg, params, patterns=pats), backend, policy, data)
     if lora:
-        runs.update(_lora_runs(cfg, backend, params, lora, policy, data, batch))
+        runs.update(_lora_runs(cfg, backend, params, lora, policy, data, batch, progress))
 
+    say(progress, f"finetune bench: a warm-up step of each of {len(runs)} runs")
     times = time_in_rounds(
         {
             name: state_stepper(run["engine"].train_step, run, run["frozen"], data)
@@ -108,6 +113,7 @@ def bench_finetune(
         },
         repeats,
         steps,
+        on_round=lambda r: say(progress, f"finetune bench: timing round {r + 1}/{repeats}"),
     )
     rows = []
     for name, run in runs.items():
@@ -153,6 +159,7 @@ def run(args) -> int:
         steps=args.steps,
         repeats=args.repeats,
         layers=args.layers,
+        progress=stage_lines(args.quiet),
     )
     if args.json:
         emit_json(result)
@@ -212,4 +219,5 @@ def add_bench(sub) -> None:
     p.add_argument("--repeats", type=positive_int, default=5, help="timed rounds")
     p.add_argument("--steps", type=positive_int, default=5, help="steps per timed round")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)

@@ -1,11 +1,14 @@
 """``zoo bench remat``: every remat policy side by side on one model, in one process.
 
-For each policy we build the step ``zoo train --remat POLICY`` runs (:mod:`zoo.bench.step`: the
-run's stages on the preset, with the recipe's optimizer; the state donated), lower and compile
-it, read XLA's ``memory_analysis()`` temp bytes, and ask the residual inspector (:mod:`zoo.residuals`) how many activation bytes the policy keeps
-on device and on host. Then the policies take turns in timed rounds (one untimed and one timed
-step each per round), so that all of them see the same machine load. Ratios are relative to
-``none`` (always measured); the step ratio is the median over rounds of the per-round ratio.
+The policies are measured by :func:`zoo.train.remat_search.search`, the chooser behind
+``zoo train --remat auto``: for each, the step ``zoo train --remat POLICY`` runs (the run's
+stages on the preset, with the default recipe's optimizer; the state donated) is lowered and
+compiled, its bytes read from XLA's ``memory_analysis()``, and then the policies take turns in
+timed rounds on one state (one untimed and one timed step each per round), so that all of them
+see the same machine load. The residual inspector (:mod:`zoo.residuals`) says how many
+activation bytes each keeps on device and on host. Ratios are relative to ``none`` (always
+measured); the step ratio is the median over rounds of the per-round ratio. With ``--budget``
+the candidates and the choice are ``--remat auto``'s (:func:`bench_remat`).
 
 With depths (``--depths 16,64``) the benchmark instead compiles the step at each depth
 without running it, to show how temp memory and compile time grow with the layer count
@@ -14,21 +17,24 @@ without running it, to show how temp memory and compile time grow with the layer
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable
 
 import jax
+import numpy as np
 
 from zoo import bench
-from zoo.bench.common import median_ratio, memory_stats, positive_int, scatter_plot, time_in_rounds
+from zoo.bench.common import median_ratio, positive_int, scatter_plot
 from zoo.bench.remat_depths import bench_depths, parse_depths
-from zoo.bench.step import FALLBACK_BATCH, Progress, bench_config, compile_step, say, warmed_inputs
+from zoo.bench.step import FALLBACK_BATCH, Progress, bench_config, bench_start, step_recipe, warmed_inputs
 from zoo.configs import add_model_flags, add_precision_flag, model_flag_overrides
 from zoo.errors import ZooError
 from zoo.models import canonical
 from zoo.models.registry import check_backend
-from zoo.remat import choose_under_budget, get_policy, parse_bytes, policy_names
+from zoo.remat import get_policy, parse_bytes, policy_names
 from zoo.residuals import residual_report
+from zoo.train import stages
+from zoo.train.auto_remat import candidates_for, host_memory_is_separate
+from zoo.train.remat_search import candidates, pick, placement_of, search
 
 BASELINE = "none"
 
@@ -71,17 +77,31 @@ def bench_remat(
     ``overrides`` are model config fields (``{"attention": "chunked", "mlp_chunk": 16}``); the
     preset's default bench shape still applies.
 
-    With ``budget`` (bytes, or ``"256MiB"``), each row says whether its step ``fits`` (compiled
-    temp plus arguments within it) and ``chosen`` is the fastest that does: the choice
-    ``zoo train --remat auto --memory-budget`` makes, shown without training."""
+    With ``budget`` (bytes, or ``"256MiB"``), the candidates are those ``zoo train --remat
+    auto`` searches (on an accelerator, every placement of the state too), each row says
+    whether its step ``fits``, and ``chosen`` is :func:`zoo.train.remat_search.pick`'s: the
+    choice ``zoo train --remat auto --memory-budget`` makes for this model and batch, by the
+    same chooser, shown without training."""
     backend = check_backend(backend)
     cfg = bench_config(model, num_layers, overrides)
     names = parse_policies(policies)
     batch, seq, x, y = warmed_inputs(model, cfg, backend, batch, seq, seed, progress, "remat bench")
-    runs = {}
-    for name in names:
-        say(progress, f"remat bench: compiling {name}")
-        runs[name] = _compiled_run(cfg, backend, name, batch, seq, seed, x, y, precision)
+    recipe = step_recipe(backend, BASELINE, precision)
+    start = bench_start(cfg, recipe, canonical.init_params(cfg, seed), seed)
+    engine = stages.engine(recipe, start, None, recipe.train.steps)  # zoo train's, as compile_step's
+    budget = None if budget is None else parse_bytes(budget)
+    among = candidates_for(engine, names) if budget is not None else candidates(names, [placement_of(engine)])
+    rows = search(
+        engine,
+        start.params,
+        {"x": x, "y": y, "mask": np.ones((x.shape[0],), np.float32)},
+        budget,
+        among,
+        host_separate=host_memory_is_separate(),
+        rounds=repeats,
+        time_all=True,
+        progress=progress,
+    )
     result = {
         "model": model if isinstance(model, str) else cfg.kind,
         "backend": backend,
@@ -91,59 +111,38 @@ def bench_remat(
         "num_layers": cfg.num_layers,
         "repeats": repeats,
         "device": jax.devices()[0].platform,
-        "rows": _timed_rows(runs, repeats, progress),
+        "rows": _bench_rows(cfg, backend, batch, seq, seed, precision, rows),
     }
     if budget is not None:
-        result["budget"] = parse_bytes(budget)
-        result["chosen"], result["rows"] = choose_under_budget(result["rows"], result["budget"])
+        best = pick(rows)
+        result["budget"], result["chosen"] = budget, best and best["policy"]
+        result["chosen_offload"] = best and best["offload"]
     if plot:
         result["plot"] = plot_remat(result, plot)
     return result
 
 
-def _compiled_run(cfg, backend: str, name: str, batch: int, seq, seed: int, x, y, precision) -> dict:
-    """Policy ``name``'s compiled step (``zoo train``'s), its first state and its untimed row
-    (memory, compile time, what the residual inspector says it keeps)."""
-    step = compile_step(
-        cfg, x, y, backend=backend, remat=name, precision=precision, seed=seed,
-        params=canonical.init_params(cfg, seed),
-    )  # fmt: skip
-    report = residual_report(cfg, name, backend=backend, batch=batch, seq=seq, seed=seed, precision=precision)
-    stats = memory_stats(step.compiled)
-    return {
-        "step": step,
-        "state": step.state,
-        "row": {
-            "policy": name,
-            "temp_bytes": stats["temp_size_in_bytes"],
-            "argument_bytes": stats["argument_size_in_bytes"],
-            "compile_s": round(step.compile_s, 3),
-            "lower_s": round(step.lower_s, 3),
+def _bench_rows(cfg, backend: str, batch: int, seq, seed: int, precision, rows: list[dict]) -> list[dict]:
+    """The search's rows with the bench's columns: ratios to ``none`` (the step's, the median
+    over rounds of the per-round ratio) and what the residual inspector says each keeps."""
+    base, reports, out = rows[0], {}, []  # base: none, at the first placement
+    for row in rows:
+        if row["policy"] not in reports:
+            reports[row["policy"]] = residual_report(
+                cfg, row["policy"], backend=backend, batch=batch, seq=seq, seed=seed, precision=precision
+            )
+        report = reports[row["policy"]]
+        row = {
+            **row,
             "residual_device_bytes": report["total_device_bytes"],
             "residual_host_bytes": report["total_host_bytes"],
-            "program": step.program,
-        },
-    }
-
-
-def _timed_rows(runs: dict, repeats: int, progress: Progress) -> list[dict]:
-    """The policies take turns in timed rounds; each row gets its median step time and its
-    ratios to the baseline."""
-    times = time_in_rounds(
-        {name: run["step"].stepper(run) for name, run in runs.items()},
-        repeats,
-        on_round=lambda r: say(progress, f"remat bench: timing round {r + 1}/{repeats}"),
-    )
-    base = runs[BASELINE]["row"]
-    rows = []
-    for name, run in runs.items():
-        row = run["row"]
-        row["step_ms"] = round(1e3 * statistics.median(times[name]), 3)
-        row["step_ratio"] = round(median_ratio(times[name], times[BASELINE]), 4)
-        row["temp_ratio"] = round(row["temp_bytes"] / base["temp_bytes"], 4) if base["temp_bytes"] else None
-        row["loss"] = float(run["out"]["loss"])
-        rows.append(_ordered(row))
-    return rows
+        }
+        temps = row.get("temp_bytes"), base.get("temp_bytes")
+        row["temp_ratio"] = round(temps[0] / temps[1], 4) if temps[0] is not None and temps[1] else None
+        both = row.get("round_ms") and base.get("round_ms")
+        row["step_ratio"] = round(median_ratio(row["round_ms"], base["round_ms"]), 4) if both else None
+        out.append(_ordered(row))
+    return out
 
 
 _KEY_ORDER = (
@@ -159,12 +158,13 @@ _KEY_ORDER = (
 
 
 def _ordered(row: dict) -> dict:
-    return {**{k: row[k] for k in _KEY_ORDER}, **{k: v for k, v in row.items() if k not in _KEY_ORDER}}
+    return {**{k: row.get(k) for k in _KEY_ORDER}, **{k: v for k, v in row.items() if k not in _KEY_ORDER}}
 
 
 def plot_remat(result: dict, path: str) -> str:
     """Scatter of compiled temp memory against step time, one labelled point per policy."""
-    points = [(r["policy"], r["temp_bytes"] / 2**20, r["step_ms"]) for r in result["rows"]]
+    rows = [r for r in result["rows"] if r.get("temp_bytes") is not None and r["step_ms"] is not None]
+    points = [(r["policy"], r["temp_bytes"] / 2**20, r["step_ms"]) for r in rows]
     seq = f" x {result['seq']}" if result.get("seq") else ""
     title = (
         f"{result['model']} ({result['backend']}, L={result['num_layers']}, "
@@ -260,40 +260,41 @@ def _print_depths(args, result: dict) -> None:
     )
 
 
+def _num(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def _print_policies(args, result: dict) -> None:
     from zoo.ui import print_table
 
-    chosen = (
-        f"; budget {result['budget'] / 2**20:.1f} MiB: {result['chosen'] or 'nothing fits'}"
-        if args.budget
-        else ""
-    )
+    rows = result["rows"]
+    chosen = (result.get("chosen"), result.get("chosen_offload"))
+    placements = len({r["offload"] for r in rows}) > 1
+    head = ""
+    if args.budget:
+        where = f" at offload {chosen[1]}" if placements and chosen[0] else ""
+        head = f"; budget {result['budget'] / 2**20:.1f} MiB: {chosen[0] or 'nothing fits'}{where}"
     print_table(
         f"zoo bench remat {args.model} ({result['backend']}, {result['precision']}, L={result['num_layers']}, "
         f"batch {result['batch']}, seq {result['seq']}, {result['device']}, "
-        f"median of {result['repeats']} rounds{chosen})",
-        [
-            "policy",
-            "temp MiB",
-            "temp/none",
-            "step ms",
-            "step/none",
-            "compile s",
-            "resid dev MiB",
-            "resid host MiB",
-        ],
+        f"median of {result['repeats']} rounds{head})",
+        ["policy", *(["offload"] if placements else []), "need MiB", "temp MiB", "temp/none", "step ms"]
+        + ["step/none", "compile s", "resid dev MiB", "resid host MiB", *(["fits"] if args.budget else [])],
         [
             (
-                r["policy"] + (" <" if r["policy"] == result.get("chosen") else ""),
-                _mib(r["temp_bytes"]),
-                f"{r['temp_ratio']:.3f}",
-                f"{r['step_ms']:.1f}",
-                f"{r['step_ratio']:.2f}",
-                f"{r['compile_s']:.2f}",
+                r["policy"] + (" <" if (r["policy"], r["offload"]) == chosen else ""),
+                *([r["offload"]] if placements else []),
+                _mib(r.get("need_bytes")),
+                _mib(r.get("temp_bytes")),
+                _num(r["temp_ratio"], ".3f"),
+                _num(r["step_ms"], ".1f"),
+                _num(r["step_ratio"], ".2f"),
+                _num(r["compile_s"], ".2f"),
                 _mib(r["residual_device_bytes"]),
                 _mib(r["residual_host_bytes"]),
+                *([("yes" if r.get("fits") else "no")] if args.budget else []),
             )
-            for r in result["rows"]
+            for r in rows
         ],
     )
     if args.plot:
@@ -345,8 +346,8 @@ def add_bench(bench_sub) -> None:
     p.add_argument(
         "--budget",
         metavar="BYTES",
-        help="mark the policies whose step fits (temp + arguments), e.g. 256MiB, and the fastest "
-        "of them: what zoo train --remat auto --memory-budget would choose",
+        help="mark the steps that fit, e.g. 256MiB (arguments + outputs - aliased + temp, in device "
+        "memory), and the fastest of them: zoo train --remat auto --memory-budget's chooser",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -25,6 +25,7 @@ import numpy as np
 
 from zoo.api import example_batch, example_labels
 from zoo.bench.common import positive_int, state_stepper, time_in_rounds
+from zoo.bench.step import Progress, say
 from zoo.configs import OptimConfig
 from zoo.errors import ZooError
 from zoo.models import canonical
@@ -33,7 +34,7 @@ from zoo.parallel import layout_for, parse_mesh
 from zoo.train import stages
 from zoo.train.engine import GradientSettings, make_engine
 from zoo.train.state import make_optimizer
-from zoo.ui import emit_json, print_table
+from zoo.ui import emit_json, print_table, stage_lines
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _SHORT = {
@@ -144,19 +145,30 @@ def bench_scale(
     seq: int | None = None,
     repeats: int = 5,
     steps: int = 3,
+    progress: Progress = None,
 ) -> dict:
+    """``progress(message)`` hears each mesh's compile and each timing round as it starts."""
     cfg = get_config(model)
     x = np.asarray(example_batch(cfg, batch, seed=0, seq_len=seq))
     data = {"x": x, "y": np.asarray(example_labels(cfg, x)), "mask": np.ones(batch, np.float32)}
     params = canonical.init_params(cfg, 0)
-    runs = {m: _mesh_run(cfg, backend, m, remat, params, data) for m in meshes}
+    runs = {}
+    for m in meshes:
+        say(progress, f"scale bench: compiling the step and one block on mesh {m}")
+        runs[m] = _mesh_run(cfg, backend, m, remat, params, data)
     if len({r["row"]["mesh"] for r in runs.values()}) < len(runs):
         raise ZooError(f"--mesh lists one mesh twice: {';'.join(meshes)}")
     steppers = {
         m: state_stepper(lambda s, r=r: r["engine"].train_step(s, r["frozen"], r["batch"]), r)
         for m, r in runs.items()
     }
-    times = time_in_rounds(steppers, repeats, steps)
+    say(progress, f"scale bench: a warm-up step on each of {len(runs)} meshes")
+    times = time_in_rounds(
+        steppers,
+        repeats,
+        steps,
+        on_round=lambda r: say(progress, f"scale bench: timing round {r + 1}/{repeats}"),
+    )
     rows = [{**r["row"], "step_ms": statistics.median(times[m]) * 1e3} for m, r in runs.items()]
     return {
         "model": model,
@@ -182,6 +194,7 @@ def run(args) -> int:
         seq=args.seq,
         repeats=args.repeats,
         steps=args.steps,
+        progress=stage_lines(args.quiet),
     )
     if args.json:
         emit_json(result)
@@ -237,4 +250,5 @@ def add_bench(sub) -> None:
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--steps", type=positive_int, default=3, help="steps per timed round")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)

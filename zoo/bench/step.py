@@ -13,7 +13,6 @@ the scanned stack, the precision policy, the state donated. Nothing here writes 
 from __future__ import annotations
 
 import functools
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from zoo.precision import FLOAT32
 from zoo.recipes import Recipe
 from zoo.train import stages
 from zoo.train.engine import Engine
+from zoo.train.remat_search import placed_shapes, program_digest
 
 
 def step_recipe(
@@ -121,31 +121,6 @@ def compile_step(
     compiled = lowered.compile()
     lower_s, compile_s = lowered_at - tic, time.perf_counter() - lowered_at
     return CompiledStep(engine, compiled, lower_s, compile_s, program_digest(lowered), state, frozen, batch)
-
-
-def placed_shapes(engine: Engine, state, frozen: dict):
-    """``(state, frozen)`` shapes with the shardings ``engine.init_state`` commits them to (the
-    layout's device, or its mesh, in host memory for what ``[train] placement`` keeps there), so
-    that they lower to the program real arrays lower to, and its memory analysis does not
-    count an offloaded state as device bytes."""
-    layout = engine.layout
-    state_shardings = engine.placement.state_shardings(layout, state, engine.optimizer)
-    if layout.is_single:
-        device = jax.sharding.SingleDeviceSharding(layout.mesh.devices.flat[0])
-        frozen_shardings = jax.tree.map(lambda _: device, frozen)
-    else:
-        frozen_shardings = layout.params(frozen)
-    return jax.tree.map(
-        lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-        (state, frozen),
-        (state_shardings, frozen_shardings),
-    )
-
-
-def program_digest(lowered) -> str:
-    """A digest of a lowered program's text (``jax.stages.Lowered``): the same step, the same
-    digest (how ``--remat auto`` tells two policies' programs apart, too)."""
-    return hashlib.sha256(lowered.as_text().encode()).hexdigest()[:16]
 
 
 # --- the shared set-up of the train-step benches (zoo bench remat, its depth sweep) ------------

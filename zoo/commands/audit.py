@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from zoo.commands.train import add_recipe_flags, resolve_recipe
-from zoo.ui import console, emit_json, print_table
+from zoo.ui import console, emit_json, print_table, rate_text, stage_lines
 
 MODES = ("whitebox", "blackbox")  # zoo.audit.MODES, without importing the training stack
 
@@ -29,16 +29,20 @@ def run_audit(args) -> int:
         recipe = override(recipe, {"dp": {"unit": args.unit}})
     check_request(recipe, args.canaries, args.mode, args.confidence, args.no_noise)
     out = Path(args.out or f"runs/audit-{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    with runlog.progress_bar(Console(stderr=True), rate_unit="steps/s") as progress:
+    stage, steps, err = stage_lines(args.no_progress), recipe.train.steps, Console(stderr=True)
+    with runlog.progress_bar(err, rate_unit="steps/s") as progress:
         bar = progress.add_task(
-            f"audit {recipe.name}", total=recipe.train.steps, loss="-", rate="-", visible=not args.no_progress
+            f"audit {recipe.name}", total=steps, loss="-", rate="-", visible=not args.no_progress
         )
 
         start = time.perf_counter()
 
         def report(step: int, loss: float) -> None:
             rate = step / (time.perf_counter() - start)
-            progress.update(bar, completed=step, loss=f"{loss:.4f}", rate=f"{rate:.1f}")
+            progress.update(bar, completed=step, loss=f"{loss:.4f}", rate=rate_text(rate))
+            # off a terminal the bar shows only at its end: a line every tenth of the steps
+            if stage and not err.is_terminal and (step % max(1, steps // 10) == 0 or step == steps):
+                stage(f"audit: step {step}/{steps}, {rate:.2g} steps/s, loss {loss:.4f}")
 
         summary = audit(
             recipe,
@@ -48,6 +52,7 @@ def run_audit(args) -> int:
             confidence=args.confidence,
             no_noise=args.no_noise,
             progress=report,
+            stage=stage,
         )
     if args.json:
         emit_json(summary)

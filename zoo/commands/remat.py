@@ -91,8 +91,9 @@ def run_policies(args) -> int:
         {
             "name": "auto",
             "description": "zoo train only: compile every policy (and on an accelerator every "
-            "in-program [train] placement) for the run's shapes and train with the fastest whose step fits "
-            "--memory-budget B (default on an accelerator: its memory less 5%; choice cached)",
+            "[train] offload setting) for the run's shapes, time those whose step fits --memory-budget B "
+            "(default on an accelerator: its bytes_limit less 5%) and train with the fastest; choice "
+            "cached; zoo bench remat --budget B shows the same chooser's table",
         }
     )
     if args.json:

@@ -42,25 +42,37 @@ FLAG_FIELDS = {  # flag dest -> (section, field) of the recipe
 }
 
 
+def _lora_values(text: str) -> dict[str, object]:
+    from zoo.lora import parse_flag
+
+    return {key.removeprefix("lora."): value for key, value in parse_flag(text).items()}
+
+
+def _mesh_values(text: str) -> dict[str, object]:
+    from zoo.parallel.mesh import flag_values
+
+    return flag_values(text)  # --mesh '' is refused, not ignored
+
+
+SECTION_FLAGS = {  # flag dest -> (section, parser of the flag into that section's fields)
+    "lora": ("lora", _lora_values),
+    "mesh": ("mesh", _mesh_values),
+}
+
+
 def recipe_changes(args) -> dict[str, dict[str, object]]:
     """The recipe fields that the flags and ``--set`` values of ``args`` set, parsed once, as
     ``{section: {field: value}}``. Flags and --set land together, so that one may complete
-    another (--memory-budget with --set train.remat=auto); a --set wins over a flag."""
-    changes: dict[str, dict[str, object]] = {}
+    another (--memory-budget with --set train.remat=auto). Where a flag and a --set name the
+    same field, the flag wins, whatever their order: docs/recipes.md's "flags override fields",
+    and a --set kept in a script or an alias stays open to a flag typed after it."""
+    changes = settings.parse_sets(args.set or [])
     for dest, (section, field) in FLAG_FIELDS.items():
         if getattr(args, dest, None) is not None:
             changes.setdefault(section, {})[field] = getattr(args, dest)
-    if getattr(args, "lora", None):
-        from zoo.lora import parse_flag
-
-        lora = {key.removeprefix("lora."): value for key, value in parse_flag(args.lora).items()}
-        changes.setdefault("lora", {}).update(lora)
-    if getattr(args, "mesh", None) is not None:  # --mesh '' is refused, not ignored
-        from zoo.parallel.mesh import flag_values
-
-        changes.setdefault("mesh", {}).update(flag_values(args.mesh))
-    for section, values in settings.parse_sets(args.set or []).items():
-        changes.setdefault(section, {}).update(values)
+    for dest, (section, parse) in SECTION_FLAGS.items():
+        if getattr(args, dest, None) is not None:
+            changes.setdefault(section, {}).update(parse(getattr(args, dest)))
     return changes
 
 
@@ -192,7 +204,7 @@ def continue_command(args, out: Path) -> str:
     """The ``zoo train`` command that continues this one after an interrupt: the same recipe,
     flags and ``--set`` values (a resume must not change the run), ``--resume --out OUT``."""
     words = ["zoo", "train", args.recipe]
-    for dest in (*FLAG_FIELDS, "lora", "mesh"):
+    for dest in (*FLAG_FIELDS, *SECTION_FLAGS):
         value = getattr(args, dest, None)
         for item in value if isinstance(value, list) else [] if value is None else [value]:
             words += [f"--{dest.replace('_', '-')}", str(item)]
@@ -204,6 +216,8 @@ def continue_command(args, out: Path) -> str:
 
 
 def _fmt(value) -> str:
+    if value is None:  # a figure with nothing to measure it by (the MFU on a CPU)
+        return "n/a"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
@@ -250,9 +264,7 @@ def run_eval(args) -> int:
         warnings.simplefilter("ignore")
         run = build_run(recipe, choose_remat=False)
     state, frozen = run.engine.init_state(run.params, recipe.train.seed)
-    metrics = evaluate(
-        run.engine, state, frozen, run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
-    )
+    metrics = evaluate(run.engine, state, frozen, run.task.eval_batches(run.eval_rows, run.eval_batch_count))
     metrics = {"checkpoint": str(args.checkpoint_dir), "step": ckpt.step, **task_metrics(run.task, metrics)}
     if run.dp:
         metrics.update(_dp_guarantee(run, ckpt))
@@ -260,7 +272,7 @@ def run_eval(args) -> int:
     if args.hardest:
         from zoo.train.hardest import hardest
 
-        batches = run.task.eval_batches(recipe.train.batch_size, recipe.train.eval_batches)
+        batches = run.task.eval_batches(run.eval_rows, run.eval_batch_count)
         hard = hardest(run.engine, state, frozen, batches, args.hardest)
     if args.json:
         emit_json({**metrics, "hardest": hard} if hard is not None else metrics)

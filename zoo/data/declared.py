@@ -1,6 +1,6 @@
 """A classifier's rows read the way a DP run must read them: every fact the model's shape, the
 printed text or the exit status depends on comes from the recipe or the dataset's schema,
-never from the records (docs/dp.md, "What a DP run reads off its records").
+never from the records (docs/dp-data.md, "What a DP run reads off its records").
 
 The rules, one per fact, each the same for every record:
 

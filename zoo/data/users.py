@@ -11,7 +11,8 @@ adding or removing a user, or malforming its records, moves no other user. The n
 treated as public: the sampling rate ``q = E / N_users`` publishes it.
 
 A language model's users (:func:`lm_by_user`) are read the same way: a row is a document, with
-its text and its user; ``text:PATH`` names each file's user by its path
+its text and its user; ``text:PATH`` names each file's user by its path inside the folder the
+spec names (the same corpus, the same users wherever it lies)
 (``data.user_column = "file"``, :data:`FILE_USERS`). Each user's documents, joined in order,
 are tokenized on their own into one segment of the train stream, and the windows DP counts are
 cut per segment (:mod:`zoo.data.windows`), so a window never holds two users' text. The eval
@@ -33,7 +34,9 @@ from zoo.data.tokenizer import CharTokenizer
 __all__ = ["FILE_USERS", "dense_ids", "group_rows", "held_out", "lm_by_user", "split_users", "user_values"]
 
 _NO_USER = -1
-FILE_USERS = "file"  # data.user_column of text:PATH: each file is one user, named by its path
+FILE_USERS = (
+    "file"  # data.user_column of text:PATH: each file one user, named by its path in the spec's folder
+)
 
 
 def user_values(ds, source: str, user_column: str) -> list[str | None]:

@@ -21,17 +21,48 @@ from zoo.precision import float32_scope
 
 PyTree = Any
 
-__all__ = ["NOISE_PRNGS", "DEFAULT_NOISE_PRNG", "add_gaussian_noise", "noise_key", "privatize"]
+__all__ = [
+    "AUTO",
+    "DEFAULT_NOISE_PRNG",
+    "FASTEST",
+    "NOISE_PRNGS",
+    "NOISE_PRNG_CHOICES",
+    "add_gaussian_noise",
+    "noise_key",
+    "privatize",
+    "resolve_noise_prng",
+]
 
-# JAX's counter-based samplers with keys of at least 64 bits.  Philox-4x32-10 (the generator
-# behind PyTorch's CUDA sampler, also in cuRAND) is the default because it is the fastest of
-# them here: on CPU JAX lowers threefry2x32 with a rolled loop, and the noise is most of what
-# a ghost DP step on mlp-s adds to the non-private step (docs/dp.md, "The noise sampler").
+# JAX's samplers with keys of at least 64 bits.  Philox-4x32-10 (the generator behind
+# PyTorch's CUDA sampler, also in cuRAND) is the fastest of the counter-based ones on a CPU: JAX
+# lowers threefry2x32 with a rolled loop there, and the noise is most of what a ghost DP step
+# on mlp-s adds to the non-private step (docs/dp-mechanisms.md, "The noise sampler").
+# ``rbg`` draws with XLA's RngBitGenerator (JAX: "fastest on TPU"), and derives keys (split,
+# fold_in) with threefry2x32 on each half of its 128-bit key; its bits differ between CPU, GPU
+# and TPU, and JAX does not promise them across compiler versions, so it is for the speed of a
+# chip, not for numbers shared across machines. Its 128 key bits are XLA's generator state,
+# of which at least 64 are the generator's key (the rest its starting counter): two of a run's
+# per-step, per-leaf keys meet with probability below n^2 / 2^65, as for philox4x32.
 # philox2x32 is left out: its 32-bit key makes two of a long run's per-step, per-leaf noise
 # keys likely to collide (about 1 in 3 for 6 leaves x 10k steps), and equal keys mean equal
-# noise.
-NOISE_PRNGS = ("philox4x32", "threefry2x32", "threefry4x32")
+# noise. ``unsafe_rbg`` is left out too: its key derivation is XLA's generator itself, which
+# nobody has tested as a hash (JAX's docs).
+NOISE_PRNGS = ("philox4x32", "threefry2x32", "threefry4x32", "rbg")
+AUTO = "auto"  # the fastest sampler measured on the platform (FASTEST)
+NOISE_PRNG_CHOICES = (AUTO, *NOISE_PRNGS)  # what ``dp.noise_prng`` may say
+# The fastest sampler measured per platform (``benchmarks/dp/noise.py``; ``chip_normals`` times
+# 124M normals by each on a chip); any other platform draws with philox4x32, the CPU's fastest.
+FASTEST = {"cpu": "philox4x32", "tpu": "rbg"}
 NOISE_STREAM = 0x6E6F6973  # fold_in constant that separates the noise from other uses of a key
+
+
+def resolve_noise_prng(prng: str | None, platform: str | None = None) -> str | None:
+    """The sampler ``prng`` names: itself, or for ``"auto"`` the fastest measured on
+    ``platform`` (default: JAX's default backend; :data:`FASTEST`). A run's summary reports it.
+    A CPU's is philox4x32, so ``"auto"`` draws on a CPU exactly what philox4x32 draws."""
+    if prng != AUTO:
+        return prng
+    return FASTEST.get(platform or jax.default_backend(), "philox4x32")
 
 
 def _noise_std(noise_multiplier, l2_clip_norm):
@@ -51,14 +82,16 @@ def _noise_std(noise_multiplier, l2_clip_norm):
 
 def noise_key(key: jax.Array, prng: str | None = DEFAULT_NOISE_PRNG) -> jax.Array:
     """The key the noise is drawn with: its own stream of ``key`` (typed, or raw key data of
-    JAX's default implementation), as a key of JAX's ``prng`` implementation.
+    JAX's default implementation), as a key of JAX's ``prng`` implementation (``"auto"``:
+    :func:`resolve_noise_prng`'s).
 
     The stream is ``fold_in(key, NOISE_STREAM)``, so the noise never shares bits with another
     use of ``key``. For another implementation its key data are bits drawn from that stream.
     ``prng=None`` keeps ``key``'s implementation. The same ``key`` always gives the same key.
     """
-    if prng is not None and prng not in NOISE_PRNGS:
-        raise choice_error("noise_prng", prng, NOISE_PRNGS)
+    if prng is not None and prng not in NOISE_PRNG_CHOICES:
+        raise choice_error("noise_prng", prng, NOISE_PRNG_CHOICES)
+    prng = resolve_noise_prng(prng)
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(key)
     stream = jax.random.fold_in(key, NOISE_STREAM)
@@ -92,7 +125,7 @@ def add_gaussian_noise(
     so leaves receive independent noise.  Noise is drawn in at least float32 and
     the result is cast back to each leaf's dtype.  The same key always yields
     the same noise; the caller must use a fresh key every step.  ``prng`` names the
-    sampler (:data:`NOISE_PRNGS`; see :func:`noise_key`). ``partitioned=True`` (a program
+    sampler (:data:`NOISE_PRNG_CHOICES`; see :func:`noise_key`). ``partitioned=True`` (a program
     over more than one device) draws philox4x32 numbers with a twin of JAX's implementation
     that gives the same bits and also compiles on a mesh.
 

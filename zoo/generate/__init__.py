@@ -136,6 +136,7 @@ def _start(model: Model, prompts, max_new_tokens, seed, keep_logits):
         new=new,
         keep_logits=keep_logits,
         dtype=dtype,
+        lanes=decode.row_lanes(),
     )
     return params, state, width
 

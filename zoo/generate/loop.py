@@ -41,17 +41,31 @@ class State(NamedTuple):
     key: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "backend", "length", "new", "keep_logits", "dtype"))
+@functools.partial(
+    jax.jit, static_argnames=("cfg", "backend", "length", "new", "keep_logits", "dtype", "lanes")
+)
 def prefill(
-    cfg, backend, params, prompts, lengths, seed, *, length: int, new: int, keep_logits: bool, dtype="float32"
+    cfg,
+    backend,
+    params,
+    prompts,
+    lengths,
+    seed,
+    *,
+    length: int,
+    new: int,
+    keep_logits: bool,
+    dtype="float32",
+    lanes: int = 1,
 ):
     """The padded prompts [B, P] (row b's ``lengths[b]`` tokens at its end) through the model:
     the first :class:`State`, with a cache of ``length`` slots in ``dtype`` (the compute dtype
-    of the model's precision policy, as ``params`` are) and room for ``new`` tokens."""
+    of the model's precision policy, as ``params`` are) in rows of ``lanes``
+    (``decode.row_lanes``) and room for ``new`` tokens."""
     batch, width = prompts.shape
     pad = width - lengths
     positions = jnp.maximum(jnp.arange(width)[None, :] - pad[:, None], 0)
-    cache = decode.init_cache(cfg, batch, length, dtype)
+    cache = decode.init_cache(cfg, batch, length, dtype, lanes)
     logits, cache = decode.forward(cfg, backend, params, cache, prompts, positions, pad, 0, prefill=True)
     return State(
         cache=cache,

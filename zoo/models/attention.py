@@ -21,37 +21,26 @@ Masked scores take the float32 minimum (:func:`masked`), finite, so a row with n
 gives zeros, not NaN. Every max, exp and sum of a softmax runs inside the ``f32_softmax`` scope
 (:data:`zoo.precision.FLOAT32_SCOPES`). Heads are grouped: q [..., KV, G, T, d] against keys
 [..., KV, T, d] (G = H / KV), so grouped-query attention reads each key once. The cache keeps
-each head's keys as one contiguous [T, d] matrix, the layout XLA's CPU dot reads fastest.
+p heads side by side in each slot's row (:mod:`zoo.models.cache_rows`), and its reads contract
+a row whole against queries spread over the row's lanes; both products of a read take the cache
+as it is (bf16 under a bf16 policy) and accumulate in float32.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from zoo import jaxfeatures
+from zoo.models.cache_rows import CacheSlice, gathered, spread
 from zoo.models.ops import in_float32
-from zoo.models.splash import resolve, splash
+from zoo.models.splash import SplashBlocks, resolve, splash
 from zoo.precision import float32_scope
 
 KINDS = ("auto", "dense", "chunked", "splash")
-
-
-class CacheSlice(NamedTuple):
-    """One layer's view of a key/value cache, what a block reads besides its new tokens.
-
-    ``k``, ``v``: [B, KV, T, d], the keys and values of the slots written before (None when
-    nothing is written yet: the prefill). ``pad`` [B]: the first slot row b may read (its left
-    padding ends there). ``slot``: the slot of the first new token."""
-
-    k: jax.Array | None
-    v: jax.Array | None
-    pad: jax.Array
-    slot: jax.Array
 
 
 def masked(scores: jax.Array, ok: jax.Array) -> jax.Array:
@@ -105,16 +94,18 @@ def _dense(q, k, v, heads: int, kv_heads: int, causal: bool, key_mask) -> jax.Ar
 # --- the online softmax: parts over key sets, merged ---------------------------------------
 
 
-def _part(q, k, v, ok):
+def _part(q, k, v, ok, scale=None):
     """``(m, l, acc)`` of q [..., G, S, d] over keys k, v [..., T, d] where ``ok`` (broadcast to
-    [..., G, S, T]): the row max, the normaliser and the unnormalised output, float32."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    s = masked(jnp.einsum("...gsd,...td->...gst", q, k).astype(jnp.float32) * scale, ok)
+    [..., G, S, T]): the row max, the normaliser and the unnormalised output, float32. The two
+    products take their operands as they are (a bf16 cache is read as bf16, never copied to
+    float32) and accumulate in float32; ``scale`` defaults to 1/sqrt(d)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = masked(jnp.einsum("...gsd,...td->...gst", q, k, preferred_element_type=jnp.float32) * scale, ok)
     with float32_scope("f32_softmax"):
         m = s.max(-1)
         p = jnp.where(ok, jnp.exp(s - m[..., None]), 0.0)
         norm = p.sum(-1)
-    acc = jnp.einsum("...gst,...td->...gsd", p.astype(v.dtype), v).astype(jnp.float32)
+    acc = jnp.einsum("...gst,...td->...gsd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return m, norm, acc
 
 
@@ -132,17 +123,17 @@ def _empty(q):
     return jnp.full(lead, low, jnp.float32), jnp.zeros(lead, jnp.float32), jnp.zeros(q.shape, jnp.float32)
 
 
-def _online(q, k, v, ok_fn, chunk: int):
+def _online(q, k, v, ok_fn, chunk: int, scale=None):
     """:func:`_part` over all of k, v [..., T, d] (``chunk`` 0 or >= T) or ``chunk`` keys at a
     time (a scan; T a multiple of ``chunk``). ``ok_fn(start, size)``: the mask of those keys."""
     seq = k.shape[-2]
     if not chunk or chunk >= seq:
-        return _part(q, k, v, ok_fn(0, seq))
+        return _part(q, k, v, ok_fn(0, seq), scale)
 
     def step(carry, i):
         start = i * chunk
         kc, vc = (jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=-2) for a in (k, v))
-        return _merge(carry, _part(q, kc, vc, ok_fn(start, chunk))), None
+        return _merge(carry, _part(q, kc, vc, ok_fn(start, chunk), scale)), None
 
     out, _ = jax.lax.scan(step, _empty(q), jnp.arange(seq // chunk))
     return out
@@ -338,7 +329,8 @@ def _chunked(q, k, v, heads: int, kv_heads: int, chunk: int, causal: bool, key_m
 
 def _cached(q, k, v, heads: int, kv_heads: int, cache: CacheSlice, chunk: int) -> jax.Array:
     """The new tokens' q [B, S, H * d] over the cached keys (slots [pad_b, slot)) and their own
-    k, v [B, S, KV * d] (slot + i reads new slots [max(pad_b, slot), slot + i])."""
+    k, v [B, S, KV * d] (slot + i reads new slots [max(pad_b, slot), slot + i]). The cache
+    holds p = KV / ``cache.k.shape[1]`` heads to a row (:class:`CacheSlice`)."""
     b, s, width = q.shape
     qh, kh, vh = _grouped(q, heads, kv_heads), _heads(k, kv_heads), _heads(v, kv_heads)
     rows, pad, slot = jnp.arange(s), cache.pad[:, None, None, None], cache.slot
@@ -356,7 +348,9 @@ def _cached(q, k, v, heads: int, kv_heads: int, cache: CacheSlice, chunk: int) -
 
     out = _online(qh, kh, vh, new_ok, divisor(s))
     if cache.k is not None:
-        out = _merge(_online(qh, cache.k, cache.v, past_ok, divisor(cache.k.shape[-2])), out)
+        per_row, scale = kv_heads // cache.k.shape[1], 1.0 / math.sqrt(width // heads)
+        past = _online(spread(qh, per_row), cache.k, cache.v, past_ok, divisor(cache.k.shape[-2]), scale)
+        out = _merge(gathered(past, kv_heads, per_row), out)
     return _ungrouped(_finish(*out)[0]).astype(q.dtype)
 
 
@@ -373,17 +367,17 @@ def attention(
     key_mask: jax.Array | None = None,
     cache: CacheSlice | None = None,
     rule: str = "auto",
+    blocks: SplashBlocks | None = None,
 ) -> jax.Array:
     """``softmax(q k^T / sqrt(d_head) + mask) v`` per head: the models' attention.
 
     q: [..., T, H * d_head]; k, v: [..., T, KV * d_head] (KV = ``num_kv_heads``, dividing H).
     ``kind``: one of :data:`KINDS` (chunked: keys ``chunk`` at a time, T need not divide by it;
-    splash interpreted off a TPU). ``causal`` adds the causal mask and ``key_mask`` [..., T] (True = a real key) masks padding;
-    a query row with no key to attend to gives zeros (chunked and cached). ``cache``: the
-    queries are new tokens [B, S, ...] at slots [slot, slot + S) that also read the cache
-    (always causal). ``rule``: how the chunked remat rule is written, one of :data:`RULES`
-    (``"auto"``: the first of :func:`available_rules`). Returns [..., T, H * d_head].
-    """
+    splash interpreted off a TPU, tuned by ``blocks``, a config's ``splash_blocks``). ``causal``
+    adds the causal mask, ``key_mask`` [..., T] (True: a real key) masks padding; a row with no
+    key to read gives zeros (chunked, cached). ``cache``: the queries are new tokens [B, S, ...]
+    at slots [slot, slot + S) that also read the cache (always causal). ``rule``: how chunked's
+    remat rule is written (:data:`RULES`; ``"auto"``: :func:`available_rules`' first). -> [..., T, H * d_head]."""
     if kind not in KINDS:
         raise ValueError(f"unknown attention {kind!r}; valid: {', '.join(KINDS)}")
     if rule not in RULES:
@@ -394,7 +388,7 @@ def attention(
     if cache is not None:
         return _cached(q, k, v, num_heads, num_kv_heads, cache, chunk)
     if kind == "splash":
-        return splash(q, k, v, num_heads, num_kv_heads, causal=causal, key_mask=key_mask)
+        return splash(q, k, v, num_heads, num_kv_heads, causal=causal, key_mask=key_mask, blocks=blocks)
     if chunk:
         return _chunked(q, k, v, num_heads, num_kv_heads, chunk, causal, key_mask, rule)
     return _dense(q, k, v, num_heads, num_kv_heads, causal, key_mask)

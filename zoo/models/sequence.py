@@ -8,6 +8,7 @@ defaults here are those of the kinds' checkpoints: a saved config dict loads unc
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -18,6 +19,9 @@ from zoo.configs import ATTENTIONS, require_positive
 from zoo.errors import ZooError, choice_error
 from zoo.models.ops import check_concrete_ids, check_ids_under_jit, check_length, check_token_shape
 from zoo.models.registry import ModelConfig
+from zoo.models.splash import SplashBlocks
+
+_SPLASH = SplashBlocks()  # the measured defaults of the splash_* fields
 
 
 def check_attention(cfg) -> None:
@@ -30,6 +34,28 @@ def check_attention(cfg) -> None:
         enable()
     chunk = cfg.attention_chunk
     require_positive_int(f"{type(cfg).__name__}.attention_chunk", chunk, error=ZooError)
+
+
+def check_splash(cfg) -> None:
+    """A config's ``splash_*`` fields make valid :class:`SplashBlocks` (one line naming the bad
+    field and what is valid)."""
+    try:
+        cfg.splash_blocks.check(prefix=f"{type(cfg).__name__}.splash_")
+    except ValueError as error:
+        raise ZooError(str(error)) from None
+
+
+# The largest vocab_multiple: tiles are at most a few hundred rows (128 fills the MXU), and a
+# multiple this size already pads a table to 65,536 rows. Without a bound a mistyped
+# multiple sizes a table of 10^12 rows and fails only in the allocator.
+MAX_VOCAB_MULTIPLE = 65536
+
+
+def check_vocab_multiple(cfg) -> None:
+    """A config's ``vocab_multiple`` is an int in [1, :data:`MAX_VOCAB_MULTIPLE`]."""
+    what = f"an int in [1, {MAX_VOCAB_MULTIPLE:,}] (rows the token table is rounded up to a multiple of)"
+    name = f"{type(cfg).__name__}.vocab_multiple"
+    require_int(name, cfg.vocab_multiple, lo=1, hi=MAX_VOCAB_MULTIPLE, what=what, error=ZooError)
 
 
 def check_mlp_chunk(cfg) -> None:
@@ -54,6 +80,18 @@ class SequenceConfig(ModelConfig):
         "auto"  # splash on a TPU, dense elsewhere; or "dense", "chunked", "splash" (zoo.models.attention)
     )
     attention_chunk: int = 64
+    # The splash kernels' tuning (zoo.models.splash.SplashBlocks, MaxText's sa_block_*): tokens
+    # per block of the forward kernel, the dk/dv kernel and the dq kernel, and one fused backward
+    # kernel instead of the last two. Read only where splash attention runs.
+    splash_block_q: int = _SPLASH.block_q
+    splash_block_kv: int = _SPLASH.block_kv
+    splash_block_kv_compute: int = _SPLASH.block_kv_compute
+    splash_block_q_dkv: int = _SPLASH.block_q_dkv
+    splash_block_kv_dkv: int = _SPLASH.block_kv_dkv
+    splash_block_kv_dkv_compute: int = _SPLASH.block_kv_dkv_compute
+    splash_block_q_dq: int = _SPLASH.block_q_dq
+    splash_block_kv_dq: int = _SPLASH.block_kv_dq
+    splash_fused_backward: bool = _SPLASH.fused_backward
     mlp_chunk: int = 0  # tokens per MLP chunk, recomputed in backward (ops.token_chunks); 0: all at once
     vocab_multiple: int = (
         1  # the token table and LM head rounded up to a multiple of this many rows (128: MXU tiles)
@@ -61,10 +99,10 @@ class SequenceConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         check_attention(self)
+        check_splash(self)
         check_mlp_chunk(self)
-        require_positive(
-            self, "vocab_size", "d_model", "num_heads", "num_layers", "max_len", "vocab_multiple"
-        )
+        require_positive(self, "vocab_size", "d_model", "num_heads", "num_layers", "max_len")
+        check_vocab_multiple(self)
         if self.d_model % self.num_heads:
             raise ZooError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
@@ -74,6 +112,12 @@ class SequenceConfig(ModelConfig):
     @property
     def d_head(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def splash_blocks(self) -> SplashBlocks:
+        """The ``splash_*`` fields as the kernels' settings (:class:`SplashBlocks`)."""
+        fields = dataclasses.fields(SplashBlocks)
+        return SplashBlocks(**{f.name: getattr(self, f"splash_{f.name}") for f in fields})
 
     @property
     def table_rows(self) -> int:

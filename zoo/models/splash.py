@@ -25,23 +25,101 @@ What zoo adds around the kernel:
   name ``attn_context`` (``residual_checkpoint_name``), so a policy that saves
   ``attn_context`` (``save-attn``, ``minimal``) keeps them, and its backward pass does not run
   the forward kernel again.
-- **Block sizes** (:data:`BLOCK`): tokens per query and key block, in the forward and both
-  backward kernels. The library's default is 128; on a TPU v5e at T = 1024 larger blocks are
-  much faster (``benchmarks/device/RESULTS.md``).
+- **Block sizes** (:class:`SplashBlocks`, the model config's ``splash_*`` fields): tokens per
+  query and key block of the forward kernel and of each backward kernel (dk/dv and dq), as
+  the library's ``BlockSizes`` has them, and whether the backward pass is one fused kernel.
+  They are configuration, read from the model's config on every call, never module state.
+  The library's default is 128; zoo's is 512 everywhere, measured on a TPU v5e at T = 1024
+  against 128 and 1024, and the split backward (the fused one did not finish compiling there):
+  ``benchmarks/device/RESULTS.md``, "Block size".
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
 from zoo import names
+from zoo.checks import is_int
 
 LANES = 128  # the kernel's blocks are multiples of this many tokens
-BLOCK = 512  # tokens per block, capped by the (padded) sequence: tuned on a TPU v5e
-FUSED_BACKWARD = False  # one backward kernel for dq, dk and dv (the library's option)
+
+# The block fields of the library's BlockSizes, forward then the dk/dv and the dq kernels.
+FORWARD = ("block_q", "block_kv", "block_kv_compute")
+BACKWARD_DKV = ("block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute")
+BACKWARD_DQ = ("block_q_dq", "block_kv_dq")
+FIELDS = FORWARD + BACKWARD_DKV + BACKWARD_DQ
+COMPUTE = {"block_kv_compute": "block_kv", "block_kv_dkv_compute": "block_kv_dkv"}  # part: whole
+
+
+@dataclass(frozen=True)
+class SplashBlocks:
+    """Tokens per block of the splash kernels, and the backward kernel's form.
+
+    Each block is a positive multiple of :data:`LANES`; a ``*_compute`` block (the slice of a
+    key block one inner step computes) divides its key block. A block longer than the
+    sequence (rounded up to :data:`LANES`) is cut to it (:meth:`for_length`). With
+    ``fused_backward`` one kernel computes dq, dk and dv and the ``*_dq`` blocks are unused.
+    The defaults were measured on a TPU v5e (GPT-2 124M, T 1024: 512 against 128 and 1024;
+    ``benchmarks/device/RESULTS.md``)."""
+
+    block_q: int = 512
+    block_kv: int = 512
+    block_kv_compute: int = 512
+    block_q_dkv: int = 512
+    block_kv_dkv: int = 512
+    block_kv_dkv_compute: int = 512
+    block_q_dq: int = 512
+    block_kv_dq: int = 512
+    fused_backward: bool = False
+
+    def check(self, prefix: str = "") -> None:
+        """Raise ValueError naming the first bad setting (as ``prefix + field``) and what is
+        valid."""
+        for name in FIELDS:
+            value = getattr(self, name)
+            if not is_int(value) or value < LANES or value % LANES:
+                raise ValueError(
+                    f"{prefix}{name} must be a positive multiple of {LANES} (the kernel's lanes: "
+                    f"128, 256, 512, 1024, ...); got {value!r}."
+                )
+        for part, whole in COMPUTE.items():
+            size, of = getattr(self, part), getattr(self, whole)
+            if of % size:
+                valid = [b for b in range(LANES, of + 1, LANES) if of % b == 0]
+                raise ValueError(
+                    f"{prefix}{part} must divide {prefix}{whole} ({of}); got {size}. "
+                    f"Valid: {', '.join(map(str, valid))}."
+                )
+        if not isinstance(self.fused_backward, bool):
+            raise ValueError(f"{prefix}fused_backward must be true or false; got {self.fused_backward!r}.")
+
+    def used(self) -> dict:
+        """``{field: tokens}`` of the blocks the kernels read: every one, less the ``*_dq``
+        blocks under ``fused_backward``."""
+        names = FORWARD + BACKWARD_DKV + (() if self.fused_backward else BACKWARD_DQ)
+        return {name: getattr(self, name) for name in names}
+
+    def for_length(self, seq: int) -> tuple[int, dict]:
+        """``(padded, sizes)`` for a sequence of ``seq`` tokens: each block cut to ``seq``
+        rounded up to :data:`LANES` (a compute block then to a divisor of its key block), the
+        ``*_dq`` blocks left out under ``fused_backward``, and the length padded to a whole
+        number of every block (their least common multiple)."""
+        cap = -(-seq // LANES) * LANES
+        sizes = {name: min(size, cap) for name, size in self.used().items()}
+        for part, whole in COMPUTE.items():
+            sizes[part] = math.gcd(sizes[part], sizes[whole])
+        unit = math.lcm(*(size for name, size in sizes.items() if name not in COMPUTE))
+        return -(-seq // unit) * unit, sizes
+
+    def ran(self, seq: int | None = None) -> dict:
+        """What the kernels run with, for a run's summary: the block sizes (at ``seq`` tokens
+        when given, as :meth:`for_length` cuts them) and the backward kernel."""
+        sizes = self.for_length(seq)[1] if seq else self.used()
+        return {"blocks": sizes, "backward": "fused" if self.fused_backward else "dkv and dq kernels"}
 
 
 def on_tpu() -> bool:
@@ -56,38 +134,19 @@ def resolve(kind: str) -> str:
     return "splash" if on_tpu() else "dense"
 
 
-def block_for(seq: int, block: int | None = None) -> int:
-    """The block size for a sequence of ``seq`` tokens: ``block`` (default :data:`BLOCK`), but
-    no longer than the sequence rounded up to :data:`LANES`."""
-    block = block or BLOCK
-    if block % LANES:
-        raise ValueError(f"splash attention's block must be a multiple of {LANES}, got {block}")
-    return min(block, -(-seq // LANES) * LANES)
-
-
-def _kernel(seq: int, group: int, causal: bool, block: int, interpret: bool):
+def _kernel(seq: int, group: int, causal: bool, sizes: dict, fused: bool, interpret: bool):
     """The splash kernel for ``group`` query heads per key head over ``seq`` tokens (a multiple
-    of ``block``): multi-head (group 1, called per head) or multi-query (keys shared). Made
-    anew in every trace: its mask tables are arrays, and a kernel kept from another trace would
-    hand them to this one as constants that a compiled step is then called without."""
+    of every block in ``sizes``): multi-head (group 1, called per head) or multi-query (keys
+    shared). Made anew in every trace: its mask tables are arrays, and a kernel kept from
+    another trace would hand them to this one as constants that a compiled step is then called
+    without."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
     one = sm.CausalMask((seq, seq)) if causal else sm.FullMask((seq, seq))
-    dq = {} if FUSED_BACKWARD else {"block_q_dq": block, "block_kv_dq": block}
-    sizes = sk.BlockSizes(
-        block_q=block,
-        block_kv=block,
-        block_kv_compute=block,
-        block_q_dkv=block,
-        block_kv_dkv=block,
-        block_kv_dkv_compute=block,
-        use_fused_bwd_kernel=FUSED_BACKWARD,
-        **dq,
-    )
     return sk.make_splash_mqa_single_device(
         sm.MultiHeadMask([one] * group),
-        block_sizes=sizes,
+        block_sizes=sk.BlockSizes(**sizes, use_fused_bwd_kernel=fused),
         residual_checkpoint_name=names.ATTN_CONTEXT,
         interpret=interpret,
     )
@@ -103,18 +162,29 @@ def _segments(key_mask, batch_shape, seq: int, padded: int, causal: bool):
     return jnp.pad(real, [(0, 0)] * len(batch_shape) + [(0, padded - seq)])
 
 
-def splash(q, k, v, heads: int, kv_heads: int, *, causal: bool = True, key_mask=None, block=None):
+def splash(
+    q,
+    k,
+    v,
+    heads: int,
+    kv_heads: int,
+    *,
+    causal: bool = True,
+    key_mask=None,
+    blocks: SplashBlocks | None = None,
+):
     """``softmax(q k^T / sqrt(d_head) + mask) v`` by the splash kernel.
 
     q: [B, T, H * d]; k, v: [B, T, KV * d]; ``key_mask`` [B, T] (True = a real key) or None.
-    Returns [B, T, H * d] in q's dtype. ``block``: tokens per block (default :data:`BLOCK`)."""
+    Returns [B, T, H * d] in q's dtype. ``blocks``: the kernels' block sizes and backward form
+    (default :class:`SplashBlocks`'s)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
     batch, seq, width = q.shape
     d_head, group = width // heads, heads // kv_heads
-    size = block_for(seq, block)
-    padded = -(-seq // size) * size
-    kernel = _kernel(padded, group, bool(causal), size, not on_tpu())
+    blocks = blocks or SplashBlocks()
+    padded, sizes = blocks.for_length(seq)
+    kernel = _kernel(padded, group, bool(causal), sizes, blocks.fused_backward, not on_tpu())
 
     def split(x, n):  # [B, T, n * d] -> [B, n, padded, d]
         x = jnp.pad(x, [(0, 0), (0, padded - seq), (0, 0)])

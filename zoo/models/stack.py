@@ -20,7 +20,7 @@ from zoo.scan import Remat, scan_layers, tagged
 
 def cached_scan(blocks, h, positions, cache: CacheSlice):
     """The stacked ``blocks`` over new tokens ``h`` [B, S, D] with the cache, one layer's slice
-    of ``cache.k``, ``cache.v`` ([L, B, KV, T, d], or None) at a time: ``(h, (k, v))``, k and v
+    of ``cache.k``, ``cache.v`` ([L, B, KV / p, T, p * d], or None) at a time: ``(h, (k, v))``, k and v
     [L, B, S, KV * d] the new tokens' keys and values."""
     merge, stacked = backends.of(blocks).layer_modules(blocks)
 

@@ -1,43 +1,37 @@
-"""``--remat auto``: train with the fastest (remat policy, offload) pair that fits a budget.
+"""``--remat auto``: train with the fastest (remat policy, placement) whose step fits a budget.
 
 The budget is ``--memory-budget`` (``train.memory_budget``) or, without one, the device's own
-memory: ``memory_stats()["bytes_limit"]`` less :data:`SAFETY` of it (a CPU reports none, and
-then the flag is required). On an accelerator the search runs over every remat policy and every
-``[train] offload`` setting; on a CPU, whose ``pinned_host`` and ``device`` memory are one RAM
-(:mod:`zoo.parallel.offload`), over the policies at the run's own offload setting.
+memory (:func:`device_memory`): ``memory_stats()["bytes_limit"]``, or where the runtime reports
+none, a TPU's HBM capacity (``pallas.tpu.get_tpu_info().hbm_capacity_bytes``), less
+:data:`SAFETY` of it. Never ``peak_bytes_in_use``: on a TPU it leaves out a program's
+temporaries. A CPU reports no limit, and there the flag is required.
 
-For the run's exact step (its model, batch shapes, freezing, DP and optimizer) every pair's
-train step is compiled; its footprint is what XLA's ``memory_analysis()`` says it needs in
-device memory (:func:`zoo.remat.step_bytes`): temp, arguments and the outputs that reuse no
-donated buffer, where an offloaded state's host-memory bytes do not count. Those within the
-budget run one untimed and three timed steps on the real device, and the fastest median wins
-(under the run's precision policy: a bf16 step keeps bf16 residuals). The table it chose from
-is printed, the run's summary says what was chosen and why (``remat_auto``), and the choice is
-cached per (model, shapes, backend, device, budget, offload settings searched...) in
-``$ZOO_CACHE_DIR/remat-auto.json`` (default ``~/.cache/zoo``), so a second run does not search.
-When nothing fits, the run is refused, naming the smallest footprint found.
+The candidates are every remat policy at every placement of the state
+(:data:`zoo.train.remat_search.PLACEMENTS`, today's ``[train] offload`` settings) on an
+accelerator; on a CPU, whose ``pinned_host`` and ``device`` memory are one RAM
+(:mod:`zoo.parallel.offload`), every policy at the run's own placement. They are measured and
+chosen by :mod:`zoo.train.remat_search`, the chooser ``zoo bench remat --budget`` calls too,
+for the run's exact step (model, batch shapes, freezing, DP, optimizer, precision). The table it
+chose from is printed, the run's summary says what was chosen and why (``remat_auto``: the
+budget and where it came from, the reason, and every candidate's need and time), and the
+choice is cached in ``$ZOO_CACHE_DIR/remat-auto.json`` (:mod:`zoo.cache`), keyed by what it
+depends on, so a second run does not search. When nothing fits, the run is refused, naming the
+smallest need found.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import os
-import statistics
-import time
-from pathlib import Path
-
 import jax
 
-from zoo.configs import OFFLOADS
+from zoo.cache import ChoiceCache, digest
 from zoo.errors import ZooError
-from zoo.parallel.placement import offloaded
-from zoo.remat import choose_fitting, footprint, get_policy, nothing_fits, policy_names, step_bytes
-from zoo.train.runlog import atomic_write
+from zoo.remat import policy_names
+from zoo.train import remat_search
+from zoo.train.remat_search import PLACEMENTS, Candidate, candidates, placement_of
 
 CACHE_FILE = "remat-auto.json"
-TIMED_STEPS = 3  # per fitting pair, after an untimed one; the median decides
+CACHE = ChoiceCache(CACHE_FILE)
+SEARCH_VERSION = 2  # in the cache key: a choice made by an older search is made again
 # Kept out of a budget taken from the device: memory_analysis() does not count the program's
 # code, the batch the loader has already placed for the next step, the eval step's buffers or
 # the allocator's fragmentation. 5% of a 15.75 GiB v5e chip is 0.79 GiB, several times the
@@ -45,9 +39,8 @@ TIMED_STEPS = 3  # per fitting pair, after an untimed one; the median decides
 SAFETY = 0.05
 
 
-def cache_path() -> Path:
-    root = os.environ.get("ZOO_CACHE_DIR") or Path.home() / ".cache" / "zoo"
-    return Path(root) / CACHE_FILE
+def cache_path():
+    return CACHE.path
 
 
 def _device():
@@ -61,32 +54,62 @@ def host_memory_is_separate() -> bool:
     return _device().platform != "cpu"
 
 
-def offload_space(run) -> tuple[str, ...]:
-    """The ``[train] offload`` settings the search tries: all of them on an accelerator; on a
-    CPU only the run's own (there an offload moves and saves nothing)."""
-    return OFFLOADS if host_memory_is_separate() else (run.engine.placement.offload,)
+def _tpu_hbm() -> int | None:
+    """A TPU's HBM capacity from Pallas' chip table (None where it has none)."""
+    try:
+        from jax.experimental.pallas import tpu as pltpu
+
+        return int(pltpu.get_tpu_info().hbm_capacity_bytes) or None
+    except Exception:  # noqa: BLE001 (an older JAX, an unknown chip: no figure, not a failed run)
+        return None
+
+
+def device_memory(device) -> tuple[int, str] | None:
+    """``(bytes, where they came from)``: the allocator's ``bytes_limit``, else (a TPU) the
+    chip's HBM capacity; None for a device that reports neither (a CPU)."""
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 (a backend without memory stats)
+        stats = {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), "memory_stats bytes_limit"
+    hbm = _tpu_hbm() if device.platform == "tpu" else None
+    return (hbm, "tpu_info hbm_capacity_bytes") if hbm else None
 
 
 def budget_of(run) -> tuple[int, str]:
     """``(budget in bytes, its source)``: ``"flag"`` (``--memory-budget``) or ``"device"``
-    (the device's ``bytes_limit`` less :data:`SAFETY`). A device that reports no limit (a
-    CPU) and no flag is refused in one line."""
+    (:func:`device_memory` less :data:`SAFETY`). A device that reports no memory (a CPU) and
+    no flag is refused in one line."""
     flag = run.recipe.train.memory_budget
     if flag is not None:
         return int(flag), "flag"
     device = _device()
-    limit = (device.memory_stats() or {}).get("bytes_limit")
-    if not limit:
+    memory = device_memory(device)
+    if memory is None:
         raise ZooError(
             f"--remat auto needs a budget: the {device.platform} device reports no memory limit to "
             "take as one; add --memory-budget 256MiB (or set train.memory_budget)"
         )
-    return int(limit * (1 - SAFETY)), "device"
+    return int(memory[0] * (1 - SAFETY)), "device"
 
 
-def _key(run, batch: dict, budget: int, offloads: tuple[str, ...] = ("none",)) -> str:
+def candidates_for(engine, policies=None) -> list[Candidate]:
+    """``policies`` (default: every one) at every placement on an accelerator; at ``engine``'s
+    own on a CPU (there an offload moves and saves nothing)."""
+    where = tuple(PLACEMENTS) if host_memory_is_separate() else (placement_of(engine),)
+    return candidates(policies or policy_names(), where)
+
+
+def apply(engine, chosen: dict):
+    """``engine`` with the chosen policy and placement."""
+    return remat_search.with_candidate(engine, Candidate(chosen["policy"], chosen["offload"]))
+
+
+def _key(run, batch: dict, budget: int, among: list[Candidate]) -> str:
     device = _device()
     parts = {
+        "search": SEARCH_VERSION,
         "cfg": repr(run.cfg),
         "backend": run.engine.backend,
         "batch": {k: [list(v.shape), str(v.dtype)] for k, v in sorted(batch.items())},
@@ -96,199 +119,189 @@ def _key(run, batch: dict, budget: int, offloads: tuple[str, ...] = ("none",)) -
         "budget": budget,
         "device": [device.platform, device.device_kind, jax.device_count()],
         "jax": jax.__version__,
-        "policies": policy_names(),
+        "candidates": [c.label for c in among],
+        "microbatch": run.engine.microbatch_size,  # accumulation changes the step's activations
+        "precision": run.engine.precision.name,
     }
-    if run.engine.microbatch_size is not None:  # accumulation changes the step's activations
-        parts["microbatch"] = run.engine.microbatch_size
-    if not run.engine.precision.is_identity:  # float32 keys stay those of runs before the policy
-        parts["precision"] = run.engine.precision.name
-    if tuple(offloads) != ("none",):  # searched over offload settings (or at one of its own)
-        parts["offloads"] = list(offloads)
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+    return digest(parts)
 
 
-def _read(key: str) -> dict | None:
-    try:
-        entry = json.loads(cache_path().read_text()).get(key)
-        chosen = entry["chosen"]
-        ok = chosen["policy"] in policy_names() and chosen["offload"] in OFFLOADS and "reason" in entry
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
-        return None
-    return entry if ok else None
+def _whole(entry) -> bool:
+    chosen = entry["chosen"]
+    return (
+        chosen["policy"] in policy_names()
+        and chosen["offload"] in PLACEMENTS
+        and isinstance(entry["rows"], list)
+    )
 
 
-def _write(key: str, entry: dict) -> None:
-    path = cache_path()
-    try:
-        doc = json.loads(path.read_text())
-        doc = doc if isinstance(doc, dict) else {}
-    except (OSError, ValueError):
-        doc = {}
-    doc[key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(doc, indent=1) + "\n")
-
-
-def with_policy(engine, policy: str, offload: str | None = None):
-    """``engine`` with its stack on ``policy`` (same frozen prefix), and on ``offload`` if given."""
-    get_policy(policy)  # an unknown name fails here, with the valid list
-    engine = dataclasses.replace(engine, grad=dataclasses.replace(engine.grad, remat=policy))
-    return engine if offload is None else dataclasses.replace(engine, placement=offloaded(offload))
-
-
-def _time(compiled, state, frozen, batch) -> float | None:
-    """Median ms of :data:`TIMED_STEPS` steps after an untimed one; None if the device runs
-    out of memory (the footprint does not see everything: it then does not fit)."""
-    times = []
-    try:
-        for _ in range(1 + TIMED_STEPS):  # the first is untimed
-            tic = time.perf_counter()
-            state, out = compiled(state, frozen, batch)
-            jax.block_until_ready((state, out))
-            times.append(time.perf_counter() - tic)
-    except jax.errors.JaxRuntimeError as error:
-        if "RESOURCE_EXHAUSTED" not in str(error):
-            raise
-        return None
-    return round(1e3 * statistics.median(times[1:]), 3)
-
-
-def does_not_compile(policy: str, offload: str) -> dict:
-    """The row of a pair the device's compiler refused for memory: no bytes to show, never chosen."""
-    zero = dict.fromkeys(("temp_bytes", "argument_bytes", "output_bytes", "alias_bytes", "host_bytes"), 0)
-    return {
-        "policy": policy,
-        "offload": offload,
-        **zero,
-        "step_ms": None,
-        "out_of_memory": True,
-        "compile_oom": True,
-    }
-
-
-def measure(run, batch: dict, budget: int, policies=None, offloads=None) -> list[dict]:
-    """One row per (policy, offload): the compiled step's device bytes (:func:`step_bytes`)
-    and, for those that fit, the time of one step (after an untimed one)."""
-    rows, timed = [], {}  # timed: program text -> its row (one timing per distinct program)
-    host_separate = host_memory_is_separate()
-    for offload in offloads or (run.engine.placement.offload,):
-        for policy in policies or policy_names():
-            engine = with_policy(run.engine, policy, offload)
-            try:  # a TPU refuses at compile time a program that cannot fit its memory
-                state, frozen = engine.init_state(run.params, 0, jax.random.key(0))
-                lowered = engine.train_step.lower(state, frozen, batch)
-                program = hashlib.sha256(lowered.as_text().encode()).hexdigest()
-                compiled = lowered.compile()
-            except jax.errors.JaxRuntimeError as error:
-                if "RESOURCE_EXHAUSTED" not in str(error):
-                    raise
-                rows.append(does_not_compile(policy, offload))
-                continue
-            row = {
-                "policy": policy,
-                "offload": offload,
-                **step_bytes(compiled, host_separate),
-                "step_ms": None,
-            }
-            if program in timed:  # the same program as an earlier pair: the same step
-                same = timed[program]
-                rows.append(
-                    {**row, "step_ms": same["step_ms"], "same_as": f"{same['policy']}/{same['offload']}"}
-                )
-                continue
-            timed[program] = row
-            if footprint(row) <= budget:
-                row["step_ms"] = _time(compiled, state, frozen, batch)
-                row["out_of_memory"] = row["step_ms"] is None
-            rows.append(row)
-    return rows
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def reason(chosen: dict, rows: list[dict]) -> str:
-    """Why ``chosen`` won, from the marked rows: how many fit, and what did not."""
-    fitting = [r for r in rows if r["fits"] and r["step_ms"] is not None and "same_as" not in r]
-    over = sorted((r for r in rows if not r["fits"] or r["step_ms"] is None), key=footprint)
-    text = f"fastest of {len(fitting)} fitting ({chosen['step_ms']:.1f} ms/step)"
-    if over:
-        named = ", ".join(
-            f"{r['policy']}/{r['offload']} (does not compile: out of memory)"
-            if r.get("compile_oom")
-            else f"{r['policy']}/{r['offload']} ({_gib(footprint(r))}"
-            + (", out of memory when run)" if r.get("out_of_memory") else ")")
-            for r in over[-3:]
-        )
-        more = f" and {len(over) - 3} more" if len(over) > 3 else ""
-        text += f"; over budget: {named}{more}"
-    return text
-
-
-def choose(run, batch: dict) -> tuple[dict, list[dict], bool]:
+def choose(run, batch: dict, progress=None) -> tuple[dict, list[dict], bool]:
     """``(chosen, the rows it was chosen from, whether they came from the cache)``; ``chosen``
-    holds the ``policy``, the ``offload``, the ``budget``, its ``budget_source`` and the
-    ``reason``."""
+    holds the ``policy``, the ``offload`` (its placement), the ``budget``, its
+    ``budget_source``, the device memory it came from, and the ``reason``."""
     budget, source = budget_of(run)
-    offloads = offload_space(run)
-    key = _key(run, batch, budget, offloads)
-    cached = _read(key)
+    among = candidates_for(run.engine)
+    key = _key(run, batch, budget, among)
+    cached = CACHE.get(key, _whole)
     if cached is not None:
         return {**cached["chosen"], "budget_source": source}, cached["rows"], True
-    rows = measure(run, batch, budget, offloads=offloads)
-    best, _ = choose_fitting([r for r in rows if "same_as" not in r], budget)
+    rows = remat_search.search(
+        run.engine,
+        run.params,
+        batch,
+        budget,
+        among,
+        host_separate=host_memory_is_separate(),
+        progress=progress,
+    )
+    best = remat_search.pick(rows)
     if best is None:
         raise nothing_fits(rows, budget)
-    rows = [{**r, "fits": footprint(r) <= budget and not r.get("out_of_memory")} for r in rows]
     chosen = {
         "policy": best["policy"],
         "offload": best["offload"],
         "budget": budget,
-        "reason": reason(best, rows),
+        "reason": reason(best, rows, budget),
     }
-    _write(key, {"chosen": chosen, "rows": rows, "budget": budget, "reason": chosen["reason"]})
+    if source == "device":
+        memory, field = device_memory(_device())
+        chosen["device_memory"] = {"bytes": memory, "from": field, "kept_free": SAFETY}
+    CACHE.put(key, {"chosen": chosen, "rows": rows})
     return {**chosen, "budget_source": source}, rows, False
 
 
+def candidate_table(rows: list[dict]) -> list[dict]:
+    """The summary's view of the rows: each candidate's need, whether it fit, its time and why not."""
+    out = []
+    for r in rows:
+        note = next(
+            (f"{k.replace('_', ' ')} {r[k]}" for k in ("same_as", "dominated_by") if r.get(k)),
+            "does not compile: out of memory" if r.get("compile_oom")
+            else "out of memory when run" if r.get("out_of_memory")
+            else f"stopped after {len(r['round_ms'])} round" if r.get("stopped") else "",
+        )  # fmt: skip
+        out.append(
+            {
+                "policy": r["policy"],
+                "offload": r["offload"],
+                "need_bytes": r.get("need_bytes"),
+                "fits": r.get("fits"),
+                "step_ms": r.get("step_ms"),
+                **({"note": note} if note else {}),
+            }
+        )
+    return out
+
+
 def resolve(run, batch: dict, console) -> dict:
-    """What to train ``run`` with (:func:`choose`'s ``chosen``); prints the table it chose from."""
+    """What to train ``run`` with (:func:`choose`'s ``chosen``, with the ``candidates``
+    table); prints the table it chose from."""
     from zoo.ui import print_table
 
-    chosen, rows, cached = choose(run, batch)
-    budget = chosen["budget"]
-    mark = (chosen["policy"], chosen["offload"])
-    one_offload = len({r["offload"] for r in rows}) == 1  # then a pair is named by its policy
+    def progress(message: str) -> None:
+        console.print(message, style="dim", markup=False, highlight=False)
 
-    def same(r: dict) -> str:
-        if not r.get("same_as"):
-            return ""
-        return f" (= {r['same_as'].split('/')[0] if one_offload else r['same_as']})"
+    chosen, rows, cached = choose(run, batch, progress)
+    mark = (chosen["policy"], chosen["offload"])
+    one_placement = len({r["offload"] for r in rows}) == 1  # then a candidate is named by its policy
+    table = candidate_table(rows)
+
+    def name(r: dict) -> str:
+        same = r.get("same_as")
+        if same:
+            return f"{r['policy']} (= {same.split('/')[0] if one_placement else same})"
+        return r["policy"] + (" <" if (r["policy"], r["offload"]) == mark else "")
 
     print_table(
-        f"--remat auto under {budget / 2**20:.1f} MiB ({chosen['budget_source']}): {chosen['policy']}"
-        + ("" if one_offload else f", offload {chosen['offload']}")
+        f"--remat auto under {chosen['budget'] / 2**20:.1f} MiB ({chosen['budget_source']}): {chosen['policy']}"
+        + ("" if one_placement else f", offload {chosen['offload']}")
         + (f" (cached in {cache_path()})" if cached else ""),
-        ["policy", "offload", "temp MiB", "args MiB", "host MiB", "fits", "step ms"],
+        ["policy", "offload", "need MiB", "temp MiB", "host MiB", "fits", "step ms", "note"],
         [
             (
-                r["policy"] + (" <" if (r["policy"], r["offload"]) == mark else "") + same(r),
+                name(r),
                 r["offload"],
                 *(
-                    ("-", "-", "-")
-                    if r.get("compile_oom")
-                    else (
+                    (
+                        f"{r['need_bytes'] / 2**20:.1f}",
                         f"{r['temp_bytes'] / 2**20:.1f}",
-                        f"{r['argument_bytes'] / 2**20:.1f}",
-                        f"{r.get('host_bytes', 0) / 2**20:.1f}",
+                        f"{r['host_bytes'] / 2**20:.1f}",
                     )
+                    if r.get("need_bytes") is not None
+                    else ("-", "-", "-")
                 ),
-                "yes" if r["fits"] else "no",
-                "-" if r["step_ms"] is None else f"{r['step_ms']:.1f}",
+                "yes" if r.get("fits") else "no",
+                "-" if r.get("step_ms") is None else f"{r['step_ms']:.1f}",
+                "" if r.get("same_as") else t.get("note", ""),
             )
-            for r in rows
+            for r, t in zip(rows, table, strict=True)
         ],
         out=console,
     )
     console.print(f"--remat auto: {chosen['reason']}", markup=False, highlight=False)
-    return chosen
+    return {**chosen, "candidates": table}
+
+
+# --- what the run says ------------------------------------------------------------------
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _why_not(row: dict, budget: int) -> str:
+    if row.get("compile_oom"):
+        return "does not compile: out of memory"
+    if row.get("out_of_memory"):
+        return f"needs {_size(row['need_bytes'])}, out of memory when run"
+    if "resident_bytes" in row:
+        return f"its state and batch alone need {_size(row['need_bytes'])} > {_size(budget)}"
+    return f"needs {_size(row['need_bytes'])} > {_size(budget)}"
+
+
+def reason(chosen: dict, rows: list[dict], budget: int) -> str:
+    """Why ``chosen`` won, in one line: how many fit and ran, the runner-up, and what did not fit."""
+    ran = [r for r in rows if r.get("fits") and r.get("step_ms") is not None and not r.get("same_as")]
+    text = f"fastest of {len(ran)} fitting ({chosen['step_ms']:.1f} ms/step, needs {_size(chosen['need_bytes'])})"
+    others = sorted((r for r in ran if r is not chosen), key=lambda r: r["step_ms"])
+    if others:
+        text += f"; next {others[0]['label']} ({others[0]['step_ms']:.1f} ms)"
+    over = [r for r in rows if not r.get("fits") and not r.get("same_as") and not r.get("dominated_by")]
+    if over:
+        named = ", ".join(f"{r['label']} ({_why_not(r, budget)})" for r in over[:3])
+        text += f"; over budget: {named}" + (f" and {len(over) - 3} more" if len(over) > 3 else "")
+    return text
+
+
+# What every "nothing fits" line offers besides a smaller step: the state off the chip.
+_HOST = (
+    ", or keep the optimizer state and the float32 params on the host and update there "
+    "(--placement update-on-host, with a named --remat policy)"
+)
+
+
+def nothing_fits(rows: list[dict], budget: int) -> ZooError:
+    """Why no candidate fits ``budget``, naming the smallest need found."""
+    head = f"--remat auto: no policy fits the memory budget of {budget:,} bytes"
+    compiled = [r for r in rows if r.get("temp_bytes") is not None]
+    if not compiled and any("resident_bytes" in r for r in rows):
+        least = min(r["resident_bytes"] for r in rows if "resident_bytes" in r)
+        return ZooError(
+            f"{head}: the state and batch alone need {least:,} bytes at the least. Shrink the batch or model{_HOST}"
+        )
+    if not compiled:
+        return ZooError(
+            f"{head}: the device's compiler refused all {len(rows)} for memory. Shrink the batch or model{_HOST}"
+        )
+    ran_out = [r["label"] for r in compiled if r.get("out_of_memory") and r["need_bytes"] <= budget]
+    if ran_out:
+        return ZooError(
+            f"{head}: {', '.join(ran_out)} fit by their compiled footprint but ran out of memory when run. "
+            f"Shrink the batch or model{_HOST}"
+        )
+    small = min(compiled, key=lambda r: r["need_bytes"])
+    return ZooError(
+        f"{head} ({budget / 2**20:.1f} MiB); the smallest footprint is {small['label']!r} at "
+        f"{small['need_bytes']:,} bytes ({small['need_bytes'] / 2**20:.1f} MiB: temp {small['temp_bytes']:,} + "
+        f"arguments {small['argument_bytes']:,}). Raise --memory-budget, or shrink the batch or model{_HOST}"
+    )

@@ -17,14 +17,11 @@ one ``ZooError`` line naming the directory and what is wrong.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
-import signal
-import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +36,7 @@ from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import ModelConfig, config_from_dict
 from zoo.recipes import Recipe, parse_recipe
 from zoo.train.runlog import atomic_write, dir_problem
+from zoo.train.save_guard import CheckpointWriteError, finish_before_interrupt, held_reports, os_cause
 
 CHECKPOINT_DIR = "checkpoints"
 DAMAGED_DIR = "damaged-checkpoints"
@@ -234,27 +232,6 @@ def _restore(run_dir: Path, step: int, **items):
 # --- Save and load --------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def finish_before_interrupt():
-    """Ctrl-C inside the block is held until the block ends, then raised: a checkpoint write
-    runs to its end (orbax's threads, stopped midway, print errors as the interpreter exits).
-    Only in the main thread, and only while SIGINT raises KeyboardInterrupt as usual."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    held: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if held:
-        raise KeyboardInterrupt
-
-
 def save(run_dir: Path, step: int, state, params: dict, meta: dict, *, compress: bool = True) -> None:
     """Write step ``step`` of a run: ``state`` (None for an export, which cannot be resumed),
     ``params`` and ``meta``, then its manifest.
@@ -283,11 +260,33 @@ def save(run_dir: Path, step: int, state, params: dict, meta: dict, *, compress:
         if state is not None:
             handlers["state"] = ocp.StandardCheckpointHandler()
     with finish_before_interrupt():
-        with _manager(run_dir, create=True, item_handlers=handlers) as manager:
-            manager.save(step, args=ocp.args.Composite(**items), force=True)
-            manager.wait_until_finished()
-        if main:
-            _write_manifest(_step_dir(run_dir, step))
+        try:
+            with held_reports(f"{_step_dir(run_dir, step)}.orbax-checkpoint-tmp"):
+                with _manager(run_dir, create=True, item_handlers=handlers) as manager:
+                    manager.save(step, args=ocp.args.Composite(**items), force=True)
+                    manager.wait_until_finished()
+                if main:
+                    _write_manifest(_step_dir(run_dir, step))
+        except Exception as error:
+            if main:
+                _remove_unfinished(run_dir, step)
+            cause = os_cause(error)
+            if cause is None:  # not the disk: a bug, with its traceback
+                raise
+            where = str(_step_dir(run_dir, step).parent)
+            raise CheckpointWriteError(
+                f"checkpoint step {step} could not be written in {where!r}: {cause}"
+            ) from None
+
+
+def _remove_unfinished(run_dir: Path, step: int) -> None:
+    """Remove what a failed write of ``step`` left: orbax's temporary folder and a step
+    without its manifest (the manifest is written last: a step without one is not intact)."""
+    root = _step_dir(run_dir, step).parent
+    for left in root.glob(f"{step}.orbax-checkpoint-tmp*"):
+        shutil.rmtree(left, ignore_errors=True)
+    if step in saved_steps(run_dir) and not (_step_dir(run_dir, step) / MANIFEST).exists():
+        shutil.rmtree(_step_dir(run_dir, step), ignore_errors=True)
 
 
 def restore_meta(run_dir: Path, step: int) -> dict:

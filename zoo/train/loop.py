@@ -2,15 +2,17 @@
 
 :func:`train` runs a built :class:`~zoo.train.run.Run`, writing ``metrics.jsonl``,
 ``recipe.json`` and orbax checkpoints, or continues it from a resume point.
-:func:`train_recipe` is the whole way from a recipe: the run directory is checked first
-(:func:`open_run_dir`), then the run is built once and trained.
+:func:`train_recipe` is the whole way from a recipe: the run directory is locked
+(:mod:`zoo.train.runlock`, one run at a time) and checked (:func:`open_run_dir`), then the run
+is built once and trained.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
-import time
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +23,9 @@ from zoo import lora
 from zoo.errors import ZooError
 from zoo.parallel.distributed import is_main_process
 from zoo.recipes import Recipe, to_dict
-from zoo.train import checkpoint, runlog, tracking
+from zoo.train import checkpoint, runlock, runlog, tracking
 from zoo.train.compiles import CompileCounter
+from zoo.train.pace import Pace, step_counts
 from zoo.train.prefetch import Prefetch
 from zoo.train.resume import (
     ResumePoint,
@@ -71,13 +74,15 @@ def _quiet_unless_main(console: Console | None, show_progress: bool) -> tuple[Co
 
 
 def open_run_dir(
-    out: Path, recipe: Recipe, resume: bool, console: Console
+    out: Path, recipe: Recipe, resume: bool, console: Console, existed: bool | None = None
 ) -> tuple[ResumePoint | None, dict | None]:
     """``(resume point or None, summary of a finished run or None)``, checked before anything
-    is built: a refused ``--resume`` or a bad ``--out`` fails here, before the data loads."""
+    is built: a refused ``--resume`` or a bad ``--out`` fails here, before the data loads.
+    ``existed``: whether ``out`` was there before its lock made it (default: whether it is)."""
     point = preflight(out, recipe, resume)
     if resume and point is None:  # --resume on a new --out: a fresh run, said so
-        there = "does not exist yet" if not out.exists() else "holds no checkpoint yet"
+        existed = os.path.exists(out) if existed is None else existed
+        there = "holds no checkpoint yet" if existed else "does not exist yet"
         _say(console, f"--resume: {out} {there}; starting a new run there at step 0")
     summary = finished_summary(out, point, recipe)
     if summary is not None:
@@ -105,25 +110,29 @@ def train_recipe(
     """
     console, show_progress = _quiet_unless_main(console, show_progress)
     out = Path(out_dir)
-    point, finished = open_run_dir(out, recipe, resume, console)
-    if finished is not None:
-        return finished
-    run = build_run(recipe, point.plan_steps if point else None, console=console, root=saved_root(out, point))
-    if recipe.model.init_from:  # zoo has no loss scaling for float16
-        from zoo.train import checks
+    existed = os.path.exists(out)  # False, not raised, for a name too long
+    # One run at a time in ``out``, from its checks to its summary: process 0 holds the lock.
+    with runlock.hold(out) if is_main_process() else contextlib.nullcontext():
+        point, finished = open_run_dir(out, recipe, resume, console, existed)
+        if finished is not None:
+            return finished
+        root = saved_root(out, point)
+        run = build_run(recipe, point.plan_steps if point else None, console=console, root=root)
+        if recipe.model.init_from:  # zoo has no loss scaling for float16
+            from zoo.train import checks
 
-        checks.check_trainable_dtype(recipe.model.init_from, run.params)
-    if on_built is not None:
-        on_built(run)
-    return train(
-        run,
-        out,
-        point=point,
-        console=console,
-        show_progress=show_progress,
-        resume_command=resume_command,
-        profile=profile,
-    )
+            checks.check_trainable_dtype(recipe.model.init_from, run.params)
+        if on_built is not None:
+            on_built(run)
+        return train(
+            run,
+            out,
+            point=point,
+            console=console,
+            show_progress=show_progress,
+            resume_command=resume_command,
+            profile=profile,
+        )
 
 
 def _restore(run: Run, out: Path, point: ResumePoint | None, console: Console):
@@ -154,14 +163,9 @@ class _Progress:
     start: int
     done: int
     last_saved: int
+    pace: Pace  # the steady-state rate, and the seconds of eval and checkpoints
     loss: float = float("nan")
     eval_metrics: dict | None = None
-    timed_examples: int = 0
-    timed_seconds: float = 0.0
-
-    @property
-    def rate(self) -> float:
-        return self.timed_examples / self.timed_seconds if self.timed_seconds else 0.0
 
 
 def train(
@@ -176,7 +180,8 @@ def train(
 ) -> dict:
     """Train ``run`` into ``out_dir`` (from ``point``, a checkpoint :func:`open_run_dir`
     accepted, if given) and return the run summary. On Ctrl-C, says where it stopped and
-    ``resume_command`` (the command that continues the run, as the CLI knows it)."""
+    ``resume_command`` (the command that continues the run, as the CLI knows it); a checkpoint
+    write out of room is one ZooError line saying the same."""
     if point is not None and point.plan_steps != run.plan_steps:
         raise ValueError(
             f"the run was built for {run.plan_steps} planned steps, its checkpoint for "
@@ -186,26 +191,27 @@ def train(
     main = is_main_process()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    pace = Pace(step_counts(run))  # the run's wall time starts here
     state, frozen, start, meta = _restore(run, out, point, console)
     if run.task.data.notice:  # e.g. text: is tokenized in memory; said once the run is accepted
         _say(console, run.task.data.notice)
     if main and (not point or point.changes):
         runlog.write_json(out / runlog.RECIPE, meta["recipe"])
     log = tracking.open_tracker(run, out, start, main, profile)  # metrics.jsonl, tb/, the profiler
-    progress = _Progress(start=start, done=start, last_saved=start)
+    progress = _Progress(start=start, done=start, last_saved=start, pace=pace)
     try:
         with CompileCounter() as compiles:
             state = _steps(run, out, state, frozen, meta, log, progress, console, show_progress, compiles)
     except KeyboardInterrupt:
-        saved = progress.last_saved
-        where = f"the last checkpoint is step {saved}" if saved else "no checkpoint was written yet"
-        how = (
-            f"Continue with: {resume_command}"
-            if resume_command
-            else f"Continue with the same recipe and settings, and --resume --out {out}"
+        _say(
+            console,
+            f"interrupted after step {progress.done}; {_how_to_continue(progress, out, resume_command)}",
         )
-        _say(console, f"interrupted after step {progress.done}; {where} in {out}. {how}")
         raise
+    except checkpoint.CheckpointWriteError as error:  # a full disk: the last good step is intact
+        raise ZooError(
+            f"{error}; {_how_to_continue(progress, out, resume_command, 'Once there is room, continue')}"
+        ) from None
     finally:
         log.close()
     if log.trace is not None:
@@ -218,13 +224,30 @@ def train(
             f"{out / tracking.TB_DIR}, the Profile tab",
         )
     if start == run.steps:  # finished, but killed before its summary was written
-        progress.eval_metrics = run_evaluation(run, state, frozen)
+        with pace.pause("eval"):
+            progress.eval_metrics = run_evaluation(run, state, frozen)
         progress.loss = last_logged_loss(out)
-    rate = progress.rate if progress.timed_seconds else None
-    summary = summarize(run, out, progress.loss, progress.eval_metrics or {}, compiles.count, rate, point)
+    summary = summarize(
+        run, out, progress.loss, progress.eval_metrics or {}, compiles.count, pace.examples_per_sec, point,
+        speed=pace.summary(),
+    )  # fmt: skip
     if main:
         runlog.write_json(out / runlog.SUMMARY, summary)
     return summary
+
+
+def _how_to_continue(
+    progress: _Progress, out: Path, resume_command: str | None, lead: str = "Continue"
+) -> str:
+    """Where a stopped run's last checkpoint is, and the command that continues it."""
+    saved = progress.last_saved
+    where = f"the last checkpoint is step {saved}" if saved else "no checkpoint was written yet"
+    how = (
+        f"with: {resume_command}"
+        if resume_command
+        else f"with the same recipe and settings, and --resume --out {out}"
+    )
+    return f"{where} in {out}. {lead} {how}"
 
 
 def _steps(run, out, state, frozen, meta, log, progress, console, show_progress, compiles) -> TrainState:
@@ -232,14 +255,14 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
     engine, cadence, steps = run.engine, run.recipe.train, run.steps
     rows = engine.layout.local_rows(run.batch_rows)  # this process reads only its rows
     prefetch = Prefetch(lambda step: local_batch(run, step, rows), range(progress.start, steps))
-    with runlog.progress_bar(console) as bar_view, prefetch:
+    pace = progress.pace
+    with runlog.progress_bar(console, rate_unit=None) as bar_view, prefetch:
         bar = bar_view.add_task(
             run.recipe.name, total=steps, completed=progress.start, loss="-", rate="-", visible=show_progress
         )
         lines = StepLines(console, run.recipe.name, steps, visible=show_progress)  # off a terminal
         for step, (batch, examples) in prefetch:
             log.before_step(step)
-            tic = time.perf_counter()
             with compiles.track():
                 state, metrics = engine.train_step(
                     state, frozen, engine.layout.place_local(batch, run.batch_rows)
@@ -248,31 +271,31 @@ def _steps(run, out, state, frozen, meta, log, progress, console, show_progress,
             # Under DP the batch's loss (no noise) is not released; the noisy gradient's norm is.
             loss = None if run.dp else float(metrics["loss"])
             grad_norm = float(metrics["grad_norm"])
-            if step > progress.start:  # the first step includes compilation
-                progress.timed_seconds += time.perf_counter() - tic
-                # under DP every padded row (the realised batch size is not released)
-                progress.timed_examples += run.batch_rows if run.dp else examples
+            # the first step compiles and is not timed; under DP every padded row counts (the
+            # realised batch size is not released)
+            pace.step_done(run.batch_rows if run.dp else examples)
             watched = (loss, "loss") if loss is not None else (grad_norm, "the noisy gradient's norm")
             if not math.isfinite(watched[0]):
                 _diverged(*watched, step, progress.last_saved, out)
             done = progress.done = step + 1
             progress.loss = float("nan") if loss is None else loss
             shown = "-" if loss is None else f"{loss:.4f}"
-            bar_view.update(bar, completed=done, loss=shown, rate=f"{progress.rate:,.0f}")
+            bar_view.update(bar, completed=done, loss=shown, rate=pace.text())
             if done % cadence.log_every == 0 or done == steps:
                 losses = {} if loss is None else {"loss": loss}
-                log.write({"step": done, **losses, "grad_norm": grad_norm, "examples_per_sec": progress.rate})
+                log.write({"step": done, **losses, "grad_norm": grad_norm, **pace.record()})
             if done % cadence.eval_every == 0 or done == steps:
-                progress.eval_metrics = run_evaluation(run, state, frozen)
+                with pace.pause("eval"):
+                    progress.eval_metrics = run_evaluation(run, state, frozen)
                 if run.dp:
                     progress.eval_metrics["epsilon"] = epsilon_at(run, done)
                 log.write({"step": done, **progress.eval_metrics})
             if done % cadence.checkpoint_every == 0 or done == steps:
                 params = run.freeze.merge(state.params, frozen)
-                with checkpoint.finish_before_interrupt():  # Ctrl-C waits for the write
+                with checkpoint.finish_before_interrupt(), pace.pause("checkpoint"):  # Ctrl-C waits
                     checkpoint.save(out, done, state, lora.adapters_of(params) if run.base else params, meta)
                     progress.last_saved = done
-            lines.update(done, rate=progress.rate, loss=loss, evals=progress.eval_metrics)
+            lines.update(done, speed=pace.text(), loss=loss, evals=progress.eval_metrics)
     return state
 
 

@@ -12,7 +12,7 @@ report an epsilon it did not spend. What may change:
   math (the offloaded step and the host's update equal the on-device step, to rounding:
   ``tests/parallel/test_placement.py``, ``tests/parallel/test_host_step.py``);
 - ``train.log_every``, ``train.eval_every``, ``train.checkpoint_every``: bookkeeping;
-- ``description``;
+- ``description`` and ``device_memory`` (what a recipe is sized for);
 - ``train.steps``, upward only. The learning-rate schedule and the DP noise multiplier keep
   the horizon the run was planned with (``plan_steps``), so the steps already taken stay the
   steps of the run being extended; a DP run's epsilon is accounted again over every step.
@@ -37,6 +37,7 @@ from zoo.train import checkpoint, runlog
 # train.steps). Everything else is compared.
 FREE_FIELDS = (
     "description",
+    "device_memory",  # what the recipe is sized for, not what a run computes
     "train.remat",
     "train.placement",
     "train.memory_budget",

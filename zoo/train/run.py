@@ -60,8 +60,27 @@ class Run:
 
     @property
     def batch_rows(self) -> int:
-        """Rows of a training (and eval) batch: the padded Poisson batch under DP."""
+        """Rows of a training batch: the padded Poisson batch under DP."""
         return self.dp.sampler.padded_batch_size if self.dp else self.recipe.train.batch_size
+
+    @property
+    def eval_rows(self) -> int:
+        """Rows of an eval batch: the step's microbatch where the step accumulates
+        (``train.microbatch_size``, the one knob; a multiple of the mesh's batch
+        ways), else :attr:`batch_rows`. The eval step is one program over its whole batch: at a
+        DP step's 1,024 rows of 1,024 tokens it would hold every row's logits at once (200 GB at
+        GPT-2's vocabulary), where the train step holds one microbatch's."""
+        micro = self.recipe.train.microbatch_size
+        if not micro:
+            return self.batch_rows
+        ways = self.engine.layout.spec.batch_ways
+        return min(self.batch_rows, -(-micro // ways) * ways)
+
+    @property
+    def eval_batch_count(self) -> int:
+        """Eval batches of :attr:`eval_rows` rows that read what ``train.eval_batches`` batches
+        of :attr:`batch_rows` read (the same windows, in smaller batches)."""
+        return -(-self.recipe.train.eval_batches * self.batch_rows // self.eval_rows)
 
 
 def release_params(run: Run) -> None:
@@ -135,7 +154,7 @@ def build_run(
     )  # fmt: skip
     if recipe.train.remat == AUTO and choose_remat:
         chosen = auto_remat.resolve(run, train_batch(run, 0), console or Console(stderr=True))
-        engine = auto_remat.with_policy(engine, chosen["policy"], chosen["offload"])
+        engine = auto_remat.apply(engine, chosen)
         run = dataclasses.replace(run, engine=engine, remat=f"{AUTO}:{chosen['policy']}", auto=chosen)
     return run
 

@@ -130,15 +130,16 @@ def _step_of(line: str) -> float:
         return float("inf")  # a line cut short by a kill: drop it
 
 
-def progress_bar(console: Console, rate_unit: str = "ex/s") -> Progress:
-    """The bar of a run's steps: its loss and its rate in ``rate_unit`` (examples a second for
-    training; the audit counts steps)."""
+def progress_bar(console: Console, rate_unit: str | None = "ex/s") -> Progress:
+    """The bar of a run's steps: its loss and its rate in ``rate_unit`` (the audit counts
+    steps a second; None: the rate's text carries its unit, as training's does, tokens a
+    second and MFU: zoo.train.pace)."""
     return Progress(
         TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"),
-        TextColumn(f"{{task.fields[rate]}} {rate_unit}"),
+        TextColumn("{task.fields[rate]}" + (f" {rate_unit}" if rate_unit else "")),
         TimeRemainingColumn(),
         console=console,
         transient=False,

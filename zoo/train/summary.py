@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 from rich.console import Console
 
+from zoo.dp.noise import resolve_noise_prng
 from zoo.models.splash import resolve
 from zoo.train import runlog
 from zoo.train.engine import evaluate
@@ -19,8 +20,9 @@ from zoo.train.task import Task
 
 
 def run_evaluation(run: Run, state: TrainState, frozen: dict) -> dict:
-    """The run's eval metrics (``eval_batches`` batches of the training batch's rows)."""
-    batches = run.task.eval_batches(run.batch_rows, run.recipe.train.eval_batches)
+    """The run's eval metrics: the windows of ``eval_batches`` batches of the training batch's
+    rows, :attr:`Run.eval_rows` at a time (a microbatch where the step has one)."""
+    batches = run.task.eval_batches(run.eval_rows, run.eval_batch_count)
     return task_metrics(run.task, evaluate(run.engine, state, frozen, batches))
 
 
@@ -70,18 +72,27 @@ def say_resumed(console: Console, out: Path, point: ResumePoint, run: Run) -> No
         )
 
 
-def attention_ran(cfg) -> dict:
-    """``{"attention": kind}``: the attention the model ran on this backend (``auto`` resolved:
-    :func:`zoo.models.splash.resolve`), for the kinds that have one; ``{}`` for the rest."""
+def attention_ran(cfg, seq: int | None = None) -> dict:
+    """``{"attention": kind, "platform": ...}``: the attention the model ran on this backend
+    (``auto`` resolved: :func:`zoo.models.splash.resolve`), for the kinds that have one; ``{}``
+    for the rest. Splash adds ``"splash"``: its block sizes (at ``seq`` tokens, as the kernels
+    cut them) and its backward kernel (:meth:`zoo.models.splash.SplashBlocks.ran`)."""
     kind = getattr(cfg, "attention", None)
-    return {} if kind is None else {"attention": resolve(kind), "platform": jax.default_backend()}
+    if kind is None:
+        return {}
+    ran = {"attention": resolve(kind), "platform": jax.default_backend()}
+    if ran["attention"] == "splash":
+        ran["splash"] = cfg.splash_blocks.ran(seq)
+    return ran
 
 
 def remat_auto(chosen: dict) -> dict:
     """What ``--remat auto`` chose and why: the policy, the offload setting, the budget in
     bytes and where it came from (``flag``: ``--memory-budget``; ``device``: the device's
-    memory less a margin, :mod:`zoo.train.auto_remat`), and the reason."""
-    return {k: chosen[k] for k in ("policy", "offload", "budget", "budget_source", "reason")}
+    memory less a margin, ``device_memory``, :mod:`zoo.train.auto_remat`), the reason, and
+    every candidate's need, fit and time (``candidates``)."""
+    keys = ("policy", "offload", "budget", "budget_source", "device_memory", "reason", "candidates")
+    return {k: chosen[k] for k in keys if k in chosen}
 
 
 def summarize(
@@ -92,8 +103,10 @@ def summarize(
     compile_count: int,
     rate: float | None,
     point: ResumePoint | None,
+    speed: dict | None = None,
 ) -> dict:
-    """``summary.json``: what ran, where, how fast, and its final metrics (and privacy)."""
+    """``summary.json``: what ran, where, how fast, and its final metrics (and privacy).
+    ``speed``: the rates and seconds of :meth:`zoo.train.pace.Pace.summary`."""
     recipe, steps = run.recipe, run.steps
     summary = {
         "recipe": recipe.name,
@@ -101,7 +114,7 @@ def summarize(
         "remat": run.remat,
         **({"remat_auto": remat_auto(run.auto)} if run.auto else {}),
         "precision": run.precision.name,
-        **attention_ran(run.engine.cfg),
+        **attention_ran(run.engine.cfg, run.task.seq_len or getattr(run.engine.cfg, "max_len", None)),
         "placement": run.engine.placement.name,
         # The old spelling of the placement, one release more (and --remat auto's "offload").
         "offload": run.engine.placement.offload,
@@ -111,6 +124,7 @@ def summarize(
         "steps": steps,
         **({} if run.dp else {"train_loss": loss}),  # under DP the batches' loss is not released
         "examples_per_sec": rate,
+        **(speed or {}),
         "compile_count": compile_count,
         "out_dir": str(out),
         "fingerprint": fingerprint(recipe),
@@ -131,6 +145,7 @@ def summarize(
             sampling_prob=run.dp.sampler.sampling_prob,
             clip_norm=run.dp.clip_norm,
             accountant=run.dp.accounting.accountant,
+            noise_prng=resolve_noise_prng(recipe.dp.noise_prng),  # "auto": the one that drew
             expected_batch_size=recipe.dp.expected_batch_size,
             padded_batch_size=run.dp.sampler.padded_batch_size,
             planned_steps=run.plan_steps,

@@ -120,13 +120,11 @@ class Tracker:
     def _derived(self, record: dict) -> dict:
         if "examples_per_sec" not in record:  # an eval record
             return {}
-        task = self._run.task
-        lm = {"tokens_per_sec": record["examples_per_sec"] * task.seq_len} if task.type.tokenized else {}
         step = record["step"]
         rate = self._rates.get(step)
         if rate is None:  # not on the cadence (never, as the loop logs)
             rate = learning_rates(self._run, [step])[step]
-        return {"learning_rate": rate, **lm}
+        return {"learning_rate": rate}
 
     def before_step(self, step: int) -> None:
         """Called before the step with index ``step`` (0-based) runs."""

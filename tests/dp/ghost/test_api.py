@@ -204,9 +204,10 @@ def test_second_backward_method_matches_vmap_path(kind):
     compare(KINDS[kind], method="backward")
 
 
-@pytest.mark.parametrize("remat, method", [("full", "auto"), ("minimal", "bookkeeping")])
+@pytest.mark.parametrize("remat, method", [("full", "auto"), ("minimal", "bookkeeping"), ("dots", "auto")])
 def test_remat_policies(remat, method):
-    # "auto" picks the second-backward method under a remat policy (see test_choose_method).
+    # "auto" picks the second backward under a policy that keeps nothing of a block, and
+    # book-keeping under one that keeps some (see test_choose_method).
     compare(CONFIGS["transformer"], remat=remat, method=method)
 
 
@@ -215,9 +216,14 @@ def test_nested_remat():
 
 
 def test_choose_method():
-    assert ghost.choose_method("none") == "bookkeeping"
-    assert ghost.choose_method("full") == "backward"
-    assert ghost.choose_method(StackPlan(get_policy("minimal"), 1)) == "backward"
+    """Book-keeping unless the policy keeps nothing of a block on the device: its pieces (each
+    op's kept arrays, in the compute dtype) then cost about what the policy's own saved
+    activations do, where under ``full`` they would be many times the step's memory."""
+    for policy in ("none", "dots", "minimal", "save-attn", "custom:attn_q=device"):
+        assert ghost.choose_method(policy) == "bookkeeping", policy
+    assert ghost.choose_method(StackPlan(get_policy("minimal"), 1)) == "bookkeeping"
+    for policy in ("full", "full-lean", "nested", "recursive", "offload-layer-input", "offload-minimal"):
+        assert ghost.choose_method(policy) == "backward", policy
     assert ghost.choose_method("full", "bookkeeping") == "bookkeeping"
 
 

@@ -176,16 +176,18 @@ def test_users_with_a_form_per_site_match_the_vmap_user_path(name, cache, used):
 
 
 @pytest.mark.numerics
-def test_a_tied_head_under_remat_and_bf16_clips_by_book_keeping(cache):
-    """``auto`` under a remat policy takes the second backward, which cannot clip a tied head:
-    the tied model takes book-keeping instead of the vmap fallback, and its bf16 step (bf16
-    contractions, float32 products) is the float32 vmap path's under the bf16 rule."""
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_a_tied_head_under_remat_and_bf16_clips_without_the_vmap_fallback(cache, remat):
+    """``auto`` takes the second backward under ``full`` and book-keeping under ``dots``; both
+    clip a tied head (no vmap fallback), and the bf16 step (bf16 contractions, float32 products;
+    the head's float32 output gradient read in bf16, as the non-private backward reads it) is
+    the float32 vmap path's under the bf16 rule."""
     cfg = TIED["gpt2-like"]
     params = params_of(cfg)
     x, y = batch(cfg)
-    _, shapes = _mixed_cache(stages.prepare(cfg, x, None, "full", "bfloat16"), params, x, y)
-    assert {s.dtype for s in shapes} == {"bfloat16", "float32"}  # the blocks, and the float32 logits' head
-    run = _ghost_run(cfg, None, remat="full", precision="bfloat16")
+    _, shapes = _mixed_cache(stages.prepare(cfg, x, None, remat, "bfloat16"), params, x, y)
+    assert {s.dtype for s in shapes} == {"bfloat16"}  # the blocks and the head: the compute dtype
+    run = _ghost_run(cfg, None, remat=remat, precision="bfloat16")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback
         clip = np.float32(np.median(np.asarray(run(params, None, x, y, np.float32(np.inf), ONES)[1])))

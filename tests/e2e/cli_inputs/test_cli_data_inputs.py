@@ -8,6 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.e2e.clikit import refused
+from tests.tiny import HF_FIXTURES as FIXTURES
+from zoo.cli import main
 
 
 def _train(tmp_path, dataset: str, *more: str) -> list[str]:
@@ -146,3 +148,99 @@ def test_a_bad_tokenize_vocabulary_is_refused_before_the_progress_bar(tmp_path, 
     line = refused(capsys, argv, "bytes, hf:SRC, char:FILE")  # the bar is on: still one line
     listed = line.split("Valid: " if "Valid: " in line else "use ")[-1]
     assert listed.startswith("bytes") and "ids:N" not in listed  # only forms it can tokenize with
+
+
+def test_labels_outside_the_declared_classes_are_left_out_with_a_word(capsys, tmp_path):
+    """Issue 41, item 19: rows of other labels were dropped silently."""
+    path = tmp_path / "three.csv"
+    path.write_text("a,b,label\n" + "".join(f"{i},{i % 7},{i % 3}\n" for i in range(30)))
+    argv = ["train", "digits-mlp", "--dataset", f"csv:{path}", "--set", "data.classes=[0, 1]"]
+    assert main([*argv, "--steps=1", "--no-progress", "--out", str(tmp_path / "r")]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert any("leaves out 10 of 30 rows, whose labels (2)" in line for line in warned), warned
+
+
+def test_under_dp_the_left_out_labels_are_not_released(capsys, tmp_path):
+    """Issue 41, item 19 under DP: whether the notice is given, and its counts, depend on the records, so
+    a DP run gives it for neither neighbour (one with a row of another label, one without)."""
+    seen = []
+    for extra in ("", "29,1,2\n"):
+        path = tmp_path / f"d{len(seen)}.csv"
+        path.write_text("a,b,label\n" + "".join(f"{i},{i % 7},{i % 2}\n" for i in range(29)) + extra)
+        argv = ["train", "digits-mlp-dp", "--dataset", f"csv:{path}", "--set", "data.classes=[0, 1]"]
+        argv += ["--set", "dp.expected_batch_size=8", "--set", "train.eval_batches=1"]
+        assert main([*argv, "--steps=1", "--no-progress", "--out", str(tmp_path / f"r{len(seen)}")]) == 0
+        seen.append([line for line in capsys.readouterr().err.splitlines() if "leaves out" in line])
+    assert seen == [[], []], seen
+
+
+def test_string_labels_show_their_names_beside_the_ids(capsys, tmp_path):
+    """Issue 41, item 23: string labels showed as "Labels present: [0, 1, 2]"."""
+    path = tmp_path / "pets.csv"
+    names = ("dog", "cat", "emu")
+    path.write_text("a,b,label\n" + "".join(f"{i},{i % 5},{names[i % 3]}\n" for i in range(30)))
+    argv = ["train", "digits-mlp", "--dataset", f"csv:{path}", "--set", "data.classes=[0, 5]"]
+    refused(
+        capsys,
+        [*argv, "--steps=1", "--out", str(tmp_path / "r")],
+        "no examples of class(es) [5]",
+        "Labels present: [0 ('cat'), 1 ('dog'), 2 ('emu')]",
+        "numbered in sorted order",
+    )
+
+
+def test_data_classes_takes_the_names_of_string_labels(capsys, tmp_path):
+    """Issue 41, item 23: ``data.classes`` took integer ids only; a string label is listed by its name,
+    and the classes are numbered in the order listed."""
+    import json
+
+    path = tmp_path / "pets.csv"
+    names = ("dog", "cat", "emu")
+    path.write_text("a,b,label\n" + "".join(f"{i},{i % 5},{names[i % 3]}\n" for i in range(30)))
+    argv = ["train", "digits-mlp", "--dataset", f"csv:{path}", "--steps=1", "--no-progress", "--json"]
+    assert main([*argv, "--set", 'data.classes=["emu", "dog"]', "--out", str(tmp_path / "r")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["dataset"] == f"csv:{path}"
+    refused(capsys, [*argv, "--set", 'data.classes=["emu", "yak"]', "--out", str(tmp_path / "s")],
+            "names 'yak', not a label", "its labels: cat, dog, emu")  # fmt: skip
+
+
+def test_csv_column_errors_name_the_recipe_keys(capsys, tmp_path):
+    """Issue 41, item 24: the csv text-column error named Python arguments (``label_column=``)."""
+    path = tmp_path / "t.csv"
+    path.write_text("a,b,label\n1,2,0\n3,4,1\n")
+    argv = ["train", "python-docs-lm", "--dataset", f"csv:{path}", "--steps=1", "--out", str(tmp_path / "r")]
+    line = refused(capsys, argv, "has no text column 'text'", "Set data.text_column to one of them")
+    assert "_column=" not in line
+    path.write_text("a,b,label\nx,2,0\ny,4,1\n")
+    argv = ["train", "digits-mlp", "--dataset", f"csv:{path}", "--steps=1", "--out", str(tmp_path / "r")]
+    line = refused(capsys, argv, "feature column 'a'", "Set data.label_column = 'a' if it is the label")
+    assert "image_column=" not in line
+
+
+def test_an_idx_file_shorter_than_its_header_is_one_line(tmp_path, capsys):
+    """Issue 41, item 8: ``ValueError: buffer is smaller than requested size``."""
+    from zoo.data.idx import FILES
+
+    (tmp_path / "mine").mkdir()
+    for name in FILES.values():
+        (tmp_path / "mine" / name).write_bytes(bytes([0, 0, 8, 3, 0, 0]))  # 3 dims, 2 bytes of 12
+    argv = ["train", "mnist-mlp", "--dataset", f"idx:{tmp_path / 'mine'}", "--out", str(tmp_path / "r")]
+    refused(capsys, [*argv, "--steps=1"], "names 3 dimensions (16 bytes)", "only 6 bytes", "cut short")
+
+
+@pytest.mark.parametrize(
+    ("vocabulary", "words"),
+    [
+        (
+            f"hf:{FIXTURES / 'gpt2' / 'config.json'}",
+            [f"{FIXTURES / 'gpt2' / 'config.json'}: not a tokenizer.json"],
+        ),
+        ("hf:", ['"hf:" names no tokenizer', "hf:FILE"]),
+    ],
+    ids=["config-json", "empty"],
+)
+def test_tokenizer_errors_name_the_file(capsys, tmp_path, vocabulary, words):
+    """Issue 41, item 24: "not a tokenizer.json document" named no file; "hf:" read ./tokenizer.json."""
+    argv = ["train", "python-docs-lm", "--set", f"data.vocabulary={vocabulary}", "--steps=1"]
+    refused(capsys, [*argv, "--out", str(tmp_path / "r")], *words)

@@ -74,3 +74,35 @@ def test_bench_engine_says_its_ratio_column_is_a_median_of_round_ratios(capsys, 
     assert main(["bench", "engine", "--backends", "nnx"]) == 0
     out = capsys.readouterr().out
     assert "median of round ratios" in out and "1.163" in out
+
+
+def test_eval_does_not_repeat_training_time_warnings(capsys, tmp_path):
+    """Issue 41, item 25: ``zoo eval`` repeated the run's training-time warnings."""
+    argv = ["train", "digits-mlp", "--steps=1", "--no-progress", "--set=optim.warmup_steps=5"]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    assert "optim.warmup_steps=5 is longer" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "r"), "--json"]) == 0
+    assert "warning:" not in capsys.readouterr().err
+
+
+def test_piped_tables_never_break_inside_a_word_or_number():
+    """Issue 41, item 25: ``zoo residuals`` (a name column with "x (constant)" cells) and ``zoo bench
+    finetune`` broke "attn_context" and numbers across lines at 80 columns."""
+    import io
+
+    from rich.console import Console
+
+    from zoo.ui import print_table
+
+    out = Console(file=io.StringIO(), width=80)
+    rows = [
+        ("attn_context", "[8,128,128]", "float32", "2.0 MiB", "device", "4", "stack"),
+        ("one_minus_square", "[8,128,512]", "float32", "8.0 MiB", "device", "4", "stack"),
+        ("iota (constant)", "[128,128]", "int32", "64.0 KiB", "device", "1", "outside"),
+        ("broadcast_in_dim", "[8,4,128,1]", "float32", "1,234,567.0 KiB", "pinned_host", "12", "stack"),
+    ]
+    title = "residuals of transformer-s under 'none' (whole model; nnx, L=4, batch 8, seq 128)"
+    print_table(title, ["name", "shape", "dtype", "bytes", "memory kind", "count", "scope"], rows, out=out)
+    text = out.file.getvalue()
+    for word in ("attn_context", "one_minus_square", "broadcast_in_dim", "1,234,567.0", "pinned_host"):
+        assert word in text, text

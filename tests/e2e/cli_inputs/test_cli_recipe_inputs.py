@@ -109,3 +109,16 @@ def test_a_batch_over_the_rows_and_a_long_warmup_warn_saying_what_happens(capsys
     assert "train.batch_size=100000 is larger than the 1,437 training rows" in lines[0]
     assert "with replacement" in lines[0]
     assert "optim.warmup_steps=20 is longer than the 2 steps" in lines[1] and "10% of optim.lr" in lines[1]
+
+
+def test_a_huge_vocab_multiple_is_refused_before_anything_is_allocated(capsys, tmp_path):
+    """Issue 67, item 5: --set model.vocab_multiple=10^12 printed a 257-trillion-parameter table,
+    then a RESOURCE_EXHAUSTED traceback, and left an empty --out."""
+    argv = _train(tmp_path, "--set", "model.vocab_multiple=1000000000000", recipe="python-docs-llama")
+    refused(capsys, argv, "vocab_multiple must be an int in [1, 65,536]", "1000000000000")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_empty_lora_is_refused_not_ignored(capsys, tmp_path):
+    """Issue 67, item 4: the section flags share one path (SECTION_FLAGS); --lora '' was skipped."""
+    refused(capsys, _train(tmp_path, "--lora", ""), "--lora '' names no rank")

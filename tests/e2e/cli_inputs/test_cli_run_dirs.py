@@ -14,22 +14,9 @@ import pytest
 
 from benchmarks.train import faultkit
 from tests.e2e.clikit import refused
+from tests.tiny import TINY_LM
 from zoo.cli import main
 from zoo.train import checkpoint
-
-TINY_LM = [
-    "--set=model.num_layers=1",
-    "--set=model.d_model=32",
-    "--set=model.d_ff=64",
-    "--set=model.max_len=16",
-    "--set=data.seq_len=16",
-    "--set=train.batch_size=4",
-    "--set=train.eval_batches=1",
-    "--set=optim.warmup_steps=0",
-    "--steps=1",
-    "--no-progress",
-    "--json",
-]
 
 
 # Session scope: one worker of the group trains these once (a few seconds each).

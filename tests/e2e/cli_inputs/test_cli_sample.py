@@ -12,6 +12,7 @@ import pytest
 
 import zoo
 from tests.e2e.clikit import refused
+from tests.tiny import TINY_LM
 from zoo.cli import main
 from zoo.commands.sample import prompt_ids
 from zoo.generate.stops import checkpoint_eos
@@ -122,3 +123,26 @@ def test_the_old_length_alias_is_gone(tmp_path, capsys):
 @pytest.mark.parametrize("seed", ["-1", "4294967296"])
 def test_a_seed_outside_32_bits_is_refused_in_one_line(tmp_path, capsys, seed):
     refused(capsys, ["sample", str(tmp_path), "--prompt", "x", "--seed", seed], "--seed", "4294967295", seed)
+
+
+def test_sample_says_when_the_prompt_is_cut_and_escapes_control_bytes(capsys, tmp_path):
+    """Issue 41, item 25: a prompt longer than the context was cut without a word; control bytes raw."""
+    from zoo.commands.sample import _printable
+
+    assert main(["train", "python-docs-lm", "--out", str(tmp_path / "lm"), *TINY_LM]) == 0
+    capsys.readouterr()
+    argv = [
+        "sample",
+        str(tmp_path / "lm"),
+        "--prompt",
+        "the prompt " * 4,
+        "--max-new-tokens",
+        "2",
+        "--temperature",
+        "0",
+    ]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "the prompt is 44 tokens and the model's context 16 (max_len) leaves 14 beside 2 new tokens" in err
+    assert "it sees only the prompt's last 14 tokens" in err
+    assert _printable("a\x1b[31mb\x07\nc\t\u00e9") == "a\\x1b[31mb\\x07\nc\t\u00e9"

@@ -65,7 +65,7 @@ def test_a_run_resumes_onto_another_mesh(eight, tmp_path, capsys):
 def test_dp_on_a_mesh_spends_the_same_epsilon(tmp_path, capsys):
     # The params of DP runs on a mesh and on one device: test_mesh_train.py. Here, the CLI's
     # padded batch splits over the mesh, and epsilon is the one-device accounting's, exactly.
-    dp = {"train.steps": 3, "dp.noise_seed": 3}  # the default sampler, philox4x32
+    dp = {"train.steps": 3, "dp.noise_seed": 3}  # the default sampler: "auto", philox4x32 on a CPU
     eight = zoo_train(capsys, "digits-mlp-dp", tmp_path / "eight", "--mesh", "data=8", *_sets(dp))
     one = build_run(settings.with_values(recipes.load_recipe("digits-mlp-dp"), dp))
     assert eight["epsilon"] == epsilon_at(one, 3) and eight["sampling_prob"] == one.dp.sampler.sampling_prob

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo.cache import cache_dir as zoo_cache_dir
 from zoo.data.errors import DatasetError
 from zoo.data.idx import find_files, image_rows, read_split_dir
 from zoo.data.table import Source, register_builtin
@@ -60,7 +61,7 @@ Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # train x, train
 
 def cache_dir() -> Path:
     """Where zoo keeps data it fetched: ``$ZOO_CACHE_DIR/data`` (default ``~/.cache/zoo/data``)."""
-    return Path(os.environ.get("ZOO_CACHE_DIR") or Path.home() / ".cache" / "zoo") / "data"
+    return zoo_cache_dir() / "data"
 
 
 # --- the sources ---------------------------------------------------------------------------

@@ -42,10 +42,13 @@ def read_text(spec: str, rest: str, columns: Columns) -> Source:
     """``text:PATH[,PATH...]``, a directory standing for its files (as ``zoo tokenize`` reads
     them): each file one row. Under DP every file is read by one rule, a byte that is not UTF-8
     read as U+FFFD and a path that is not a regular file as empty (refusing the file would
-    depend on it: :func:`_private_text`); outside DP such a file is refused in one line naming it. ``data.user_column = "file"`` (under DP only): each file is one user,
-    named by its path (:data:`zoo.data.users.FILE_USERS`)."""
+    depend on it: :func:`_private_text`); outside DP such a file is refused in one line naming
+    it. ``data.user_column = "file"`` (under DP only): each file is one user, named by its path
+    relative to the folder the spec names (:func:`~zoo.data.tokens.documents.source_root`), so
+    the same corpus gives the same users, and the same split, wherever it lies
+    (:data:`zoo.data.users.FILE_USERS`)."""
     from zoo.data.files import load_local
-    from zoo.data.tokens.documents import source_paths
+    from zoo.data.tokens.documents import source_paths, source_root
     from zoo.data.users import FILE_USERS
 
     paths = [os.path.abspath(path) for path in source_paths(spec, rest, keep_special=columns.private)]
@@ -56,7 +59,9 @@ def read_text(spec: str, rest: str, columns: Columns) -> Source:
     import datasets
 
     texts = [_private_text(path) for path in paths]
-    rows = datasets.Dataset.from_dict({"text": texts, FILE_USERS: paths})
+    root = source_root(rest)
+    users = [os.path.relpath(path, root).replace(os.sep, "/") for path in paths]
+    rows = datasets.Dataset.from_dict({"text": texts, FILE_USERS: users})
     return Source(rows, "text", columns.image, columns.label, notice=notice, user_column=columns.user)
 
 

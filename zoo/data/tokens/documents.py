@@ -50,6 +50,23 @@ def cut(text: str, limit: int) -> list[str]:
     return [*out, text] if text or not out else out
 
 
+def _named(rest: str) -> list[tuple[str, Path]]:
+    """The entries ``rest`` names, comma-separated: each as written and as a path."""
+    parts = [p.strip() for p in rest.split(",") if p.strip()]
+    stdlib = sysconfig.get_paths()["stdlib"]
+    return [(part, Path(part.replace("{stdlib}", stdlib)).expanduser()) for part in parts]
+
+
+def source_root(rest: str) -> Path:
+    """The absolute folder the entries of ``rest`` are named from: the deepest folder holding
+    each of them (a directory named alone is its own root; a file named alone, its folder).
+    It comes from the entries as named, never from the files found in them, so adding a file
+    moves no other file's name relative to it."""
+    named = [Path(os.path.abspath(path)) for _, path in _named(rest)]
+    root = Path(os.path.commonpath(named))
+    return root if root.is_dir() else root.parent
+
+
 def source_paths(spec: str, rest: str, suffix: str | None = None, keep_special: bool = False) -> list[Path]:
     """The files ``rest`` names (comma-separated; a directory stands for its files, walked in
     name order, hidden ones left out; with ``suffix``, only files ending so). An entry that is
@@ -58,12 +75,11 @@ def source_paths(spec: str, rest: str, suffix: str | None = None, keep_special: 
     empty: :func:`zoo.data.forms.schemes.read_text`) kept like any other."""
     from zoo.data.files import not_a_file
 
-    parts = [p.strip() for p in rest.split(",") if p.strip()]
+    parts = _named(rest)
     if not parts:
         raise DatasetError(f"{spec!r} names no file; write {spec.partition(':')[0]}:PATH[,PATH...]")
     found: list[Path] = []
-    for part in parts:
-        path = Path(part.replace("{stdlib}", sysconfig.get_paths()["stdlib"])).expanduser()
+    for part, path in parts:
         if path.is_dir():
             inside = sorted(
                 Path(top, name)

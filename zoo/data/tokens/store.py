@@ -230,7 +230,7 @@ def open_bin(paths: list[Path], tokenizer, eval_fraction: float) -> TokenStore:
 def private_rule(store: TokenStore) -> TokenStore:
     """``store`` as a DP run reads it: an id past the vocabulary is read as 0 (``<unk>``) in
     every window, without a word. Refusing the run, or saying so, would depend on the one
-    window that holds it: a release outside the mechanism (docs/dp.md). What opening a store
+    window that holds it: a release outside the mechanism (docs/dp-data.md). What opening a store
     checks (each file's size against the recorded token count, the recorded largest id
     against the vocabulary) reads ``store.json`` and the file sizes, never an id."""
     return replace(store, past_vocabulary="unk")

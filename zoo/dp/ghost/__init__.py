@@ -31,22 +31,30 @@ it: ``rules.SHARED``, whose cross term makes the norm exact); otherwise (a param
 the op set, or read twice) the call falls back to vmap clipping with a warning naming the leaves --
 a wrong norm would silently break the privacy guarantee, a slow one only costs time.
 
-Two ways to the clipped sum (``method``):
+Each op's norms are taken inside the backward pass, where its input and output gradient meet:
+*taps* (:mod:`zoo.dp.ghost.taps`), identities on each op's output whose custom backward rule
+builds the op's rule from its input (a residual, saved or recomputed as the remat policy says)
+and the output gradient passing through, and hands its per-example squared norms out of the
+pass as the gradient of a small zero *slot*. Inside the scanned stack the slots are scanned
+with the layers, so a layer's norms are formed and reduced in that layer's step of the scan's
+backward; no array of every layer's per-example pieces is made for the norms. The backward runs
+with the parameters constant. Two ways to the clipped sum (``method``):
 
-* ``"bookkeeping"``: *probes*, zero tensors added to the output of every site.  The gradient
-  of ``sum_i L_i`` with respect to a probe is exactly the per-example output gradient, so one
-  activation-only backward pass gives every ``delta``; the forward also hands back each op's
-  input.  After the norms, ``sum_i f_i g_i`` is assembled per op from the same ``a`` and
-  ``f * delta``.  Fastest, but every layer's ``a`` and ``delta`` are alive at once, whatever the
-  remat policy.
-* ``"backward"``: *taps*, identities on each op's output whose custom backward rule computes
-  the op's per-example squared norms from its input (a residual, saved or recomputed as the
-  remat policy says) and the output gradient passing through.  That backward runs with the
-  parameters constant; a second, ordinary forward and backward of ``sum_i f_i L_i`` then gives
-  the clipped sum.  Nothing per layer is kept beyond what the policy keeps.
+* ``"bookkeeping"``: the taps also hand out what each op's clipped sum needs, in the step's
+  compute dtype (a dense op's ``(a, delta)`` in the Gram form, its per-example gradients in the
+  materialised form, whichever :mod:`zoo.dp.ghost.forms` picks for the shape); once the clip
+  factors are known the rules are made again from them and summed, layer by layer, in float32
+  (:func:`kept_sum`). One forward and one backward; those pieces are held besides what the remat
+  policy keeps.
+* ``"backward"``: the taps hand out the norms alone; a second, ordinary forward and backward of
+  ``sum_i f_i L_i`` then gives the clipped sum. Nothing per layer is kept beyond what the policy
+  keeps.
 
-``"auto"`` (default, :func:`choose_method`) takes book-keeping without remat and the second
-backward under a remat policy.  Measurements are in ``docs/ghost.md``.
+``"auto"`` (default, :func:`choose_method`) takes book-keeping unless the remat policy keeps
+nothing of a block on the device (``full``, ``nested``, ...), where the pieces would be many
+times the policy's memory. A head tied to the token table is exact by both: its tap and the
+table's each hand out their half of the cross term (:class:`zoo.dp.ghost.rules.Tied`).
+Measurements are in ``docs/ghost.md``.
 
 Users (``dp.unit = "user"``): with ``slots`` [U, k], each user's mean gradient over its
 filled slots is clipped as one, by both methods, still without per-user gradients: the
@@ -61,9 +69,10 @@ from zoo.dp.ghost.sites import Site, discover
 from zoo.dp.ghost.stages import (
     METHODS,
     GhostPlan,
-    book_kept_sum,
+    Kept,
     choose_method,
     clip_factors,
+    kept_sum,
     prepare,
     probe_pass,
     squared_norms,
@@ -76,9 +85,9 @@ __all__ = [
     "METHODS",
     "Conv",
     "GhostPlan",
+    "Kept",
     "Site",
     "Units",
-    "book_kept_sum",
     "choose_method",
     "clip_factors",
     "conv_method",
@@ -87,6 +96,7 @@ __all__ = [
     "gather_method",
     "ghost_clipped_grad_sum",
     "ghost_forward",
+    "kept_sum",
     "layer_methods",
     "prepare",
     "probe_pass",

@@ -13,13 +13,10 @@ from zoo.dp.clipping import ClippingMethod, ClipRequest, clipped_grad_sum, regis
 from zoo.dp.ghost.sites import run
 from zoo.dp.ghost.stages import (
     METHODS,
-    book_kept_sum,
     choose_method,
     clip_factors,
+    kept_sum,
     prepare,
-    probe_pass,
-    shared_sites,
-    squared_norms,
     tap_pass,
     weighted_backward,
 )
@@ -116,8 +113,10 @@ def ghost_clipped_grad_sum(
 
     ``remat`` is a policy name, a :class:`~zoo.remat.RematPolicy` or a
     :class:`~zoo.scan.StackPlan` (whose ``frozen_prefix`` layers get no gradient, as in the
-    models).  ``method``: ``"bookkeeping"``, ``"backward"`` or ``"auto"`` (the first without
-    remat, the second under a remat policy; :func:`choose_method`).  ``dense`` forces the norm
+    models).  ``method``: ``"bookkeeping"``, ``"backward"`` or ``"auto"`` (the second under a
+    policy that keeps nothing of a block, the first otherwise; :func:`choose_method`).  Either
+    way each op's norms are taken inside the backward pass, layer by layer
+    (:mod:`zoo.dp.ghost.taps`).  ``dense`` forces the norm
     form of every sequence op and the token table (``"gram"`` or ``"materialise"``, for tests
     and benchmarks); ``None`` picks per shape. ``precision`` (a :class:`zoo.precision.Precision`
     or its name; default float32) is the policy the model runs under; the norms, the clip
@@ -148,31 +147,19 @@ def ghost_clipped_grad_sum(
     )
     gp = None if reason else prepare(cfg, x, plan, remat, precision, units.records)
     reason = reason or gp.problem
-    chosen = None if reason else _method_for(gp, method)
-    if chosen == "backward" and shared_sites(gp):
-        reason = "a leaf read by two ops (a tied head) needs the book-keeping method, not backward"
     if reason:
         apply = _apply_merged(cfg, backend, frozen, freeze_plan, precision)
         return _fallback(apply, params, x, y, request, remat, reason, units)
 
-    clip = request.clip_norm
-    if chosen == "backward":
-        return _second_backward(gp, params, frozen, full, x, y, keep, clip, dense, units)
-    losses, caps, deltas = probe_pass(gp, full, x, y, units.row_weights())
-    with float32_scope("f32_per_example_norms"):
-        sq, rules = squared_norms(gp, caps, deltas, units.count(x.shape[0]), dense)
-    norms, weights, use = clip_factors(sq, keep, clip)
-    with float32_scope("f32_clipped_sum"):
-        return book_kept_sum(gp, full, rules, weights, use), norms, units.losses(losses)
-
-
-def _method_for(gp, method: str) -> str:
-    """:func:`choose_method`, except that ``"auto"`` takes book-keeping for a model with a
-    tied head under a remat policy too: the second backward cannot clip it, and book-keeping
-    (all layers' inputs kept) beats the vmap fallback (B copies of the gradient)."""
-    if method == "auto" and shared_sites(gp):
-        return "bookkeeping"
-    return choose_method(gp.policy, method)
+    bookkeeping = choose_method(gp.policy, method) == "bookkeeping"
+    losses, sq, kept = tap_pass(gp, full, x, y, dense, units.row_weights(), sums=bookkeeping)
+    norms, weights, use = clip_factors(sq, keep, request.clip_norm)
+    if bookkeeping:
+        with float32_scope("f32_clipped_sum"):
+            grads = kept_sum(gp, full, kept, weights, use)
+    else:
+        grads = _second_backward(gp, params, frozen, x, y, weights, use, units)
+    return grads, norms, units.losses(losses)
 
 
 def _check_args(method, dense, request: ClipRequest, x, y, units: Units) -> jax.Array:
@@ -187,10 +174,8 @@ def _check_args(method, dense, request: ClipRequest, x, y, units: Units) -> jax.
     return dataclasses.replace(request, microbatch_size=None).keep(units.count(x.shape[0]))
 
 
-def _second_backward(gp, params, frozen, full, x, y, keep, l2_clip_norm, dense, units: Units):
-    """``(grads, norms, losses)`` by taps, then an ordinary backward of the weighted loss."""
-    losses, sq = tap_pass(gp, full, x, y, dense, units.row_weights())
-    norms, weights, use = clip_factors(sq, keep, l2_clip_norm)
+def _second_backward(gp, params, frozen, x, y, weights, use, units: Units):
+    """``sum_i weights_i g_i`` by an ordinary forward and backward of the weighted loss."""
     # Batched backprop multiplies a zero cotangent by the example's own activations, and
     # 0 * NaN is NaN: dropped examples (masked, or with a non-finite gradient) rerun as a
     # copy of a kept one, with weight 0. Their contribution is then exactly zero.
@@ -203,8 +188,7 @@ def _second_backward(gp, params, frozen, full, x, y, keep, l2_clip_norm, dense, 
         lambda: weighted_backward(gp, params, frozen, x2, y2, weights),
         lambda: jax.tree_util.tree_map(jnp.zeros_like, params),
     )
-    grads = jax.tree_util.tree_map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
-    return grads, norms, units.losses(losses)
+    return jax.tree_util.tree_map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
 
 
 def _apply_merged(cfg, backend, frozen, freeze_plan, precision=None):

@@ -18,6 +18,15 @@ count, and the Gram form wins where ``d_in d_out > T (d_in + d_out)``. Below
 :data:`MATERIALISE_MIN_POSITIONS` positions the Gram form is taken either way (few KiB an
 example, and the materialised contraction was 1.45-3.0x slower on CPU there).
 
+Under book-keeping each form also leaves the backward pass with what its sum needs
+(:mod:`zoo.dp.ghost.taps`): ``d_in d_out`` values an example materialised, ``T (d_in + d_out)``
+in the Gram form, each written, zeroed first (the scan's stacked output) and read once. On a
+chip whose matrix units outrun its memory that traffic decides as much as the multiply-adds:
+:func:`formula` weighs the bytes at the device's :data:`BALANCE` (multiply-adds per byte that
+take the same time). On a TPU v5e it takes the Gram form for GPT-2's blocks at T 256 and the
+materialised one at T 1024 (where the per-example gradients are also the smaller of the two).
+A CPU counts multiply-adds alone (balance 0), as measured there (``benchmarks/dp/ghost_forms.py``).
+
 :func:`formula` is that rule, the offline default. :func:`choose` takes the choice measured on
 this device for the exact shape when :mod:`zoo.dp.ghost.measure` has cached one (both forms
 timed once, kept in ``$ZOO_CACHE_DIR/ghost-forms.json``, default ``~/.cache/zoo``), and the
@@ -28,17 +37,21 @@ device.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import jax
 
+from zoo.cache import ChoiceCache, digest
+
 FORMS = ("gram", "materialise")
 CACHE_FILE = "ghost-forms.json"
+CACHE = ChoiceCache(CACHE_FILE)
 MATERIALISE_MIN_POSITIONS = 32
+# Multiply-adds per byte of HBM traffic that take as long, per platform: a TPU v5e's 98.5 T
+# bf16 multiply-adds a second over its 820 GB/s (the chip profile's tpu_info). Not listed: 0,
+# multiply-adds alone.
+BALANCE = {"tpu": 120.0}
 
 
 def flops(form: str, seq: int, d_in: int, d_out: int, sums: bool) -> int:
@@ -50,13 +63,34 @@ def flops(form: str, seq: int, d_in: int, d_out: int, sums: bool) -> int:
     return seq * seq * (d_in + d_out) + (seq * d_in * d_out if sums else 0)
 
 
-def formula(seq: int, d_in: int, d_out: int, sums: bool = False) -> str:
-    """The form with fewer multiply-adds (:func:`flops`; the materialised one at a tie), and the
-    Gram form below :data:`MATERIALISE_MIN_POSITIONS` positions."""
+def traffic(form: str, seq: int, d_in: int, d_out: int, sums: bool, itemsize: int = 4) -> int:
+    """Bytes per example a form moves beyond its operands: under book-keeping (``sums``) what
+    it keeps for the clipped sum, zeroed, written and read; for the norms alone, its float32
+    intermediates written and read (the per-example gradient, or the two Gram matrices)."""
+    if sums:
+        kept = d_in * d_out if form == "materialise" else seq * (d_in + d_out)
+        return 3 * kept * itemsize
+    return 2 * 4 * (d_in * d_out if form == "materialise" else 2 * seq * seq)
+
+
+def formula(
+    seq: int, d_in: int, d_out: int, sums: bool = False, itemsize: int = 4, balance: float = 0.0
+) -> str:
+    """The form of less cost, multiply-adds (:func:`flops`) plus ``balance`` times bytes
+    (:func:`traffic`; the materialised one at a tie), and the Gram form below
+    :data:`MATERIALISE_MIN_POSITIONS` positions."""
     if seq < MATERIALISE_MIN_POSITIONS:
         return "gram"
-    fewer = flops("materialise", seq, d_in, d_out, sums) <= flops("gram", seq, d_in, d_out, sums)
-    return "materialise" if fewer else "gram"
+
+    def cost(form):
+        return flops(form, seq, d_in, d_out, sums) + balance * traffic(form, seq, d_in, d_out, sums, itemsize)
+
+    return "materialise" if cost("materialise") <= cost("gram") else "gram"
+
+
+def balance() -> float:
+    """:data:`BALANCE` of this device's platform."""
+    return BALANCE.get(jax.devices()[0].platform, 0.0)
 
 
 @dataclass(frozen=True)
@@ -73,7 +107,8 @@ class Shape:
     sums: bool
 
     def formula(self) -> str:
-        return formula(self.seq, self.d_in, self.d_out, self.sums)
+        itemsize = jax.numpy.dtype(self.dtype).itemsize
+        return formula(self.seq, self.d_in, self.d_out, self.sums, itemsize, balance())
 
     def flops(self, form: str) -> int:
         """Multiply-adds of ``form`` for the whole batch."""
@@ -81,23 +116,18 @@ class Shape:
 
 
 def cache_path() -> Path:
-    root = os.environ.get("ZOO_CACHE_DIR") or Path.home() / ".cache" / "zoo"
-    return Path(root) / CACHE_FILE
+    return CACHE.path
 
 
 def key(shape: Shape) -> str:
     """The cache key of a shape on this device and JAX."""
     device = jax.devices()[0]
     parts = {**shape.__dict__, "device": [device.platform, device.device_kind], "jax": jax.__version__}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+    return digest(parts)
 
 
 def read_cache() -> dict:
-    try:
-        doc = json.loads(cache_path().read_text())
-    except (OSError, ValueError, RecursionError):  # an unreadable cache costs speed, never a run
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    return CACHE.read()  # an unreadable cache costs speed, never a run
 
 
 @functools.lru_cache(maxsize=4)

@@ -11,10 +11,7 @@ step's dtype, median of a few calls after a compiling one.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import tempfile
 import time
 
 import jax
@@ -22,7 +19,7 @@ import jax.numpy as jnp
 
 from zoo.dp.ghost import forms
 from zoo.dp.ghost.forms import FORMS, Shape
-from zoo.dp.ghost.rules import RULES
+from zoo.dp.ghost.rules import RULES, compute_dtype
 from zoo.dp.ghost.stages import GhostPlan, probe_pass
 
 MEASURED_KINDS = ("dense", "unembed")  # a conv or a token table keeps its formula
@@ -46,7 +43,7 @@ def site_shapes(gp: GhostPlan, params, x, y) -> list[dict]:
             positions *= n
         if positions == 1 and gp.records == 1:
             continue  # no sequence axis: the flat rule, nothing to choose
-        dtype = jnp.result_type(a.dtype, d.dtype).name
+        dtype = compute_dtype(a, d).name
         seq = positions * gp.records
         shape = Shape(site.kind, units, seq, a.shape[-1], d.shape[-1], dtype, True)
         rows.append({"site": site.key, "layers": layers, "shape": shape})
@@ -91,14 +88,7 @@ def measure(shapes, remeasure: bool = False, progress=None) -> dict:
 
 
 def _write(key: str, entry: dict) -> None:
-    path = forms.cache_path()
-    doc = forms.read_cache()
-    doc[key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)  # a reader sees the old file or the new one, never half of it
+    forms.CACHE.put(key, entry)  # merged into the file as it is now; a reader sees it whole
 
 
 def choice_table(rows: list[dict], timings: dict | None = None) -> dict:

@@ -9,6 +9,13 @@ method and leaf names static), so stacked sites ``vmap`` them over layers.
 An example may be a *unit* of several records (a user's slots, :mod:`zoo.dp.ghost.units`):
 :func:`build` groups the op's rows ``[U * k, ...]`` as ``[U, k, ...]`` first
 (:meth:`Rule.group`), so the unit's records become positions of one example.
+
+A rule is built inside the backward pass, where the op's input and output gradient meet (a
+norm tap, :mod:`zoo.dp.ghost.sites`): its norms are taken there, and what its clipped sum
+needs (:meth:`Rule.kept`) leaves the pass in the step's compute dtype, never widened: a dense
+op's ``(a, delta)`` for the Gram form, its per-example gradients for the materialised form.
+After the clip factors are known, :meth:`Rule.rebuild` makes the rule again from those arrays
+and :meth:`Rule.grad` sums, accumulating in float32.
 """
 
 from __future__ import annotations
@@ -18,6 +25,10 @@ import jax.numpy as jnp
 
 from zoo.dp.ghost import forms
 from zoo.dp.ghost.forms import MATERIALISE_MIN_POSITIONS  # noqa: F401  (re-exported)
+from zoo.dp.ghost.products import by_unit, compute_dtype, keep, materialised, weighted_product
+from zoo.dp.ghost.products import dot as _dot
+from zoo.dp.ghost.products import sq as _sq
+from zoo.dp.ghost.products import wide as _wide
 
 
 def dense_method(seq: int, d_in: int, d_out: int, sums: bool = False) -> str:
@@ -47,46 +58,6 @@ def gather_method(seq: int, rows: int, width: int) -> str:
     return "materialise" if rows * width <= seq * seq else "gram"
 
 
-def _sq(x, axes):
-    return jnp.sum(jnp.square(x), axis=axes)
-
-
-def keep(x, use):
-    """Zero whole examples (leading axis) that must not enter the sum, NaNs included."""
-    return jnp.where(use.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
-
-
-def by_unit(tree, records: int):
-    """Arrays ``[U * records, ...]`` as ``[U, records, ...]``: the rows of a unit together."""
-    return jax.tree_util.tree_map(lambda a: a.reshape((a.shape[0] // records, records) + a.shape[1:]), tree)
-
-
-def _per_position(a, d, weights, use):
-    """``(a, d)`` [B, T, .] as rows [B * T, .], with each example's weight and flag repeated
-    over its positions: ``sum_b w_b sum_t a_bt d_bt^T`` is one matmul over the rows. (XLA on
-    CPU copies a transposed ``[d_in, B * T]`` operand to contract ``bti,bto->io``, which took
-    more time than the matmul itself for a user's ``k`` records.)"""
-    if a.ndim == 2:
-        return a, d, weights, use
-    positions = a.shape[1]
-    a, d = a.reshape(-1, a.shape[-1]), d.reshape(-1, d.shape[-1])
-    return a, d, jnp.repeat(weights, positions), jnp.repeat(use, positions)
-
-
-def _common(a, d):
-    """The dtype both operands of a contraction are read in: a bf16 step's own (its products
-    accumulate in float32, :func:`_dot`), float32 if either is."""
-    return jnp.result_type(a.dtype, d.dtype)
-
-
-def _dot(spec: str, x, y):
-    """``einsum(spec, x, y)`` on operands of :func:`_common` dtype, accumulated and returned
-    in float32: the per-example work of a bf16 step runs at bf16's speed, and what it makes
-    (norms, per-example gradients) is float32, as a non-private backward's weight gradient."""
-    dtype = _common(x, y)
-    return jnp.einsum(spec, x.astype(dtype), y.astype(dtype), preferred_element_type=jnp.float32)
-
-
 def _as_sequence(x):
     """[B, ..., D] -> [B, T, D] (T = 1 without a position axis)."""
     return x.reshape(x.shape[0], -1, x.shape[-1])
@@ -94,10 +65,29 @@ def _as_sequence(x):
 
 class Rule:
     """``sq()`` -> {leaf: [B]}; ``grad(weights, use)`` -> {leaf: summed gradient}, ``weights``
-    [B] the clip factors (0 where ``use`` is False)."""
+    [B] the clip factors (0 where ``use`` is False). ``kept()`` -> the floating arrays
+    ``grad`` reads, as they leave the backward pass; :meth:`rebuild` makes the rule from them
+    (and from :meth:`input_arrays`, what the op's input gives that is no floating array)."""
 
     static: object = ()
     arrays: dict
+    needs_inputs = False  # whether :meth:`input_arrays` gives anything
+
+    def kept(self) -> dict:
+        return {k: v for k, v in self.arrays.items() if jnp.issubdtype(v.dtype, jnp.inexact)}
+
+    @classmethod
+    def input_arrays(cls, inputs, records: int) -> dict:
+        """The arrays :meth:`kept` leaves out, from the op's input (captured in the forward)."""
+        del inputs, records
+        return {}
+
+    @classmethod
+    def rebuild(cls, static, arrays: dict):
+        """The rule whose :meth:`grad` reads ``arrays`` (:meth:`kept` and :meth:`input_arrays`)."""
+        rule = object.__new__(cls)
+        rule.static, rule.arrays = static, dict(arrays)
+        return rule
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -132,18 +122,23 @@ class Dense(Rule):
             method = "flat"
             a, d = a.astype(jnp.float32), d.astype(jnp.float32)
         else:
-            a, d = _as_sequence(a), _as_sequence(d)
+            dtype = compute_dtype(a, d)
+            a, d = _as_sequence(a).astype(dtype), _as_sequence(d)
             choice = forms.as_choice(force)
-            method = choice.pick(self.kind, a.shape[0], a.shape[1], a.shape[-1], d.shape[-1], _common(a, d))
+            method = choice.pick(self.kind, a.shape[0], a.shape[1], a.shape[-1], d.shape[-1], dtype)
         self.static = (method, tuple(leaves))
+        if "b" in leaves:  # before d is read in the compute dtype: the bias sums the gradient itself
+            gb = d if d.ndim == 2 else d.sum(axis=1, dtype=jnp.float32)
+        d = d.astype(a.dtype)
         if method == "materialise" and "w" in leaves:
-            self.arrays = {"g": _dot("bti,bto->bio", a, d)}
+            g, sq = materialised(a, d)
+            self.arrays = {"g": g, "sq": sq}
         elif "w" in leaves:
             self.arrays = {"a": a, "d": d}
         else:
             self.arrays = {}
         if "b" in leaves:
-            self.arrays["gb"] = d if d.ndim == 2 else d.sum(axis=1, dtype=jnp.float32)
+            self.arrays["gb"] = gb
 
     kind = "dense"
 
@@ -154,7 +149,7 @@ class Dense(Rule):
             if method == "flat":
                 out["w"] = _sq(arr["a"], 1) * _sq(arr["d"], 1)
             elif method == "materialise":
-                out["w"] = _sq(arr["g"], (1, 2))
+                out["w"] = arr["sq"]
             else:
                 aa = _dot("bti,bsi->bts", arr["a"], arr["a"])
                 dd = _dot("bto,bso->bts", arr["d"], arr["d"])
@@ -167,12 +162,10 @@ class Dense(Rule):
         method, leaves = self.static
         arr, out = self.arrays, {}
         if "w" in leaves:
-            if method == "materialise":
-                out["w"] = jnp.einsum("b,bio->io", weights, keep(arr["g"], use))
+            if method == "materialise":  # a weighted sum over examples: one fused reduction
+                out["w"] = jnp.sum(keep(_wide(arr["g"]), use) * weights[:, None, None], axis=0)
             else:
-                a, d = arr["a"].astype(jnp.float32), arr["d"].astype(jnp.float32)
-                a, d, row_weights, row_use = _per_position(a, d, weights, use)
-                out["w"] = jnp.einsum("ri,ro->io", keep(a, row_use), keep(d, row_use) * row_weights[:, None])
+                out["w"] = weighted_product(arr["a"], arr["d"], weights, use)
         if "b" in leaves:
             out["b"] = weights @ keep(arr["gb"], use)
         return out
@@ -200,6 +193,14 @@ class Norm(Rule):
 class Gather(Rule):
     """Token table [V, D]: example i's gradient scatters its delta rows to its token ids, so
     repeated tokens add up in one row before the norm is taken."""
+
+    needs_inputs = True
+
+    @classmethod
+    def input_arrays(cls, inputs, records):
+        """The token ids ``[B, T]`` (a unit's records' ids side by side), as ``__init__`` reads them."""
+        tokens = inputs if records == 1 else by_unit(inputs, records)
+        return {"tok": tokens.reshape(tokens.shape[0], -1)}
 
     def __init__(self, tokens, d, leaves, rows, force=None):
         del leaves
@@ -263,18 +264,39 @@ class Unembed(Dense):
         return {"w": super().grad(weights, use)["w"].T}
 
 
+class Tied:
+    """The cross term of a table W [V, D] read by a gather (``tokens`` [B, T], output gradient
+    ``d_embed`` [B, T, D]) and by a head tied to it (``z = h @ W^T``: ``h`` [B, S, D], output
+    gradient ``d_head`` [B, S, V]):
+    ``<G_embed, G_head> = sum_t sum_s d_head[s, tok_t] (d_embed_t . h_s) = sum_t d_embed_t . u_t``
+    with ``u_t = sum_s d_head[s, tok_t] h_s``. With the two rules' own norms it gives
+    ``|G_embed + G_head|^2 = |G_embed|^2 + |G_head|^2 + 2 <G_embed, G_head>``.
+
+    It is taken in halves, each in its op's backward rule where that op's output gradient is:
+    :meth:`second` at the head (``u`` [B, T, D], from the single output gradient of the logits,
+    which is then not kept), :meth:`first` at the gather (``d_embed``), and :meth:`join` after
+    the backward pass. Arrays arrive grouped by unit (:func:`grouped`)."""
+
+    @staticmethod
+    def first(tokens, d_embed):
+        del tokens
+        return _as_sequence(d_embed.astype(jnp.float32))
+
+    @staticmethod
+    def second(h, d_head, tokens):
+        tokens = tokens.reshape(tokens.shape[0], -1)
+        h, d_head = _as_sequence(h.astype(jnp.float32)), _as_sequence(d_head.astype(jnp.float32))
+        picked = jnp.take_along_axis(d_head, tokens[:, None, :], axis=2)  # [B, S, T]: d_head[s, tok_t]
+        return jnp.einsum("bst,bsd->btd", picked, h)
+
+    @staticmethod
+    def join(first, second):
+        return jnp.einsum("btd,btd->b", first, second)
+
+
 def tied_cross(tokens, d_embed, h, d_head):
-    """``<G_embed, G_head>`` per example [B] for one table W [V, D] read by a gather
-    (``tokens`` [B, T], output gradient ``d_embed`` [B, T, D]) and by a tied head
-    (``z = h @ W^T``: ``h`` [B, S, D], ``d_head`` [B, S, V]):
-    ``sum_t sum_s d_head[s, tok_t] (d_embed_t . h_s)``. With the two rules' own norms it gives
-    ``|G_embed + G_head|^2 = |G_embed|^2 + |G_head|^2 + 2 <G_embed, G_head>``."""
-    tokens = tokens.reshape(tokens.shape[0], -1)
-    d_embed, h = _as_sequence(d_embed.astype(jnp.float32)), _as_sequence(h.astype(jnp.float32))
-    d_head = _as_sequence(d_head.astype(jnp.float32))
-    dots = jnp.einsum("btd,bsd->bts", d_embed, h)
-    picked = jnp.take_along_axis(d_head, tokens[:, None, :], axis=2)  # [B, S, T]: d_head[s, tok_t]
-    return jnp.einsum("bts,bst->b", dots, picked)
+    """``<G_embed, G_head>`` per example [B] (:class:`Tied`), in one call."""
+    return Tied.join(Tied.first(tokens, d_embed), Tied.second(h, d_head, tokens))
 
 
 RULES: dict[str, type[Rule]] = {
@@ -294,9 +316,9 @@ def grouped(kind: str, inputs, d, records: int = 1):
 
 def build(kind: str, inputs, d, leaves, rows=None, force=None, records: int = 1) -> Rule:
     """The rule of an op of ``kind`` on its input and output gradient, per example or per
-    unit of ``records`` consecutive rows; the one place sites and stages make rules."""
+    unit of ``records`` consecutive rows; the one place the taps make rules."""
     return RULES[kind](*grouped(kind, inputs, d, records), leaves, rows, force)
 
 
 # Op kinds that may read the same leaf: (first, second) -> the cross term of their gradients
-SHARED = {("gather", "unembed"): tied_cross}
+SHARED = {("gather", "unembed"): Tied}

@@ -8,10 +8,10 @@ parameter leaves and output shapes come from running the model's own forward und
 * ``record``: note each op's site, kind, leaves and output shape.
 * ``probe``: add a zero probe to the output of each active site, and keep the op's input. The
   gradient of ``sum_i L_i`` with respect to a probe is the per-example output gradient.
-* ``tap``: route the output through :func:`_tap`, whose backward rule turns the op's input
-  (a residual, saved or recomputed as the remat policy says) and its output gradient into
-  per-example squared norms, returned as the gradient of a zero ``[B, leaves]`` array (``[U,
-  leaves]`` for units of several records: :func:`zoo.dp.ghost.rules.build`).
+* ``tap``: route the output through a norm tap (:mod:`zoo.dp.ghost.taps`), whose backward
+  rule turns the op's input (a residual, saved or recomputed as the remat policy says) and its
+  output gradient into per-example squared norms, and hands them (and, for book-keeping, what
+  the clipped sum needs) out as the gradient of the site's slot.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 
 from zoo import hooks
-from zoo.dp.ghost.rules import SHARED, build
+from zoo.dp.ghost.rules import SHARED
+from zoo.dp.ghost.taps import FIRST, SECOND, tap
 from zoo.models import canonical
 from zoo.models.paths import flat_by_path
 from zoo.models.registry import STACK
-from zoo.precision import float32_scope
 from zoo.remat import get_policy
 from zoo.scan import StackPlan
 
@@ -59,26 +59,8 @@ def site_key(path: str, kind: str) -> str:
     return f"{path}@{kind}" if kind in _SECOND else path
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _tap(spec, z, inputs, tap):
-    """Identity on ``z``; see the module docstring for its backward rule."""
-    del spec, inputs, tap
-    return z
-
-
-def _tap_fwd(spec, z, inputs, tap):
-    del spec, tap
-    return z, inputs
-
-
-def _tap_bwd(spec, inputs, dz):
-    kind, leaves, rows, force, records = spec
-    with float32_scope("f32_per_example_norms"):
-        sq = build(kind, inputs, dz, leaves, rows, force, records).sq()
-    return dz, None, jnp.stack([sq[leaf] for leaf in leaves], axis=-1)
-
-
-_tap.defvjp(_tap_fwd, _tap_bwd)
+def _aval(tree):
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
 
 
 class GhostHooks(hooks.LayerHooks):
@@ -86,8 +68,9 @@ class GhostHooks(hooks.LayerHooks):
     one layer of its stack.
 
     ``paths`` maps ``id`` of each parameter array the model reads to its dotted canonical
-    path; ``arrays`` holds the probes or taps by site path; ``specs`` the taps' static rule
-    arguments; ``found`` (shared by all layers) collects what ``record`` sees.
+    path; ``arrays`` holds the probes or the taps' slots by site key; ``specs`` the taps
+    (:class:`zoo.dp.ghost.taps.Tap`); ``found`` (shared by all layers) collects what ``record``
+    sees, and in ``probe`` mode each site's output dtype and the shapes of its input and output.
     """
 
     def __init__(self, mode, paths, arrays=None, specs=None, found=None, stacked=False):
@@ -102,6 +85,7 @@ class GhostHooks(hooks.LayerHooks):
                 self.found["top"] = self.sites
         self.captures: dict = {}
         self.hits: dict[str, int] = {}  # probe/tap mode: how often each hooked site was reached
+        self.first_inputs: dict = {}  # tap mode: the input of the first op reading a shared leaf
 
     def _site(self, params) -> str | None:
         """The site path of an op's parameters, or None when they are not canonical leaves
@@ -129,8 +113,16 @@ class GhostHooks(hooks.LayerHooks):
             if kind != "rows":
                 self.captures[key] = inputs
             self.found.setdefault("dtypes", {})[key] = z.dtype  # the probe's dtype (stages.probe_pass)
+            self.found.setdefault("avals", {})[key] = (_aval(inputs), _aval(z))  # one layer's, in a stack
             return z + self.arrays[key].astype(z.dtype)  # a float32 probe keeps a bf16 op bf16
-        return _tap(self.specs[key], z, inputs, self.arrays[key])
+        spec = self.specs[key]
+        if spec.cross is not None and spec.cross[1] == FIRST:
+            self.first_inputs[path] = inputs
+        elif spec.cross is not None and spec.cross[1] == SECOND:
+            inputs = (inputs, self.first_inputs[path])
+        if spec.capture:
+            self.captures[key] = inputs
+        return tap(spec, z, inputs, self.arrays[key])
 
     def stack(self, stacked, frozen_prefix):
         outer = [self.paths.get(id(leaf)) for leaf in jax.tree_util.tree_leaves(stacked)]

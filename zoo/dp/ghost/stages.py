@@ -1,8 +1,9 @@
 """The stages of one ghost-clipped step, on the sites found by tracing the model.
 
-Book-keeping: :func:`prepare` -> :func:`probe_pass` -> :func:`squared_norms` ->
-:func:`clip_factors` -> :func:`book_kept_sum`.
-Second backward: :func:`prepare` -> :func:`tap_pass` -> :func:`clip_factors` ->
+Book-keeping: :func:`prepare` -> :func:`tap_pass` (``sums=True``: each op's norms taken in the
+backward pass, and what its clipped sum needs handed out of it) -> :func:`clip_factors` ->
+:func:`kept_sum`.
+Second backward: :func:`prepare` -> :func:`tap_pass` (norms only) -> :func:`clip_factors` ->
 :func:`weighted_backward`. ``benchmarks/dp/ghost.py`` times the stages.
 """
 
@@ -17,8 +18,9 @@ import numpy as np
 from zoo.checks import require_choice
 from zoo.dp import clipping
 from zoo.dp.ghost import forms
-from zoo.dp.ghost.rules import SHARED, build, grouped
+from zoo.dp.ghost.rules import RULES, SHARED
 from zoo.dp.ghost.sites import Site, coverage_problem, discover, run
+from zoo.dp.ghost.taps import FIRST, SECOND, Tap, rule_of, slot_of
 from zoo.losses import per_example_loss
 from zoo.models.canonical import canonical_shapes
 from zoo.models.paths import flat_by_path, nest_by_path
@@ -31,14 +33,20 @@ METHODS = ("auto", "bookkeeping", "backward")
 
 
 def choose_method(remat="none", method: str = "auto") -> str:
-    """``"auto"`` -> ``"bookkeeping"`` without remat (fastest; keeps every op's input and
-    output gradient: more temp memory than the non-private step; ``docs/ghost.md``), ``"backward"`` under a remat policy
-    (taps and a second forward and backward: the non-private temp memory under that same
-    policy, where book-keeping would hold all layers' activations and undo the remat)."""
+    """``"auto"`` -> ``"bookkeeping"`` (one forward and one backward; each op's clipped-sum
+    pieces kept in the compute dtype: :func:`tap_pass`) unless the remat policy keeps nothing
+    of a block on the device (``full``, ``full-lean``, ``nested``, ``recursive``, the offloading
+    ones), where those pieces would be many times the policy's memory: ``"backward"`` there
+    (norms in one backward, then a second forward and backward of the weighted loss)."""
     require_choice("ghost clipping method", method, METHODS)
     if method != "auto":
         return method
-    return "backward" if as_plan(remat).policy.checkpoint else "bookkeeping"
+    return "backward" if keeps_nothing(as_plan(remat).policy) else "bookkeeping"
+
+
+def keeps_nothing(policy: RematPolicy) -> bool:
+    """Whether a policy keeps no activation of a block on the device for the backward pass."""
+    return policy.checkpoint and not policy.save_dots and not policy.saved_on_device
 
 
 def _trainable_rows(plan, dotted: str, num_layers: int, prefix: int) -> np.ndarray | bool:
@@ -133,15 +141,15 @@ def _zeros_per_site(gp: GhostPlan, shape_of, dtypes=None) -> dict:
     }
 
 
-def _output_dtypes(gp: GhostPlan, full, x) -> dict:
-    """Each probed site's output dtype under the plan's precision (one abstract trace): its
-    probe's, so that the output gradient the probe hands back is the backward's own (bf16 in a
-    bf16 step, float32 for float32 logits), not widened to float32."""
+def site_avals(gp: GhostPlan, full, x) -> dict:
+    """``{site key: (input, output)}`` as ``jax.ShapeDtypeStruct`` trees, one layer's for a
+    stacked site, under the plan's precision (one abstract trace of the probe pass): the output
+    dtype is what each probe (and slot) is made in."""
     found = {}
 
     def trace(p, xs):
         _, top = _run(gp, p, xs, "probe", _zeros_per_site(gp, lambda s: s.shape))
-        found.update(top.found.get("dtypes", {}))
+        found.update(top.found.get("avals", {}))
         return 0
 
     jax.eval_shape(trace, full, x)
@@ -149,10 +157,13 @@ def _output_dtypes(gp: GhostPlan, full, x) -> dict:
 
 
 def probe_pass(gp: GhostPlan, full, x, y, row_weights=None):
-    """One forward and one activation-only backward of ``sum_i L_i`` (``sum_i row_weights_i
-    L_i`` when given: a unit's slot weights) with respect to the probes (the parameters are
-    constants here).  Returns ``(losses [B], captures, deltas)``."""
-    probes = _zeros_per_site(gp, lambda s: s.shape, _output_dtypes(gp, full, x))
+    """Every active op's input and output gradient: one forward and one activation-only
+    backward of ``sum_i L_i`` (``sum_i row_weights_i L_i`` when given) with respect to zero
+    probes added to the ops' outputs. Returns ``(losses [B], captures, deltas)``, stacked sites'
+    with a leading layer axis. The step does not run it (every layer's pieces at once): the
+    shapes of the forms' table (:mod:`zoo.dp.ghost.measure`), tests and benchmarks read it."""
+    dtypes = {k: out.dtype for k, (_, out) in site_avals(gp, full, x).items()}
+    probes = _zeros_per_site(gp, lambda s: s.shape, dtypes)
 
     def losses_of(pr):
         logits, top = _run(gp, full, x, "probe", pr)
@@ -163,31 +174,98 @@ def probe_pass(gp: GhostPlan, full, x, y, row_weights=None):
     return losses, caps, deltas
 
 
-def tap_pass(gp: GhostPlan, full, x, y, dense=None, row_weights=None):
-    """Forward and one activation-only backward (parameters constant) through norm taps, from
-    ``row_weights`` (default ones) as :func:`probe_pass`.
+@dataclass(frozen=True)
+class TapPlan:
+    """The taps of one pass (:class:`zoo.dp.ghost.taps.Tap` by site key), their slots (one
+    layer's, abstract) and, under book-keeping, each site's abstract rule (what rebuilds it)."""
 
-    Returns ``(losses [B], sq [U])``: ``sq`` is what the taps' backward rules collected, the
-    per-example (per-unit: ``U = B / gp.records``) squared gradient norms over the trainable
-    leaves and rows.  Only what the remat policy saves is kept for the backward.
+    taps: dict
+    slots: dict
+    rules: dict
+    stacked: dict  # site key -> layers of a stacked site, or 0
+
+    def zeros(self) -> dict:
+        """The slots, zeros with a leading layer axis for stacked sites (never read)."""
+        return {
+            key: jax.tree_util.tree_map(
+                lambda a, n=n: jnp.zeros(((n,) if n else ()) + a.shape, a.dtype), slot
+            )
+            for key, slot, n in ((k, v, self.stacked[k]) for k, v in self.slots.items())
+        }
+
+
+def tap_plan(gp: GhostPlan, full, x, dense=None, sums: bool = False) -> TapPlan:
+    """Each active site's tap on inputs shaped like ``x``: its norm form (``dense`` forces one),
+    the pieces it keeps for the clipped sum when ``sums`` (book-keeping), and its half of a
+    shared leaf's cross term."""
+    avals = site_avals(gp, full, x)
+    halves = {}
+    for first, second in shared_sites(gp):
+        pair = (first.kind, second.kind)
+        halves[first.key], halves[second.key] = (pair, FIRST), (pair, SECOND)
+    partner = {second.key: first.key for first, second in shared_sites(gp)}
+    choice = forms.Choice(dense, sums)
+    layers = gp.cfg.num_layers - gp.prefix
+    taps, slots, rules, stacked = {}, {}, {}, {}
+    for site in gp.active:
+        inputs, z = avals[site.key]
+        if site.key in partner:  # the second reader of a shared leaf also gets the first's input
+            inputs = (inputs, avals[partner[site.key]][0])
+        capture = sums and RULES[site.kind].needs_inputs
+        spec = Tap(site.kind, site.leaves, site.rows, choice, gp.records, sums, halves.get(site.key), capture)
+        taps[site.key], slots[site.key] = spec, slot_of(spec, inputs, z)
+        if sums:
+            rules[site.key] = rule_of(spec, inputs, z)
+        stacked[site.key] = layers if site.stacked else 0
+    return TapPlan(taps, slots, rules, stacked)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a book-keeping :func:`tap_pass` handed out: the taps' outputs by site key and the
+    inputs the forward captured for them."""
+
+    plan: TapPlan
+    out: dict
+    captures: dict
+
+
+def tap_pass(gp: GhostPlan, full, x, y, dense=None, row_weights=None, sums: bool = False):
+    """One forward and one activation-only backward (the parameters constant) of ``sum_i L_i``
+    (``sum_i row_weights_i L_i`` when given: a unit's slot weights) through norm taps.
+
+    Each op's per-example squared norms are taken in its own step of the backward pass, from
+    its input (a residual, saved or recomputed as the remat policy says) and its output gradient
+    (:mod:`zoo.dp.ghost.taps`). With ``sums`` (book-keeping) each tap also hands out what the
+    op's clipped sum needs, in the compute dtype, for :func:`kept_sum`.
+
+    Returns ``(losses [B], sq [U], kept)``: ``sq`` the per-example (per-unit: ``U = B /
+    gp.records``) squared gradient norms over the trainable leaves and rows, cross terms of a
+    shared leaf included; ``kept`` a :class:`Kept`.
     """
-    units = x.shape[0] // gp.records
-    choice = forms.Choice(dense, sums=False)  # the clipped sum comes from the second backward
-    specs = {s.key: (s.kind, s.leaves, s.rows, choice, gp.records) for s in gp.active}
-    taps = _zeros_per_site(gp, lambda s: (units, len(s.leaves)))
+    plan = tap_plan(gp, full, x, dense, sums)
 
-    def losses_of(tp):
-        logits, _ = _run(gp, full, x, "tap", tp, specs)
-        return per_example_loss(logits, y)
+    def losses_of(slots):
+        logits, top = _run(gp, full, x, "tap", slots, plan.taps)
+        return per_example_loss(logits, y), top.captures
 
-    losses, vjp = jax.vjp(losses_of, taps)
-    (collected,) = vjp(jnp.ones_like(losses) if row_weights is None else row_weights)
+    losses, vjp, captures = jax.vjp(losses_of, plan.zeros(), has_aux=True)
+    (out,) = vjp(jnp.ones_like(losses) if row_weights is None else row_weights)
+    return losses, squared_norms(gp, out, x.shape[0] // gp.records), Kept(plan, out, captures)
+
+
+def squared_norms(gp: GhostPlan, out: dict, units: int):
+    """``sum over trainable leaves (and rows) of ||g_i||^2`` [U] from the taps' outputs, with
+    ``2 <g_first, g_second>`` for each leaf read by two ops (``rules.SHARED``)."""
     sq = jnp.zeros((units,), jnp.float32)
     for site in gp.active:
-        got = collected[site.key]
+        got = out[site.key]["sq"]
         for j, r in enumerate(gp.rows_of(site.path).values()):
             sq = sq + (jnp.asarray(r, jnp.float32) @ got[..., j] if site.stacked else got[:, j])
-    return losses, sq
+    for first, second in shared_sites(gp):
+        cross = SHARED[(first.kind, second.kind)].join(out[first.key]["cross"], out[second.key]["cross"])
+        sq = sq + 2 * cross
+    return sq
 
 
 def weighted_backward(gp: GhostPlan, params, frozen, x, y, weights):
@@ -199,34 +277,6 @@ def weighted_backward(gp: GhostPlan, params, frozen, x, y, weights):
         return jnp.sum(weights * per_example_loss(logits, y))
 
     return jax.grad(weighted_loss)(params)
-
-
-def squared_norms(gp: GhostPlan, caps, deltas, batch_size: int, dense=None):
-    """``(sum over trainable leaves of ||g_i||^2 [B], rules)``; stacked sites vmap over layers.
-    ``batch_size`` counts examples (units: rows / ``gp.records``)."""
-    sq = jnp.zeros((batch_size,), jnp.float32)
-    rules = {}
-    choice = forms.Choice(dense, sums=True)  # the clipped sum comes from the same pieces
-    for site in gp.active:
-
-        def make(inputs, delta, s=site):
-            rule = build(s.kind, inputs, delta, s.leaves, s.rows, choice, gp.records)
-            return rule.sq(), rule
-
-        if site.stacked:
-            rule_sq, rule = jax.vmap(make)(caps.get(site.key), deltas[site.key])
-            parts = [jnp.asarray(r, jnp.float32) @ rule_sq[leaf] for leaf, r in gp.rows_of(site.path).items()]
-        else:
-            rule_sq, rule = make(caps.get(site.key), deltas[site.key])
-            parts = list(rule_sq.values())
-        for part in parts:
-            sq = sq + part
-        rules[site.key] = rule
-    for first, second in shared_sites(gp):  # a leaf read by two ops: |g1 + g2|^2's cross term
-        cross = SHARED[(first.kind, second.kind)]
-        pairs = [grouped(s.kind, caps[s.key], deltas[s.key], gp.records) for s in (first, second)]
-        sq = sq + 2 * cross(*pairs[0], *pairs[1])
-    return sq, rules
 
 
 def shared_sites(gp: GhostPlan) -> list[tuple[Site, Site]]:
@@ -246,15 +296,25 @@ def clip_factors(sq, keep, l2_clip_norm):
     return jnp.where(keep, norms, 0.0), jnp.where(use, factor, 0.0), use
 
 
-def book_kept_sum(gp: GhostPlan, full, rules, weights, use):
-    """``sum_i f_i g_i`` per op from the captured inputs and output gradients, returned in the
-    structure of the trainable tree. Frozen leaves get placeholders that the split drops; a
+def _rule(gp: GhostPlan, kept: Kept, site: Site):
+    """A site's rule made again from what its tap kept (and its captured input)."""
+    template = kept.plan.rules[site.key]
+    arrays = dict(kept.out[site.key]["kept"])
+    if site.key in kept.captures:
+        arrays.update(type(template).input_arrays(kept.captures[site.key], gp.records))
+    return type(template).rebuild(template.static, arrays)
+
+
+def kept_sum(gp: GhostPlan, full, kept: Kept, weights, use):
+    """``sum_i f_i g_i`` per op from what the taps kept, returned in the structure of the
+    trainable tree. A stacked site sums one layer at a time (``lax.map``), so what is widened to
+    float32 for the sum is one layer's. Frozen leaves get placeholders that the split drops; a
     trainable leaf without a site cannot reach here (:func:`prepare` checks coverage)."""
     out = {}
     for site in gp.active:
-        rule = rules[site.key]
+        rule = _rule(gp, kept, site)
         if site.stacked:
-            for leaf, g in jax.vmap(lambda r: r.grad(weights, use))(rule).items():
+            for leaf, g in jax.lax.map(lambda r: r.grad(weights, use), rule).items():
                 if gp.prefix:
                     g = jnp.concatenate([jnp.zeros((gp.prefix, *g.shape[1:]), g.dtype), g])
                 out[f"{site.path}.{leaf}"] = g

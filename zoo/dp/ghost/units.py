@@ -9,10 +9,10 @@ nothing written per op kind:
 * the backward pass that hands out the output gradients starts from the slot weights instead
   of ones (:meth:`Units.row_weights`), so record ``j``'s output gradient is ``w_j dL_j/dz``;
 * before a rule sees an op's arrays, the ``[U * k, ...]`` rows are grouped as ``[U, k, ...]``
-  (:func:`zoo.dp.ghost.rules.build`). Each record's gradient of an op is a sum over its
-  positions, so the user's is the same sum over the positions of all of its records: the
-  rules read the records' axis as positions and give the user's norm and clipped sum (a dense
-  op's Gram form runs over the concatenated tokens). The positional table is the exception:
+  (:func:`zoo.dp.ghost.rules.build`, in each norm tap). Each record's gradient of an op is a
+  sum over its positions, so the user's is the same sum over the positions of all of its
+  records: the rules read the records' axis as positions and give the user's norm and clipped
+  sum (a dense op's Gram form runs over the concatenated tokens). The positional table is the exception:
   every record reads its rows 0..T-1, so the records' gradients add row by row.
 
 The model itself still runs on the records (attention stays within one record). The norms,

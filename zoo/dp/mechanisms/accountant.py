@@ -33,7 +33,7 @@ __all__ = [
 DEFAULT_PLD_DISCRETIZATION = 1e-4  # dp_accounting's own default
 # The calibration searches with a coarser grid. A pessimistic PLD on any grid is an upper
 # bound on epsilon, so the sigma it finds meets the budget, only slightly above the sigma the
-# default grid finds, and it finds it sooner (the comparison is in docs/dp.md).
+# default grid finds, and it finds it sooner (the comparison is in benchmarks/dp/RESULTS.md, "Accounting times").
 SEARCH_PLD_DISCRETIZATION = 1e-3
 
 

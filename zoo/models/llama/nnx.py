@@ -36,7 +36,7 @@ class Attention(nnx.Module):
         freq = cfg.rope_freq()
         q = ops.rotary(q, cfg.num_heads, cfg.rope_theta, freq, positions)
         k = ops.rotary(k, cfg.num_kv_heads, cfg.rope_theta, freq, positions)
-        setting = dict(kind=cfg.attention, chunk=cfg.attention_chunk, cache=cache)
+        setting = dict(kind=cfg.attention, chunk=cfg.attention_chunk, cache=cache, blocks=cfg.splash_blocks)
         context = attention(q, k, v, cfg.num_heads, cfg.num_kv_heads, **setting)
         context = checkpoint_name(context, names.ATTN_CONTEXT)
         return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT), (k, v)

@@ -10,6 +10,7 @@ from jax.ad_checkpoint import checkpoint_name
 from zoo import names
 from zoo.models import ops
 from zoo.models.attention import CacheSlice, attention
+from zoo.models.splash import SplashBlocks
 from zoo.models.stack import run_stack
 from zoo.models.transformer.config import TransformerConfig
 from zoo.scan import Remat
@@ -25,6 +26,7 @@ class Attention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     kind: str = eqx.field(static=True)
     chunk: int = eqx.field(static=True)
+    blocks: SplashBlocks = eqx.field(static=True)
 
     def __init__(self, cfg: TransformerConfig, *, key: jax.Array):
         d, bias = cfg.d_model, cfg.attn_bias
@@ -34,14 +36,15 @@ class Attention(eqx.Module):
         self.v = eqx.nn.Linear(d, d, use_bias=bias, key=kv)
         self.o = eqx.nn.Linear(d, d, use_bias=bias, key=ko)
         self.num_heads = cfg.num_heads
-        self.kind, self.chunk = cfg.attention, cfg.attention_chunk
+        self.kind, self.chunk, self.blocks = cfg.attention, cfg.attention_chunk, cfg.splash_blocks
 
     def __call__(self, x: jax.Array, cache: CacheSlice | None = None) -> tuple[jax.Array, tuple]:
         """``(output, (k, v))``: k and v are what a cache keeps of these tokens."""
         q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
         k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
         v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
-        context = attention(q, k, v, self.num_heads, kind=self.kind, chunk=self.chunk, cache=cache)
+        setting = dict(kind=self.kind, chunk=self.chunk, cache=cache, blocks=self.blocks)
+        context = attention(q, k, v, self.num_heads, **setting)
         context = checkpoint_name(context, names.ATTN_CONTEXT)
         return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT), (k, v)
 

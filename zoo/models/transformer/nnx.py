@@ -25,14 +25,15 @@ class Attention(nnx.Module):
         self.v = nnx.Linear(d, d, use_bias=bias, rngs=rngs)
         self.o = nnx.Linear(d, d, use_bias=bias, rngs=rngs)
         self.num_heads = cfg.num_heads
-        self.kind, self.chunk = cfg.attention, cfg.attention_chunk
+        self.kind, self.chunk, self.blocks = cfg.attention, cfg.attention_chunk, cfg.splash_blocks
 
     def __call__(self, x: jax.Array, cache: CacheSlice | None = None) -> tuple[jax.Array, tuple]:
         """``(output, (k, v))``: k and v are what a cache keeps of these tokens."""
         q = checkpoint_name(ops.dense(self.q, x), names.ATTN_Q)
         k = checkpoint_name(ops.dense(self.k, x), names.ATTN_K)
         v = checkpoint_name(ops.dense(self.v, x), names.ATTN_V)
-        context = attention(q, k, v, self.num_heads, kind=self.kind, chunk=self.chunk, cache=cache)
+        setting = dict(kind=self.kind, chunk=self.chunk, cache=cache, blocks=self.blocks)
+        context = attention(q, k, v, self.num_heads, **setting)
         context = checkpoint_name(context, names.ATTN_CONTEXT)
         return checkpoint_name(ops.dense(self.o, context), names.ATTN_OUT), (k, v)
 

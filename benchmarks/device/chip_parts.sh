@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The rows of issues 58 and 59 that only a chip measures, in parts that each fit one device call
-# (10 minutes), run after tpu.sh's set-up:
+# Measurements that only a chip makes, in parts that each fit one device call (10 minutes), run
+# after tpu.sh's set-up; each part is named by what it measures:
 #
-#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh host   # llama-1b AdamW, update on the host
-#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh dp     # DP at 256 x 8 and 1024 x 8
-#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh logical  # DP at 1,024 x 1,024 tokens
-#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh dplora # DP-LoRA of llama-1b, 1,024 x 1,024 tokens
-#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/open_rows.sh fits   # the rest of the fits table
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh host-update       # llama-1b full AdamW with the update on the host; the host step against the device step
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-methods        # DP clipping methods side by side at 256 x 8 and 1024 x 8
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-logical-batch  # ghost DP on a logical batch of 1,024 x 1,024 tokens, microbatches of 8
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-lora           # DP-LoRA of llama-1b at 1,024 x 1,024 tokens
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh fits-table        # the largest batch of gpt2-355m per remat policy, llama-1b with frozen layers
 #
 # Each command runs under `timeout`, prints as it goes, and writes its JSON under $OUT (default
 # /tmp/out). `SMALL=1` runs every part at a tiny size on a CPU (the same flags otherwise).
@@ -31,11 +31,11 @@ else
 fi
 BF=(--precision bfloat16 --no-sweep --json)
 case "${1:-}" in
-host)
+host-update)
   step host_update 480 "$PY" benchmarks/device/host_update.py --preset "$LLAMA" --seq 2048 $SMALL_FLAG \
     --rows full:4:16,full:4:32,full:2:32 --steps 2 --compare --compare-preset "$GPT" --json "$OUT/host_update.json"
   ;;
-dp)
+dp-methods)
   step dp_256x8 240 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" --forms measure \
     --methods "ghost,ghost bookkeeping,zoo vmap,jax_privacy clipped_grad"
   step dp_1024x8_ghost 180 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots --forms measure \
@@ -43,22 +43,22 @@ dp)
   step dp_1024x8_vmap 150 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots \
     --methods "zoo vmap,jax_privacy clipped_grad"
   ;;
-logical)
+dp-logical-batch)
   step dp_logical 420 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" --remat dots \
     --methods ghost --rounds 2 --steps 1
   ;;
-dplora)
+dp-lora)
   step dp_lora 540 "$PY" benchmarks/device/dp_lora.py --preset "$LLAMA" --seq "$S1024" --batch "$LOGICAL" \
     --microbatch 8 --remat full $SMALL_FLAG
   ;;
-fits)
+fits-table)
   rows=gpt2-355m:none:none,gpt2-355m:dots:none,gpt2-355m:full:none,gpt2-355m:offload-layer-input:none
   rows+=,llama-1b:full:none:frozen,gpt2-355m:full:optimizer+params,gpt2-355m:minimal:none
   step fits 560 "$PY" benchmarks/device/fits_table.py --seq 2048 --steps 2 --deadline 420 $SMALL_FLAG \
     --json "$OUT/fits.json" --plot "$OUT/fits.png" --rows "$rows"
   ;;
 *)
-  echo "usage: open_rows.sh host|dp|logical|dplora|fits" >&2
+  echo "usage: chip_parts.sh host-update|dp-methods|dp-logical-batch|dp-lora|fits-table" >&2
   exit 2
   ;;
 esac

@@ -1,0 +1,100 @@
+"""What the scripts of ``benchmarks/device/`` share. A library only: nothing here runs on import,
+and no script imports another script.
+
+- the model config of a row (:func:`config`: a preset, or its kind's small config on a CPU);
+- MFU (:func:`step_mfu`): zoo's one FLOP count and one peak lookup (``zoo.train.throughput``),
+  so every script's figure of one step agrees;
+- a compiled step's device footprint (:func:`footprint`) and whether an error is an
+  out-of-memory one (:func:`out_of_memory`);
+- params drawn on the chip and kept in host memory (:func:`host_params`);
+- the median of timed steps after a warm-up (:func:`median_step_seconds`);
+- progress lines on stderr with the seconds since the start (:func:`say`).
+
+A script sets ``XLA_PYTHON_CLIENT_PREALLOCATE`` before it imports this module (which imports
+JAX). The scripts sit beside it, so ``import devicekit`` finds it through ``sys.path[0]``, the
+script's folder: no ``sys.path`` edits.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+import zoo
+from zoo.models import canonical, registry
+from zoo.parallel.placement import host_device
+from zoo.remat import footprint as footprint_of
+from zoo.remat import step_bytes
+from zoo.train import throughput
+
+OOM_WORDS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "exceeds")
+T0 = time.time()
+
+
+def say(text: str) -> None:
+    """One progress line on stderr: ``[seconds since the start] text``."""
+    print(f"[{time.time() - T0:7.1f} s] {text}", file=sys.stderr, flush=True)
+
+
+def config(preset: str, small: bool):
+    """The config of ``preset``, or with ``small`` its kind's small config (a CPU run)."""
+    cfg = zoo.get_config(preset)
+    return registry.get_kind(cfg.kind).small if small else cfg
+
+
+def step_mfu(cfg, batch: int, seq: int, seconds: float, precision: str = "bfloat16") -> float | None:
+    """MFU of one training step of ``cfg`` on ``batch`` rows of ``seq`` tokens that took
+    ``seconds``: ``zoo.train.throughput.step_flops`` over the time and the device's peak in
+    ``precision`` (None where the peak is not known: a CPU)."""
+    return throughput.mfu(throughput.step_flops(cfg, batch, seq), seconds, precision)
+
+
+def footprint(compiled) -> int:
+    """Device bytes of a compiled step: the larger of XLA's peak (where reported) and arguments +
+    outputs - aliased + temp in device memory (``zoo.remat.step_bytes``: an offloaded state's
+    host-memory arguments are not the chip's)."""
+    peak = int(getattr(compiled.memory_analysis(), "peak_memory_in_bytes", 0) or 0)
+    return max(peak, footprint_of(step_bytes(compiled, host_separate=jax.devices()[0].platform != "cpu")))
+
+
+def out_of_memory(error: BaseException | str) -> bool:
+    """Whether an error (or its text) says that something did not fit in memory."""
+    return any(word in str(error) for word in OOM_WORDS)
+
+
+def host_params(cfg) -> dict:
+    """Params of ``cfg`` in host memory, drawn leaf by leaf on the device (scaled normals for the
+    matrices, ones for norm scales, zeros for the rest) and copied out: ``canonical.init_params``
+    on the host's CPU takes minutes at 3B. A benchmark's weights need a shape and a scale, not
+    the preset's own initialisation."""
+    shapes = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
+    host = host_device() or jax.devices()[0]
+
+    def fill(path, leaf, index):
+        name = jax.tree_util.keystr(path)
+        if len(leaf.shape) >= 2:
+            make = jax.jit(lambda k: 0.02 * jax.random.normal(k, leaf.shape, leaf.dtype))
+            return jax.device_put(make(jax.random.key(index)), host)
+        value = jnp.ones if "scale" in name else jnp.zeros
+        with jax.default_device(host):
+            return value(leaf.shape, leaf.dtype)
+
+    leaves = jax.tree_util.tree_leaves_with_path(shapes)
+    filled = [fill(path, leaf, i) for i, (path, leaf) in enumerate(leaves)]
+    return jax.tree.unflatten(jax.tree.structure(shapes), filled)
+
+
+def median_step_seconds(stepper, steps: int) -> float:
+    """The median of ``steps`` timed steps of ``stepper`` (``stepper(1)`` runs one and blocks),
+    after one untimed warm-up."""
+    stepper(1)
+    times = []
+    for _ in range(steps):
+        tic = time.perf_counter()
+        stepper(1)
+        times.append(time.perf_counter() - tic)
+    return statistics.median(times)
