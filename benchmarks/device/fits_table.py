@@ -51,7 +51,7 @@ from zoo import recipes  # noqa: E402
 from zoo.bench.common import state_stepper  # noqa: E402
 from zoo.bench.step import bench_start, compile_step  # noqa: E402
 from zoo.models import canonical  # noqa: E402
-from zoo.parallel.offload import host_fields  # noqa: E402
+from zoo.parallel.placement import placement_named  # noqa: E402
 from zoo.train import stages  # noqa: E402
 
 MODES = {

@@ -127,10 +127,14 @@ def programs(recipe: recipes.Recipe, device: jax.Device) -> dict:
         })  # fmt: skip
 
     out = {}
-    if recipe.train.placement == "update-on-host":  # the device's program: the gradient from compute-dtype params
+    if (
+        recipe.train.placement == "update-on-host"
+    ):  # the device's program: the gradient from compute-dtype params
         step = engine.train_step
         up = jax.eval_shape(engine.precision.to_compute, state.params)
-        read = dataclasses.replace(state, params=_on(device, up), opt_state=(), **_on(device, {"step": state.step, "rng": state.rng}))
+        read = dataclasses.replace(
+            state, params=_on(device, up), opt_state=(), **_on(device, {"step": state.step, "rng": state.rng})
+        )
         out["gradient"] = (step.grads, (read, frozen, batch(rows)))  # zoo.parallel.host_step.HostStep.up
         eval_params = _on(device, up)
     else:

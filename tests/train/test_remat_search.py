@@ -1,12 +1,15 @@
 """``zoo.train.remat_search``: the one chooser behind ``--remat auto`` and ``zoo bench remat
 --budget``: its candidates (policy x placement), what it skips, how it times, and its rule."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
 from zoo import recipes
 from zoo.commands import settings
 from zoo.configs import OFFLOADS
+from zoo.parallel.placement import PLACEMENTS as placement_table
 from zoo.train import remat_search
 from zoo.train.remat_search import (
     PLACEMENTS,
@@ -28,13 +31,19 @@ def run():
     return build_run(recipe, choose_remat=False)
 
 
-def test_the_placement_axis_is_the_table_of_todays_offload_settings(run):
-    """Each placement is a row of one table, in the order that moves more of the state: the
-    engine it makes is at that placement, and the engine's own placement is found in it."""
+def test_the_placement_axis_is_the_in_program_placements(run):
+    """The search's placements are the in-program rows of zoo.parallel.placement.PLACEMENTS, in
+    the order that moves more of the state: the engine a candidate makes is at that placement
+    (its host fields those of the row), and the engine's own placement is found in it. The
+    update on the host, two programs, is not searched."""
     assert tuple(PLACEMENTS) == OFFLOADS
-    for name in PLACEMENTS:
+    rows = [p for p in placement_table.values() if not p.update_on_host]
+    for name, row in zip(PLACEMENTS, rows, strict=True):
         engine = with_candidate(run.engine, Candidate("full", name))
-        assert engine.offload == name and engine.stack.policy.name == "full" and placement_of(engine) == name
+        assert engine.placement is row and engine.stack.policy.name == "full" and placement_of(engine) == name
+    host = dataclasses.replace(run.engine, placement=placement_table["update-on-host"])
+    with pytest.raises(ValueError, match="not searched"):
+        placement_of(host)
     assert [c.label for c in candidates(["none", "full"], ["none", "optimizer"])] == [
         "none/none",
         "full/none",
