@@ -134,7 +134,7 @@ def measure(cfg, params, row: tuple[str, int, int], args, limit: int) -> dict:
     return {
         **out,
         "fits": True,
-        "ms_per_step": round(seconds * 1e3, 1),
+        "ms_per_step": round(seconds * 1e3, 3),
         "tokens_per_s": round(rows * args.seq / seconds, 1),
         "mfu": None if mfu is None else round(mfu, 4),
         "peak_bytes_in_use_gib": round(stats.get("peak_bytes_in_use", 0) / 2**30, 3),

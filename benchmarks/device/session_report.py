@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 COMPARED = ("loss", "grad_norm", "eval_loss")
-PROGRESS = re.compile(r": step (\d+)/(\d+)\s+([\d,.]+) ex/s")
+PROGRESS = re.compile(r": step (\d+)/(\d+)\s+([\d,.]+) (ex|tok)/s")
 INTERRUPTED = re.compile(r"interrupted after step (\d+)")
 
 
@@ -62,10 +62,14 @@ def same_losses(resumed: Path, twin: Path) -> tuple[bool, str]:
     return True, f"{head}: all bitwise equal"
 
 
-def cli_rate(log: Path) -> float | None:
-    """The rate of the last progress line the CLI printed in ``log`` (examples a second)."""
+def cli_rate(log: Path, seq: int | None) -> float | None:
+    """The rate of the last progress line the CLI printed in ``log``, in examples a second
+    (a language model's line shows tokens a second: ``seq`` of them to an example)."""
     found = PROGRESS.findall(log.read_text(errors="replace")) if log.is_file() else []
-    return float(found[-1][2].replace(",", "")) if found else None
+    if not found:
+        return None
+    rate, unit = float(found[-1][2].replace(",", "")), found[-1][3]
+    return rate if unit == "ex" else rate / seq if seq else None
 
 
 def row(step: dict, logs: Path) -> dict:
@@ -74,9 +78,9 @@ def row(step: dict, logs: Path) -> dict:
     log = logs / f"{step['step']}.log"
     if run is None:
         return out
-    out["ex_per_s"] = cli_rate(log)
     recipe = json.loads((run / "recipe.json").read_text()) if (run / "recipe.json").is_file() else {}
     seq = recipe.get("data", {}).get("seq_len")
+    out["ex_per_s"] = cli_rate(log, seq)
     stopped = INTERRUPTED.search(log.read_text(errors="replace")) if log.is_file() else None
     finished = (run / "summary.json").is_file() and stopped is None
     summary = json.loads((run / "summary.json").read_text()) if finished else {}

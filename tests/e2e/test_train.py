@@ -136,15 +136,16 @@ def test_language_model_trains_saves_tokenizer_and_samples(tmp_path, capsys):
         (["--remat", "ful"], "Did you mean 'full'"),
         (["--backend", "torch"], "Valid: eqx, nnx"),
         (["--set", "train.stepz=3"], "Did you mean 'steps'"),
-        (["--set", "train.steps=-1"], "positive int"),
+        (["--set", "train.eval_every=-1"], "positive int"),
         (["--set", "optim.name=adam"], "Valid: adamw, sgd"),
         (["--dataset", "digts"], "digits"),
         (["--dataset", "hf:mnist"], "offline|digits"),
     ],
 )
-def test_bad_flags_give_clear_errors(flags, match, capsys, monkeypatch):
+def test_bad_flags_give_clear_errors(flags, match, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert main(["train", "digits-mlp", "--steps", "1", "--out", "/nonexistent/x", *flags]) == 2
+    assert main(["train", "digits-mlp", "--steps", "1", "--out", str(tmp_path / "x"), *flags]) == 2
+    assert not (tmp_path / "x").exists()  # refused before anything is written
     err = capsys.readouterr().err.replace("\n", " ")
     import re
 
