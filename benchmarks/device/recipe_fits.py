@@ -111,7 +111,14 @@ def programs(recipe: recipes.Recipe, device: jax.Device) -> dict:
     start = dataclasses.replace(start, layout=layout)
     plan = None
     if recipe.dp.enabled:
-        plan = make_plan(recipe.dp, DP_WINDOWS, recipe.train.steps, layout, seed=0)
+        plan = make_plan(
+            recipe.dp,
+            DP_WINDOWS,
+            recipe.train.steps,
+            layout,
+            seed=0,
+            microbatch_size=recipe.train.microbatch_size,
+        )
     engine = stages.engine(recipe, start, plan, recipe.train.steps)
     state, frozen = placed_shapes(engine, *jax.eval_shape(lambda p: engine.init_state(p, 0), start.params))
     rows = plan.sampler.padded_batch_size if plan else recipe.train.batch_size

@@ -45,12 +45,14 @@ if [ "${SMALL:-}" = 1 ]; then
   BUDGET=${BUDGET:-3000}; MAX_SCALE=${MAX_SCALE:-4}; SMALL_FLAG=--small; HF_1B=small; HF_3B=small; FREEZE_TO=1
   GPT2_STEPS=160; GPT2_EVERY=20; GPT2_KILL=50; NEW_TOKENS=32  # transformer-xs has 64 positions
   GPT2_SIZE=(--set model.preset=transformer-xs --set data.seq_len=32 --batch-size 4)
+  HARNESS=(--small --batch 2 --zoo dense:dots --plain xla:dots --rounds 1 --steps 2)  # mfu.py's own tiny shape
   LLAMA_SIZE=(--set data.seq_len=32 --batch-size 4)
   FULL_SIZE=(--set model.preset=llama-xs --set data.seq_len=32 --batch-size 4 --microbatch-size 2)
   DP_SIZE=(--set model.preset=transformer-xs --set data.seq_len=32 --set dp.expected_batch_size=16 --set train.microbatch_size=4)
 else
   BUDGET=${BUDGET:-450}; MAX_SCALE=${MAX_SCALE:-1}; SMALL_FLAG=; HF_1B=1b; HF_3B=3b; FREEZE_TO=12
   GPT2_STEPS=200; GPT2_EVERY=50; GPT2_KILL=120; NEW_TOKENS=128
+  HARNESS=(--batch 16 --zoo splash:dots --plain splash:dots --rounds 3 --steps 5)  # gpt2-124m-tokens' shape and policy
   GPT2_SIZE=(); LLAMA_SIZE=(); FULL_SIZE=(); DP_SIZE=()
 fi
 PARTS=${PARTS:-gpt2 twin full1b llama1b llama3b dp frozen1b}
@@ -206,6 +208,10 @@ for part in $PARTS; do
     TWIN=$WORK/runs/gpt2-twin
     step gpt2_twin 60 200 "$TWIN" tokenize_gpt2 -- "${ZOO[@]}" "${GPT2[@]}" --out "$TWIN"
     step same_losses 1 30 - gpt2_resume gpt2_twin -- "${REPORT[@]}" same-losses "$WORK/runs/gpt2" "$TWIN"
+    # the harness's step at the twin's shape and policy (zoo's compiled step and a plain-JAX one,
+    # no loader, bar, eval or checkpoint): the table sets the CLI's tokens/s against it
+    step harness_gpt2 40 150 - gpt2_twin -- "$PY" "$REPO/benchmarks/device/mfu.py" "${HARNESS[@]}" \
+      --json "$LOGS/harness_gpt2.json"
     ;;
   llama1b)
     step hf_llama1b 10 90 - vocab -- "${INPUTS[@]}" hf-llama "$HF_1B" "$WORK/hf/llama-1b" \

@@ -139,12 +139,39 @@ def table(steps_tsv: Path, logs: Path, out: Path, budget: float | None, started:
         "the summary's examples_per_sec (else that rate) times data.seq_len; mfu: the summary's, "
         "where the CLI reports one",
     ]
+    harness = harness_ratio(rows, logs / "harness_gpt2.json")
+    if harness:
+        notes.append(harness["note"])
     if took is not None:
         notes.append(f"{took:.0f} s in all" + (f", of a budget of {budget:.0f} s" if budget else ""))
     text = "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     print(text)
     (out / "session.md").write_text(text)
-    (out / "session.json").write_text(json.dumps({"rows": rows, "notes": notes}, indent=2) + "\n")
+    (out / "session.json").write_text(
+        json.dumps({"rows": rows, "notes": notes, "harness": harness}, indent=2) + "\n"
+    )
+
+
+def harness_ratio(rows: list[dict], path: Path) -> dict | None:
+    """The uninterrupted GPT-2 run's tokens/s (the CLI's, from its summary: eval and checkpoint
+    time left out, as the progress bar's rate) over the harness's zoo step at the same shape
+    (``mfu.py``'s ``zoo:`` row), with the plain-JAX row beside it."""
+    twin = next((r for r in rows if r["step"] == "gpt2_twin" and r.get("tokens_per_s")), None)
+    if twin is None or not path.is_file():
+        return None
+    found = json.loads(path.read_text()).get("rows", [])
+    zoo_row = next((r for r in found if r["row"].startswith("zoo:")), None)
+    plain = next((r for r in found if r["row"].startswith("plain:")), None)
+    if zoo_row is None:
+        return None
+    ratio = twin["tokens_per_s"] / zoo_row["tokens_per_s"]
+    note = (
+        f"the CLI's tokens/s over the harness's at the same shape and policy: {ratio:.3f} "
+        f"(gpt2_twin {twin['tokens_per_s']:,.0f}, harness {zoo_row['row']} {zoo_row['tokens_per_s']:,.0f}"
+        + (f", plain-JAX {plain['row']} {plain['tokens_per_s']:,.0f}" if plain else "")
+        + " tokens/s)"
+    )
+    return {"ratio": ratio, "cli": twin["tokens_per_s"], "zoo": zoo_row, "plain": plain, "note": note}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "device" / "session.sh"
 STEPS = {
     "corpus", "vocab", "tokenize_gpt2", "tokenize_llama", "gpt2_train", "gpt2_resume", "gpt2_eval",
-    "gpt2_sample", "gpt2_twin", "same_losses", "full_llama1b", "hf_llama1b", "import_llama1b",
+    "gpt2_sample", "gpt2_twin", "same_losses", "harness_gpt2", "full_llama1b", "hf_llama1b", "import_llama1b",
     "lora_llama1b", "hf_llama3b", "import_llama3b", "lora_llama3b", "dp_gpt2", "frozen_llama1b",
 }  # fmt: skip
 
