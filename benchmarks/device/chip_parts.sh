@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh host-update       # llama-1b full AdamW with the update on the host; the host step against the device step
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-methods        # DP clipping methods side by side at 256 x 8 and 1024 x 8
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-acceptance     # every row of issue 65's acceptance, under 9 minutes
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-logical-batch  # ghost DP on a logical batch of 1,024 x 1,024 tokens, microbatches of 8
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-lora           # DP-LoRA of llama-1b at 1,024 x 1,024 tokens
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh fits-table        # the largest batch of gpt2-355m per remat policy, llama-1b with frozen layers
@@ -25,9 +26,11 @@ step() {  # step NAME SECONDS CMD...: one bounded command, its output kept in $O
   echo "== $name: exit ${PIPESTATUS[0]} after $(( $(date +%s) - tic )) s"
 }
 if [ "${SMALL:-}" = 1 ]; then
-  GPT=transformer-xs; LLAMA=llama-xs; S256=16; S1024=16; LOGICAL=64; SMALL_FLAG=--small
+  GPT=transformer-xs; LLAMA=llama-xs; S256=16; S1024=16; LOGICAL=64; SMALL_FLAG=--small; LORA_BATCH=16
+  NORMALS=100000
 else
-  GPT=gpt2-124m; LLAMA=llama-1b; S256=256; S1024=1024; LOGICAL=1024; SMALL_FLAG=
+  GPT=gpt2-124m; LLAMA=llama-1b; S256=256; S1024=1024; LOGICAL=1024; SMALL_FLAG=; LORA_BATCH=128
+  NORMALS=124439808
 fi
 BF=(--precision bfloat16 --no-sweep --json)
 case "${1:-}" in
@@ -42,6 +45,23 @@ dp-methods)
     --methods "ghost,ghost bookkeeping"
   step dp_1024x8_vmap 150 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots \
     --methods "zoo vmap,jax_privacy clipped_grad"
+  ;;
+dp-acceptance)
+  # issue 65's rows in one call of under 9 minutes, the headline first
+  G=(--methods "ghost,ghost bookkeeping,ghost backward,ghost layer-wise")
+  step dp_1024x8_ghost 120 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots "${G[@]}"
+  step dp_256x8 110 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" \
+    --methods "ghost,ghost bookkeeping,ghost backward,ghost layer-wise,zoo vmap,jax_privacy clipped_grad"
+  step dp_logical 100 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" \
+    --remat dots --methods ghost --rounds 2 --steps 1
+  step dp_1024x8_vmap 70 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots \
+    --methods "zoo vmap,jax_privacy clipped_grad"
+  # DP-LoRA of llama-1b: 128 sequences of 1,024 tokens (16 microbatches of 8): the same program
+  # as the 1,024-sequence logical batch, scanned over 16 microbatches, not 128 (a 1M-token step
+  # takes about a minute a row on one chip)
+  step dp_lora 100 "$PY" benchmarks/device/dp_lora.py --preset "$LLAMA" --seq "$S1024" --batch "$LORA_BATCH" \
+    --microbatch 8 --remat full $SMALL_FLAG
+  step noise_normals 30 "$PY" benchmarks/dp/noise.py --normals "$NORMALS"
   ;;
 dp-logical-batch)
   step dp_logical 420 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" --remat dots \
@@ -58,7 +78,7 @@ fits-table)
     --json "$OUT/fits.json" --plot "$OUT/fits.png" --rows "$rows"
   ;;
 *)
-  echo "usage: chip_parts.sh host-update|dp-methods|dp-logical-batch|dp-lora|fits-table" >&2
+  echo "usage: chip_parts.sh host-update|dp-methods|dp-acceptance|dp-logical-batch|dp-lora|fits-table" >&2
   exit 2
   ;;
 esac
