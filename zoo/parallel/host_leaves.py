@@ -52,6 +52,9 @@ def row_bounds(shape: tuple[int, ...], nbytes: int, chunk_bytes: int) -> tuple[i
 
 
 def cut(x: jax.Array, edges: tuple[int, ...]) -> tuple[jax.Array, ...]:
+    """``x``'s rows between consecutive ``edges`` (one piece: ``x`` itself, a scalar too)."""
+    if len(edges) == 2:
+        return (x,)
     return tuple(x[a:b] for a, b in zip(edges, edges[1:], strict=False))
 
 

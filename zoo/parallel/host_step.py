@@ -126,6 +126,15 @@ class HostStep:
             return treedef.unflatten(self._ahead)
         return treedef.unflatten(self._up_all(leaves, self._edges(leaves)))
 
+    def up(self, state):
+        """``state`` as the gradient program reads it, on the compute device (the benchmark
+        compiles the program from it): the params in the compute dtype, the step and the key,
+        and no optimizer state (an empty tuple, as :meth:`__call__` passes it)."""
+        step, rng = jax.device_put((state.step, state.rng), SingleDeviceSharding(self.device))
+        return dataclasses.replace(
+            state, step=step, params=self.params_up(state.params), opt_state=(), rng=rng
+        )
+
     def _is_ours(self, leaves: list) -> bool:
         return len(leaves) == len(self._returned) and all(
             a is b for a, b in zip(leaves, self._returned, strict=False)
@@ -150,13 +159,17 @@ class HostStep:
             ups = [self._pool.submit(self._up_leaf, p, e) for p, e in zip(leaves, edges, strict=True)]
         self._mark("grads", loss)
         grads = treedef.flatten_up_to(grads)
-        chunks = [pieces(g, e) for g, e in zip(grads, edges, strict=True)]
+        chunks = self._pieces(grads, edges)
         del grads, up
         new_state, ahead = self._update(state, leaves, chunks, edges, norm, ups)
         self._returned = jax.tree.leaves(new_state.params)
         # The delayed step's first call: the next one computes at this one's params again.
         self._ahead = on_device if self.update_delay and ahead is None else ahead
         return new_state, {"loss": loss, "grad_norm": norm, **report}
+
+    def _pieces(self, grads: list, edges: list) -> list[tuple]:
+        """Each leaf's gradient cut on the device into the pieces that come down."""
+        return [pieces(g, e) for g, e in zip(grads, edges, strict=True)]
 
     def _update(self, state, leaves: list, chunks: list, edges: list, norm, ups):
         """Every leaf down, updated and (the exact step) up, one pool task a leaf: ``(the new
