@@ -200,6 +200,22 @@ def test_a_state_the_step_did_not_make_restarts_the_delay():
     assert float(resumed["loss"]) == float(fresh["loss"])
 
 
+def test_the_params_go_up_as_their_leaves_are_updated(monkeypatch):
+    """The exact step sends the params up inside the step that updated them: the next step and
+    the eval pass find them on the device, and only the first step sends its own."""
+    engine, params = engine_for("bfloat16", "clipped")
+    sent = []
+    up_all = HostStep._up_all
+    monkeypatch.setattr(HostStep, "_up_all", lambda self, *a: sent.append(len(a[0])) or up_all(self, *a))
+    step = HostStep(engine)
+    state, frozen = engine.init_state(params, 0, jax.random.key(3))
+    for i in range(3):
+        state, _ = step(state, frozen, batch_of(i))
+    on_device = step.params_up(state.params)
+    assert sent == [len(jax.tree.leaves(state.params))], sent
+    assert_bitwise_equal(on_device, SerialHostStep(engine).params_up(state.params))
+
+
 @pytest.mark.parametrize(
     "shape, nbytes, chunk, edges",
     [

@@ -123,10 +123,10 @@ class LeafUpdates:
     shape (``compiles``), traced in the calling thread under :func:`norm_answered`; the
     params and the moments donated, so the update writes in place as the whole-tree one does."""
 
-    def __init__(self, optimizer, precision, treedef) -> None:
+    def __init__(self, optimizer, precision) -> None:
         self.optimizer = optimizer
         self.precision = precision
-        self.treedef = treedef
+        self.treedef = None  # the params' tree, from the first state prepared
         self._compiled: dict = {}
 
     @property
@@ -147,8 +147,10 @@ class LeafUpdates:
 
         return jax.jit(one_leaf, donate_argnums=(0, 1))
 
-    def prepare(self, opt_state) -> tuple[list[tuple], list]:
-        """``(moments of each leaf, shared leaves)`` of the whole-tree ``opt_state``."""
+    def prepare(self, opt_state, treedef) -> tuple[list[tuple], list]:
+        """``(moments of each leaf, shared leaves)`` of the whole-tree ``opt_state`` of params
+        of the tree ``treedef``."""
+        self.treedef = treedef
         groups, shared, self.outer = by_leaf(opt_state, self.treedef)
         return [tuple(g[k] for g in groups) for k in range(self.treedef.num_leaves)], shared
 

@@ -86,7 +86,7 @@ class HostStep:
         # HBM reads): inside the gradient's program XLA may fuse its sums into the backward and
         # add in another order than the whole-tree update on the host does.
         self._norm = jax.jit(optax.tree.norm)
-        self._updates = None  # LeafUpdates, made for the params' tree on the first call
+        self._updates = LeafUpdates(engine.optimizer, engine.precision)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="host-step")
         self._returned: list = []  # the params leaves the last call returned
         self._ahead: list | None = None  # device params the next call computes at
@@ -167,6 +167,10 @@ class HostStep:
         self._ahead = on_device if self.update_delay and ahead is None else ahead
         return new_state, {"loss": loss, "grad_norm": norm, **report}
 
+    def leaf_updates(self) -> LeafUpdates:
+        """The host's update of one leaf (its compiled programs), as the step calls it."""
+        return self._updates
+
     def _pieces(self, grads: list, edges: list) -> list[tuple]:
         """Each leaf's gradient cut on the device into the pieces that come down."""
         return [pieces(g, e) for g, e in zip(grads, edges, strict=True)]
@@ -174,12 +178,8 @@ class HostStep:
     def _update(self, state, leaves: list, chunks: list, edges: list, norm, ups):
         """Every leaf down, updated and (the exact step) up, one pool task a leaf: ``(the new
         state, the device params the next call computes at)``."""
-        if self._updates is None:
-            self._updates = LeafUpdates(
-                self.engine.optimizer, self.engine.precision, jax.tree.structure(state.params)
-            )
-        updates = self._updates
-        moments, shared = updates.prepare(state.opt_state)
+        updates = self.leaf_updates()
+        moments, shared = updates.prepare(state.opt_state, jax.tree.structure(state.params))
         norm = jax.device_put(norm, self.host)
         host = SingleDeviceSharding(self.host)
         programs = [
@@ -223,7 +223,7 @@ class HostStep:
         of a leaf (one per leaf shape) and the host's cast and cut (one per leaf shape)."""
         return {
             "grads": self.grads._cache_size(),
-            "update": 0 if self._updates is None else self._updates.compiles,
+            "update": self._updates.compiles,
             "cast": self._cast_split._cache_size(),
         }
 
