@@ -15,6 +15,7 @@ import jax
 import pytest
 
 from tests.numerics import assert_close
+from tests.parallel.test_host_step import update_twice
 from zoo.parallel.host_leaves import LeafUpdates
 
 DEVICE = Path(__file__).resolve().parents[2] / "benchmarks" / "device"
@@ -54,16 +55,7 @@ def test_the_host_update_bench_runs_what_the_device_step_runs():
 def test_the_bench_comparison_catches_an_update_applied_twice(monkeypatch):
     compile_leaf = LeafUpdates.compile  # the host step's update of a leaf
 
-    def twice(self, *args):
-        program = compile_leaf(self, *args)
-
-        def planted(p, moments, shared, norm, grads):
-            new, m, _, _, _ = program(p, moments, shared, norm, grads)
-            return program(new, m, shared, norm, grads)
-
-        return planted
-
-    monkeypatch.setattr(LeafUpdates, "compile", twice)
+    monkeypatch.setattr(LeafUpdates, "compile", lambda self, *a: update_twice(compile_leaf(self, *a)))
     with pytest.raises(AssertionError):
         check_both()
 

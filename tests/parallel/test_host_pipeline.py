@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import random_params
 from tests.numerics import assert_bitwise_equal
+from tests.parallel.test_host_step import stale_moments, update_twice
 from tests.parallel.test_placement import LLAMA, batch_of
 from zoo.parallel import host_leaves
 from zoo.parallel.host_leaves import LeafUpdates, row_bounds
@@ -109,27 +110,6 @@ def test_the_bitwise_check_catches_misplaced_pieces(plant, monkeypatch):
     monkeypatch.setattr(HostStep, "_pieces", plant(HostStep._pieces))
     with pytest.raises(AssertionError):
         check_pipeline()
-
-
-def stale_moments(program):
-    """Planted: the moments a leaf's update computes are dropped; the old ones stay."""
-
-    def planted(p, moments, shared, norm, grads):
-        old = tuple(m.copy() for m in moments)
-        new, _, s, up, twin = program(p, moments, shared, norm, grads)
-        return new, old, s, up, twin
-
-    return planted
-
-
-def update_twice(program):
-    """Planted: a leaf's update is applied again to what the first one wrote."""
-
-    def planted(p, moments, shared, norm, grads):
-        new, m, _, _, _ = program(p, moments, shared, norm, grads)
-        return program(new, m, shared, norm, grads)
-
-    return planted
 
 
 @pytest.mark.parametrize("plant", [stale_moments, update_twice])
