@@ -1,19 +1,33 @@
 """Full-parameter AdamW of a model whose training state does not fit on the chip: ``zoo train``'s
-step with ``[train] offload = "optimizer+params"`` and ``update_on = "host"`` (the float32
-masters and moments on the host, the update on the host's CPU: :mod:`zoo.train.host_update`),
-over a logical batch of ``MICRO x ACCUM`` rows (``train.microbatch_size``).
+step with ``[train] placement = "update-on-host"`` (the float32 masters and moments on the host,
+the update on the host's CPU: :mod:`zoo.parallel.host_step`), over a logical batch of
+``MICRO x ACCUM`` rows (``train.microbatch_size``).
 
-    python benchmarks/device/host_update.py --preset llama-1b --seq 2048 --rows full:4:16,full:4:32
-    python benchmarks/device/host_update.py --small --rows full:2:2 --compare   # a CPU: tiny, quick
+    python benchmarks/device/host_update.py --preset llama-1b --seq 2048 \
+        --rows full:4:16:serial,full:4:16,full:4:16:delayed,full:4:32:serial,full:4:32,full:4:32:delayed
+    python benchmarks/device/host_update.py --small --rows full:2:2:serial,full:2:2,full:2:2:delayed --compare
 
-A row is ``REMAT:MICRO:ACCUM`` (a remat policy, rows per microbatch, microbatches a step); a
-malformed one is refused in one line before anything runs (:func:`parse_row`). For each: the
-device program (the gradient) is compiled from the real arrays and its device footprint read
-(``devicekit.footprint``, as ``fits_table.py`` reads it); a row over the chip's
-``bytes_limit`` is reported and skipped. Then one warm-up step,
-``--steps`` timed steps (the median), and one step timed phase by phase (params up, gradient,
-gradient down, host update; each blocked, so they do not overlap as in the timed steps). MFU:
-``devicekit.step_mfu`` (zoo's one FLOP count) over the median step against the chip's peak.
+A row is ``REMAT:MICRO:ACCUM[:MODE]``; a malformed one is refused in one line before anything
+runs (:func:`parse_row`). MODE is the host step (:data:`MODES`):
+
+- ``exact`` (the default, ``zoo train``'s): pipelined leaf by leaf, the gradient down in pieces
+  of at most ``--chunk-mib`` MiB, each leaf updated as it arrives and sent up for the next step;
+- ``serial``: the step before the pipeline, one trip of each kind in turn (the whole tree);
+- ``delayed``: the pipelined step with ``update_delay = 1`` (ZeRO-Offload's delayed update, a
+  different algorithm: the gradient at the params one update behind).
+
+For each: the device program (the gradient) is compiled from the real arrays and its device
+footprint read (``memory_analysis()``, as ``fits_table.py`` does); a row over the chip's
+``bytes_limit`` is reported and skipped. Then one warm-up step and ``--steps`` steps back to
+back, timed together (a delayed update overlaps the next step, so no step is waited on alone).
+Then one step timed phase by phase (``phases_ms``): for ``serial`` each phase blocked in turn
+(params up, gradient, down, update); for the pipeline the step's own marks (each leaf's stages
+waited on inside its thread, the leaves side by side): ``up`` (the params the step had to send
+itself: zero after the first step of ``exact``), ``grads``, ``down`` (from the gradient's end to
+the last piece on the host), ``update`` and ``up_next`` (the leaves' summed busy time),
+``tail`` (from the gradient's end to the step's end: the critical path past the device's
+work) and ``hidden`` (the trips and updates that ran beside others: their sum less the tail).
+MFU: ``devicekit.step_mfu`` (zoo's one FLOP count) over the step against the chip's peak.
 
 ``--compare``: the same steps with the update on the device (``offload = none``), from the same
 params, where that fits (``--compare-preset``, default the row's own at ``--small``): the
@@ -29,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -42,22 +55,30 @@ from devicekit import config, footprint, host_params, out_of_memory, say, step_m
 import zoo  # noqa: E402
 from zoo import recipes  # noqa: E402
 from zoo.bench.step import bench_start  # noqa: E402
+from zoo.parallel.host_step import HostStep, SerialHostStep  # noqa: E402
 from zoo.remat import policy_names  # noqa: E402
 from zoo.train import stages  # noqa: E402
 
-ROW_FORM = "REMAT:MICRO:ACCUM"
+ROW_FORM = "REMAT:MICRO:ACCUM[:MODE]"
+MODES = {
+    "exact": lambda engine, args: HostStep(engine, chunk_bytes=args.chunk_mib * 2**20),
+    "serial": lambda engine, args: SerialHostStep(engine),
+    "delayed": lambda engine, args: HostStep(engine, update_delay=1, chunk_bytes=args.chunk_mib * 2**20),
+}
 
 
-def parse_row(row: str) -> tuple[str, int, int]:
-    """``(remat, micro, accum)`` of one ``--rows`` item; SystemExit with one line naming a
-    malformed one, the form and what is valid (a remat policy; whole numbers >= 1)."""
-    remat, *sizes = row.split(":")
-    if remat in policy_names() and len(sizes) == 2 and all(s.isdigit() and int(s) > 0 for s in sizes):
-        return remat, int(sizes[0]), int(sizes[1])
+def parse_row(row: str) -> tuple[str, int, int, str]:
+    """``(remat, micro, accum, mode)`` of one ``--rows`` item; SystemExit with one line naming a
+    malformed one, the form and what is valid."""
+    remat, *rest = row.split(":")
+    sizes, mode = rest[:2], (rest[2:] or ["exact"])[0]
+    valid = len(rest) in (2, 3) and all(s.isdigit() and int(s) > 0 for s in sizes)
+    if remat in policy_names() and valid and mode in MODES:
+        return remat, int(sizes[0]), int(sizes[1]), mode
     raise SystemExit(
-        f"host_update: bad row {row!r}: the form is {ROW_FORM} (e.g. full:4:16): REMAT one of "
+        f"host_update: bad row {row!r}: the form is {ROW_FORM} (e.g. full:4:16:delayed): REMAT one of "
         f"{', '.join(policy_names())}; MICRO (rows per microbatch) and ACCUM (microbatches a step) "
-        "whole numbers >= 1"
+        f"whole numbers >= 1; MODE one of {', '.join(MODES)} (default exact)"
     )
 
 
@@ -84,7 +105,34 @@ def build(cfg, recipe, params: dict, seq: int, seed: int = 0):
 
 
 def phases(step, state, frozen, batch) -> tuple[dict, object]:
-    """One step, each phase blocked and timed: ``({phase: ms}, new state)``."""
+    """One step, phase by phase: ``({phase: ms}, new state)`` (the module's docstring)."""
+    if isinstance(step, HostStep):
+        return pipeline_phases(step, state, frozen, batch)
+    return serial_phases(step, state, frozen, batch)
+
+
+def pipeline_phases(step: HostStep, state, frozen, batch) -> tuple[dict, object]:
+    step.timing = True
+    try:
+        state, metrics = step(state, frozen, batch)
+        jax.block_until_ready((state, metrics))
+        end = time.perf_counter()
+    finally:
+        step.timing = False
+    t, leaves = step.trace, step.trace["leaves"]
+    busy = {
+        "down": max(leaf["down"] for leaf in leaves) - t["grads"],
+        "update": sum(leaf["update"] - leaf["down"] for leaf in leaves),
+        "up_next": sum(leaf["up"] - leaf["update"] for leaf in leaves),
+    }
+    tail = end - t["grads"]
+    out = {"up": t["up"] - t["start"], "grads": t["grads"] - t["up"], **busy, "tail": tail}
+    out["hidden"] = max(0.0, sum(busy.values()) - tail)
+    return {k: round(v * 1e3, 1) for k, v in out.items()}, state
+
+
+def serial_phases(step: SerialHostStep, state, frozen, batch) -> tuple[dict, object]:
+    """Each phase blocked and timed in turn."""
     marks, out = [time.perf_counter()], {}
     up = jax.block_until_ready(step.up(state))
     marks.append(time.perf_counter())
@@ -99,17 +147,18 @@ def phases(step, state, frozen, batch) -> tuple[dict, object]:
     return out, new
 
 
-def measure(cfg, params, row: tuple[str, int, int], args, limit: int) -> dict:
-    remat, micro, accum = row
+def measure(cfg, params, row: tuple[str, int, int, str], args, limit: int) -> dict:
+    remat, micro, accum, mode = row
     recipe = recipe_for(remat, micro, accum, args.precision)
     engine, state, frozen, batch = build(cfg, recipe, params, args.seq)
-    step = engine.train_step
+    step = MODES[mode](engine, args)
     rows = recipe.train.batch_size
     out = {
         "row": ":".join(map(str, row)),
         "remat": remat,
         "micro": micro,
         "accum": accum,
+        "mode": mode,
         "rows": rows,
         "seq": args.seq,
     }
@@ -119,15 +168,15 @@ def measure(cfg, params, row: tuple[str, int, int], args, limit: int) -> dict:
     out["device_footprint_gib"] = round(footprint(compiled) / 2**30, 3)
     if footprint(compiled) > limit:
         return {**out, "fits": False, "why": f"device program {out['device_footprint_gib']} GiB > limit"}
-    times, metrics = [], None
-    for i in range(args.steps + 1):  # the first is the warm-up (it compiles the host's program)
-        t0 = time.perf_counter()
+    state, metrics = step(state, frozen, batch)  # the warm-up (it compiles the host's programs)
+    jax.block_until_ready((state, metrics))
+    t0 = time.perf_counter()
+    for _ in range(args.steps):  # back to back: a delayed update overlaps the next step
         state, metrics = step(state, frozen, batch)
-        jax.block_until_ready(state)
-        times.append(time.perf_counter() - t0)
-        say(f"{out['row']}: step {i} {times[-1]:.2f} s, loss {float(metrics['loss']):.4f}")
+    jax.block_until_ready((state, metrics))
+    seconds = (time.perf_counter() - t0) / args.steps
+    say(f"{out['row']}: {seconds:.3f} s a step, loss {float(metrics['loss']):.4f}")
     out["phases_ms"], state = phases(step, state, frozen, batch)
-    seconds = statistics.median(times[1:])
     kind = jax.devices()[0].device_kind
     mfu = step_mfu(cfg, rows, args.seq, seconds, args.precision)
     stats = jax.devices()[0].memory_stats() or {}
@@ -153,9 +202,12 @@ def run_both(args) -> dict:
     for update_on in ("device", "host"):
         recipe = recipe_for("full", args.compare_micro, 2, args.precision, update_on)
         engine, state, frozen, batch = build(cfg, recipe, params, seq)
+        step = (
+            MODES["exact"](engine, args) if update_on == "host" else engine.train_step
+        )  # the pipeline, on a CPU too
         losses = []
         for _ in range(args.steps + 1):
-            state, metrics = engine.train_step(state, frozen, batch)
+            state, metrics = step(state, frozen, batch)
             losses.append(float(metrics["loss"]))
         ends[update_on] = (jax.device_get(state.params), np.array(losses))
     return ends
@@ -180,7 +232,7 @@ def compare(args) -> dict:
     }
 
 
-def row_result(cfg, params, row: tuple[str, int, int], args, limit: int) -> dict:
+def row_result(cfg, params, row: tuple[str, int, int, str], args, limit: int) -> dict:
     """:func:`measure`'s row; one that runs out of memory (at compile or run time) is
     ``fits: false``, one that fails otherwise ``fits: null`` with its error."""
     try:
@@ -195,6 +247,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--preset", default="llama-1b")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--rows", default="full:4:16", help=f"comma-separated {ROW_FORM}")
+    parser.add_argument("--chunk-mib", type=int, default=64, help="the largest piece of a leaf a trip moves")
     parser.add_argument("--precision", default="bfloat16")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--small", action="store_true", help="the kind's small config (a CPU)")

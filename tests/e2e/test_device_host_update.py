@@ -5,7 +5,6 @@ tokens/s."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -16,7 +15,8 @@ import jax
 import pytest
 
 from tests.numerics import assert_close
-from zoo.train.engine import Engine
+from tests.parallel.test_host_step import update_twice
+from zoo.parallel.host_leaves import LeafUpdates
 
 DEVICE = Path(__file__).resolve().parents[2] / "benchmarks" / "device"
 
@@ -53,21 +53,39 @@ def test_the_host_update_bench_runs_what_the_device_step_runs():
 
 
 def test_the_bench_comparison_catches_an_update_applied_twice(monkeypatch):
-    once = Engine.update  # what the host step's update program runs
+    compile_leaf = LeafUpdates.compile  # the host step's update of a leaf
 
-    def twice(self, state, loss, grads):
-        new, metrics = once(self, state, loss, grads)
-        return once(self, dataclasses.replace(new, step=state.step), loss, grads)
-
-    monkeypatch.setattr(Engine, "update", twice)
+    monkeypatch.setattr(LeafUpdates, "compile", lambda self, *a: update_twice(compile_leaf(self, *a)))
     with pytest.raises(AssertionError):
         check_both()
 
 
-def test_the_host_update_bench_times_its_phases():
-    (row,) = run("host_update.py", "--rows", "full:2:2", "--steps", "1")
-    assert row["fits"] and row["rows"] == 4 and set(row["phases_ms"]) == {"up", "grads", "down", "update"}
-    assert row["tokens_per_s"] == pytest.approx(4 * row["seq"] / (row["ms_per_step"] / 1e3), rel=0.01)
+PIPELINE = {"up", "grads", "down", "update", "up_next", "tail", "hidden"}
+PHASES = {"serial": {"up", "grads", "down", "update"}, "exact": PIPELINE, "delayed": PIPELINE}
+
+
+def test_the_host_update_bench_times_each_modes_phases():
+    rows = run("host_update.py", "--rows", "full:2:2:serial,full:2:2,full:2:2:delayed", "--steps", "1")
+    assert [r["mode"] for r in rows] == ["serial", "exact", "delayed"]
+    for row in rows:
+        assert row["fits"] and row["rows"] == 4 and set(row["phases_ms"]) == PHASES[row["mode"]], row
+        assert row["tokens_per_s"] == pytest.approx(4 * row["seq"] / (row["ms_per_step"] / 1e3), rel=0.01)
+
+
+def test_a_malformed_row_is_refused_in_one_line_before_anything_runs():
+    done = subprocess.run(
+        [sys.executable, str(DEVICE / "host_update.py"), "--small", "--rows", "full:2:2,full:2:2:later"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0 and done.stdout == "", done.stdout[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "bad row 'full:2:2:later'" in line and "REMAT:MICRO:ACCUM[:MODE]" in line, line
+    bench = module("host_update")
+    for row in ("full:0:2", "full:2", "nope:2:2", "full:2:x", "full:2:2:2", "full:2:2:exact:1"):
+        with pytest.raises(SystemExit, match=rf"bad row '{row}': the form is"):
+            bench.parse(["--rows", f"full:2:2,{row}"])
 
 
 def test_the_dp_lora_bench_runs_the_ghost_row_on_adapters():

@@ -5,20 +5,35 @@ ZeRO-Offload's split (Ren et al., 2021; DeepSpeed's "CPU Adam"). With the optimi
 params offloaded and the update on the device, each step copies the float32 masters and both
 moments to the chip and writes them back: on a TPU v5e a write to host memory inside ``jit``
 measured 0.55 GB/s (``benchmarks/device/bandwidth.py``), about 27 s a step for a 1B model's
-15 GB of state. Here the state never leaves the host. Each step is two compiled programs (three
-under a compute dtype other than float32: the host's cast) and two copies:
+15 GB of state. Here the state never leaves the host. A step:
 
-1. the host casts the params to the compute dtype (half the bytes under bfloat16) and copies
-   them up to the device (:meth:`HostStep.params_up`: the params' trip up);
-2. the device computes the loss and the float32 gradient (over ``train.microbatch_size`` rows at
-   a time; under DP the noisy mean of the clipped sum) by the engine's public
-   :meth:`~zoo.train.engine.Engine.grads`, from the params widened back to float32 inside the
-   program. The model's own cast then gives the very values the device step's cast of the
-   masters gives, so the gradient is the device step's;
-3. the gradient comes down to the host (the one copy of the step that scales with the model in
-   float32: 4 bytes a trainable param);
-4. the host's CPU device runs the engine's public :meth:`~zoo.train.engine.Engine.update`
-   (optax, the device step's own), on the donated masters and moments.
+1. the params, in the compute dtype (half the bytes under bfloat16), are on the device: sent up
+   by the previous step as each leaf's update finished (or, for the first step and a state the
+   step did not make, cast and sent up now, leaf by leaf);
+2. the device computes the loss, the float32 gradient (over ``train.microbatch_size`` rows at a
+   time; under DP the noisy mean of the clipped sum) by the engine's public
+   :meth:`~zoo.train.engine.Engine.grads` from the params widened back to float32 inside the
+   program (the model's own cast then gives the very values the device step's cast of the
+   masters gives), and the gradient's global norm (the step's ``grad_norm``, and the clip's);
+3. every leaf's gradient comes down in pieces of at most ``chunk_bytes``
+   (:mod:`zoo.parallel.host_leaves`), all issued at once from a small thread pool, so the
+   copies run side by side;
+4. as soon as a leaf's pieces are on the host, its update runs there (the optimizer's own,
+   fused with the cast of the new value to the compute dtype), and its pieces go up for the
+   next step while the other leaves are still coming down or being updated.
+
+The step's critical path is the gradient, then the trip down, then the last leaf's update and
+trip up (the tail); the other updates and trips up hide behind the trips down. It equals the
+whole-tree step (:class:`SerialHostStep`: the engine's ``update`` on the whole tree) bit for
+bit on a CPU, and the device step under the float rule.
+
+``update_delay = 1`` is a different algorithm: ZeRO-Offload's one-step delayed parameter update
+(DPU). Step t's gradient is taken at the params from before step t-1's update (the copy already
+on the device), and applied to the params after it: ``g_t = grad(p_{t-2})``, ``p_t = U(p_{t-1},
+g_t)`` (the first two steps both take ``p_0``). The host's update of step t-1 and its trip up
+then run while the device computes step t. The state a step returns is whole (params and
+moments after its update); the device copy one step behind is the step object's, so a resumed
+run (a state it did not make) starts the delay again.
 
 The chip holds the compute-dtype params, the gradient and the activations; never the masters or
 the moments. Between steps the state is on the host's CPU device
@@ -30,15 +45,203 @@ are one memory, and a test process with several host devices puts the two halves
 from __future__ import annotations
 
 import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
+import optax
 from jax.sharding import SingleDeviceSharding
+
+from zoo.parallel.host_leaves import CHUNK_BYTES, LeafUpdates, cut, pieces, row_bounds, whole
+
+DELAYS = (0, 1)
 
 
 class HostStep:
-    """An engine's train step with the update on the host: ``(state, frozen, batch) -> (state,
-    metrics)``, the state (on the host) donated, as the one-program step takes it. It calls the
-    engine's public ``grads``, ``update`` and ``precision`` only."""
+    """An engine's train step with the update on the host, pipelined leaf by leaf: ``(state,
+    frozen, batch) -> (state, metrics)``, the state (on the host) donated, as the one-program
+    step takes it. It calls the engine's public ``grads``, ``optimizer`` and ``precision``.
+
+    ``update_delay``: 0 (the exact step) or 1 (the delayed update, a different algorithm: the
+    module's docstring). ``chunk_bytes``: the largest piece of a leaf a trip moves. ``workers``:
+    the host threads that issue the trips and the updates (each waits on a copy or dispatches a
+    compiled program: numpy and XLA release the GIL). ``timing``: each call blocks after every
+    stage and keeps when it ended (``self.trace``), for the benchmark's phases; off, nothing
+    waits that need not."""
+
+    def __init__(self, engine, update_delay: int = 0, chunk_bytes: int = CHUNK_BYTES, workers: int = 8):
+        if update_delay not in DELAYS:
+            raise ValueError(f"update_delay = {update_delay!r} is not one of {DELAYS}")
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes = {chunk_bytes!r} must be a whole number >= 1")
+        self.engine = engine
+        self.update_delay = update_delay
+        self.chunk_bytes = chunk_bytes
+        self.device = engine.placement.compute(engine.layout)
+        self.host = engine.placement.host(engine.layout)  # the one rule
+        self.grads = jax.jit(self._grads)
+        self._cast_split = jax.jit(self._cast_and_cut, static_argnums=1)
+        self._next = jax.jit(lambda step: step + 1)
+        # The gradient's norm, a program of its own on the finished gradient (milliseconds of
+        # HBM reads): inside the gradient's program XLA may fuse its sums into the backward and
+        # add in another order than the whole-tree update on the host does.
+        self._norm = jax.jit(optax.tree.norm)
+        self._updates = LeafUpdates(engine.optimizer, engine.precision)
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="host-step")
+        self._returned: list = []  # the params leaves the last call returned
+        self._ahead: list | None = None  # device params the next call computes at
+        self.timing = False
+        self.trace: dict = {}
+
+    # -- the programs ------------------------------------------------------------------------
+    def _grads(self, state, frozen: dict, batch: dict):
+        """On the device: ``(loss, float32 gradient, report)`` of the engine's step at
+        ``state.params`` (compute dtype, widened here to the masters' dtype: the model casts
+        them back)."""
+        masters = dataclasses.replace(state, params=self.engine.precision.master(state.params))
+        return self.engine.grads(masters, frozen, batch)
+
+    def _cast_and_cut(self, p, edges):
+        return cut(self.engine.precision.to_compute({"leaf": p})["leaf"], edges)
+
+    # -- the trips ---------------------------------------------------------------------------
+    def _edges(self, leaves: list) -> list[tuple[int, ...]]:
+        """Each leaf's cut, by its float32 bytes (the gradient's; the params' pieces follow it)."""
+        return [row_bounds(p.shape, p.size * 4, self.chunk_bytes) for p in leaves]
+
+    def _up_leaf(self, p, edges: tuple[int, ...]) -> jax.Array:
+        """One host leaf cast, cut, sent up piece by piece and joined on the device."""
+        return whole(tuple(jax.device_put(self._cast_split(p, edges), self.device)))
+
+    def _up_all(self, leaves: list, edges: list) -> list:
+        return list(self._pool.map(self._up_leaf, leaves, edges))
+
+    def params_up(self, params: dict) -> dict:
+        """Trainable ``params`` (on the host) in the compute dtype, on the compute device: what
+        the gradient program reads, and what the eval step and the other read-only passes
+        read (the model casts to that dtype anyway, so their values are the masters'). The
+        exact step's copy of the params it returned is already there."""
+        leaves, treedef = jax.tree.flatten(params)
+        if not self.update_delay and self._is_ours(leaves) and self._ahead is not None:
+            return treedef.unflatten(self._ahead)
+        return treedef.unflatten(self._up_all(leaves, self._edges(leaves)))
+
+    def up(self, state):
+        """``state`` as the gradient program reads it, on the compute device (the benchmark
+        compiles the program from it): the params in the compute dtype, the step and the key,
+        and no optimizer state (an empty tuple, as :meth:`__call__` passes it)."""
+        step, rng = jax.device_put((state.step, state.rng), SingleDeviceSharding(self.device))
+        return dataclasses.replace(
+            state, step=step, params=self.params_up(state.params), opt_state=(), rng=rng
+        )
+
+    def _is_ours(self, leaves: list) -> bool:
+        return len(leaves) == len(self._returned) and all(
+            a is b for a, b in zip(leaves, self._returned, strict=False)
+        )
+
+    # -- the step ----------------------------------------------------------------------------
+    def __call__(self, state, frozen: dict, batch: dict):
+        leaves, treedef = jax.tree.flatten(state.params)
+        edges = self._edges(leaves)
+        self.trace = {"start": time.perf_counter()}
+        ahead = self._ahead if self._is_ours(leaves) else None
+        on_device = ahead if ahead is not None else self._up_all(leaves, edges)
+        self._mark("up", on_device)
+        step, rng = jax.device_put((state.step, state.rng), SingleDeviceSharding(self.device))
+        up = dataclasses.replace(state, step=step, params=treedef.unflatten(on_device), opt_state=(), rng=rng)
+        loss, grads, report = self.grads(up, frozen, batch)
+        norm = self._norm(grads)
+        # The delayed update: this step computed at the copy one step behind; the params it
+        # was handed go up now, beside the device's work, for the next step.
+        ups = None
+        if self.update_delay and ahead is not None:
+            ups = [self._pool.submit(self._up_leaf, p, e) for p, e in zip(leaves, edges, strict=True)]
+        self._mark("grads", loss)
+        grads = treedef.flatten_up_to(grads)
+        chunks = self._pieces(grads, edges)
+        del grads, up
+        new_state, ahead = self._update(state, leaves, chunks, edges, norm, ups)
+        self._returned = jax.tree.leaves(new_state.params)
+        # The delayed step's first call: the next one computes at this one's params again.
+        self._ahead = on_device if self.update_delay and ahead is None else ahead
+        return new_state, {"loss": loss, "grad_norm": norm, **report}
+
+    def leaf_updates(self) -> LeafUpdates:
+        """The host's update of one leaf (its compiled programs), as the step calls it."""
+        return self._updates
+
+    def _pieces(self, grads: list, edges: list) -> list[tuple]:
+        """Each leaf's gradient cut on the device into the pieces that come down."""
+        return [pieces(g, e) for g, e in zip(grads, edges, strict=True)]
+
+    def _update(self, state, leaves: list, chunks: list, edges: list, norm, ups):
+        """Every leaf down, updated and (the exact step) up, one pool task a leaf: ``(the new
+        state, the device params the next call computes at)``."""
+        updates = self.leaf_updates()
+        moments, shared = updates.prepare(state.opt_state, jax.tree.structure(state.params))
+        norm = jax.device_put(norm, self.host)
+        host = SingleDeviceSharding(self.host)
+        programs = [
+            updates.compile(p, m, shared, norm, tuple(_on(c, host) for c in cs), e)
+            for p, m, cs, e in zip(leaves, moments, chunks, edges, strict=True)
+        ]
+        self.trace["leaves"] = [{} for _ in leaves]
+
+        def leaf(k: int):
+            down = tuple(jax.device_put(chunks[k], self.host))
+            self._mark("down", down, k)
+            if ups is not None:
+                ups[k].result()  # the leaf's trip up read it before the update overwrites it
+            new, m, s, up, _ = programs[k](leaves[k], moments[k], shared, norm, down)
+            self._mark("update", new, k)
+            sent = None if self.update_delay else whole(tuple(jax.device_put(up, self.device)))
+            self._mark("up", sent, k)
+            return new, m, s, sent
+
+        done = list(self._pool.map(leaf, range(len(leaves))))
+        new_state = dataclasses.replace(
+            state,
+            step=self._next(state.step),
+            params=jax.tree.structure(state.params).unflatten([d[0] for d in done]),
+            opt_state=updates.rebuild([d[1] for d in done], list(done[0][2])),
+        )
+        if not self.update_delay:
+            return new_state, [d[3] for d in done]
+        return new_state, None if ups is None else [u.result() for u in ups]
+
+    def _mark(self, stage: str, value, leaf: int | None = None) -> None:
+        """With ``timing``: wait for ``value`` and note when it was ready."""
+        if not self.timing:
+            return
+        jax.block_until_ready(value)
+        where = self.trace if leaf is None else self.trace["leaves"][leaf]
+        where[stage] = time.perf_counter()
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Compiles of each of the step's programs: the device's gradient, the host's update
+        of a leaf (one per leaf shape) and the host's cast and cut (one per leaf shape)."""
+        return {
+            "grads": self.grads._cache_size(),
+            "update": self._updates.compiles,
+            "cast": self._cast_split._cache_size(),
+        }
+
+    def _cache_size(self) -> int:
+        """The most compiles of any one of the step's programs (``jax.jit``'s own answer)."""
+        return max(self.cache_sizes().values())
+
+
+def _on(chunk: jax.Array, sharding) -> jax.ShapeDtypeStruct:
+    """A piece of a leaf as the host's update program will take it."""
+    return jax.ShapeDtypeStruct(chunk.shape, chunk.dtype, sharding=sharding)
+
+
+class SerialHostStep:
+    """The update on the host as one trip of each kind, in turn: the whole tree cast and up,
+    the gradient, the whole tree down, the whole-tree update (the engine's ``update``). The
+    step before the pipeline (:class:`HostStep`), kept as its reference: the benchmark's
+    ``serial`` rows and the tests' bit-for-bit comparison."""
 
     def __init__(self, engine) -> None:
         self.engine = engine

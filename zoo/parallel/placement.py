@@ -154,11 +154,15 @@ class Placement:
 
     def step(self, engine):
         """The engine's compiled train step: one program with the state donated, or, for the
-        update on the host, :class:`zoo.parallel.host_step.HostStep`'s two."""
+        update on the host, :class:`zoo.parallel.host_step.HostStep`'s pipeline. Where the
+        compute device is a CPU, the host's own memory, there is no trip to hide and the
+        pipeline's pieces and threads only cost: the whole-tree
+        :class:`~zoo.parallel.host_step.SerialHostStep` runs (equal to it bit for bit)."""
         if self.update_on_host:
-            from zoo.parallel.host_step import HostStep
+            from zoo.parallel.host_step import HostStep, SerialHostStep
 
-            return HostStep(engine)
+            serial = self.compute(engine.layout).platform == "cpu"
+            return SerialHostStep(engine) if serial else HostStep(engine)
         return jax.jit(engine.train_step_fn, donate_argnames="state")
 
     def eval_params(self, step, trainable: dict) -> dict:
