@@ -41,7 +41,7 @@ from zoo.models.paths import flat_by_path
 from zoo.models.registry import STACK
 from zoo.precision import float32_scope
 
-__all__ = ["ALL_LAYER", "STYLES", "ClipStyle", "Groups", "group_weights", "members"]
+__all__ = ["ALL_LAYER", "STYLES", "ClipStyle", "Groups", "group_weights", "members", "style_summary"]
 
 STYLES = ("all-layer", "layer-wise", "block-wise")
 
@@ -254,3 +254,23 @@ def _block_wise(style: ClipStyle, found: dict) -> Groups:
     weights = np.asarray(style.weights or (1.0,) * len(names), np.float64)
     shares = tuple(float(w) for w in weights / np.sqrt(np.sum(weights**2)))
     return Groups(names, shares, index)
+
+
+def style_summary(style: ClipStyle, freeze, clip_norm: float) -> dict:
+    """What a run's summary and ``zoo audit`` say of its clipping: ``{"style", "groups",
+    "thresholds": {name: C_g}}`` over the trainable leaves of ``freeze`` (a
+    :class:`zoo.freeze.FreezePlan`); ``sensitivity``: ``sqrt(sum C_g^2)``, ``clip_norm``."""
+    found = {}
+    for path in freeze.shapes:
+        rows = freeze.trainable_rows(path)
+        if rows is None and path not in freeze.frozen_leaves:
+            found[path] = None
+        elif rows:
+            found[path] = tuple(rows)
+    groups = style.resolve(found)
+    return {
+        "style": style.style,
+        "groups": groups.count,
+        "thresholds": {n: round(c, 6) for n, c in groups.thresholds(clip_norm).items()},
+        "sensitivity": float(clip_norm),
+    }
