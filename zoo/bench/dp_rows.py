@@ -1,5 +1,4 @@
-"""The rows of ``zoo bench dp`` (:mod:`zoo.bench.dp`): one step builder per DP-SGD implementation; each gets the same
-:class:`Setup`.
+"""The rows of ``zoo bench dp`` (:mod:`zoo.bench.dp`): a step builder per DP-SGD implementation, each given one :class:`Setup`.
 
 zoo's own rows come from the clipping table (:data:`zoo.dp.clipping.CLIPPING`), read when the
 bench runs: a clipping method registered there is a row here with nothing to add. Other
@@ -9,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -118,10 +118,9 @@ def compile_step(step: Step, state, frozen, batch):
 
 def fresh_state(setup: Setup, params, optimizer, seed: int):
     """A fresh ``(state, frozen)`` of ``params``: the trainable leaves copied (the step donates
-    its state), the frozen ones as a training run holds them (in the engine's precision,
-    :meth:`zoo.precision.Precision.held`), not copied, since no step donates them. Frozen leaves
-    that come already in the compute dtype are therefore shared by every row (a 1B base held
-    in bf16 is on the chip once, ``benchmarks/device/dp_lora.py``); float32 ones under bf16 are
+    its state), the frozen ones as a training run holds them (:meth:`zoo.precision.Precision.held`),
+    not copied (no step donates them). Frozen leaves already in the compute dtype are shared by
+    every row (a 1B base held in bf16 is on the chip once, ``benchmarks/device/dp_lora.py``); float32 ones under bf16 are
     cast once per row."""
     trainable, frozen = setup.engine.freeze.split(params)
     trainable = jax.tree.map(jnp.copy, trainable)
@@ -145,11 +144,18 @@ def compile_rows(names, rows, setup, params, data, seed, progress) -> dict:
             "frozen": frozen,
             "compile_s": compile_s,
             "temp": memory_stats(compiled)["temp_size_in_bytes"],
-            # the compiled program's digest: two rows that print the same one ran one program
-            "program": hashlib.sha256(compiled.as_text().encode()).hexdigest()[:10],
+            "program": program_digest(compiled),
             "ran": ran(name, setup, data),  # a ghost row: the method its step runs
         }
     return runs
+
+
+def program_digest(compiled) -> str:
+    """The compiled program's digest, its source locations left out: two rows (or two versions
+    of zoo) that print the same one ran one program."""
+    text = re.sub(r", metadata=\{[^}]*\}", "", compiled.as_text())
+    text = "\n".join(line for line in text.splitlines() if not re.match(r"^\s*\d+ [\"{]", line))
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 Builder = Callable[[Setup], tuple[Step, optax.GradientTransformation]]
@@ -291,9 +297,8 @@ def _optax_dpsgd(setup: Setup):
 
 
 def _ghost_forced(method: str) -> Builder:
-    """Ghost clipping by ``method`` (``"bookkeeping"`` or ``"backward"``) whatever the remat
-    policy (the ``ghost`` row takes what ``auto`` picks), on the whole batch, then the same
-    ``privatize``: so the method ``auto`` did not pick has a row too."""
+    """Ghost clipping by ``method`` (``"bookkeeping"``, ``"backward"``) whatever the remat policy,
+    on the whole batch, then the same ``privatize``: the method ``auto`` did not pick has a row."""
 
     def build(setup: Setup):
         from zoo.dp import ClipRequest
