@@ -223,3 +223,31 @@ def test_style_refusals(settings, message):
 def test_block_groups_must_cover_once(groups, message):
     with pytest.raises(ZooError, match=message):
         ClipStyle("block-wise", groups).resolve(members(params_of(CONFIGS["transformer"])))
+
+
+@pytest.mark.parametrize("epsilon", [None, 2.0])
+def test_epsilon_and_noise_do_not_depend_on_the_style(epsilon):
+    """clip_norm is the sensitivity of every style: the calibrated noise multiplier, epsilon and
+    the noise std (noise_multiplier * clip_norm) are the flat style's."""
+    from zoo.configs import DPConfig
+    from zoo.dp.plan import make_plan
+    from zoo.parallel import layout_for
+
+    layout = layout_for(registry.get_config("mlp-s"))
+    base = DPConfig(enabled=True, epsilon=epsilon, noise_multiplier=None if epsilon else 1.1, clip_norm=0.7)
+    styles = {
+        "all-layer": base,
+        "layer-wise": dataclasses.replace(base, clipping_style="layer-wise"),
+        "block-wise": dataclasses.replace(
+            base,
+            clipping_style="block-wise",
+            clip_groups=("a = in_proj", "b = blocks|head"),
+            clip_group_weights=(1, 3),
+        ),
+    }
+    plans = {name: make_plan(dp, 1000, 50, layout, seed=0) for name, dp in styles.items()}
+    for name, plan in plans.items():
+        assert plan.clip_style.style == name
+        assert plan.noise_multiplier == plans["all-layer"].noise_multiplier
+        assert plan.epsilon == plans["all-layer"].epsilon
+        assert plan.made.noise.clip_norm == 0.7  # the std is noise_multiplier * clip_norm
