@@ -27,13 +27,11 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from zoo import microbatch
 from zoo.checks import is_number
-from zoo.dp.groups import ALL_LAYER, ClipStyle, Groups, group_weights, members
+from zoo.dp.groups import ALL_LAYER, ClipStyle, Groups, grouped_sum, members
 from zoo.errors import choice_error
-from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.precision import FLOAT32, Precision, float32_scope
 
 PyTree = Any
@@ -247,7 +245,7 @@ def _chunk_sum(per_example_loss, params, frozen, n_batch: int, l2_clip_norm, gro
         losses, grads = per_example_grads(params, frozen, *chunk)
         k = keep.shape[0]
         if groups is not None:
-            summed, norms = _grouped_sum(grads, groups, clip, keep)
+            summed, norms = grouped_sum(grads, groups, clip, keep)
             return summed, (norms, jnp.where(keep, losses.astype(jnp.float32), 0.0))
         with float32_scope("f32_per_example_norms"):
             sq = jnp.zeros((k,), jnp.float32)
@@ -358,27 +356,6 @@ def accumulated_clip(clip: ClipFn, model: ClipModel, trainable, frozen, batch: d
 
     summed, norms, losses = microbatch.accumulate(one, {k: batch[k] for k in _SPLIT}, n, _CLIPPED)
     return jax.tree.map(lambda s, p: s.astype(p.dtype), summed, trainable), norms, losses
-
-
-def _grouped_sum(grads, groups: Groups, clip, keep):
-    """``(sum_i sum_g f_ig g_ig, pre-clip global norms [k])`` of per-example ``grads`` (a
-    canonical tree, each leaf ``[k, ...]``), group ``g`` scaled by ``min(1, C_g / ||g_ig||)``
-    and dropped where that norm is not finite (:func:`zoo.dp.groups.group_weights`)."""
-    flat = flat_by_path(grads)
-    with float32_scope("f32_per_example_norms"):
-        parts = {}
-        for path, g in flat.items():
-            axes = tuple(range(1 if np.ndim(groups.index[path]) == 0 else 2, g.ndim))
-            parts[path] = jnp.sum(jnp.square(g.astype(jnp.float32)), axis=axes)  # [k] or [k, rows]
-    weights, norms = group_weights(groups, parts, keep, clip)
-    with float32_scope("f32_clipped_sum"):
-        out = {}
-        for path, g in flat.items():
-            w = weights[path]  # [k] or [k, rows], 0 where the group's part is dropped
-            w = w.reshape(w.shape + (1,) * (g.ndim - w.ndim))
-            acc = _acc_dtype(g.dtype)
-            out[path] = jnp.sum(jnp.where(w > 0, g.astype(acc) * w.astype(acc), jnp.zeros((), acc)), axis=0)
-    return nest_by_path(out), norms
 
 
 def _vmap_clip(model: ClipModel, trainable, frozen, batch, request: ClipRequest):

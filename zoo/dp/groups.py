@@ -37,11 +37,20 @@ import numpy as np
 from zoo.checks import is_number
 from zoo.errors import ZooError, choice_error
 from zoo.freeze.patterns import parse_pattern
-from zoo.models.paths import flat_by_path
+from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import STACK
 from zoo.precision import float32_scope
 
-__all__ = ["ALL_LAYER", "STYLES", "ClipStyle", "Groups", "group_weights", "members", "style_summary"]
+__all__ = [
+    "ALL_LAYER",
+    "STYLES",
+    "ClipStyle",
+    "Groups",
+    "group_weights",
+    "grouped_sum",
+    "members",
+    "style_summary",
+]
 
 STYLES = ("all-layer", "layer-wise", "block-wise")
 
@@ -165,6 +174,27 @@ def group_weights(groups: Groups, parts: dict, keep, clip_norm):
         }
         total = jnp.sqrt(jnp.sum(sq, axis=1))
     return weights, jnp.where(keep, total, 0.0)
+
+
+def grouped_sum(grads, groups: Groups, clip, keep):
+    """``(sum_i sum_g f_ig g_ig, pre-clip global norms [k])`` of per-example ``grads`` (a
+    canonical tree, each leaf ``[k, ...]``), group ``g`` scaled by ``min(1, C_g / ||g_ig||)``
+    and dropped where that norm is not finite (:func:`zoo.dp.groups.group_weights`)."""
+    flat = flat_by_path(grads)
+    with float32_scope("f32_per_example_norms"):
+        parts = {}
+        for path, g in flat.items():
+            axes = tuple(range(1 if np.ndim(groups.index[path]) == 0 else 2, g.ndim))
+            parts[path] = jnp.sum(jnp.square(g.astype(jnp.float32)), axis=axes)  # [k] or [k, rows]
+    weights, norms = group_weights(groups, parts, keep, clip)
+    with float32_scope("f32_clipped_sum"):
+        out = {}
+        for path, g in flat.items():
+            w = weights[path]  # [k] or [k, rows], 0 where the group's part is dropped
+            w = w.reshape(w.shape + (1,) * (g.ndim - w.ndim))
+            acc = jnp.promote_types(g.dtype, jnp.float32)  # a bf16 sum in float32
+            out[path] = jnp.sum(jnp.where(w > 0, g.astype(acc) * w.astype(acc), jnp.zeros((), acc)), axis=0)
+    return nest_by_path(out), norms
 
 
 def members(trainable, freeze=None, prefix: int = 0) -> dict:
