@@ -287,6 +287,13 @@ class DPConfig:
     # users (ULS, sampler "poisson": zoo.dp.users) or records (ELS, sampler "els": zoo.dp.els_sampler).
     unit: str = "record"
     records_per_user: int = 4
+    # Which parameters share one clip factor (zoo.dp.groups; docs/dp-mechanisms.md "Clipping
+    # styles"): "all-layer" (flat), "layer-wise" (each op of each layer), "block-wise" (the
+    # named groups of clip_groups, "name = pattern|pattern", relative thresholds
+    # clip_group_weights). clip_norm stays the sensitivity: the thresholds are its shares.
+    clipping_style: str = "all-layer"
+    clip_groups: tuple[str, ...] = ()
+    clip_group_weights: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         require_choice("dp.unit", self.unit, UNITS)

@@ -58,40 +58,10 @@ def _save(out: Path | None, name: str, payload) -> None:
         (out / f"{name}.json").write_text(json.dumps(payload, indent=1))
 
 
-def _ghost_backward(setup):
-    """Ghost clipping by its second backward whatever the remat policy (the ``ghost bookkeeping``
-    row's twin): what the two-pass form costs on the chip."""
-    from zoo.dp import ClipRequest
-    from zoo.dp.ghost import ghost_clipped_grad_sum
-
-    engine = setup.engine
-
-    def grads_fn(state, frozen, batch):
-        request = ClipRequest(setup.clip_norm, example_mask=batch["mask"])
-        grad_sum, _, losses = ghost_clipped_grad_sum(
-            engine.cfg,
-            state.params,
-            batch["x"],
-            batch["y"],
-            request,
-            frozen=frozen,
-            freeze_plan=engine.freeze,
-            remat=engine.stack,
-            precision=engine.precision,
-            method="backward",
-        )
-        count = jnp.maximum(batch["mask"].sum(), 1.0)
-        return jnp.where(batch["mask"] > 0, losses, 0.0).sum() / count, dp_rows._noised(
-            setup, state, grad_sum
-        )
-
-    return dp_rows._sgd_step(setup, grads_fn), engine.optimizer
-
-
 def dp_part(args, out: Path | None) -> dict:
     cfg = config("gpt2-124m", args.small)
     shapes = [(8, "none"), (16, "dots")] if args.small else [(256, "none"), (1024, "dots")]
-    methods = {**dp_rows.methods(), "ghost backward": _ghost_backward}
+    methods = dp_rows.methods()  # "ghost backward" is a row of the bench
     result = {}
     for seq, remat in shapes:
         setup, params = dp_rows.setup_for(

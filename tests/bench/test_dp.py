@@ -116,9 +116,29 @@ def test_default_rows_include_ghost():
         "zoo vmap",
         "zoo microbatch",
         dp_bench.GHOST,
+        "ghost backward",
+        "ghost layer-wise",
         "jax_privacy clipped_grad",
         "optax dpsgd",
     ]
+
+
+@pytest.mark.parametrize(
+    "remat, ghost_ran",
+    [("none", "book-keeping"), ("full", "second backward")],
+)
+def test_a_ghost_row_names_the_method_its_step_runs(remat, ghost_ran):
+    """Under ``auto`` the ghost row says what ran; the forced rows say theirs whatever the policy."""
+    from zoo.bench import dp_rows
+
+    cfg, batch, seq = dp_bench._config("transformer-xs", 4, None)
+    setup, _ = dp_bench.setup_for(cfg, "nnx", batch, batch, (), 0, remat=remat)
+    data = dp_bench._batch(cfg, batch, seq, 0)
+    assert dp_rows.ran(dp_bench.GHOST, setup, data) == ghost_ran
+    assert dp_rows.ran("ghost backward", setup, data) == "second backward"
+    assert dp_rows.ran("ghost bookkeeping", setup, data) == "book-keeping"
+    assert dp_rows.ran("ghost layer-wise", setup, data) == "layer-wise taps"
+    assert dp_rows.ran("zoo vmap", setup, data) is None
 
 
 def test_ghost_dp_step_temp_memory_is_near_the_non_private_step():

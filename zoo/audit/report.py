@@ -10,6 +10,7 @@ import numpy as np
 
 from zoo.audit.run import check_request, plan_audit, train_with_canaries
 from zoo.audit.score import METHOD, blackbox_scores, lower_bounds, whitebox_scores
+from zoo.dp.groups import style_summary
 from zoo.recipes import Recipe
 
 RESULT = "audit.json"
@@ -74,6 +75,7 @@ def audit(
         "included": int(plan.included.sum()),
         "sampling_prob": plan.sampler.sampling_prob if plan.sampler else None,
         "noise_multiplier": plan.engine.dp.noise_multiplier if plan.engine.dp else None,
+        "clipping_style": clipping_of(plan.engine),  # which style ran, its group thresholds
         "mean_times_sampled": float(trace.sampled[plan.included].mean()),
         "compile_count": trace.compile_count,
         "out_dir": str(out),
@@ -82,6 +84,12 @@ def audit(
         summary["plot"] = histogram(out / PLOT, scores, plan.included, summary)
     (out / RESULT).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def clipping_of(engine) -> dict | None:
+    """The clipping style the audited step ran (:func:`zoo.dp.groups.style_summary`)."""
+    dp = engine.dp
+    return None if dp is None else style_summary(dp.clip_style, engine.freeze, dp.clip_norm)
 
 
 def _say(stage, message: str) -> None:

@@ -14,15 +14,17 @@ rows differ only in how the gradient is made:
 every zoo row is the engine's DP step with ``train.microbatch_size = K`` (one scan accumulates
 the clipped sums, the noise is added once: :mod:`zoo.microbatch`) and the non-private row
 accumulates its gradient over the same microbatches; other libraries' rows take the whole
-batch, so they run only when named. ``--precision`` and ``--remat`` set every row's precision
-policy and remat policy. So ``zoo bench dp`` runs at real size (docs/dp-mechanisms.md).
-``jax_privacy``       ``jax_privacy.clipping.clipped_grad`` for the clipped sum, then the same
-                      ``privatize``.
-``optax dpsgd``       ``jax.vmap(jax.grad)`` per-example gradients fed to
-                      ``optax.contrib.dpsgd`` (which clips, sums, adds noise and does SGD
-                      with momentum itself).
+batch, so they run only when named. ``--precision``, ``--remat``: every row's (docs/dp-mechanisms.md).
+``jax_privacy``       ``jax_privacy.clipping.clipped_grad``'s clipped sum, the same ``privatize``.
+``optax dpsgd``       ``jax.vmap(jax.grad)`` per-example gradients fed to ``optax.contrib.dpsgd``
+                      (it clips, sums, adds noise and does SGD with momentum itself).
 ``ghost``             the engine's DP step with ghost clipping (``zoo.dp.ghost``): per-example
-                      norms without per-example gradients.
+                      norms without per-example gradients, by the method ``auto`` picks (the
+                      row's label names it: book-keeping, second backward, or vmap fallback).
+``ghost backward``    ghost clipping by its second backward whatever the policy (opt-in ``ghost
+                      bookkeeping``: by book-keeping); ``ghost layer-wise``: the engine's ghost
+                      step, ``dp.clipping_style = "layer-wise"``. ``program``: the compiled
+                      program's digest (equal digests: one program).
 
 For every row we report the median step time and XLA's compiled temporary memory
 (``memory_analysis().temp_size_in_bytes``), each also as a ratio to ``non-private``. Timing
@@ -31,12 +33,10 @@ ratio is the median over rounds of the row's time over the non-private time of t
 Within a round a row takes one untimed step before its timed ones, so it is not charged for
 the caches the previous row evicted.
 
-A second table compiles (without running) the DP step at several microbatch sizes k and at
-two batch sizes: the temporary memory follows k, not B.
+A second table compiles (not runs) the DP step at microbatch sizes k and two batch sizes.
 
-Adding a method: write ``builder(setup) -> (step, optimizer)`` and :func:`register_method`
-it; ``step(state, frozen, batch) -> (state, metrics)`` must be a pure function suitable for
-``jax.jit``. Ghost clipping comes in this way (see :data:`GHOST`).
+Adding a method: :func:`register_method` a ``builder(setup) -> (step, optimizer)``, ``step(state,
+frozen, batch) -> (state, metrics)`` pure, for ``jax.jit``.
 """
 
 from __future__ import annotations
@@ -97,8 +97,7 @@ Progress = Callable[[str], None] | None
 
 
 def _say(progress: Progress, message: str) -> None:
-    if progress is not None:
-        progress(message)
+    None if progress is None else progress(message)
 
 
 def _config(model: str | ModelConfig | stages.Start, batch: int | None, seq: int | None):
@@ -233,6 +232,8 @@ def _timed_rows(runs: dict, data, microbatch: int, rounds: int, steps_per_round:
         rows.append(
             {
                 "method": label,
+                "ran": run["ran"],  # a ghost row: what its step runs (book-keeping, ...)
+                "program": run["program"],
                 "step_ms": round(step_ms, 3),
                 "step_ratio": round(ratio, 3),
                 "temp_bytes": run["temp"],
@@ -247,8 +248,7 @@ def _timed_rows(runs: dict, data, microbatch: int, rounds: int, steps_per_round:
 # ----------------------------------------------------------------------------- CLI
 
 
-def _mib(n) -> str:
-    return f"{n / 2**20:.2f}"
+_mib = "{:.2f}".format  # of n / 2**20
 
 
 def _run_cli(args) -> int:
@@ -295,15 +295,16 @@ def _run_cli(args) -> int:
         f"zoo bench dp {result['model']} ({result['backend']}, batch {result['batch']}{seq}{micro}, "
         f"{result['precision']}, remat {result['remat']}, {result['device']}; "
         f"median of {result['rounds']} rounds)",
-        ["method", "step ms", "step x", "temp MiB", "temp x", "compile s"],
+        ["method", "step ms", "step x", "temp MiB", "temp x", "compile s", "program"],
         [
             (
-                r["method"],
+                f"{r['method']} ({r['ran']})" if r["ran"] else r["method"],
                 f"{r['step_ms']:.2f}",
                 f"{r['step_ratio']:.2f}",
-                _mib(r["temp_bytes"]),
+                _mib(r["temp_bytes"] / 2**20),
                 f"{r['temp_ratio']:.2f}" if r["temp_ratio"] is not None else "-",
                 f"{r['compile_s']:.1f}",
+                r["program"],
             )
             for r in result["rows"]
         ],
@@ -316,7 +317,7 @@ def _run_cli(args) -> int:
                 (
                     r["batch"],
                     f"{r['microbatch']}{' (all, vmap)' if r['vmap_all'] else ''}",
-                    _mib(r["temp_bytes"]),
+                    _mib(r["temp_bytes"] / 2**20),
                 )
                 for r in result["microbatch_sweep"]
             ],

@@ -1,5 +1,4 @@
-"""The rows of ``zoo bench dp`` (:mod:`zoo.bench.dp`): one step builder per DP-SGD implementation; each gets the same
-:class:`Setup`.
+"""The rows of ``zoo bench dp`` (:mod:`zoo.bench.dp`): a step builder per DP-SGD implementation, each given one :class:`Setup`.
 
 zoo's own rows come from the clipping table (:data:`zoo.dp.clipping.CLIPPING`), read when the
 bench runs: a clipping method registered there is a row here with nothing to add. Other
@@ -8,6 +7,8 @@ libraries' DP-SGD steps are rows registered by name (:func:`register_method`).""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -117,10 +118,9 @@ def compile_step(step: Step, state, frozen, batch):
 
 def fresh_state(setup: Setup, params, optimizer, seed: int):
     """A fresh ``(state, frozen)`` of ``params``: the trainable leaves copied (the step donates
-    its state), the frozen ones as a training run holds them (in the engine's precision,
-    :meth:`zoo.precision.Precision.held`), not copied, since no step donates them. Frozen leaves
-    that come already in the compute dtype are therefore shared by every row (a 1B base held
-    in bf16 is on the chip once, ``benchmarks/device/dp_lora.py``); float32 ones under bf16 are
+    its state), the frozen ones as a training run holds them (:meth:`zoo.precision.Precision.held`),
+    not copied (no step donates them). Frozen leaves already in the compute dtype are shared by
+    every row (a 1B base held in bf16 is on the chip once, ``benchmarks/device/dp_lora.py``); float32 ones under bf16 are
     cast once per row."""
     trainable, frozen = setup.engine.freeze.split(params)
     trainable = jax.tree.map(jnp.copy, trainable)
@@ -144,8 +144,18 @@ def compile_rows(names, rows, setup, params, data, seed, progress) -> dict:
             "frozen": frozen,
             "compile_s": compile_s,
             "temp": memory_stats(compiled)["temp_size_in_bytes"],
+            "program": program_digest(compiled),
+            "ran": ran(name, setup, data),  # a ghost row: the method its step runs
         }
     return runs
+
+
+def program_digest(compiled) -> str:
+    """The compiled program's digest, its source locations left out: two rows (or two versions
+    of zoo) that print the same one ran one program."""
+    text = re.sub(r", metadata=\{[^}]*\}", "", compiled.as_text())
+    text = "\n".join(line for line in text.splitlines() if not re.match(r"^\s*\d+ [\"{]", line))
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 Builder = Callable[[Setup], tuple[Step, optax.GradientTransformation]]
@@ -217,12 +227,15 @@ def _non_private(setup: Setup):
     return engine.train_step_fn, engine.optimizer
 
 
-def _zoo_step(clipping: str, microbatched: bool, noise_prng: str) -> Builder:
-    """The engine's DP step with the ``clipping`` method (microbatched: in chunks of k)."""
+def _zoo_step(clipping: str, microbatched: bool, noise_prng: str, style: str = "all-layer") -> Builder:
+    """The engine's DP step with the ``clipping`` method (microbatched: in chunks of k) in the
+    clipping ``style`` (``dp.clipping_style``)."""
 
     def build(setup: Setup):
         microbatch = setup.microbatch_size if microbatched else setup.step_microbatch
-        plan = setup.plan(clipping=clipping, microbatch_size=microbatch, noise_prng=noise_prng)
+        plan = setup.plan(
+            clipping=clipping, microbatch_size=microbatch, noise_prng=noise_prng, clipping_style=style
+        )
         return dataclasses.replace(setup.engine, dp=plan).train_step_fn, setup.engine.optimizer
 
     return build
@@ -283,37 +296,61 @@ def _optax_dpsgd(setup: Setup):
     return step, opt
 
 
-def _ghost_bookkeeping(setup: Setup):
-    """Ghost clipping by book-keeping whatever the remat policy (the ``ghost`` row takes the
-    second backward under one), on the whole batch, then the same ``privatize``."""
-    from zoo.dp import ClipRequest
-    from zoo.dp.ghost import ghost_clipped_grad_sum
+def _ghost_forced(method: str) -> Builder:
+    """Ghost clipping by ``method`` (``"bookkeeping"``, ``"backward"``) whatever the remat policy,
+    on the whole batch, then the same ``privatize``: the method ``auto`` did not pick has a row."""
 
+    def build(setup: Setup):
+        from zoo.dp import ClipRequest
+        from zoo.dp.ghost import ghost_clipped_grad_sum
+
+        engine = setup.engine
+
+        def grads_fn(state, frozen, batch):
+            request = ClipRequest(setup.clip_norm, example_mask=batch["mask"])
+            grad_sum, _, losses = ghost_clipped_grad_sum(
+                engine.cfg,
+                state.params,
+                batch["x"],
+                batch["y"],
+                request,
+                frozen=frozen,
+                freeze_plan=engine.freeze,
+                remat=engine.stack,
+                precision=engine.precision,
+                method=method,
+            )
+            grads = _noised(setup, state, grad_sum)
+            count = jnp.maximum(batch["mask"].sum(), 1.0)
+            return jnp.where(batch["mask"] > 0, losses, 0.0).sum() / count, grads
+
+        return _sgd_step(setup, grads_fn), engine.optimizer
+
+    return build
+
+
+_RAN = {"bookkeeping": "book-keeping", "backward": "second backward"}
+
+
+def ran(name: str, setup: Setup, data: dict) -> str | None:
+    """What a ghost row's step runs, for its label: ``book-keeping``, ``second backward``,
+    ``layer-wise taps`` or ``vmap fallback`` (the model's leaves not each claimed by one op);
+    None for the other rows."""
+    from zoo.dp.ghost import choose_method, unsupported_reason
+
+    method = {GHOST: "auto", "ghost bookkeeping": "bookkeeping", "ghost backward": "backward"}.get(name)
+    if method is None and name != "ghost layer-wise":
+        return None
     engine = setup.engine
-
-    def grads_fn(state, frozen, batch):
-        request = ClipRequest(setup.clip_norm, example_mask=batch["mask"])
-        grad_sum, _, losses = ghost_clipped_grad_sum(
-            engine.cfg,
-            state.params,
-            batch["x"],
-            batch["y"],
-            request,
-            frozen=frozen,
-            freeze_plan=engine.freeze,
-            remat=engine.stack,
-            precision=engine.precision,
-            method="bookkeeping",
-        )
-        grads = _noised(setup, state, grad_sum)
-        count = jnp.maximum(batch["mask"].sum(), 1.0)
-        return jnp.where(batch["mask"] > 0, losses, 0.0).sum() / count, grads
-
-    return _sgd_step(setup, grads_fn), engine.optimizer
+    if unsupported_reason(engine.cfg, data["x"], engine.freeze):
+        return "vmap fallback"
+    return "layer-wise taps" if method is None else _RAN[choose_method(engine.stack, method)]
 
 
+register_method("ghost bookkeeping", _ghost_forced("bookkeeping"), default=False)
+register_method("ghost backward", _ghost_forced("backward"))
+register_method("ghost layer-wise", _zoo_step("ghost", False, DEFAULT_NOISE_PRNG, "layer-wise"))
 register_method("jax_privacy clipped_grad", _jax_privacy)
-register_method("ghost bookkeeping", _ghost_bookkeeping, default=False)
 register_method("optax dpsgd", _optax_dpsgd)
 GHOST = CLIPPING["ghost"].label  # ghost clipping's row
 

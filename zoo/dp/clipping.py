@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from zoo import microbatch
 from zoo.checks import is_number
+from zoo.dp.groups import ALL_LAYER, ClipStyle, Groups, grouped_sum, members
 from zoo.errors import choice_error
 from zoo.precision import FLOAT32, Precision, float32_scope
 
@@ -174,11 +175,14 @@ class ClipRequest:
     at a time (:mod:`zoo.microbatch`; it must divide the batch); ``None``: all at once. ``example_mask``
     ``[B]``: examples with mask 0 (the padding of a Poisson batch) add exactly zero to the sum,
     even with NaN or inf, and report norm and loss 0; a keep flag (``mask > 0``), not a weight.
+    ``style``: the clipping style (:class:`zoo.dp.groups.ClipStyle`); with one other than
+    all-layer each group of parameters is clipped to its own share of ``clip_norm``.
     """
 
     clip_norm: float | jax.Array
     microbatch_size: int | None = None
     example_mask: jax.Array | None = None
+    style: ClipStyle = ALL_LAYER  # which parameters share a clip factor (zoo.dp.groups)
 
     def __post_init__(self):
         if is_number(self.clip_norm) and not self.clip_norm > 0:
@@ -227,8 +231,9 @@ def _acc_dtype(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _chunk_sum(per_example_loss, params, frozen, n_batch: int, l2_clip_norm):
-    """``chunk_sum(chunk, keep) -> (clipped sum, (norms, losses))`` for one chunk of examples."""
+def _chunk_sum(per_example_loss, params, frozen, n_batch: int, l2_clip_norm, groups: Groups | None = None):
+    """``chunk_sum(chunk, keep) -> (clipped sum, (norms, losses))`` for one chunk of examples;
+    with ``groups``, each group of leaves (rows) clipped to its own threshold."""
     clip = jnp.asarray(l2_clip_norm, dtype=jnp.float32)
     if frozen is not None:
         grad_one = jax.value_and_grad(lambda p, fz, *ex: per_example_loss(p, fz, *ex))
@@ -239,6 +244,9 @@ def _chunk_sum(per_example_loss, params, frozen, n_batch: int, l2_clip_norm):
     def chunk_sum(chunk, keep):
         losses, grads = per_example_grads(params, frozen, *chunk)
         k = keep.shape[0]
+        if groups is not None:
+            summed, norms = grouped_sum(grads, groups, clip, keep)
+            return summed, (norms, jnp.where(keep, losses.astype(jnp.float32), 0.0))
         with float32_scope("f32_per_example_norms"):
             sq = jnp.zeros((k,), jnp.float32)
             for g in jax.tree.leaves(grads):
@@ -268,6 +276,7 @@ def clipped_grad_sum(
     *batch: PyTree,
     request: ClipRequest,
     frozen: PyTree | None = None,
+    groups: Groups | None = None,
 ) -> tuple[PyTree, jax.Array, jax.Array]:
     """Sum of per-example clipped gradients, the pre-clip per-example norms and losses.
 
@@ -284,6 +293,8 @@ def clipped_grad_sum(
       frozen: optional pytree passed to the loss as a non-differentiated
         argument.  It gets no gradient, is not part of the returned pytree and
         does not enter the norm.
+      groups: the request's clipping style resolved over ``params`` (a canonical tree;
+        :meth:`zoo.dp.groups.ClipStyle.resolve`); needed unless the style is all-layer.
 
     Returns:
       ``(grad_sum, norms, losses)``: ``grad_sum`` has the structure and dtypes of
@@ -298,7 +309,12 @@ def clipped_grad_sum(
     """
     b = _batch_size(batch)
     keep_all = request.keep(b)
-    chunk_sum = _chunk_sum(per_example_loss, params, frozen, len(batch), request.clip_norm)
+    if not request.style.flat and groups is None:
+        raise ValueError(
+            f"clipping style {request.style.style!r} needs the groups resolved against the parameters "
+            "(groups=request.style.resolve(zoo.dp.groups.members(params)))"
+        )
+    chunk_sum = _chunk_sum(per_example_loss, params, frozen, len(batch), request.clip_norm, groups)
 
     def part_sum(part):
         summed, (norms, losses) = chunk_sum(part["batch"], part["keep"])
@@ -343,8 +359,11 @@ def accumulated_clip(clip: ClipFn, model: ClipModel, trainable, frozen, batch: d
 
 
 def _vmap_clip(model: ClipModel, trainable, frozen, batch, request: ClipRequest):
+    groups = None
+    if not request.style.flat:
+        groups = request.style.resolve(members(trainable, model.freeze, model.stack.frozen_prefix))
     return clipped_grad_sum(
-        model.example_loss, trainable, batch["x"], batch["y"], request=request, frozen=frozen
+        model.example_loss, trainable, batch["x"], batch["y"], request=request, frozen=frozen, groups=groups
     )
 
 

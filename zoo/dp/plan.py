@@ -30,6 +30,7 @@ import numpy as np
 from zoo.checks import require_number
 from zoo.configs import DPConfig
 from zoo.dp.clipping import KEEP_SUM, ClippedSumTransform
+from zoo.dp.groups import ClipStyle
 from zoo.dp.mechanisms import DPSGD, Made, Mechanism, Performance, UserDPSGD, mechanism_for
 from zoo.dp.mechanisms import accountant as account
 from zoo.dp.truncation import truncation_budget, truncation_delta
@@ -72,6 +73,7 @@ class DPPlan:
     sampler = property(lambda self: self.made.sampler)
     noise_multiplier = property(lambda self: self.mechanism.noise_multiplier)
     clip_norm = property(lambda self: self.mechanism.clip_norm)
+    clip_style = property(lambda self: self.mechanism.clip_style)  # zoo.dp.groups.ClipStyle
     # The noisy sum is divided by it: public, never the realised size (the made noise's).
     expected_batch_size = property(lambda self: self.made.noise.expected_batch_size)
     # ULS's record slots of a user (the batch is [users, k]); None: a row is clipped alone.
@@ -211,6 +213,7 @@ def fixed_batch_plan(
     common = {
         "noise_multiplier": sigma,
         "clip_norm": dp.clip_norm,
+        "clip_style": ClipStyle.of(dp),
         "expected_batch_size": rows,
         "units": rows,
     }

@@ -9,6 +9,7 @@ import math
 from zoo.checks import is_int, is_number
 from zoo.configs import DataConfig, DPConfig
 from zoo.dp.clipping import CLIPPING, clipping_method
+from zoo.dp.groups import ClipStyle
 from zoo.dp.noise import NOISE_PRNG_CHOICES
 from zoo.dp.sampling import SAMPLERS
 from zoo.errors import ZooError, choice_error
@@ -33,6 +34,7 @@ def check_choices(cfg: DPConfig) -> None:
         raise choice_error("accountant", cfg.accountant, ACCOUNTANTS)
     _check_sampler_row(cfg, SAMPLERS[cfg.sampler])
     clipping_method(cfg.clipping)
+    ClipStyle.of(cfg)  # the clipping style and its groups' spelling (zoo.dp.groups)
     if cfg.noise_prng not in NOISE_PRNG_CHOICES:
         raise choice_error("noise_prng", cfg.noise_prng, NOISE_PRNG_CHOICES)
 

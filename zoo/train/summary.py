@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 from rich.console import Console
 
+from zoo.dp.groups import style_summary
 from zoo.dp.noise import resolve_noise_prng
 from zoo.models.splash import resolve
 from zoo.train import runlog
@@ -144,6 +145,7 @@ def summarize(
             noise_multiplier=run.dp.noise_multiplier,
             sampling_prob=run.dp.sampler.sampling_prob,
             clip_norm=run.dp.clip_norm,
+            clipping_style=style_summary(run.dp.clip_style, run.freeze, run.dp.clip_norm),
             accountant=run.dp.accounting.accountant,
             noise_prng=resolve_noise_prng(recipe.dp.noise_prng),  # "auto": the one that drew
             expected_batch_size=recipe.dp.expected_batch_size,

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from zoo.checks import require_choice
 from zoo.dp.clipping import ClippingMethod, ClipRequest, clipped_grad_sum, register_clipping
+from zoo.dp.ghost.grouped import grouped_clip
 from zoo.dp.ghost.sites import run
 from zoo.dp.ghost.stages import (
     METHODS,
@@ -21,6 +22,7 @@ from zoo.dp.ghost.stages import (
     weighted_backward,
 )
 from zoo.dp.ghost.units import Units, from_grouped
+from zoo.dp.groups import members
 from zoo.errors import ZooError
 from zoo.losses import per_example_loss
 from zoo.models.paths import flat_by_path, nest_by_path
@@ -151,6 +153,27 @@ def ghost_clipped_grad_sum(
         apply = _apply_merged(cfg, backend, frozen, freeze_plan, precision)
         return _fallback(apply, params, x, y, request, remat, reason, units)
 
+    if not request.style.flat:  # several groups, each clipped on its own (zoo.dp.groups)
+        if method == "backward":
+            raise ValueError(
+                f"ghost method 'backward' clips all-layer only (one weighted loss scales all of an "
+                f"example's parameters alike); clipping_style {request.style.style!r} runs in one "
+                "backward: method 'auto' or 'bookkeeping'"
+            )
+        found = members(params, plan, gp.prefix)
+        grads, norms, losses = grouped_clip(
+            gp,
+            full,
+            x,
+            y,
+            groups=request.style.resolve(found),
+            found=found,
+            keep=keep,
+            clip_norm=request.clip_norm,
+            dense=dense,
+            row_weights=units.row_weights(),
+        )
+        return grads, norms, units.losses(losses)
     bookkeeping = choose_method(gp.policy, method) == "bookkeeping"
     losses, sq, kept = tap_pass(gp, full, x, y, dense, units.row_weights(), sums=bookkeeping)
     norms, weights, use = clip_factors(sq, keep, request.clip_norm)

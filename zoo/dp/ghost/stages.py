@@ -194,10 +194,11 @@ class TapPlan:
         }
 
 
-def tap_plan(gp: GhostPlan, full, x, dense=None, sums: bool = False) -> TapPlan:
+def tap_plan(gp: GhostPlan, full, x, dense=None, sums: bool = False, local=frozenset()) -> TapPlan:
     """Each active site's tap on inputs shaped like ``x``: its norm form (``dense`` forces one),
     the pieces it keeps for the clipped sum when ``sums`` (book-keeping), and its half of a
-    shared leaf's cross term."""
+    shared leaf's cross term. The sites in ``local`` (their keys) are clipping groups of their
+    own: their taps sum (:func:`zoo.dp.ghost.taps.local_sum`) and keep nothing."""
     avals = site_avals(gp, full, x)
     halves = {}
     for first, second in shared_sites(gp):
@@ -211,10 +212,14 @@ def tap_plan(gp: GhostPlan, full, x, dense=None, sums: bool = False) -> TapPlan:
         inputs, z = avals[site.key]
         if site.key in partner:  # the second reader of a shared leaf also gets the first's input
             inputs = (inputs, avals[partner[site.key]][0])
-        capture = sums and RULES[site.kind].needs_inputs
-        spec = Tap(site.kind, site.leaves, site.rows, choice, gp.records, sums, halves.get(site.key), capture)
-        taps[site.key], slots[site.key] = spec, slot_of(spec, inputs, z)
-        if sums:
+        mine = site.key in local
+        keep = sums and not mine
+        capture = keep and RULES[site.kind].needs_inputs
+        spec = Tap(
+            site.kind, site.leaves, site.rows, choice, gp.records, keep, halves.get(site.key), capture, mine
+        )
+        taps[site.key], slots[site.key] = spec, slot_of(spec, inputs, z, x.shape[0] // gp.records)
+        if keep:
             rules[site.key] = rule_of(spec, inputs, z)
         stacked[site.key] = layers if site.stacked else 0
     return TapPlan(taps, slots, rules, stacked)
@@ -315,13 +320,28 @@ def kept_sum(gp: GhostPlan, full, kept: Kept, weights, use):
         rule = _rule(gp, kept, site)
         if site.stacked:
             for leaf, g in jax.lax.map(lambda r: r.grad(weights, use), rule).items():
-                if gp.prefix:
-                    g = jnp.concatenate([jnp.zeros((gp.prefix, *g.shape[1:]), g.dtype), g])
-                out[f"{site.path}.{leaf}"] = g
+                out[f"{site.path}.{leaf}"] = stacked_grad(gp, g)
         else:
             for leaf, g in rule.grad(weights, use).items():
-                path = f"{site.path}.{leaf}"
-                out[path] = out[path] + g if path in out else g  # a shared leaf sums both ops
+                add_grad(out, f"{site.path}.{leaf}", g)
+    return assemble(gp, full, out)
+
+
+def stacked_grad(gp: GhostPlan, g):
+    """A stacked leaf's gradient ``[L - prefix, ...]`` with zeros for the frozen prefix."""
+    if not gp.prefix:
+        return g
+    return jnp.concatenate([jnp.zeros((gp.prefix, *g.shape[1:]), g.dtype), g])
+
+
+def add_grad(out: dict, path: str, g) -> None:
+    """``out[path] += g`` (a shared leaf sums both ops' parts)."""
+    out[path] = out[path] + g if path in out else g
+
+
+def assemble(gp: GhostPlan, full, out: dict):
+    """``out`` (``{path: summed gradient}``) as the trainable tree: the dtypes of ``full``,
+    placeholders for frozen leaves that the split drops."""
     for path, p in flat_by_path(full).items():
         out[path] = out[path].astype(jnp.result_type(p)) if path in out else jnp.zeros_like(p)
     grads = nest_by_path(out)

@@ -11,7 +11,12 @@ a zero *slot* (:func:`tap_outputs`):
   ``(a, delta)`` in the compute dtype for the Gram form, its per-example gradients in the
   compute dtype for the materialised form;
 * ``"cross"``: its half of the cross term of a leaf two ops read (a tied head,
-  :class:`zoo.dp.ghost.rules.Tied`).
+  :class:`zoo.dp.ghost.rules.Tied`);
+* ``"sum"`` (a *local* tap: the op, in this layer, is a clipping group of its own, as under
+  ``dp.clipping_style = "layer-wise"``, :mod:`zoo.dp.groups`): the op's clipped sum itself. Its
+  clip factor needs only its own norms, so the tap forms it here, from the threshold and the
+  keep flags that its slot's value ``"ctl"`` brings in (the only slot value a tap reads), and
+  hands out a parameter-sized sum instead of any per-example piece.
 
 Inside the scanned stack the slots are scanned with the layers (:mod:`zoo.hooks`), so each
 layer's tap runs in that layer's step of the scan's backward: its norms are taken while its
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from zoo.dp.clipping import clip_factor
 from zoo.dp.ghost import forms
 from zoo.dp.ghost.rules import SHARED, build, by_unit, grouped
 from zoo.precision import float32_scope
@@ -53,11 +59,13 @@ class Tap:
     keep: bool = False
     cross: tuple | None = None
     capture: bool = False
+    local: bool = False
 
 
-def tap_outputs(spec: Tap, inputs, dz) -> dict:
-    """``{"sq": [U, leaves], "kept"?: {...}, "cross"?: ...}`` of one op from its input and output
-    gradient (units of ``spec.records`` rows: :func:`zoo.dp.ghost.rules.grouped`)."""
+def tap_outputs(spec: Tap, inputs, dz, ctl=None) -> dict:
+    """``{"sq": [U, leaves], "kept"?: {...}, "cross"?: ..., "sum"?: {...}}`` of one op from its
+    input and output gradient (units of ``spec.records`` rows:
+    :func:`zoo.dp.ghost.rules.grouped`); ``ctl`` (a local tap's): ``{"limit": C_g, "keep": [U]}``."""
     with float32_scope("f32_per_example_norms"):
         first_inputs = None
         if spec.cross is not None and spec.cross[1] == SECOND:
@@ -75,7 +83,21 @@ def tap_outputs(spec: Tap, inputs, dz) -> dict:
             else:
                 tokens = first_inputs if spec.records == 1 else by_unit(first_inputs, spec.records)
                 out["cross"] = SHARED[pair].second(rule_in, rule_d, tokens)
-        return out
+    if spec.local:
+        out["sum"] = local_sum(rule, sq, ctl)
+    return out
+
+
+def local_sum(rule, sq: dict, ctl: dict) -> dict:
+    """A local tap's clipped sum: the op's leaves clipped together to ``ctl["limit"]``, dropped
+    where the example is masked or its norm here is not finite (as
+    :func:`zoo.dp.groups.group_weights` does for a group)."""
+    with float32_scope("f32_clip_factors"):
+        norms = jnp.sqrt(sum(sq.values()))
+        use = (ctl["keep"] > 0) & jnp.isfinite(norms)
+        weights = jnp.where(use, clip_factor(norms, ctl["limit"]), 0.0)
+    with float32_scope("f32_clipped_sum"):
+        return {leaf: g.astype(jnp.float32) for leaf, g in rule.grad(weights, use).items()}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -87,21 +109,31 @@ def tap(spec: Tap, z, inputs, slot):
 
 
 def _tap_fwd(spec, z, inputs, slot):
-    del spec, slot
-    return z, inputs
+    return z, (inputs, slot["ctl"]) if spec.local else inputs
 
 
-def _tap_bwd(spec, inputs, dz):
-    return dz, None, tap_outputs(spec, inputs, dz)
+def _tap_bwd(spec, res, dz):
+    if not spec.local:
+        return dz, None, tap_outputs(spec, res, dz)
+    inputs, ctl = res
+    out = tap_outputs(spec, inputs, dz, ctl)
+    return dz, None, {**out, "ctl": jax.tree_util.tree_map(jnp.zeros_like, ctl)}
 
 
 tap.defvjp(_tap_fwd, _tap_bwd)
 
 
-def slot_of(spec: Tap, inputs, z):
+def slot_of(spec: Tap, inputs, z, units: int = 0):
     """The abstract outputs of a tap (``jax.ShapeDtypeStruct`` leaves) for an op whose input and
-    output look like ``inputs`` and ``z``: what its slot must look like."""
-    return jax.eval_shape(functools.partial(tap_outputs, spec), inputs, z)
+    output look like ``inputs`` and ``z``: what its slot must look like (a local tap's with its
+    ``"ctl"`` for ``units`` examples)."""
+    if not spec.local:
+        return jax.eval_shape(functools.partial(tap_outputs, spec), inputs, z)
+    ctl = {
+        "limit": jax.ShapeDtypeStruct((), jnp.float32),
+        "keep": jax.ShapeDtypeStruct((units,), jnp.float32),
+    }
+    return {**jax.eval_shape(functools.partial(tap_outputs, spec), inputs, z, ctl), "ctl": ctl}
 
 
 def rule_of(spec: Tap, inputs, z):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from zoo.configs import DPConfig
+from zoo.dp.groups import ClipStyle
 from zoo.dp.mechanisms.base import (
     Canaries,
     GaussianNoise,
@@ -94,6 +95,7 @@ def _settings(dp: DPConfig, units: int) -> dict:
         "expected_batch_size": dp.expected_batch_size,
         "units": units,
         "sampler_name": dp.sampler,
+        "clip_style": ClipStyle.of(dp),
     }
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from zoo.checks import require_int
 from zoo.configs import DPConfig
 from zoo.dp.clipping import ClipRequest, accumulated_clip, clipping_method
+from zoo.dp.groups import ALL_LAYER, ClipStyle
 from zoo.dp.noise import privatize
 from zoo.dp.sampling import SAMPLERS
 
@@ -108,16 +109,16 @@ class GaussianNoise:
         )
 
 
-def clipped_aggregation(clip_norm: float, performance: Performance) -> Callable:
+def clipped_aggregation(clip_norm: float, performance: Performance, style: ClipStyle = ALL_LAYER) -> Callable:
     """``aggregate(clip_model, trainable, frozen, batch) -> (clipped sum, pre-clip norms,
     per-example losses)``: the clipped sum over ``batch`` (its ``mask`` says which rows count)
-    by the performance's clipping method, accumulated over its microbatches under one scan. The
-    method is looked up in the table when the step is traced: one unregistered since is refused
-    then, in one line."""
+    by the performance's clipping method, in the clipping ``style`` (:mod:`zoo.dp.groups`),
+    accumulated over its microbatches under one scan. The method is looked up in the table when
+    the step is traced: one unregistered since is refused then, in one line."""
 
     def aggregate(clip_model, trainable, frozen, batch):
         clip = clipping_method(performance.clipping).clip
-        request = ClipRequest(clip_norm, performance.microbatch_size, batch["mask"])
+        request = ClipRequest(clip_norm, performance.microbatch_size, batch["mask"], style)
         return accumulated_clip(clip, clip_model, trainable, frozen, batch, request)
 
     return aggregate
@@ -150,6 +151,9 @@ class Mechanism:
     units: int
     sampler_name: str = _DEFAULTS.sampler
     extra_rows: int = 0
+    # Which parameters share a clip factor (zoo.dp.groups). The sensitivity is clip_norm for
+    # every style (the group thresholds are its shares), so the dp_event does not read it.
+    clip_style: ClipStyle = ALL_LAYER
 
     name: ClassVar[str] = "?"
     unit: ClassVar[str] = "record"
@@ -221,7 +225,8 @@ class Mechanism:
             None if data is None else self.sampler(data, seed, truncation_prob, performance.pad_multiple)
         )
         noise = GaussianNoise(self.noise_multiplier, self.clip_norm, self.normaliser, performance.noise_prng)
-        return Made(sampler, clipped_aggregation(self.clip_norm, performance), noise, self.dp_event)
+        aggregate = clipped_aggregation(self.clip_norm, performance, self.clip_style)
+        return Made(sampler, aggregate, noise, self.dp_event)
 
 
 @dataclass(frozen=True)
