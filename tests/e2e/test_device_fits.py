@@ -13,7 +13,17 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "fits.p
 
 def test_fits_small_finds_the_largest_batch_one_process_per_row(tmp_path):
     out = tmp_path / "fits.json"
-    flags = ["--small", "--max-batch", "2", "--steps", "1", "--placement", "offload-optimizer", "--out", str(out)]
+    flags = [
+        "--small",
+        "--max-batch",
+        "2",
+        "--steps",
+        "1",
+        "--placement",
+        "offload-optimizer",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run([sys.executable, str(SCRIPT), "llama-1b", *flags], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
