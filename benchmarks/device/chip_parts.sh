@@ -27,10 +27,10 @@ step() {  # step NAME SECONDS CMD...: one bounded command, its output kept in $O
 }
 if [ "${SMALL:-}" = 1 ]; then
   GPT=transformer-xs; LLAMA=llama-xs; S256=16; S1024=16; LOGICAL=64; SMALL_FLAG=--small; LORA_BATCH=16
-  NORMALS=100000
+  NORMALS=100000; QUICK=(--rounds 1 --steps 1)
 else
   GPT=gpt2-124m; LLAMA=llama-1b; S256=256; S1024=1024; LOGICAL=1024; SMALL_FLAG=; LORA_BATCH=128
-  NORMALS=124439808
+  NORMALS=124439808; QUICK=()
 fi
 BF=(--precision bfloat16 --no-sweep --json)
 case "${1:-}" in
@@ -49,13 +49,13 @@ dp-methods)
 dp-acceptance)
   # issue 65's rows in one call of under 9 minutes, the headline first
   G=(--methods "ghost,ghost bookkeeping,ghost backward,ghost layer-wise")
-  step dp_1024x8_ghost 120 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots "${G[@]}"
+  step dp_1024x8_ghost 120 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots "${G[@]}" "${QUICK[@]}"
   step dp_256x8 110 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" \
-    --methods "ghost,ghost bookkeeping,ghost backward,ghost layer-wise,zoo vmap,jax_privacy clipped_grad"
+    --methods "ghost,ghost bookkeeping,ghost backward,ghost layer-wise,zoo vmap,jax_privacy clipped_grad" "${QUICK[@]}"
   step dp_logical 100 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" \
     --remat dots --methods ghost --rounds 2 --steps 1
   step dp_1024x8_vmap 70 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots \
-    --methods "zoo vmap,jax_privacy clipped_grad"
+    --methods "zoo vmap,jax_privacy clipped_grad" "${QUICK[@]}"
   # DP-LoRA of llama-1b: 128 sequences of 1,024 tokens (16 microbatches of 8): the same program
   # as the 1,024-sequence logical batch, scanned over 16 microbatches, not 128 (a 1M-token step
   # takes about a minute a row on one chip)

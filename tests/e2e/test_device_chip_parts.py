@@ -5,9 +5,14 @@ tests/e2e/test_device_*.py files; ``SMALL=1`` runs a part at that size.)"""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "device" / "chip_parts.sh"
@@ -35,3 +40,40 @@ def test_every_part_the_docs_name_exists():
         stale += [path.relative_to(REPO).as_posix()] if re.search(r"open_rows\.sh \w", text) else []
     assert named and set(named) <= parts, {p: where for p, where in named.items() if p not in parts}
     assert stale == []
+
+
+@pytest.mark.slow
+def test_the_dp_acceptance_part_runs_every_row_at_a_tiny_size(tmp_path):
+    """Issue 65's one prepared call, ``SMALL=1`` on this CPU: every step exits 0, and each
+    table has the rows the acceptance reads (the ghost row naming the method that ran)."""
+    env = {**os.environ, "SMALL": "1", "OUT": str(tmp_path), "PY": sys.executable}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "dp-acceptance"], env=env, capture_output=True, text=True, timeout=900
+    )
+    exits = re.findall(r"^== (\w+): exit (\d+)", done.stdout, re.M)
+    assert [name for name, _ in exits] == [*ROWS, "noise_normals"], done.stdout[-3000:]
+    assert all(code == "0" for _, code in exits), done.stdout[-3000:]
+    for name, methods in ROWS.items():
+        (table,) = [
+            json.loads(line)
+            for line in (tmp_path / f"{name}.log").read_text().splitlines()
+            if line[:1] == "{"
+        ]
+        assert [row["method"] for row in table["rows"]] == ["non-private", *methods], (name, table["rows"])
+        assert all(row["step_ms"] > 0 for row in table["rows"]), table["rows"]
+        ran = {row["method"]: row.get("ran") for row in table["rows"] if row["method"] in GHOSTS}
+        expected = {"ghost backward": "second backward", "ghost layer-wise": "layer-wise taps"}
+        assert all(ran[m] == expected.get(m, ran[m]) for m in ran), ran
+        assert ran.get("ghost", "book-keeping") in ("book-keeping", "second backward"), ran
+    assert "philox4x32" in (tmp_path / "noise_normals.log").read_text()
+
+
+GHOSTS = ["ghost", "ghost bookkeeping", "ghost backward", "ghost layer-wise"]
+ROWS = {  # each step of the part: the methods of its table after the non-private row
+    "dp_1024x8_ghost": GHOSTS,
+    "dp_256x8": [*GHOSTS, "zoo vmap", "jax_privacy clipped_grad"],
+    "dp_logical": ["ghost"],
+    "dp_1024x8_vmap": ["zoo vmap", "jax_privacy clipped_grad"],
+    "dp_lora": ["ghost"],
+}
