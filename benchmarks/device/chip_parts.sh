@@ -2,7 +2,7 @@
 # Measurements that only a chip makes, in parts that each fit one device call (10 minutes), run
 # after tpu.sh's set-up; each part is named by what it measures:
 #
-#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh host-update       # llama-1b full AdamW with the update on the host; the host step against the device step
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh host-update       # llama-1b full AdamW, the pipelined update on the host at 128 and 64 rows, delayed; decode at B 1 and 64
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-methods        # DP clipping methods side by side at 256 x 8 and 1024 x 8
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-acceptance     # every row of issue 65's acceptance, under 9 minutes
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-logical-batch  # ghost DP on a logical batch of 1,024 x 1,024 tokens, microbatches of 8
@@ -29,14 +29,17 @@ if [ "${SMALL:-}" = 1 ]; then
   GPT=transformer-xs; LLAMA=llama-xs; S256=16; S1024=16; LOGICAL=64; SMALL_FLAG=--small; LORA_BATCH=16
   NORMALS=100000; QUICK=(--rounds 1 --steps 1)
 else
-  GPT=gpt2-124m; LLAMA=llama-1b; S256=256; S1024=1024; LOGICAL=1024; SMALL_FLAG=; LORA_BATCH=128
+  GPT=gpt2-124m; LLAMA=llama-1b; S256=256; S1024=1024; LOGICAL=1024; SMALL_FLAG=; LORA_BATCH=64
   NORMALS=124439808; QUICK=()
 fi
 BF=(--precision bfloat16 --no-sweep --json)
 case "${1:-}" in
 host-update)
-  step host_update 480 "$PY" benchmarks/device/host_update.py --preset "$LLAMA" --seq 2048 $SMALL_FLAG \
-    --rows full:4:16,full:4:32,full:2:32 --steps 2 --compare --compare-preset "$GPT" --json "$OUT/host_update.json"
+  # the pipelined exact step at 128 and 64 rows (the acceptance's), then the delayed update
+  step host_update 400 "$PY" benchmarks/device/host_update.py --preset "$LLAMA" --seq 2048 $SMALL_FLAG \
+    --rows full:4:32,full:4:16,full:4:16:delayed --steps 1 --json "$OUT/host_update.json"
+  step decode 150 "$PY" benchmarks/device/decode.py --models "$GPT,$LLAMA" --batches 1,64 $SMALL_FLAG \
+    --hlo "$OUT/decode_hlo" --json "$OUT/decode.json"
   ;;
 dp-methods)
   step dp_256x8 240 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" --forms measure \
@@ -48,20 +51,21 @@ dp-methods)
   ;;
 dp-acceptance)
   # issue 65's rows in one call of under 9 minutes, the headline first
-  G=(--methods "ghost,ghost bookkeeping,ghost backward,ghost layer-wise")
-  step dp_1024x8_ghost 120 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots "${G[@]}" "${QUICK[@]}"
-  step dp_256x8 110 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" \
-    --methods "ghost,ghost bookkeeping,ghost backward,ghost layer-wise,zoo vmap,jax_privacy clipped_grad" "${QUICK[@]}"
+  # (auto's ghost row names the method it ran; a forced book-keeping row would be its program again)
+  G=(--methods "ghost,ghost backward,ghost layer-wise" --rounds 5)
+  step dp_1024x8_ghost 150 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots "${G[@]}" "${QUICK[@]}"
+  step dp_256x8 100 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" --rounds 5 \
+    --methods "ghost,ghost backward,ghost layer-wise,zoo vmap,jax_privacy clipped_grad" "${QUICK[@]}"
   step dp_logical 100 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" \
-    --remat dots --methods ghost --rounds 2 --steps 1
-  step dp_1024x8_vmap 70 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots \
+    --remat dots --methods ghost --rounds 1 --steps 1
+  step dp_1024x8_vmap 70 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots --rounds 5 \
     --methods "zoo vmap,jax_privacy clipped_grad" "${QUICK[@]}"
-  # DP-LoRA of llama-1b: 128 sequences of 1,024 tokens (16 microbatches of 8): the same program
-  # as the 1,024-sequence logical batch, scanned over 16 microbatches, not 128 (a 1M-token step
+  # DP-LoRA of llama-1b: 64 sequences of 1,024 tokens (8 microbatches of 8): the same program
+  # as the 1,024-sequence logical batch, scanned over 8 microbatches, not 128 (a 1M-token step
   # takes about a minute a row on one chip)
-  step dp_lora 100 "$PY" benchmarks/device/dp_lora.py --preset "$LLAMA" --seq "$S1024" --batch "$LORA_BATCH" \
+  step dp_lora 75 "$PY" benchmarks/device/dp_lora.py --preset "$LLAMA" --seq "$S1024" --batch "$LORA_BATCH" \
     --microbatch 8 --remat full $SMALL_FLAG
-  step noise_normals 30 "$PY" benchmarks/dp/noise.py --normals "$NORMALS"
+  step noise_normals 25 "$PY" benchmarks/dp/noise.py --normals "$NORMALS"
   ;;
 dp-logical-batch)
   step dp_logical 420 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" --remat dots \

@@ -69,7 +69,7 @@ def test_the_dp_acceptance_part_runs_every_row_at_a_tiny_size(tmp_path):
     assert "philox4x32" in (tmp_path / "noise_normals.log").read_text()
 
 
-GHOSTS = ["ghost", "ghost bookkeeping", "ghost backward", "ghost layer-wise"]
+GHOSTS = ["ghost", "ghost backward", "ghost layer-wise"]
 ROWS = {  # each step of the part: the methods of its table after the non-private row
     "dp_1024x8_ghost": GHOSTS,
     "dp_256x8": [*GHOSTS, "zoo vmap", "jax_privacy clipped_grad"],
