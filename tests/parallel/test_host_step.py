@@ -42,8 +42,8 @@ def train(update_on: str, dp=False, precision="float32", plant=None, microbatch_
     )
     placement = ON_HOST if update_on == "host" else PLACEMENTS["device"]
     engine = make_engine(config_start(LLAMA, params, freeze=plan), grad, placement, dp_plan)
-    # The pipeline itself: zoo train takes the whole-tree SerialHostStep where the compute device
-    # is a CPU (no trip to hide), equal to it bit for bit (test_host_pipeline.py).
+    # The pipeline itself (zoo train takes the whole-tree SerialHostStep, equal to it bit for bit:
+    # test_host_pipeline.py).
     step = HostStep(engine) if update_on == "host" else engine.train_step
     if plant is not None:
         compile_leaf = step.leaf_updates().compile
@@ -175,9 +175,9 @@ def test_a_mesh_is_refused_in_one_line():
         ON_HOST.check(layout=many)
 
 
-def test_on_a_cpu_the_run_takes_the_whole_tree_step():
-    """The compute device is the host's own memory: the pipeline's pieces and threads would
-    only cost, so the placement's step is the serial one (the chip's is the pipeline)."""
+def test_the_run_takes_the_whole_tree_step():
+    """The placement's step is the serial one: the pipeline ran a chip machine's host memory out
+    and is the bench's (zoo.parallel.placement.Placement.step says why)."""
     engine = make_engine(
         config_start(LLAMA, random_params(LLAMA, 1)), GradientSettings("nnx", optax.adamw(1e-2)), ON_HOST
     )

@@ -154,15 +154,16 @@ class Placement:
 
     def step(self, engine):
         """The engine's compiled train step: one program with the state donated, or, for the
-        update on the host, :class:`zoo.parallel.host_step.HostStep`'s pipeline. Where the
-        compute device is a CPU, the host's own memory, there is no trip to hide and the
-        pipeline's pieces and threads only cost: the whole-tree
-        :class:`~zoo.parallel.host_step.SerialHostStep` runs (equal to it bit for bit)."""
+        update on the host, :class:`zoo.parallel.host_step.SerialHostStep`'s whole-tree trips
+        and update. The pipelined :class:`~zoo.parallel.host_step.HostStep` (equal to it bit for
+        bit) is not the run's step yet: its one run on a TPU v5e machine, llama-1b in
+        ``benchmarks/device/host_update.py``, ran the host's 40 GiB out (its leaves' updates side by
+        side in the pool hold more than the whole-tree one), and it has no chip figure; on a CPU
+        there is no trip to hide, and its pieces and threads only cost."""
         if self.update_on_host:
-            from zoo.parallel.host_step import HostStep, SerialHostStep
+            from zoo.parallel.host_step import SerialHostStep
 
-            serial = self.compute(engine.layout).platform == "cpu"
-            return SerialHostStep(engine) if serial else HostStep(engine)
+            return SerialHostStep(engine)
         return jax.jit(engine.train_step_fn, donate_argnames="state")
 
     def eval_params(self, step, trainable: dict) -> dict:
