@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 from zoo.errors import ZooError
 
@@ -141,6 +142,10 @@ def _drop_late_reports(folder: str) -> None:
     end, after the save has raised: they run in its C++ threads, which :func:`_settle` cannot
     wait for. Every other report goes through as before."""
     _FAILED.add(folder)
+    # A coroutine of the failed writes that was never awaited is reported by the warnings
+    # module as it is collected (at the interpreter's exit under load, "sys:1: RuntimeWarning:
+    # coroutine 'async_serialize_from_host.<locals>.write_fragment' was never awaited").
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited", category=RuntimeWarning)
     if not isinstance(sys.unraisablehook, _LateReports):
         sys.unraisablehook = _LateReports(sys.unraisablehook)
     for name in LOGGERS:
