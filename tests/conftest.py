@@ -129,6 +129,14 @@ def compile_cache(compile_cache_dir):
 
 
 @pytest.fixture
+def compile_cache_in_test(tmp_path):
+    """The persistent cache on for one test, in a folder of its own: for a test that compiles the
+    same programs several times (a search, then the run and the bench that search again)."""
+    with _persistent_cache(tmp_path / "jax-cache"):
+        yield
+
+
+@pytest.fixture
 def no_compile_cache():
     """The persistent cache off for one test of a module that has it on: for a test that compares
     what two runs record of their own compiles (a profile's events), which differ when one run
