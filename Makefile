@@ -53,7 +53,7 @@ ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 OLDEST_PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
-OLDEST_DP := clipping microbatch noise philox users pca pitfalls
+OLDEST_DP := clipping microbatch noise philox users pca_fit pitfalls
 OLDEST_TESTS := tests/models tests/test_remat.py tests/test_precision.py tests/test_numerics.py tests/parallel
 OLDEST_TESTS += tests/dp/ghost tests/dp/mechanisms/test_base.py $(OLDEST_DP:%=tests/dp/test_%.py)
 # Left out there, to keep the pass under 8 minutes on 2 cores (as the ISA re-run, a cell that
