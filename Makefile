@@ -28,7 +28,9 @@ ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo y
 #   logits (kv heads, chunked, tied, LoRA: the transformer, llama-kv2 and llama3-rope cells
 #   run); the chunked-attention and chunked-MLP model cells (the ops' own cells are re-run); freezing per kind (test_freeze's cells are re-run);
 #   LoRA beyond the transformer's two-backend cell (an adapter is two more dense ops: ghost,
-#   remat and merge cells add no mechanism the re-run lacks).
+#   remat and merge cells add no mechanism the re-run lacks);
+# - the norm taps' per-layer sweeps under none and dots (their full and nested cells, the
+#   materialised form, auto and bf16 are re-run) and the taps' planted bugs ("... is caught").
 ISA_SKIP := eqx or still_catches or (test_splash.py and not grouped) or chunked_attention_gives or chunked_mlp_gives or through_chunked
 ISA_SKIP += or ((test_setup.py or test_lora) and not (same_logits_and_grads_in_both_backends and transformer))
 ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-lean or minimal or offload))
@@ -39,6 +41,7 @@ ISA_SKIP += or (converted_weights and (digits or heads or kv))
 ISA_SKIP += or (cached_logits_equal and (chunked or tied or kv1 or lora))
 ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matches and not gpt2) or apply_fn_read
 ISA_SKIP += or (stays_on_the_host and (True or optimizer-False))
+ISA_SKIP += or (test_taps.py and (is_caught or are_caught or ((none- or dots-) and (norms_are_taken or kept_pieces))))
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 
 # `make test-oldest`: the oldest versions zoo supports (constraints-oldest.txt: JAX 0.10.2 and
@@ -53,7 +56,7 @@ ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 OLDEST_PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
-OLDEST_DP := clipping microbatch noise philox users pca pitfalls
+OLDEST_DP := clipping microbatch noise philox users pca_fit pitfalls
 OLDEST_TESTS := tests/models tests/test_remat.py tests/test_precision.py tests/test_numerics.py tests/parallel
 OLDEST_TESTS += tests/dp/ghost tests/dp/mechanisms/test_base.py $(OLDEST_DP:%=tests/dp/test_%.py)
 # Left out there, to keep the pass under 8 minutes on 2 cores (as the ISA re-run, a cell that
@@ -62,12 +65,14 @@ OLDEST_TESTS += tests/dp/ghost tests/dp/mechanisms/test_base.py $(OLDEST_DP:%=te
 # remat policies that only choose which names to save (dots, full-lean, minimal: none, save-attn,
 # full, the offloads, nested and recursive run), parity variants of a kind, and ghost-clipping
 # cells beyond ghost against vmap, frozen layers and the conv norms (a form per site: the
-# transformer's cells, the tied head under remat and bf16).
+# transformer's cells, the tied head under remat and bf16); the norm taps' planted bugs and their
+# per-layer sweeps under dots (none, full and nested run).
 OLDEST_SKIP := still_catches or through_the_cli or needs_less_temp_memory
 OLDEST_SKIP += or (policy_matches_no_remat and (dots or full-lean or minimal))
 OLDEST_SKIP += or (converted_weights and (digits or heads or kv))
 OLDEST_SKIP += or ((test_api.py or test_conv.py or test_rules.py) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
 OLDEST_SKIP += or (test_forms.py and not (transformer or bf16 or measure))
+OLDEST_SKIP += or (test_taps.py and (is_caught or are_caught or (dots- and (norms_are_taken or kept_pieces))))
 
 .PHONY: help run test test-isa test-oldest lint bench docs clean
 .DEFAULT_GOAL := help

@@ -1,3 +1,5 @@
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,6 +91,32 @@ def compile_cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("jax-cache")
 
 
+_CACHE_SETTINGS = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
+
+
+@contextlib.contextmanager
+def _persistent_cache(folder):
+    """JAX's persistent compilation cache in ``folder`` (None: off) until the block ends, then
+    the settings as they were."""
+    from jax._src import compilation_cache
+
+    before = {name: getattr(jax.config, name) for name in _CACHE_SETTINGS}
+    compilation_cache.reset_cache()
+    jax.config.update("jax_compilation_cache_dir", None if folder is None else str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+
+
 @pytest.fixture(scope="module")
 def compile_cache(compile_cache_dir):
     """JAX's persistent compilation cache on for one module's tests, so that programs compiled
@@ -96,19 +124,22 @@ def compile_cache(compile_cache_dir):
     in several tests or modules) are read back instead of compiled. It changes which compile an
     executable comes from, not what it computes; the cache is off again after the module. One
     folder per session (per xdist worker)."""
-    from jax._src import compilation_cache
+    with _persistent_cache(compile_cache_dir):
+        yield
 
-    names = (
-        "jax_compilation_cache_dir",
-        "jax_persistent_cache_min_compile_time_secs",
-        "jax_persistent_cache_min_entry_size_bytes",
-    )
-    before = {name: getattr(jax.config, name) for name in names}
-    compilation_cache.reset_cache()
-    jax.config.update("jax_compilation_cache_dir", str(compile_cache_dir))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()
+
+@pytest.fixture
+def compile_cache_in_test(tmp_path):
+    """The persistent cache on for one test, in a folder of its own: for a test that compiles the
+    same programs several times (a search, then the run and the bench that search again)."""
+    with _persistent_cache(tmp_path / "jax-cache"):
+        yield
+
+
+@pytest.fixture
+def no_compile_cache():
+    """The persistent cache off for one test of a module that has it on: for a test that compares
+    what two runs record of their own compiles (a profile's events), which differ when one run
+    compiles and the other reads back."""
+    with _persistent_cache(None):
+        yield

@@ -43,6 +43,13 @@ MARKERS = ("[network]", "[devices]", "[long]")
 SHORT = {"train": ["--set", f"train.steps={STEPS}"], "audit": ["--set", f"train.steps={STEPS}"]}
 OUTPUTS = {"runs", "hf", "out", "build"}  # what the commands (and the .gitignore) write at the root
 ACTIVATE = ".venv/bin/activate"  # what puts `zoo` (.venv/bin/zoo, made by `make`) on a shell's PATH
+# The docs train the same recipes more than once (python-docs-lm-dp in dp.md and dp-recipes.md,
+# digits-mlp-dp in dp.md and ghost.md, the pretrain runs the README and two docs start from):
+# the walk runs on one worker (one xdist group; each doc's lines still run in order in their
+# own directory), with JAX's persistent compilation cache on, so a program compiled for one
+# line is read back for the next that builds it.
+GROUP = "docs-walk"
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
 def linked() -> list[str]:
@@ -165,10 +172,10 @@ def _workdir(tmp_path_factory, name: str) -> Path:
     return cwd
 
 
-def _params(lines: list[Line], group: str):
+def _params(lines: list[Line]):
     out = []
     for line in lines:
-        marks = [pytest.mark.xdist_group(group)]
+        marks = [pytest.mark.xdist_group(GROUP)]
         if line.marker:
             marks.append(pytest.mark.skip(reason=f"marked {line.marker} in {line.doc}"))
         out.append(pytest.param(line, id=f"{line.doc}:{line.number}", marks=marks))
@@ -194,7 +201,7 @@ def _runs_zoo(line: Line) -> bool:
     )
 
 
-@pytest.mark.parametrize("line", _params(readme_lines(), "docs-readme"))
+@pytest.mark.parametrize("line", _params(readme_lines()))
 def test_readme_command_runs_as_written(line, readme_dir, monkeypatch):
     if _runs_zoo(line):
         assert zoo_on_path(readme_lines(), line), (
@@ -210,7 +217,7 @@ _DIRS: dict[str, Path] = {}
 
 @pytest.mark.parametrize(
     "line",
-    [p for doc in DOCS for p in _params(first_example(doc), f"docs-{doc.stem}")],
+    [p for doc in DOCS for p in _params(first_example(doc))],
 )
 def test_first_example_of_each_doc_runs_as_written(line, tmp_path_factory, monkeypatch):
     _run_in_docs_dir(line, tmp_path_factory, monkeypatch)
@@ -236,7 +243,7 @@ def python_blocks(doc: Path) -> list[Line]:
 
 @pytest.mark.parametrize(
     "line",
-    [p for doc in DOCS for p in _params(python_blocks(doc), f"docs-{doc.stem}")],
+    [p for doc in DOCS for p in _params(python_blocks(doc))],
 )
 def test_every_python_block_of_each_doc_runs_as_written(line, tmp_path_factory, monkeypatch):
     """After the doc's first example, in its directory: a block may read what that example made."""

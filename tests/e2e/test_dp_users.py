@@ -22,7 +22,9 @@ from zoo.data.users import held_out
 from zoo.dp import plan as dp_plan
 from zoo.train import stages
 
-pytestmark = pytest.mark.xdist_group("dp-neighbours")
+# The two runs of a pair compile the same programs (the spec is public), and so do most pairs
+# and test_dp_neighbours' runs of the same MLP on its worker: the second reads them back.
+pytestmark = [pytest.mark.xdist_group("dp-neighbours"), pytest.mark.usefixtures("compile_cache")]
 
 K = 3
 
@@ -189,6 +191,7 @@ def test_a_corpus_moved_to_another_folder_gives_the_same_users_split_and_epsilon
 PROFILE = ("--steps", "4", "--profile", "2:3", "--set", "train.eval_every=3")  # step 3 evaluates
 
 
+@pytest.mark.usefixtures("no_compile_cache")  # both runs compile: the same compile events
 def test_a_profile_under_dp_holds_the_same_events_for_neighbours_and_no_python(capsys, tmp_path):
     """Issue 60, item 1: the Python tracer recorded the loader (a user is sorted only when it
     holds more than k records) and, at an eval step, the accountant: 478,942 against 478,610
