@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from zoo import microbatch
 from zoo.checks import is_number
+from zoo.dp.factors import clip_factor
 from zoo.dp.groups import ALL_LAYER, ClipStyle, Groups, grouped_sum, members
 from zoo.errors import choice_error
 from zoo.precision import FLOAT32, Precision, float32_scope
@@ -126,16 +127,6 @@ def clipping_method(name: str) -> ClippingMethod:
 
 def clipping_names() -> list[str]:
     return list(CLIPPING)
-
-
-def clip_factor(norms: jax.Array, l2_clip_norm: float | jax.Array) -> jax.Array:
-    """``min(1, C / norm)`` per example, 1 for a zero norm (no 0/0): the scale that brings a
-    gradient of this L2 norm inside the clip bound ``C``. Both clipping paths and the audit's
-    gradient canaries (:mod:`zoo.audit`) clip with it."""
-    with float32_scope("f32_clip_factors"):
-        clip = jnp.asarray(l2_clip_norm, jnp.float32)
-        safe = jnp.where(norms > 0, norms, 1.0)
-        return jnp.where(norms > clip, clip / safe, 1.0)
 
 
 class ClippedSumTransform(Protocol):

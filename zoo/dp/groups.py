@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from zoo.checks import is_number
+from zoo.dp.factors import clip_factor
 from zoo.errors import ZooError, choice_error
 from zoo.freeze.patterns import parse_pattern
 from zoo.models.paths import flat_by_path, nest_by_path
@@ -153,11 +154,9 @@ class Groups:
 def group_weights(groups: Groups, parts: dict, keep, clip_norm):
     """``({path: weights}, norms [U])`` from each leaf's per-example squared norms ``parts``
     (``{path: [U]}``, or ``[U, rows]`` for a stacked leaf). A group's weight is
-    ``min(1, C_g / ||g_ig||)`` (:func:`zoo.dp.clipping.clip_factor`), 0 where the example is
+    ``min(1, C_g / ||g_ig||)`` (:func:`zoo.dp.factors.clip_factor`), 0 where the example is
     masked or that group's norm is not finite; a leaf (row) gets its group's. ``norms``: the
     pre-clip global norms (0 where masked)."""
-    from zoo.dp.clipping import clip_factor  # clipping imports this module
-
     with float32_scope("f32_clip_factors"):
         sq = jnp.zeros((keep.shape[0], groups.count), jnp.float32)
         for path, part in parts.items():
