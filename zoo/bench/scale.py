@@ -98,20 +98,26 @@ def _seq(batch) -> int | None:
     return int(batch["x"].shape[1]) if batch["x"].ndim > 1 else None
 
 
-def _mesh_run(cfg, backend, mesh_text, remat, params, batch):
+def _layout(cfg, mesh_text: str, rows: int):
+    """The layout of one ``--mesh``, checked against the batch's ``rows`` before anything is
+    compiled or printed. A bench mesh may use fewer devices than there are (tensor=2 next to
+    data=8): the first ones."""
     spec = parse_mesh(mesh_text)
-    # A bench mesh may use fewer devices than there are (tensor=2 next to data=8): the first ones.
     layout = layout_for(cfg, spec, jax.devices()[: spec.devices] if spec.data else None)
-    start = stages.config_start(cfg, params, layout=layout)
-    optimizer = make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000)
-    engine = make_engine(start, GradientSettings(backend, optimizer, remat=remat))
-    rows, ways = int(batch["x"].shape[0]), layout.spec.batch_ways
+    ways = layout.spec.batch_ways
     if rows % ways:  # name the devices: a bench mesh may use fewer than there are
         raise ZooError(
             f"mesh {layout.spec} splits the batch {ways} ways over {layout.devices} of the "
             f"{jax.device_count()} devices, and --batch {rows} is not a multiple of {ways}; use "
             f"--batch {math.lcm(rows, ways)}, or a mesh whose data x fsdp divides {rows}"
         )
+    return layout
+
+
+def _mesh_run(cfg, backend, layout, remat, params, batch):
+    start = stages.config_start(cfg, params, layout=layout)
+    optimizer = make_optimizer(OptimConfig(name="adamw", lr=1e-4), 1000)
+    engine = make_engine(start, GradientSettings(backend, optimizer, remat=remat))
     state, frozen = engine.init_state(params, 0)
     placed = engine.place_batch(batch)
     compiled = engine.train_step.lower(state, frozen, placed).compile()
@@ -151,13 +157,14 @@ def bench_scale(
     cfg = get_config(model)
     x = np.asarray(example_batch(cfg, batch, seed=0, seq_len=seq))
     data = {"x": x, "y": np.asarray(example_labels(cfg, x)), "mask": np.ones(batch, np.float32)}
+    layouts = {m: _layout(cfg, m, batch) for m in meshes}  # every mesh checked before any work
+    if len({str(layout.spec) for layout in layouts.values()}) < len(layouts):
+        raise ZooError(f"--mesh lists one mesh twice: {';'.join(meshes)}")
     params = canonical.init_params(cfg, 0)
     runs = {}
-    for m in meshes:
+    for m, layout in layouts.items():
         say(progress, f"scale bench: compiling the step and one block on mesh {m}")
-        runs[m] = _mesh_run(cfg, backend, m, remat, params, data)
-    if len({r["row"]["mesh"] for r in runs.values()}) < len(runs):
-        raise ZooError(f"--mesh lists one mesh twice: {';'.join(meshes)}")
+        runs[m] = _mesh_run(cfg, backend, layout, remat, params, data)
     steppers = {
         m: state_stepper(lambda s, r=r: r["engine"].train_step(s, r["frozen"], r["batch"]), r)
         for m, r in runs.items()
