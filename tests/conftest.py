@@ -1,4 +1,6 @@
-import contextlib
+import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -86,60 +88,64 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def compile_cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("jax-cache")
+# JAX's persistent compilation cache, on for the whole run: one folder that every xdist worker
+# and every child process (a CLI run, a bench) shares, so a program compiled once in the run
+# (the same tiny recipe trained by many CLI tests, the two runs of a pair of neighbouring
+# datasets, a doc's command and the test of that command) is read back instead of compiled
+# again. It changes which compile an executable comes from, not what it computes: the cache's
+# key is the program, its compile options, the devices and the XLA flags. A read-back still
+# counts as one compile (JAX times both as a backend compile, which `CompileCounter` counts).
+# The folder is new for each run and removed after it; `ZOO_TEST_COMPILE_CACHE` passes it on.
+CACHE_ENV = "ZOO_TEST_COMPILE_CACHE"
+_CACHE_SETTINGS = {
+    "jax_compilation_cache_dir": "JAX_COMPILATION_CACHE_DIR",
+    "jax_persistent_cache_min_compile_time_secs": "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "jax_persistent_cache_min_entry_size_bytes": "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+}
 
 
-_CACHE_SETTINGS = (
-    "jax_compilation_cache_dir",
-    "jax_persistent_cache_min_compile_time_secs",
-    "jax_persistent_cache_min_entry_size_bytes",
-)
+def _cache_values(folder) -> dict:
+    return {
+        "jax_compilation_cache_dir": None if folder is None else str(folder),
+        "jax_persistent_cache_min_compile_time_secs": 0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
 
 
-@contextlib.contextmanager
-def _persistent_cache(folder):
-    """JAX's persistent compilation cache in ``folder`` (None: off) until the block ends, then
-    the settings as they were."""
+def _use_cache(values: dict) -> None:
     from jax._src import compilation_cache
 
-    before = {name: getattr(jax.config, name) for name in _CACHE_SETTINGS}
     compilation_cache.reset_cache()
-    jax.config.update("jax_compilation_cache_dir", None if folder is None else str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            jax.config.update(name, value)
-        compilation_cache.reset_cache()
+    for name, value in values.items():
+        jax.config.update(name, value)
 
 
-@pytest.fixture(scope="module")
-def compile_cache(compile_cache_dir):
-    """JAX's persistent compilation cache on for one module's tests, so that programs compiled
-    again with the same HLO (the two runs of a pair of neighbouring datasets, the same CLI run
-    in several tests or modules) are read back instead of compiled. It changes which compile an
-    executable comes from, not what it computes; the cache is off again after the module. One
-    folder per session (per xdist worker)."""
-    with _persistent_cache(compile_cache_dir):
-        yield
+def pytest_configure(config):
+    folder = os.environ.get(CACHE_ENV)
+    if folder is None:  # the first process of the run (the xdist controller, or the only one)
+        folder = tempfile.mkdtemp(prefix="zoo-jax-cache-")
+        config._zoo_cache_made = folder
+        os.environ[CACHE_ENV] = folder
+    values = _cache_values(folder)
+    for name, env in _CACHE_SETTINGS.items():  # for the children: a CLI run, a bench
+        os.environ[env] = str(values[name])
+    _use_cache(values)
 
 
-@pytest.fixture
-def compile_cache_in_test(tmp_path):
-    """The persistent cache on for one test, in a folder of its own: for a test that compiles the
-    same programs several times (a search, then the run and the bench that search again)."""
-    with _persistent_cache(tmp_path / "jax-cache"):
-        yield
+def pytest_unconfigure(config):
+    made = getattr(config, "_zoo_cache_made", None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 @pytest.fixture
 def no_compile_cache():
-    """The persistent cache off for one test of a module that has it on: for a test that compares
-    what two runs record of their own compiles (a profile's events), which differ when one run
-    compiles and the other reads back."""
-    with _persistent_cache(None):
+    """The persistent cache off for one test: for a test that compares what two runs record of
+    their own compiles (a profile's events), which differ when one run compiles and the other
+    reads back. Children it starts still inherit the cache."""
+    before = {name: getattr(jax.config, name) for name in _CACHE_SETTINGS}
+    _use_cache(_cache_values(None))
+    try:
         yield
+    finally:
+        _use_cache(before)

@@ -160,7 +160,6 @@ def test_bench_subcommand_registry():
     )
 
 
-@pytest.mark.usefixtures("compile_cache_in_test")  # the probe, the run and the bench search alike
 def test_bench_and_train_choose_alike_for_the_same_model_batch_and_budget(tmp_path, monkeypatch):
     """Issue 67 item 13: ``zoo bench remat --budget`` and ``zoo train --remat auto`` call one
     chooser (:mod:`zoo.train.remat_search`), so the same model, batch and budget get the same

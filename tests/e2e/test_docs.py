@@ -46,10 +46,9 @@ ACTIVATE = ".venv/bin/activate"  # what puts `zoo` (.venv/bin/zoo, made by `make
 # The docs train the same recipes more than once (python-docs-lm-dp in dp.md and dp-recipes.md,
 # digits-mlp-dp in dp.md and ghost.md, the pretrain runs the README and two docs start from):
 # the walk runs on one worker (one xdist group; each doc's lines still run in order in their
-# own directory), with JAX's persistent compilation cache on, so a program compiled for one
-# line is read back for the next that builds it.
+# own directory); the run's persistent compilation cache (tests/conftest.py) reads a program
+# compiled for one line back for the next that builds it.
 GROUP = "docs-walk"
-pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
 def linked() -> list[str]:

@@ -24,7 +24,7 @@ from zoo.data.arrays import split_indices
 from zoo.models.paths import flat_by_path
 
 # Both runs of a pair (and most pairs) compile the same programs: the second reads them back.
-pytestmark = [pytest.mark.xdist_group("dp-neighbours"), pytest.mark.usefixtures("compile_cache")]
+pytestmark = [pytest.mark.xdist_group("dp-neighbours")]
 
 ROWS, EVAL = 40, 0.2
 TRAIN = split_indices(ROWS, EVAL, 0, "pair")[0]  # the rows a changed record must be among

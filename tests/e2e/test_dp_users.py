@@ -24,7 +24,7 @@ from zoo.train import stages
 
 # The two runs of a pair compile the same programs (the spec is public), and so do most pairs
 # and test_dp_neighbours' runs of the same MLP on its worker: the second reads them back.
-pytestmark = [pytest.mark.xdist_group("dp-neighbours"), pytest.mark.usefixtures("compile_cache")]
+pytestmark = [pytest.mark.xdist_group("dp-neighbours")]
 
 K = 3
 

@@ -26,10 +26,8 @@ from zoo.cli import main
 from zoo.models import registry
 from zoo.models.canonical import canonical_shapes
 
-# A kind's verbs compile some of its run's programs again (zoo eval the run's eval step): JAX's
-# persistent compilation cache reads them back on the group's worker.
-pytestmark = pytest.mark.usefixtures("compile_cache")
-
+# A kind's verbs compile some of its run's programs again (zoo eval the run's eval step): the
+# run's persistent compilation cache (tests/conftest.py) reads them back.
 STEPS = 2
 BATCH = 4
 SEQ = 16  # token positions of a language model's training examples and benches

@@ -13,8 +13,8 @@ from zoo.commands import settings
 from zoo.train import checkpoint
 from zoo.train.loop import train_recipe
 
-# A resumed run compiles the program its whole twin compiled: it is read back.
-pytestmark = pytest.mark.usefixtures("compile_cache")
+# A resumed run compiles the program its whole twin compiled: it is read back from the run's
+# persistent compilation cache (tests/conftest.py).
 
 
 def recipe(steps: int, offload: str, update_on: str = "device"):

@@ -28,7 +28,7 @@ from zoo.train.run import build_run, local_batch, train_batch
 from zoo.train.task import fit_model_to_task, load_task
 
 # The module's store and finished run are built once; runs that repeat a program read it back.
-pytestmark = [pytest.mark.xdist_group("tokens"), pytest.mark.usefixtures("compile_cache")]
+pytestmark = [pytest.mark.xdist_group("tokens")]
 
 SEQ = 16
 TINY = {
