@@ -190,8 +190,9 @@ def device_argument_bytes(run, policy: str, offload: str, batch: dict) -> int:
 
 def test_auto_picks_the_fastest_fitting_pair_from_a_table_it_measured(tmp_path, monkeypatch, few_policies):
     """On an accelerator (host memory apart from the device's) the search is over policies and
-    offload settings, and an offloaded state's bytes do not count against the budget. The
-    budget here fits no pair that keeps its state on the device."""
+    placements (the update on the host among them: tests/train/test_auto_remat_host.py), and an
+    offloaded state's bytes do not count against the budget. The budget here fits no pair that
+    keeps its state on the device."""
     monkeypatch.setattr(auto_remat, "host_memory_is_separate", lambda: True)
     monkeypatch.setattr(auto_remat, "policy_names", lambda: ["none", "full"])
     run = build_run(quick(**{"train.remat": "auto", "train.memory_budget": "1GiB"}), choose_remat=False)
@@ -210,14 +211,14 @@ def test_auto_picks_the_fastest_fitting_pair_from_a_table_it_measured(tmp_path, 
     (entry,) = json.loads((tmp_path / "cache" / auto_remat.CACHE_FILE).read_text()).values()
     table = entry["rows"]
     assert {(r["policy"], r["offload"]) for r in table} == {
-        (p, o) for p in ("none", "full") for o in OFFLOADS
+        (p, o) for p in ("none", "full") for o in remat_search.PLACEMENTS
     }
     labels = {r["label"]: r for r in table}
     for row in table:  # fits: the device's bytes (temp, arguments, outputs not aliased) within budget
         if row.get("dominated_by"):  # the same policy fit and ran where less of the state moves
             first = labels[row["dominated_by"]]
             assert not row["fits"] and first["fits"] and first["policy"] == row["policy"], row
-            assert OFFLOADS.index(first["offload"]) < OFFLOADS.index(row["offload"])
+            assert first["offload"] in remat_search.NO_SLOWER_AT[row["offload"]]
             continue
         device_bytes = row["temp_bytes"] + row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"]
         assert row["fits"] == (device_bytes <= budget), row
@@ -226,7 +227,8 @@ def test_auto_picks_the_fastest_fitting_pair_from_a_table_it_measured(tmp_path, 
     assert fastest["offload"] != "none" and not any(r["fits"] for r in table if r["offload"] == "none")
     chosen = summary["remat_auto"]
     assert (chosen["policy"], chosen["offload"]) == (fastest["policy"], fastest["offload"])
-    assert summary["offload"] == fastest["offload"] and summary["remat"] == f"auto:{fastest['policy']}"
+    assert summary["placement"] == remat_search.placement_row(fastest["offload"]).name
+    assert summary["remat"] == f"auto:{fastest['policy']}"
     assert chosen["budget"] == budget and chosen["budget_source"] == "flag"
     assert (
         chosen["reason"].startswith(f"fastest of {len(fitting)} fitting")
