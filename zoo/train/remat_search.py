@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import jax
 from jax.sharding import SingleDeviceSharding
 
-from zoo.parallel.placement import Placement, offloaded, placement_named
+from zoo.parallel.placement import ON_DEVICE, Placement, offloaded, placement_named
 from zoo.remat import HOST_KINDS, footprint, get_policy, step_bytes
 
 ROUNDS = 3  # timed rounds of the search (the bench takes its --repeats)
@@ -154,7 +154,7 @@ def host_shapes(engine, params) -> tuple:
     key, no optimizer state (an empty tuple), and the frozen leaves. The float32 masters and
     the optimizer state stay on the host: they are not the program's arguments."""
     device = SingleDeviceSharding(engine.placement.compute(engine.layout))
-    on_device = dataclasses.replace(engine, placement=offloaded("none"))
+    on_device = dataclasses.replace(engine, placement=ON_DEVICE)
     state, frozen = jax.eval_shape(lambda p: on_device.init_state(p, 0), params)
     up = dataclasses.replace(
         state, params=jax.eval_shape(engine.precision.to_compute, state.params), opt_state=()
@@ -163,8 +163,9 @@ def host_shapes(engine, params) -> tuple:
 
 
 def _device_program(engine):
-    """``(what lowers to the program on the device, what a timed step calls)``: the train step
-    twice, or for the update on the host its gradient program and its whole step."""
+    """``(the program on the device that is lowered, the step a timing calls or None)``: the
+    train step and None (its compiled program is timed), or for the update on the host its
+    gradient program and its whole step."""
     step = engine.train_step
     return (step.grads, step) if engine.placement.update_on_host else (step, None)
 
