@@ -15,7 +15,7 @@ from zoo.remat import footprint, parse_bytes, step_bytes
 from zoo.train import auto_remat, remat_search
 from zoo.train.auto_remat import nothing_fits
 from zoo.train.loop import train_recipe
-from zoo.train.remat_search import Candidate, candidates, fits, pick
+from zoo.train.remat_search import HOST, Candidate, candidates, fits, pick
 from zoo.train.run import build_run, train_batch
 
 
@@ -190,8 +190,9 @@ def device_argument_bytes(run, policy: str, offload: str, batch: dict) -> int:
 
 def test_auto_picks_the_fastest_fitting_pair_from_a_table_it_measured(tmp_path, monkeypatch, few_policies):
     """On an accelerator (host memory apart from the device's) the search is over policies and
-    offload settings, and an offloaded state's bytes do not count against the budget. The
-    budget here fits no pair that keeps its state on the device."""
+    placements (the update on the host among them: tests/train/test_auto_remat_host.py), and an
+    offloaded state's bytes do not count against the budget. The budget here fits no pair that
+    keeps its state on the device."""
     monkeypatch.setattr(auto_remat, "host_memory_is_separate", lambda: True)
     monkeypatch.setattr(auto_remat, "policy_names", lambda: ["none", "full"])
     run = build_run(quick(**{"train.remat": "auto", "train.memory_budget": "1GiB"}), choose_remat=False)
@@ -210,14 +211,14 @@ def test_auto_picks_the_fastest_fitting_pair_from_a_table_it_measured(tmp_path, 
     (entry,) = json.loads((tmp_path / "cache" / auto_remat.CACHE_FILE).read_text()).values()
     table = entry["rows"]
     assert {(r["policy"], r["offload"]) for r in table} == {
-        (p, o) for p in ("none", "full") for o in OFFLOADS
+        (p, o) for p in ("none", "full") for o in remat_search.PLACEMENTS
     }
     labels = {r["label"]: r for r in table}
     for row in table:  # fits: the device's bytes (temp, arguments, outputs not aliased) within budget
         if row.get("dominated_by"):  # the same policy fit and ran where less of the state moves
             first = labels[row["dominated_by"]]
             assert not row["fits"] and first["fits"] and first["policy"] == row["policy"], row
-            assert OFFLOADS.index(first["offload"]) < OFFLOADS.index(row["offload"])
+            assert first["offload"] in remat_search.NO_SLOWER_AT[row["offload"]]
             continue
         device_bytes = row["temp_bytes"] + row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"]
         assert row["fits"] == (device_bytes <= budget), row
@@ -226,7 +227,8 @@ def test_auto_picks_the_fastest_fitting_pair_from_a_table_it_measured(tmp_path, 
     assert fastest["offload"] != "none" and not any(r["fits"] for r in table if r["offload"] == "none")
     chosen = summary["remat_auto"]
     assert (chosen["policy"], chosen["offload"]) == (fastest["policy"], fastest["offload"])
-    assert summary["offload"] == fastest["offload"] and summary["remat"] == f"auto:{fastest['policy']}"
+    assert summary["placement"] == remat_search.placement_row(fastest["offload"]).name
+    assert summary["remat"] == f"auto:{fastest['policy']}"
     assert chosen["budget"] == budget and chosen["budget_source"] == "flag"
     assert (
         chosen["reason"].startswith(f"fastest of {len(fitting)} fitting")
@@ -300,7 +302,7 @@ def test_on_a_chip_auto_picks_the_fastest_policy_and_placement_that_fit(tmp_path
     monkeypatch.setattr(auto_remat, "policy_names", lambda: ["none", "full"])
     values = {"train.remat": "auto", "train.batch_size": 64, "model.num_layers": 2}
     run = build_run(quick(**values), choose_remat=False)
-    everything = candidates(["none", "full"], OFFLOADS)
+    everything = candidates(["none", "full"], (*OFFLOADS, HOST))
     probe = remat_search.search(
         run.engine, run.params, train_batch(run, 0), None, everything, host_separate=True
     )
@@ -308,9 +310,15 @@ def test_on_a_chip_auto_picks_the_fastest_policy_and_placement_that_fit(tmp_path
     limit = int(need["full/none"] / (1 - auto_remat.SAFETY)) + 1
     budget = int(limit * (1 - auto_remat.SAFETY))
     assert need["none/optimizer"] <= need["full/none"] <= budget < need["none/none"], need
+    assert need["none/update-on-host"] <= budget, need
     monkeypatch.setattr(auto_remat, "_device", lambda: Chip({"bytes_limit": limit, "peak_bytes_in_use": 1}))
     ms = {"none/none": 1, "none/optimizer": 2, "none/optimizer+params": 3, "full/none": 4}
-    ms |= {"full/optimizer": 5, "full/optimizer+params": 6}
+    ms |= {
+        "full/optimizer": 5,
+        "full/optimizer+params": 6,
+        "none/update-on-host": 3,
+        "full/update-on-host": 7,
+    }
     monkeypatch.setattr(
         remat_search, "time_candidates", lambda steps, *a: {c: [ms[c.label] / 1e3] * 3 for c in steps}
     )
@@ -318,21 +326,27 @@ def test_on_a_chip_auto_picks_the_fastest_policy_and_placement_that_fit(tmp_path
     chosen = summary["remat_auto"]
     assert (chosen["policy"], chosen["offload"]) == ("none", "optimizer")
     assert summary["remat"] == "auto:none" and summary["offload"] == "optimizer"
+    assert summary["placement"] == "offload-optimizer"
     assert chosen["budget"] == budget and chosen["budget_source"] == "device"
     assert chosen["device_memory"] == {"bytes": limit, "from": "memory_stats bytes_limit", "kept_free": 0.05}
     table = {f"{r['policy']}/{r['offload']}": r for r in chosen["candidates"]}
-    assert set(table) == {c.label for c in everything}
-    for label in ("none/none", "full/none", "none/optimizer"):  # compiled: the analysis's need
+    assert set(table) == {c.label for c in everything}  # the update on the host among them
+    compiled = ("none/none", "full/none", "none/optimizer", "none/update-on-host")
+    for label in compiled:  # the analysis's need
         assert table[label]["need_bytes"] == need[label]
-    assert [table[x]["fits"] for x in ("none/none", "full/none", "none/optimizer")] == [False, True, True]
-    assert [table[x]["step_ms"] for x in ("none/none", "full/none", "none/optimizer")] == [None, 4, 2]
+    assert [table[x]["fits"] for x in compiled] == [False, True, True, True]
+    assert [table[x]["step_ms"] for x in compiled] == [None, 4, 2, 3]
     assert table["none/optimizer+params"]["note"] == "dominated by none/optimizer"
     assert (
-        table["full/optimizer"]["note"] == table["full/optimizer+params"]["note"] == "dominated by full/none"
+        table["full/optimizer"]["note"]
+        == table["full/optimizer+params"]["note"]
+        == table["full/update-on-host"]["note"]
+        == "dominated by full/none"
     )
     assert chosen["reason"] == (
-        f"fastest of 2 fitting (2.0 ms/step, needs {need['none/optimizer'] / 2**20:.1f} MiB); next full/none "
-        f"(4.0 ms); over budget: none/none (needs {need['none/none'] / 2**20:.1f} MiB > {budget / 2**20:.1f} MiB)"
+        f"fastest of 3 fitting (2.0 ms/step, needs {need['none/optimizer'] / 2**20:.1f} MiB); next "
+        f"none/update-on-host (3.0 ms); over budget: none/none (needs {need['none/none'] / 2**20:.1f} MiB > "
+        f"{budget / 2**20:.1f} MiB)"
     )
 
 

@@ -1,8 +1,6 @@
 """``zoo.train.remat_search``: the one chooser behind ``--remat auto`` and ``zoo bench remat
 --budget``: its candidates (policy x placement), what it skips, how it times, and its rule."""
 
-import dataclasses
-
 import jax.numpy as jnp
 import pytest
 
@@ -12,11 +10,14 @@ from zoo.configs import OFFLOADS
 from zoo.parallel.placement import PLACEMENTS as placement_table
 from zoo.train import remat_search
 from zoo.train.remat_search import (
+    HOST,
+    IN_PROGRAM,
     PLACEMENTS,
     Candidate,
     candidates,
     pick,
     placement_of,
+    placement_row,
     search,
     with_candidate,
 )
@@ -31,19 +32,16 @@ def run():
     return build_run(recipe, choose_remat=False)
 
 
-def test_the_placement_axis_is_the_in_program_placements(run):
-    """The search's placements are the in-program rows of zoo.parallel.placement.PLACEMENTS, in
-    the order that moves more of the state: the engine a candidate makes is at that placement
-    (its host fields those of the row), and the engine's own placement is found in it. The
-    update on the host, two programs, is not searched."""
-    assert tuple(PLACEMENTS) == OFFLOADS
-    rows = [p for p in placement_table.values() if not p.update_on_host]
-    for name, row in zip(PLACEMENTS, rows, strict=True):
+def test_the_placement_axis_is_every_placement(run):
+    """The search's placements are the rows of zoo.parallel.placement.PLACEMENTS, in the order
+    that moves more of the state, the in-program ones by their old offload names: the engine a
+    candidate makes is at that placement (its host fields those of the row), and the engine's
+    own placement is found in it."""
+    assert PLACEMENTS == (*OFFLOADS, HOST) and IN_PROGRAM == OFFLOADS
+    for name, row in zip(PLACEMENTS, placement_table.values(), strict=True):
         engine = with_candidate(run.engine, Candidate("full", name))
         assert engine.placement is row and engine.stack.policy.name == "full" and placement_of(engine) == name
-    host = dataclasses.replace(run.engine, placement=placement_table["update-on-host"])
-    with pytest.raises(ValueError, match="not searched"):
-        placement_of(host)
+    assert row.update_on_host and placement_row(HOST) is row
     assert [c.label for c in candidates(["none", "full"], ["none", "optimizer"])] == [
         "none/none",
         "full/none",
@@ -132,3 +130,21 @@ def test_a_policy_that_fit_is_not_tried_where_more_of_the_state_moves(run, monke
     assert rows["full/optimizer"]["dominated_by"] == "full/none" and rows["full/none"]["step_ms"] is not None
     assert "dominated_by" not in rows["none/optimizer"] and "temp_bytes" in rows["none/optimizer"]
     assert not rows["full/optimizer"]["fits"]
+
+
+def test_the_update_on_the_host_is_dominated_by_the_device_step_alone(run):
+    """The same policy with the state on the device fit and ran: the update on the host (its
+    gradient plus trips and the host's update) is skipped. Fitting only with an offload does not
+    skip it: it moves less than an offload of the params, so it may be faster."""
+    batch = train_batch(run, 0)
+    among = candidates(["none", "full"], ["none", "optimizer", HOST])
+    untimed = {r["label"]: r for r in search(run.engine, run.params, batch, None, among, host_separate=True)}
+    budget = max(untimed[x]["need_bytes"] for x in ("full/none", "none/optimizer", "none/update-on-host"))
+    assert untimed["none/none"]["need_bytes"] > budget, "the test needs none to fit only off the device"
+    rows = {r["label"]: r for r in search(run.engine, run.params, batch, budget, among, host_separate=True)}
+    assert (
+        rows["full/update-on-host"]["dominated_by"] == "full/none" and not rows["full/update-on-host"]["fits"]
+    )
+    assert rows["none/optimizer"]["fits"] and rows["none/optimizer"]["step_ms"] is not None
+    assert "dominated_by" not in rows["none/update-on-host"] and rows["none/update-on-host"]["fits"]
+    assert rows["none/update-on-host"]["step_ms"] is not None

@@ -82,14 +82,14 @@ class Placement:
     def check(self, *, layout: Layout | None = None, mesh=None, remat: str | None = None) -> None:
         """A ``ValueError`` naming the setting unless this placement can run: ``update-on-host``
         runs on one device (``mesh``: a recipe's ``[mesh]`` section, ``layout``: the resolved
-        one), with a CPU backend beside it, and is two programs that ``--remat auto`` cannot
-        measure as one (``remat``)."""
+        one), with a CPU backend beside it, and is not a run's own placement under ``--remat
+        auto`` (``remat``): on an accelerator the search tries it beside the others itself."""
         if not self.update_on_host:
             return
         if remat == "auto":
             raise ValueError(
-                f"--remat auto measures the step as one compiled program, and placement = {self.name!r} "
-                "splits it between the device and the host: name a remat policy, or another placement"
+                f"--remat auto searches placement = {self.name!r} itself on an accelerator, beside the "
+                "others; as a run's own placement it is not searched: name a remat policy, or another placement"
             )
         if mesh is not None and (mesh.fsdp > 1 or mesh.tensor > 1 or mesh.data not in (1, "auto")):
             raise ValueError(

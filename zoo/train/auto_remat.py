@@ -7,8 +7,9 @@ none, a TPU's HBM capacity (``pallas.tpu.get_tpu_info().hbm_capacity_bytes``), l
 temporaries. A CPU reports no limit, and there the flag is required.
 
 The candidates are every remat policy at every placement of the state
-(:data:`zoo.train.remat_search.PLACEMENTS`, today's ``[train] offload`` settings) on an
-accelerator; on a CPU, whose ``pinned_host`` and ``device`` memory are one RAM
+(:data:`zoo.train.remat_search.PLACEMENTS`: the three in-program ones, by their ``[train]
+offload`` names, and the update on the host, where it can run: one device with a CPU backend
+beside it) on an accelerator; on a CPU, whose ``pinned_host`` and ``device`` memory are one RAM
 (:mod:`zoo.parallel.offload`), every policy at the run's own placement. They are measured and
 chosen by :mod:`zoo.train.remat_search`, the chooser ``zoo bench remat --budget`` calls too,
 for the run's exact step (model, batch shapes, freezing, DP, optimizer, precision). The table it
@@ -27,11 +28,19 @@ from zoo.cache import ChoiceCache, digest
 from zoo.errors import ZooError
 from zoo.remat import policy_names
 from zoo.train import remat_search
-from zoo.train.remat_search import PLACEMENTS, Candidate, candidates, placement_of
+from zoo.train.remat_search import (
+    HOST,
+    IN_PROGRAM,
+    PLACEMENTS,
+    Candidate,
+    candidates,
+    placement_of,
+    placement_row,
+)
 
 CACHE_FILE = "remat-auto.json"
 CACHE = ChoiceCache(CACHE_FILE)
-SEARCH_VERSION = 2  # in the cache key: a choice made by an older search is made again
+SEARCH_VERSION = 3  # in the cache key: a choice made by an older search is made again
 # Kept out of a budget taken from the device: memory_analysis() does not count the program's
 # code, the batch the loader has already placed for the next step, the eval step's buffers or
 # the allocator's fragmentation. 5% of a 15.75 GiB v5e chip is 0.79 GiB, several times the
@@ -95,9 +104,16 @@ def budget_of(run) -> tuple[int, str]:
 
 
 def candidates_for(engine, policies=None) -> list[Candidate]:
-    """``policies`` (default: every one) at every placement on an accelerator; at ``engine``'s
+    """``policies`` (default: every one) at every placement on an accelerator (the update on
+    the host where ``engine``'s layout can run it: :meth:`Placement.check`); at ``engine``'s
     own on a CPU (there an offload moves and saves nothing)."""
-    where = tuple(PLACEMENTS) if host_memory_is_separate() else (placement_of(engine),)
+    if not host_memory_is_separate():
+        return candidates(policies or policy_names(), (placement_of(engine),))
+    try:
+        placement_row(HOST).check(layout=engine.layout)
+        where = PLACEMENTS
+    except ValueError:  # a mesh of several devices, or no CPU backend beside the device
+        where = IN_PROGRAM
     return candidates(policies or policy_names(), where)
 
 
@@ -273,35 +289,40 @@ def reason(chosen: dict, rows: list[dict], budget: int) -> str:
     return text
 
 
-# What every "nothing fits" line offers besides a smaller step: the state off the chip.
-_HOST = (
-    ", or keep the optimizer state and the float32 params on the host and update there "
-    "(--placement update-on-host, with a named --remat policy)"
-)
+def _way_out(rows: list[dict]) -> str:
+    """What a "nothing fits" line offers besides a smaller step: the state off the chip, unless
+    the update on the host was a candidate and did not fit either."""
+    if any(r["offload"] == HOST for r in rows):
+        return ""
+    return (
+        ", or keep the optimizer state and the float32 params on the host and update there "
+        "(--placement update-on-host, with a named --remat policy)"
+    )
 
 
 def nothing_fits(rows: list[dict], budget: int) -> ZooError:
     """Why no candidate fits ``budget``, naming the smallest need found."""
     head = f"--remat auto: no policy fits the memory budget of {budget:,} bytes"
+    way_out = _way_out(rows)
     compiled = [r for r in rows if r.get("temp_bytes") is not None]
     if not compiled and any("resident_bytes" in r for r in rows):
         least = min(r["resident_bytes"] for r in rows if "resident_bytes" in r)
         return ZooError(
-            f"{head}: the state and batch alone need {least:,} bytes at the least. Shrink the batch or model{_HOST}"
+            f"{head}: the state and batch alone need {least:,} bytes at the least. Shrink the batch or model{way_out}"
         )
     if not compiled:
         return ZooError(
-            f"{head}: the device's compiler refused all {len(rows)} for memory. Shrink the batch or model{_HOST}"
+            f"{head}: the device's compiler refused all {len(rows)} for memory. Shrink the batch or model{way_out}"
         )
     ran_out = [r["label"] for r in compiled if r.get("out_of_memory") and r["need_bytes"] <= budget]
     if ran_out:
         return ZooError(
             f"{head}: {', '.join(ran_out)} fit by their compiled footprint but ran out of memory when run. "
-            f"Shrink the batch or model{_HOST}"
+            f"Shrink the batch or model{way_out}"
         )
     small = min(compiled, key=lambda r: r["need_bytes"])
     return ZooError(
         f"{head} ({budget / 2**20:.1f} MiB); the smallest footprint is {small['label']!r} at "
         f"{small['need_bytes']:,} bytes ({small['need_bytes'] / 2**20:.1f} MiB: temp {small['temp_bytes']:,} + "
-        f"arguments {small['argument_bytes']:,}). Raise --memory-budget, or shrink the batch or model{_HOST}"
+        f"arguments {small['argument_bytes']:,}). Raise --memory-budget, or shrink the batch or model{way_out}"
     )

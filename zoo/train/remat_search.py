@@ -6,16 +6,22 @@ take :func:`pick` of its rows, so the same model, batch and budget get the same 
 either (up to the noise of the clock between two near-equal candidates).
 
 A candidate is a remat policy (:mod:`zoo.remat`) at a placement of the training state: one row
-of :data:`PLACEMENTS`, today's ``[train] offload`` setting. The search, for every candidate in
-order (placements outer, from the one that moves the least state):
+of :data:`PLACEMENTS`, the three in-program placements by their ``[train] offload`` names, and
+:data:`HOST`, the update on the host. The search, for every candidate in order (placements
+outer, from the one that moves the least state):
 
 1. skips it, not compiled, where its arguments alone (the state, frozen leaves and batch in
    device memory, counted from shapes) are over the budget (``resident_bytes``), or where its
-   policy already fit, and ran, at a placement its own placement ``extends``
-   (``dominated_by``): moving more of the state to the host only adds copies to the same step;
-2. lowers the candidate's train step from shapes, nothing allocated (the arguments carry the
-   memory kinds the run puts them in, :func:`placed_shapes`). A program equal to an earlier
-   candidate's is that candidate (``same_as``) and is neither compiled nor timed again;
+   policy already fit, and ran, at a placement where the same policy is no slower
+   (:data:`NO_SLOWER_AT`, ``dominated_by``): moving more of the state to the host only adds
+   copies to the same step;
+2. lowers the candidate's device program from shapes, nothing allocated (the arguments carry
+   the memory kinds the run puts them in, :func:`placed_shapes`): the train step, or for the
+   update on the host its gradient program (:func:`host_shapes`: the compute-dtype params, the
+   step and key, frozen leaves and batch in; the float32 gradient, loss and report out; the
+   masters and the optimizer state stay on the host and are no device bytes). A program equal
+   to an earlier candidate's is that candidate (``same_as``) and is neither compiled nor timed
+   again;
 3. compiles the rest; the need is :func:`zoo.remat.footprint` of :func:`zoo.remat.step_bytes`:
    XLA's ``memory_analysis()`` arguments + outputs - aliased + temporaries, in device memory (an
    offloaded state's host-memory arguments are not the device's). A TPU refuses at compile time
@@ -24,9 +30,13 @@ order (placements outer, from the one that moves the least state):
    placement by placement on one real state that every step passes on (one state in memory at
    a time): a warm-up step each, then :data:`ROUNDS` rounds in which each takes an untimed and
    a timed step in turn, so all of them see the same machine load (:func:`time_candidates`).
-   After the first round, a candidate more than :data:`SLOWER` times the fastest so far stops,
-   and so does one whose step is over :data:`LONG_STEP` seconds (``stopped``). One that runs
-   out of memory (``out_of_memory``: the analysis does not see everything) does not fit.
+   The step timed is the run's own: the compiled program, or for the update on the host the
+   placement's step object (the gradient, the trips and the host's update; its gradient
+   program compiles again, through the step's own ``jit``, at the warm-up step). After the
+   first round, a candidate more than :data:`SLOWER` times the fastest so far (of any
+   placement) stops, and so does one whose step is over :data:`LONG_STEP` seconds
+   (``stopped``). One that runs out of memory (``out_of_memory``: the analysis does not see
+   everything) does not fit.
 
 :func:`pick`: the least median step time among the candidates that fit and ran; a tie goes to
 the earlier candidate.
@@ -43,8 +53,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
+from jax.sharding import SingleDeviceSharding
 
-from zoo.parallel.placement import offloaded
+from zoo.parallel.placement import ON_DEVICE, Placement, offloaded, placement_named
 from zoo.remat import HOST_KINDS, footprint, get_policy, step_bytes
 
 ROUNDS = 3  # timed rounds of the search (the bench takes its --repeats)
@@ -54,28 +65,32 @@ SLOWER = 1.5  # after the first round, a candidate this many times the fastest s
 LONG_STEP = 2.0
 
 
-# The search's placement axis: the in-program rows of :data:`zoo.parallel.placement.PLACEMENTS`,
-# named by what the summary's ``offload`` field calls them, each mapped to the one whose host
-# copies it holds and adds to (the same policy there is no slower), in the order that moves more
-# of the state. The update on the host is not a candidate: its step is two programs and copies
-# that one compiled program's memory analysis does not measure.
-EXTENDS: dict[str, str | None] = {"none": None, "optimizer": "none", "optimizer+params": "optimizer"}
-PLACEMENTS = tuple(EXTENDS)
+# The search's placement axis, named by what the summary's ``offload`` field calls the rows of
+# :data:`zoo.parallel.placement.PLACEMENTS` (the update on the host by its placement name), in
+# the order that moves more of the state, each mapped to the placements where the same policy
+# is no slower: an offload holds the host copies of the one before it and adds to them; the
+# update on the host adds trips and the host's update to the state-on-device step's gradient,
+# and moves less than an offload of the params (compute-dtype params up, the gradient down),
+# so only the device's step is sure to be no slower.
+HOST = "update-on-host"
+NO_SLOWER_AT: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "optimizer": ("none",),
+    "optimizer+params": ("none", "optimizer"),
+    HOST: ("none",),
+}
+PLACEMENTS = tuple(NO_SLOWER_AT)
+IN_PROGRAM = tuple(p for p in PLACEMENTS if p != HOST)
 
 
 def placement_of(engine) -> str:
-    """The search's name of ``engine``'s own placement (a ValueError for the update on the host)."""
-    if engine.placement.update_on_host:
-        raise ValueError(f"placement {engine.placement.name!r} is not searched by --remat auto")
-    return engine.placement.offload
+    """The search's name of ``engine``'s own placement."""
+    return HOST if engine.placement.update_on_host else engine.placement.offload
 
 
-def _ancestors(name: str) -> set[str]:
-    out, extends = set(), EXTENDS[name]
-    while extends is not None:
-        out.add(extends)
-        extends = EXTENDS[extends]
-    return out
+def placement_row(name: str) -> Placement:
+    """The :class:`~zoo.parallel.placement.Placement` the search's ``name`` stands for."""
+    return placement_named(HOST) if name == HOST else offloaded(name)
 
 
 @dataclass(frozen=True)
@@ -97,7 +112,7 @@ def with_candidate(engine, candidate: Candidate):
     """``engine`` with its stack on the candidate's policy (same frozen prefix), at its placement."""
     get_policy(candidate.policy)  # an unknown name fails here, with the valid list
     grad = dataclasses.replace(engine.grad, remat=candidate.policy)
-    return dataclasses.replace(engine, grad=grad, placement=offloaded(candidate.placement))
+    return dataclasses.replace(engine, grad=grad, placement=placement_row(candidate.placement))
 
 
 def placed_shapes(engine, state, frozen: dict):
@@ -133,6 +148,33 @@ def _placed_state(engine, params) -> tuple:
     return placed_shapes(engine, *jax.eval_shape(lambda p: engine.init_state(p, 0), params))
 
 
+def host_shapes(engine, params) -> tuple:
+    """``(state, frozen)`` as the update on the host's gradient program reads them (its step's
+    ``up``), as shapes on the compute device: the params in the compute dtype, the step and the
+    key, no optimizer state (an empty tuple), and the frozen leaves. The float32 masters and
+    the optimizer state stay on the host: they are not the program's arguments."""
+    device = SingleDeviceSharding(engine.placement.compute(engine.layout))
+    on_device = dataclasses.replace(engine, placement=ON_DEVICE)
+    state, frozen = jax.eval_shape(lambda p: on_device.init_state(p, 0), params)
+    up = dataclasses.replace(
+        state, params=jax.eval_shape(engine.precision.to_compute, state.params), opt_state=()
+    )
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), (up, frozen))
+
+
+def _device_program(engine):
+    """``(the program on the device that is lowered, the step a timing calls or None)``: the
+    train step and None (its compiled program is timed), or for the update on the host its
+    gradient program and its whole step."""
+    step = engine.train_step
+    return (step.grads, step) if engine.placement.update_on_host else (step, None)
+
+
+def _arguments(engine, params) -> tuple:
+    """``(state, frozen)`` shapes as ``engine``'s device program takes them."""
+    return host_shapes(engine, params) if engine.placement.update_on_host else _placed_state(engine, params)
+
+
 def _device_bytes(tree, host_separate: bool) -> int:
     """Bytes per device of ``tree``'s leaves (shapes or arrays with shardings) in device memory."""
     total = 0
@@ -146,12 +188,15 @@ def _device_bytes(tree, host_separate: bool) -> int:
 
 
 def _compile(engine, args: tuple, host_separate: bool, seen: dict) -> tuple[dict, object]:
-    """``(measured, compiled)`` of ``engine``'s step on ``args`` (state, frozen, batch): its
-    bytes and program digest, or ``same_as`` (the label of an earlier candidate in ``seen``
-    with the same program) or ``compile_oom``; ``compiled`` is None unless compiled here."""
+    """``(measured, step)`` of ``engine``'s device program (:func:`_device_program`) on ``args``
+    (state, frozen, batch): its bytes and program digest, or ``same_as`` (the label of an
+    earlier candidate in ``seen`` with the same program) or ``compile_oom``; ``step`` (what a
+    timed step calls: the compiled program, or the update on the host's step) is None unless
+    compiled here."""
+    program, whole_step = _device_program(engine)
     try:  # a TPU refuses at compile time a program that cannot fit its memory
         tic = time.perf_counter()
-        lowered = engine.train_step.lower(*args)
+        lowered = program.lower(*args)
         program = program_digest(lowered)
         if program in seen:
             label, measured = seen[program]
@@ -163,7 +208,7 @@ def _compile(engine, args: tuple, host_separate: bool, seen: dict) -> tuple[dict
             raise
         return {"compile_oom": True}, None
     seconds = {"lower_s": round(lowered_at - tic, 3), "compile_s": round(time.perf_counter() - lowered_at, 3)}
-    return {**step_bytes(compiled, host_separate), "program": program, **seconds}, compiled
+    return {**step_bytes(compiled, host_separate), "program": program, **seconds}, whole_step or compiled
 
 
 def _row(candidate: Candidate, budget: int | None, measured: dict) -> dict:
@@ -248,7 +293,7 @@ def search(
     for where in dict.fromkeys(c.placement for c in among):
         group = [c for c in among if c.placement == where]
         placed = with_candidate(engine, group[0])
-        args = (*_placed_state(placed, params), batch)
+        args = (*_arguments(placed, params), batch)
         resident = _device_bytes(args, host_separate)  # live for the whole step, whatever the policy
         compiled = {}
         for c in group:
@@ -294,10 +339,11 @@ def _record(rows: dict, times: dict, rounds: int, budget, best, time_all: bool):
 
 
 def _dominating(rows: dict, c: Candidate) -> str | None:
-    """The label of the same policy at a placement ``c``'s extends, if it fit and ran."""
+    """The label of the same policy at a placement where it is no slower than at ``c``'s, if it
+    fit and ran there."""
     for row in rows.values():
         ran = row.get("fits") and row.get("step_ms") is not None
-        if ran and row["policy"] == c.policy and row["offload"] in _ancestors(c.placement):
+        if ran and row["policy"] == c.policy and row["offload"] in NO_SLOWER_AT[c.placement]:
             return row["label"]
     return None
 
