@@ -70,6 +70,9 @@ def test_the_host_update_bench_times_each_modes_phases():
     for row in rows:
         assert row["fits"] and row["rows"] == 4 and set(row["phases_ms"]) == PHASES[row["mode"]], row
         assert row["tokens_per_s"] == pytest.approx(4 * row["seq"] / (row["ms_per_step"] / 1e3), rel=0.01)
+        assert row["host_peak_gib"] >= row["host_rss_gib"] > row["state_gib"] > 0, row  # Linux's figures
+    for row in rows[1:]:  # the pipeline's budget, and what it held
+        assert 0 < row["inflight_peak_mib"] <= row["inflight_limit_mib"], row
 
 
 def test_a_malformed_row_is_refused_in_one_line_before_anything_runs():
