@@ -73,6 +73,18 @@ def pieces(x: jax.Array, edges: tuple[int, ...]) -> tuple[jax.Array, ...]:
     return (x,) if len(edges) == 2 else split(x, edges)
 
 
+def down_pieces(p, edges: tuple[int, ...], sharding) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """The pieces of a leaf like ``p``'s gradient (its dtype, the masters') as they come down
+    and the host's update program takes them."""
+    if len(edges) == 2:
+        return (jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding),)
+    rest = tuple(p.shape[1:])
+    return tuple(
+        jax.ShapeDtypeStruct((b - a, *rest), p.dtype, sharding=sharding)
+        for a, b in zip(edges, edges[1:], strict=False)
+    )
+
+
 def whole(chunks: tuple[jax.Array, ...]) -> jax.Array:
     """The pieces of a leaf joined (no program for one piece)."""
     return chunks[0] if len(chunks) == 1 else join(chunks)
@@ -130,6 +142,7 @@ class LeafUpdates:
         self.precision = precision
         self.treedef = None  # the params' tree, from the first state prepared
         self._compiled: dict = {}
+        self._held: dict = {}  # each program's bytes (XLA's analysis, read once)
 
     @property
     def compiles(self) -> int:
@@ -169,7 +182,10 @@ class LeafUpdates:
         """The host bytes the update of a leaf like ``p`` holds beside the state (its weight in
         the step's budget: :func:`zoo.parallel.host_budget.update_bytes`), from its program as
         :meth:`compile` compiled it."""
-        return update_bytes(self._compiled[_key(p, grads, edges)], grads)
+        key = _key(p, grads, edges)
+        if key not in self._held:
+            self._held[key] = update_bytes(self._compiled[key], grads)
+        return self._held[key]
 
     def rebuild(self, moments: list[tuple], shared: list):
         """The whole-tree optimizer state from each leaf's new moments and the shared leaves."""

@@ -59,7 +59,7 @@ import optax
 from jax.sharding import SingleDeviceSharding
 
 from zoo.parallel.host_budget import ByteBudget, compute_bytes
-from zoo.parallel.host_leaves import CHUNK_BYTES, LeafUpdates, cut, pieces, row_bounds, whole
+from zoo.parallel.host_leaves import CHUNK_BYTES, LeafUpdates, cut, down_pieces, pieces, row_bounds, whole
 
 DELAYS = (0, 1)
 
@@ -73,10 +73,11 @@ class HostStep:
     module's docstring). ``chunk_bytes``: the largest piece of a leaf a trip moves.
     ``inflight_bytes``: the host bytes the leaves' trips and updates may hold at once beside
     the state (None: twice the largest leaf's, each call's own; a leaf larger than the budget
-    goes alone); ``self.budget`` is the last call's (its ``peak``). ``workers``: the host
-    threads that issue the trips and the updates (each waits on its leaf's copies and update:
-    numpy and XLA release the GIL). ``timing``: each call blocks after every stage and keeps
-    when it ended (``self.trace``), for the benchmark's phases."""
+    goes alone); ``self.budget`` is the last call's (its ``peak``), ``self.leaf_bytes`` its
+    leaves' update weights (their sum: what an unbounded pipeline would queue at once).
+    ``workers``: the host threads that issue the trips and the updates (each waits on its
+    leaf's copies and update: numpy and XLA release the GIL). ``timing``: each call blocks
+    after every stage and keeps when it ended (``self.trace``), for the benchmark's phases."""
 
     def __init__(
         self,
@@ -97,6 +98,7 @@ class HostStep:
         self.chunk_bytes = chunk_bytes
         self.inflight_bytes = inflight_bytes
         self.budget: ByteBudget | None = None  # the last call's
+        self.leaf_bytes: list[int] = []  # the last call's leaves' update weights
         self.device = engine.placement.compute(engine.layout)
         self.host = engine.placement.host(engine.layout)  # the one rule
         self.grads = jax.jit(self._grads)
@@ -177,6 +179,7 @@ class HostStep:
         edges = self._edges(leaves)
         self.trace = {"start": time.perf_counter()}
         plan = self._plan(state, leaves, edges)
+        self.leaf_bytes = plan["weights"]
         budget = self._budget(plan["weights"])
         ahead = self._ahead if self._is_ours(leaves) else None
         on_device = ahead if ahead is not None else self._up_all(leaves, edges, budget)
@@ -217,7 +220,7 @@ class HostStep:
         moments, shared = updates.prepare(state.opt_state, jax.tree.structure(state.params))
         host = SingleDeviceSharding(self.host)
         norm = jax.ShapeDtypeStruct((), jax.numpy.float32, sharding=host)
-        downs = [_down(p, e, host) for p, e in zip(leaves, edges, strict=True)]
+        downs = [down_pieces(p, e, host) for p, e in zip(leaves, edges, strict=True)]
         for p, m, d, e in zip(leaves, moments, downs, edges, strict=True):
             updates.compile(p, m, shared, norm, d, e)
         weights = [updates.held_bytes(p, d, e) for p, d, e in zip(leaves, downs, edges, strict=True)]
@@ -289,18 +292,6 @@ class HostStep:
 def _on(chunk: jax.Array, sharding) -> jax.ShapeDtypeStruct:
     """A piece of a leaf as the host's update program will take it."""
     return jax.ShapeDtypeStruct(chunk.shape, chunk.dtype, sharding=sharding)
-
-
-def _down(p, edges: tuple[int, ...], sharding) -> tuple[jax.ShapeDtypeStruct, ...]:
-    """The pieces of a leaf like ``p``'s gradient (its dtype, the masters') as they come down
-    and the host's update program takes them."""
-    if len(edges) == 2:
-        return (jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding),)
-    rest = tuple(p.shape[1:])
-    return tuple(
-        jax.ShapeDtypeStruct((b - a, *rest), p.dtype, sharding=sharding)
-        for a, b in zip(edges, edges[1:], strict=False)
-    )
 
 
 class SerialHostStep:
