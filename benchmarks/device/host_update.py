@@ -33,7 +33,9 @@ MFU: ``devicekit.step_mfu`` (zoo's one FLOP count) over the step against the chi
 Host memory (Linux): ``host_rss_gib`` when the timed steps start (the state, the bench's copy of
 the params, what the warm-up left), ``host_peak_gib`` the most over them (``/proc/self``'s
 high-water mark, reset first), ``state_gib`` the training state's bytes, and for the pipeline
-``inflight_limit_mib`` and ``inflight_peak_mib``, its budget and the most it held.
+``inflight_limit_mib`` and ``inflight_peak_mib``, its budget and the most it held, and
+``inflight_unbounded_mib``, every leaf's update bytes summed: what a pipeline without the budget
+queues at once (a compiled program's call returns before it runs).
 ``--set KEY=VALUE,...`` overrides the preset's fields (whole numbers), for a model of a chosen
 size on a CPU.
 
@@ -234,8 +236,11 @@ def host_figures(before: dict, after: dict, state, step) -> dict:
         out.update(host_rss_gib=gib(before["rss"]), host_peak_gib=gib(after["peak"]))
     budget = getattr(step, "budget", None)
     if budget is not None:
+        mib = lambda n: round(n / 2**20, 1)  # noqa: E731
         out.update(
-            inflight_limit_mib=round(budget.limit / 2**20, 1), inflight_peak_mib=round(budget.peak / 2**20, 1)
+            inflight_limit_mib=mib(budget.limit),
+            inflight_peak_mib=mib(budget.peak),
+            inflight_unbounded_mib=mib(sum(step.leaf_bytes)),
         )
     return out
 
