@@ -104,7 +104,7 @@ def check_leaf_bytes() -> None:
     """host_budget.py: every leaf's update holds at least its gradient (1x float32) and its bf16
     value going up (0.5x), and a leaf cut in pieces its joined gradient too."""
     rows = module("host_budget").leaf_bytes("llama-xs", "bfloat16", 1000)
-    assert len(rows) == 11, rows
+    assert len(rows) == 12, rows  # llama-xs: its head untied
     assert all(held >= 1.5 * f32 for _, f32, held in rows), rows
     assert all(held >= 3 * f32 for shape, f32, held in rows if f32 > 1000), rows
 

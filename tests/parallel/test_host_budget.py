@@ -90,7 +90,7 @@ def hold_all(budget: ByteBudget, sizes: list[int], seen: list) -> None:
 
     threads = []
     for n in sizes:
-        threads.append(threading.Thread(target=one, args=(n,)))
+        threads.append(threading.Thread(target=one, args=(n,), daemon=True))  # a stuck one ends with the test
         threads[-1].start()
         time.sleep(0.005)  # in order: first come, first served
     for t in threads:
