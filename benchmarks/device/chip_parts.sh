@@ -35,7 +35,9 @@ fi
 BF=(--precision bfloat16 --no-sweep --json)
 case "${1:-}" in
 host-update)
-  # the pipelined exact step at 128 and 64 rows (the acceptance's), then the delayed update
+  # the pipelined exact step at 128 and 64 rows (the acceptance's), then the delayed update, each
+  # under the step's default host budget (twice the largest leaf's update; zoo/parallel/host_budget.py),
+  # each row with its host RSS peak and the budget's
   step host_update 400 "$PY" benchmarks/device/host_update.py --preset "$LLAMA" --seq 2048 $SMALL_FLAG \
     --rows full:4:32,full:4:16,full:4:16:delayed --steps 1 --json "$OUT/host_update.json"
   step decode 150 "$PY" benchmarks/device/decode.py --models "$GPT,$LLAMA" --batches 1,64 $SMALL_FLAG \

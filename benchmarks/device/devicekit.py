@@ -8,6 +8,9 @@ and no script imports another script.
   out-of-memory one (:func:`out_of_memory`);
 - params drawn on the chip and kept in host memory (:func:`host_params`);
 - the median of timed steps after a warm-up (:func:`median_step_seconds`);
+- the host's resident memory and its high-water mark since a reset (:func:`host_memory`,
+  :func:`reset_host_peak`: Linux's ``/proc/self``, which counts XLA's buffers as tracemalloc
+  cannot);
 - progress lines on stderr with the seconds since the start (:func:`say`).
 
 A script sets ``XLA_PYTHON_CLIENT_PREALLOCATE`` before it imports this module (which imports
@@ -98,3 +101,25 @@ def median_step_seconds(stepper, steps: int) -> float:
         stepper(1)
         times.append(time.perf_counter() - tic)
     return statistics.median(times)
+
+
+def host_memory() -> dict[str, int]:
+    """The process's resident bytes now (``rss``) and at most since the last
+    :func:`reset_host_peak` (``peak``), from ``/proc/self/status``; empty off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            fields = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS", "VmHWM")))
+    except OSError:
+        return {}
+    kib = {k: int(v.split()[0]) * 1024 for k, v in fields.items()}
+    return {"rss": kib["VmRSS"], "peak": kib["VmHWM"]}
+
+
+def reset_host_peak() -> None:
+    """Start :func:`host_memory`'s ``peak`` again from the resident bytes now (Linux's
+    ``clear_refs``; nothing elsewhere)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass

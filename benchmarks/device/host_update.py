@@ -10,9 +10,11 @@ the update on the host's CPU: :mod:`zoo.parallel.host_step`), over a logical bat
 A row is ``REMAT:MICRO:ACCUM[:MODE]``; a malformed one is refused in one line before anything
 runs (:func:`parse_row`). MODE is the host step (:data:`MODES`):
 
-- ``exact`` (the default, ``zoo train``'s): pipelined leaf by leaf, the gradient down in pieces
-  of at most ``--chunk-mib`` MiB, each leaf updated as it arrives and sent up for the next step;
-- ``serial``: the step before the pipeline, one trip of each kind in turn (the whole tree);
+- ``exact`` (the default): pipelined leaf by leaf, the gradient down in pieces of at most
+  ``--chunk-mib`` MiB, each leaf updated as it arrives and sent up for the next step, the leaves
+  in flight bounded by ``--inflight-mib`` MiB of host memory (default: the step's own, twice
+  the largest leaf's; :mod:`zoo.parallel.host_budget`);
+- ``serial``: one trip of each kind in turn (the whole tree): ``zoo train``'s step;
 - ``delayed``: the pipelined step with ``update_delay = 1`` (ZeRO-Offload's delayed update, a
   different algorithm: the gradient at the params one update behind).
 
@@ -28,6 +30,14 @@ the last piece on the host), ``update`` and ``up_next`` (the leaves' summed busy
 ``tail`` (from the gradient's end to the step's end: the critical path past the device's
 work) and ``hidden`` (the trips and updates that ran beside others: their sum less the tail).
 MFU: ``devicekit.step_mfu`` (zoo's one FLOP count) over the step against the chip's peak.
+Host memory (Linux): ``host_rss_gib`` when the timed steps start (the state, the bench's copy of
+the params, what the warm-up left), ``host_peak_gib`` the most over them (``/proc/self``'s
+high-water mark, reset first), ``state_gib`` the training state's bytes, and for the pipeline
+``inflight_limit_mib`` and ``inflight_peak_mib``, its budget and the most it held, and
+``inflight_unbounded_mib``, every leaf's update bytes summed: what a pipeline without the budget
+queues at once (a compiled program's call returns before it runs).
+``--set KEY=VALUE,...`` overrides the preset's fields (whole numbers), for a model of a chosen
+size on a CPU.
 
 ``--compare``: the same steps with the update on the device (``offload = none``), from the same
 params, where that fits (``--compare-preset``, default the row's own at ``--small``): the
@@ -41,6 +51,7 @@ exit status is 1 (:func:`row_result`): a failure never reads as a measurement.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -50,7 +61,16 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from devicekit import config, footprint, host_params, out_of_memory, say, step_mfu  # noqa: E402
+from devicekit import (  # noqa: E402
+    config,
+    footprint,
+    host_memory,
+    host_params,
+    out_of_memory,
+    reset_host_peak,
+    say,
+    step_mfu,
+)
 
 import zoo  # noqa: E402
 from zoo import recipes  # noqa: E402
@@ -60,10 +80,22 @@ from zoo.remat import policy_names  # noqa: E402
 from zoo.train import stages  # noqa: E402
 
 ROW_FORM = "REMAT:MICRO:ACCUM[:MODE]"
+
+
+def pipeline(update_delay: int):
+    """The pipelined step of a row, with ``--chunk-mib`` and (where given) ``--inflight-mib``."""
+
+    def make(engine, args) -> HostStep:
+        budget = {} if args.inflight_mib is None else {"inflight_bytes": args.inflight_mib * 2**20}
+        return HostStep(engine, update_delay=update_delay, chunk_bytes=args.chunk_mib * 2**20, **budget)
+
+    return make
+
+
 MODES = {
-    "exact": lambda engine, args: HostStep(engine, chunk_bytes=args.chunk_mib * 2**20),
+    "exact": pipeline(0),
     "serial": lambda engine, args: SerialHostStep(engine),
-    "delayed": lambda engine, args: HostStep(engine, update_delay=1, chunk_bytes=args.chunk_mib * 2**20),
+    "delayed": pipeline(1),
 }
 
 
@@ -170,11 +202,15 @@ def measure(cfg, params, row: tuple[str, int, int, str], args, limit: int) -> di
         return {**out, "fits": False, "why": f"device program {out['device_footprint_gib']} GiB > limit"}
     state, metrics = step(state, frozen, batch)  # the warm-up (it compiles the host's programs)
     jax.block_until_ready((state, metrics))
+    gc.collect()
+    reset_host_peak()
+    before = host_memory()
     t0 = time.perf_counter()
     for _ in range(args.steps):  # back to back: a delayed update overlaps the next step
         state, metrics = step(state, frozen, batch)
     jax.block_until_ready((state, metrics))
     seconds = (time.perf_counter() - t0) / args.steps
+    out.update(host_figures(before, host_memory(), state, step))
     say(f"{out['row']}: {seconds:.3f} s a step, loss {float(metrics['loss']):.4f}")
     out["phases_ms"], state = phases(step, state, frozen, batch)
     kind = jax.devices()[0].device_kind
@@ -190,6 +226,23 @@ def measure(cfg, params, row: tuple[str, int, int, str], args, limit: int) -> di
         "loss": float(metrics["loss"]),
         "device": kind,
     }
+
+
+def host_figures(before: dict, after: dict, state, step) -> dict:
+    """The row's host memory (the module's docstring), in GiB and MiB."""
+    gib = lambda n: round(n / 2**30, 3)  # noqa: E731
+    out = {"state_gib": gib(sum(x.nbytes for x in jax.tree.leaves(state)))}
+    if before:
+        out.update(host_rss_gib=gib(before["rss"]), host_peak_gib=gib(after["peak"]))
+    budget = getattr(step, "budget", None)
+    if budget is not None:
+        mib = lambda n: round(n / 2**20, 1)  # noqa: E731
+        out.update(
+            inflight_limit_mib=mib(budget.limit),
+            inflight_peak_mib=mib(budget.peak),
+            inflight_unbounded_mib=mib(sum(step.leaf_bytes)),
+        )
+    return out
 
 
 def run_both(args) -> dict:
@@ -248,6 +301,12 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--rows", default="full:4:16", help=f"comma-separated {ROW_FORM}")
     parser.add_argument("--chunk-mib", type=int, default=64, help="the largest piece of a leaf a trip moves")
+    parser.add_argument(
+        "--inflight-mib", type=int, default=None, help="the pipeline's host budget (default: the step's own)"
+    )
+    parser.add_argument(
+        "--set", default="", help="KEY=VALUE,... overrides of the preset's fields (whole numbers)"
+    )
     parser.add_argument("--precision", default="bfloat16")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--small", action="store_true", help="the kind's small config (a CPU)")
@@ -261,9 +320,22 @@ def parse(argv=None) -> argparse.Namespace:
     return args
 
 
+def overrides(text: str) -> dict[str, int]:
+    """``--set``'s ``KEY=VALUE,...`` as fields; SystemExit with one line naming a malformed one."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if not value.isdigit():
+            raise SystemExit(
+                f"host_update: bad --set item {item!r}: the form is KEY=VALUE, VALUE a whole number"
+            )
+        out[key] = int(value)
+    return out
+
+
 def main(argv=None) -> int:
     args = parse(argv)
-    cfg = config(args.preset, args.small)
+    cfg = zoo.get_config(config(args.preset, args.small), **overrides(args.set))
     if args.small:
         args.seq = cfg.max_len
     stats = jax.devices()[0].memory_stats() or {}

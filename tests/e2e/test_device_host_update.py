@@ -70,6 +70,9 @@ def test_the_host_update_bench_times_each_modes_phases():
     for row in rows:
         assert row["fits"] and row["rows"] == 4 and set(row["phases_ms"]) == PHASES[row["mode"]], row
         assert row["tokens_per_s"] == pytest.approx(4 * row["seq"] / (row["ms_per_step"] / 1e3), rel=0.01)
+        assert row["host_peak_gib"] >= row["host_rss_gib"] > row["state_gib"] >= 0, row  # Linux's figures
+    for row in rows[1:]:  # the pipeline's budget, and what it held
+        assert 0 < row["inflight_peak_mib"] <= row["inflight_limit_mib"], row
 
 
 def test_a_malformed_row_is_refused_in_one_line_before_anything_runs():
@@ -95,3 +98,24 @@ def test_the_dp_lora_bench_runs_the_ghost_row_on_adapters():
     assert result["frozen_params"] > result["trainable_params"] > 0  # adapters on a frozen base
     for row in result["rows"]:
         assert row["tokens_per_s"] == pytest.approx(8 * result["seq"] / (row["step_ms"] / 1e3), rel=0.01)
+
+
+def check_leaf_bytes() -> None:
+    """host_budget.py: every leaf's update holds at least its gradient (1x float32) and its bf16
+    value going up (0.5x), and a leaf cut in pieces its joined gradient too."""
+    rows = module("host_budget").leaf_bytes("llama-xs", "bfloat16", 1000)
+    assert len(rows) == 12, rows  # llama-xs: its head untied
+    assert all(held >= 1.5 * f32 for _, f32, held in rows), rows
+    assert all(held >= 3 * f32 for shape, f32, held in rows if f32 > 1000), rows
+
+
+def test_the_budget_script_reads_each_leafs_update_bytes():
+    check_leaf_bytes()
+
+
+def test_the_budget_script_check_catches_an_update_counted_as_its_gradient(monkeypatch):
+    from zoo.parallel import host_leaves
+
+    monkeypatch.setattr(host_leaves, "update_bytes", lambda compiled, grads: sum(g.size * 4 for g in grads))
+    with pytest.raises(AssertionError):
+        check_leaf_bytes()

@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from zoo.parallel.host_budget import update_bytes
+
 CHUNK_BYTES = 64 * 2**20
 ONE = jax.tree.structure({"leaf": 0, "twin": 0})
 _TRACING = threading.Lock()  # one trace at a time under the answered norm
@@ -69,6 +71,18 @@ join = jax.jit(_join)  # on the device: the pieces of a leaf, one array again
 def pieces(x: jax.Array, edges: tuple[int, ...]) -> tuple[jax.Array, ...]:
     """``x`` cut at ``edges`` (no program for one piece)."""
     return (x,) if len(edges) == 2 else split(x, edges)
+
+
+def down_pieces(p, edges: tuple[int, ...], sharding) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """The pieces of a leaf like ``p``'s gradient (its dtype, the masters') as they come down
+    and the host's update program takes them."""
+    if len(edges) == 2:
+        return (jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=sharding),)
+    rest = tuple(p.shape[1:])
+    return tuple(
+        jax.ShapeDtypeStruct((b - a, *rest), p.dtype, sharding=sharding)
+        for a, b in zip(edges, edges[1:], strict=False)
+    )
 
 
 def whole(chunks: tuple[jax.Array, ...]) -> jax.Array:
@@ -128,6 +142,7 @@ class LeafUpdates:
         self.precision = precision
         self.treedef = None  # the params' tree, from the first state prepared
         self._compiled: dict = {}
+        self._held: dict = {}  # each program's bytes (XLA's analysis, read once)
 
     @property
     def compiles(self) -> int:
@@ -157,11 +172,20 @@ class LeafUpdates:
     def compile(self, p, moments, shared, norm, grads, edges):
         """The program for a leaf like ``p``, compiled once per shape (in the calling thread:
         the pool's threads only run compiled programs)."""
-        key = (p.shape, p.dtype, tuple(g.shape for g in grads), edges)
+        key = _key(p, grads, edges)
         if key not in self._compiled:
             with _TRACING:
                 self._compiled[key] = self._program(edges).lower(p, moments, shared, norm, grads).compile()
         return self._compiled[key]
+
+    def held_bytes(self, p, grads, edges) -> int:
+        """The host bytes the update of a leaf like ``p`` holds beside the state (its weight in
+        the step's budget: :func:`zoo.parallel.host_budget.update_bytes`), from its program as
+        :meth:`compile` compiled it."""
+        key = _key(p, grads, edges)
+        if key not in self._held:
+            self._held[key] = update_bytes(self._compiled[key], grads)
+        return self._held[key]
 
     def rebuild(self, moments: list[tuple], shared: list):
         """The whole-tree optimizer state from each leaf's new moments and the shared leaves."""
@@ -169,3 +193,8 @@ class LeafUpdates:
         groups = [self.treedef.unflatten([m[i] for m in moments]) for i in range(len(moments[0]))]
         groups, shared = iter(groups), iter(shared)
         return jax.tree.unflatten(tree, [next(groups) if k else next(shared) for k in kinds])
+
+
+def _key(p, grads, edges) -> tuple:
+    """A leaf update's program's key: one program per leaf shape and cut."""
+    return (p.shape, p.dtype, tuple(g.shape for g in grads), edges)

@@ -16,11 +16,17 @@ measured 0.55 GB/s (``benchmarks/device/bandwidth.py``), about 27 s a step for a
    program (the model's own cast then gives the very values the device step's cast of the
    masters gives), and the gradient's global norm (the step's ``grad_norm``, and the clip's);
 3. every leaf's gradient comes down in pieces of at most ``chunk_bytes``
-   (:mod:`zoo.parallel.host_leaves`), all issued at once from a small thread pool, so the
-   copies run side by side;
+   (:mod:`zoo.parallel.host_leaves`), issued from a small thread pool, so the copies run side
+   by side;
 4. as soon as a leaf's pieces are on the host, its update runs there (the optimizer's own,
    fused with the cast of the new value to the compute dtype), and its pieces go up for the
    next step while the other leaves are still coming down or being updated.
+
+The leaves in flight are bounded in bytes, not in number (:mod:`zoo.parallel.host_budget`): a
+leaf's trip down, update and trip up hold its bytes in a :class:`~zoo.parallel.host_budget.ByteBudget`
+of ``inflight_bytes`` (by default twice the largest leaf's) until they have run, so the host's
+peak is the state plus the budget. Without it every leaf's update was queued at once (a
+compiled program's call returns before it runs) and the host's CPU ran them side by side.
 
 The step's critical path is the gradient, then the trip down, then the last leaf's update and
 trip up (the tail); the other updates and trips up hide behind the trips down. It equals the
@@ -52,7 +58,8 @@ import jax
 import optax
 from jax.sharding import SingleDeviceSharding
 
-from zoo.parallel.host_leaves import CHUNK_BYTES, LeafUpdates, cut, pieces, row_bounds, whole
+from zoo.parallel.host_budget import ByteBudget, compute_bytes
+from zoo.parallel.host_leaves import CHUNK_BYTES, LeafUpdates, cut, down_pieces, pieces, row_bounds, whole
 
 DELAYS = (0, 1)
 
@@ -63,20 +70,35 @@ class HostStep:
     step takes it. It calls the engine's public ``grads``, ``optimizer`` and ``precision``.
 
     ``update_delay``: 0 (the exact step) or 1 (the delayed update, a different algorithm: the
-    module's docstring). ``chunk_bytes``: the largest piece of a leaf a trip moves. ``workers``:
-    the host threads that issue the trips and the updates (each waits on a copy or dispatches a
-    compiled program: numpy and XLA release the GIL). ``timing``: each call blocks after every
-    stage and keeps when it ended (``self.trace``), for the benchmark's phases; off, nothing
-    waits that need not."""
+    module's docstring). ``chunk_bytes``: the largest piece of a leaf a trip moves.
+    ``inflight_bytes``: the host bytes the leaves' trips and updates may hold at once beside
+    the state (None: twice the largest leaf's, each call's own; a leaf larger than the budget
+    goes alone); ``self.budget`` is the last call's (its ``peak``), ``self.leaf_bytes`` its
+    leaves' update weights (their sum: what an unbounded pipeline would queue at once).
+    ``workers``: the host threads that issue the trips and the updates (each waits on its
+    leaf's copies and update: numpy and XLA release the GIL). ``timing``: each call blocks
+    after every stage and keeps when it ended (``self.trace``), for the benchmark's phases."""
 
-    def __init__(self, engine, update_delay: int = 0, chunk_bytes: int = CHUNK_BYTES, workers: int = 8):
+    def __init__(
+        self,
+        engine,
+        update_delay: int = 0,
+        chunk_bytes: int = CHUNK_BYTES,
+        workers: int = 8,
+        inflight_bytes: int | None = None,
+    ):
         if update_delay not in DELAYS:
             raise ValueError(f"update_delay = {update_delay!r} is not one of {DELAYS}")
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes = {chunk_bytes!r} must be a whole number >= 1")
+        if inflight_bytes is not None and inflight_bytes < 1:
+            raise ValueError(f"inflight_bytes = {inflight_bytes!r} must be a whole number >= 1 (or None)")
         self.engine = engine
         self.update_delay = update_delay
         self.chunk_bytes = chunk_bytes
+        self.inflight_bytes = inflight_bytes
+        self.budget: ByteBudget | None = None  # the last call's
+        self.leaf_bytes: list[int] = []  # the last call's leaves' update weights
         self.device = engine.placement.compute(engine.layout)
         self.host = engine.placement.host(engine.layout)  # the one rule
         self.grads = jax.jit(self._grads)
@@ -109,12 +131,23 @@ class HostStep:
         """Each leaf's cut, by its float32 bytes (the gradient's; the params' pieces follow it)."""
         return [row_bounds(p.shape, p.size * 4, self.chunk_bytes) for p in leaves]
 
-    def _up_leaf(self, p, edges: tuple[int, ...]) -> jax.Array:
-        """One host leaf cast, cut, sent up piece by piece and joined on the device."""
-        return whole(tuple(jax.device_put(self._cast_split(p, edges), self.device)))
+    def _up_leaf(self, budget: ByteBudget, p, edges: tuple[int, ...]) -> jax.Array:
+        """One host leaf cast, cut, sent up piece by piece and joined on the device, its cast
+        pieces' bytes held until they are there."""
+        with budget.hold(compute_bytes(p, self.engine.precision.compute_dtype)):
+            sent = whole(tuple(jax.device_put(self._cast_split(p, edges), self.device)))
+            return jax.block_until_ready(sent)
 
-    def _up_all(self, leaves: list, edges: list) -> list:
-        return list(self._pool.map(self._up_leaf, leaves, edges))
+    def _up_all(self, leaves: list, edges: list, budget: ByteBudget | None = None) -> list:
+        """Every leaf up (:meth:`_up_leaf`), under ``budget`` (or one of the trips' own)."""
+        if budget is None:
+            budget = self._budget([compute_bytes(p, self.engine.precision.compute_dtype) for p in leaves])
+        return list(self._pool.map(lambda p, e: self._up_leaf(budget, p, e), leaves, edges))
+
+    def _budget(self, weights: list[int]) -> ByteBudget:
+        """A call's budget: ``inflight_bytes``, or twice the largest of its holds."""
+        self.budget = ByteBudget(self.inflight_bytes or 2 * max(weights, default=1))
+        return self.budget
 
     def params_up(self, params: dict) -> dict:
         """Trainable ``params`` (on the host) in the compute dtype, on the compute device: what
@@ -145,8 +178,11 @@ class HostStep:
         leaves, treedef = jax.tree.flatten(state.params)
         edges = self._edges(leaves)
         self.trace = {"start": time.perf_counter()}
+        plan = self._plan(state, leaves, edges)
+        self.leaf_bytes = plan["weights"]
+        budget = self._budget(plan["weights"])
         ahead = self._ahead if self._is_ours(leaves) else None
-        on_device = ahead if ahead is not None else self._up_all(leaves, edges)
+        on_device = ahead if ahead is not None else self._up_all(leaves, edges, budget)
         self._mark("up", on_device)
         step, rng = jax.device_put((state.step, state.rng), SingleDeviceSharding(self.device))
         up = dataclasses.replace(state, step=step, params=treedef.unflatten(on_device), opt_state=(), rng=rng)
@@ -156,12 +192,12 @@ class HostStep:
         # was handed go up now, beside the device's work, for the next step.
         ups = None
         if self.update_delay and ahead is not None:
-            ups = [self._pool.submit(self._up_leaf, p, e) for p, e in zip(leaves, edges, strict=True)]
+            ups = [self._pool.submit(self._up_leaf, budget, p, e) for p, e in zip(leaves, edges, strict=True)]
         self._mark("grads", loss)
         grads = treedef.flatten_up_to(grads)
         chunks = self._pieces(grads, edges)
         del grads, up
-        new_state, ahead = self._update(state, leaves, chunks, edges, norm, ups)
+        new_state, ahead = self._update(state, leaves, chunks, plan, norm, ups)
         self._returned = jax.tree.leaves(new_state.params)
         # The delayed step's first call: the next one computes at this one's params again.
         self._ahead = on_device if self.update_delay and ahead is None else ahead
@@ -175,28 +211,49 @@ class HostStep:
         """Each leaf's gradient cut on the device into the pieces that come down."""
         return [pieces(g, e) for g, e in zip(grads, edges, strict=True)]
 
-    def _update(self, state, leaves: list, chunks: list, edges: list, norm, ups):
-        """Every leaf down, updated and (the exact step) up, one pool task a leaf: ``(the new
-        state, the device params the next call computes at)``."""
+    def _plan(self, state, leaves: list, edges: list) -> dict:
+        """Each leaf's moments, the shared optimizer leaves, and the host bytes each leaf's
+        update holds (its weight in the budget: :func:`zoo.parallel.host_budget.update_bytes`),
+        from its program compiled now (once per shape, in the calling thread) for the pieces
+        the leaf's cut makes."""
         updates = self.leaf_updates()
         moments, shared = updates.prepare(state.opt_state, jax.tree.structure(state.params))
+        host = SingleDeviceSharding(self.host)
+        norm = jax.ShapeDtypeStruct((), jax.numpy.float32, sharding=host)
+        downs = [down_pieces(p, e, host) for p, e in zip(leaves, edges, strict=True)]
+        for p, m, d, e in zip(leaves, moments, downs, edges, strict=True):
+            updates.compile(p, m, shared, norm, d, e)
+        weights = [updates.held_bytes(p, d, e) for p, d, e in zip(leaves, downs, edges, strict=True)]
+        return {"moments": moments, "shared": shared, "weights": weights, "edges": edges}
+
+    def _update(self, state, leaves: list, chunks: list, plan: dict, norm, ups):
+        """Every leaf down, updated and (the exact step) up, one pool task a leaf, each under
+        the budget until its update and trip up have run: ``(the new state, the device params
+        the next call computes at)``."""
+        updates, budget = self.leaf_updates(), self.budget
+        moments, shared = plan["moments"], plan["shared"]
         norm = jax.device_put(norm, self.host)
         host = SingleDeviceSharding(self.host)
-        programs = [
+        programs = [  # the plan's, for the pieces as they are
             updates.compile(p, m, shared, norm, tuple(_on(c, host) for c in cs), e)
-            for p, m, cs, e in zip(leaves, moments, chunks, edges, strict=True)
+            for p, m, cs, e in zip(leaves, moments, chunks, plan["edges"], strict=True)
         ]
         self.trace["leaves"] = [{} for _ in leaves]
 
         def leaf(k: int):
-            down = tuple(jax.device_put(chunks[k], self.host))
-            self._mark("down", down, k)
             if ups is not None:
                 ups[k].result()  # the leaf's trip up read it before the update overwrites it
-            new, m, s, up, _ = programs[k](leaves[k], moments[k], shared, norm, down)
-            self._mark("update", new, k)
-            sent = None if self.update_delay else whole(tuple(jax.device_put(up, self.device)))
-            self._mark("up", sent, k)
+            with budget.hold(plan["weights"][k]):
+                down = tuple(jax.device_put(chunks[k], self.host))
+                chunks[k] = None  # the device's pieces, freed once down
+                self._mark("down", down, k)
+                new, m, s, up, _ = programs[k](leaves[k], moments[k], shared, norm, down)
+                del down
+                self._mark("update", new, k)
+                sent = None if self.update_delay else whole(tuple(jax.device_put(up, self.device)))
+                del up
+                jax.block_until_ready((new, m, sent))  # its bytes are free once it has run
+                self._mark("up", sent, k)
             return new, m, s, sent
 
         done = list(self._pool.map(leaf, range(len(leaves))))
