@@ -317,6 +317,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     args.rows = [parse_row(row) for row in args.rows.split(",")]  # before anything runs
+    if args.inflight_mib is not None and args.inflight_mib < 1:
+        parser.error(f"--inflight-mib {args.inflight_mib}: the budget is a whole number of MiB >= 1")
     return args
 
 

@@ -90,6 +90,9 @@ def test_a_malformed_row_is_refused_in_one_line_before_anything_runs():
     for row in ("bogus", "full:0:2", "full:2", "nope:2:2", "full:2:x", "full:2:2:2", "full:2:2:exact:1"):
         with pytest.raises(SystemExit, match=rf"bad row '{row}': the form is"):
             bench.parse(["--rows", f"full:2:2,{row}"])
+    for mib in ("0", "-5"):
+        with pytest.raises(SystemExit):
+            bench.parse(["--inflight-mib", mib])
 
 
 def test_the_dp_lora_bench_runs_the_ghost_row_on_adapters():
