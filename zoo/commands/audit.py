@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from zoo.commands.train import add_recipe_flags, resolve_recipe
+from zoo.train.rundir import new_run_dir
 from zoo.ui import console, emit_json, print_table, rate_text, stage_lines
 
 MODES = ("whitebox", "blackbox")  # zoo.audit.MODES, without importing the training stack
@@ -28,7 +29,7 @@ def run_audit(args) -> int:
             raise choice_error("--unit", args.unit, UNITS)
         recipe = override(recipe, {"dp": {"unit": args.unit}})
     check_request(recipe, args.canaries, args.mode, args.confidence, args.no_noise)
-    out = Path(args.out or f"runs/audit-{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out) if args.out else new_run_dir(f"audit-{recipe.name}")
     stage, steps, err = stage_lines(args.no_progress), recipe.train.steps, Console(stderr=True)
     with runlog.progress_bar(err, rate_unit="steps/s") as progress:
         bar = progress.add_task(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import time
 import warnings
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from zoo.commands import settings
 from zoo.configs import add_precision_flag
 from zoo.data.table import dataset_help
 from zoo.errors import ZooError
+from zoo.train.rundir import new_run_dir
 from zoo.ui import console, emit_json, print_table
 
 # The training stack (orbax, datasets, the engine) is imported inside the commands that use
@@ -165,7 +165,7 @@ def run_train(args) -> int:
     main = distributed.is_main_process()
     if args.resume and not args.out:
         raise ZooError("--resume needs --out DIR: the run directory to continue")
-    out = Path(args.out or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out) if args.out else new_run_dir(recipe.name, only_process=jax.process_count() == 1)
     human = Console(stderr=True) if args.json or not main else console
     profile = _profile_window(args.profile, recipe) if args.profile is not None else None
     summary = train_recipe(

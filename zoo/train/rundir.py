@@ -4,12 +4,27 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.train import runlog
 
 ELAPSED = "elapsed_sec"  # zoo.train.tracking writes it: seconds of the run, resumed segments summed
+
+
+def new_run_dir(stem: str, parent: Path = Path("runs"), *, only_process: bool = True) -> Path:
+    """The directory a run makes when no ``--out`` is given: ``parent/stem-YYYYMMDD-HHMMSS``, with
+    ``-2``, ``-3``... added when a run started in the same second already took that name.
+
+    With several processes (``only_process=False``) the name is the clock's alone: each process
+    works it out for itself, and one that saw another's directory would pick a different one."""
+    first = parent / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = first, 1
+    while only_process and path.exists():
+        n += 1
+        path = first.with_name(f"{first.name}-{n}")
+    return path
 
 
 @dataclass(frozen=True)
