@@ -181,7 +181,7 @@ def train(
     """Train ``run`` into ``out_dir`` (from ``point``, a checkpoint :func:`open_run_dir`
     accepted, if given) and return the run summary. On Ctrl-C, says where it stopped and
     ``resume_command`` (the command that continues the run, as the CLI knows it); a checkpoint
-    write out of room is one ZooError line saying the same."""
+    or a metrics line written out of room is one ZooError line saying the same."""
     if point is not None and point.plan_steps != run.plan_steps:
         raise ValueError(
             f"the run was built for {run.plan_steps} planned steps, its checkpoint for "
@@ -208,7 +208,8 @@ def train(
             f"interrupted after step {progress.done}; {_how_to_continue(progress, out, resume_command)}",
         )
         raise
-    except checkpoint.CheckpointWriteError as error:  # a full disk: the last good step is intact
+    except (checkpoint.CheckpointWriteError, runlog.LogWriteError) as error:
+        # a full disk: the last good checkpoint is intact
         raise ZooError(
             f"{error}; {_how_to_continue(progress, out, resume_command, 'Once there is room, continue')}"
         ) from None

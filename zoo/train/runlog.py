@@ -13,6 +13,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from zoo.errors import ZooError
+from zoo.train.save_guard import os_cause
+
 METRICS = "metrics.jsonl"
 RECIPE = "recipe.json"
 SUMMARY = "summary.json"
@@ -103,14 +106,28 @@ class MetricsLog:
             atomic_write(path, "".join(line + "\n" for line in kept))
         elif not start:
             path.unlink(missing_ok=True)
+        self._path, self._failed = path, False
         self._file = path.open("a")
 
     def write(self, record: dict) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as error:  # a full disk: one line, and the run stops as a checkpoint's would
+            self._failed = True
+            raise LogWriteError(f"{self._path} could not be written: {os_cause(error) or error}") from None
 
     def close(self) -> None:
+        if self._failed:  # closing flushes the line that did not fit again: it fails the same way
+            with contextlib.suppress(OSError):
+                self._file.close()
+            return
         self._file.close()
+
+
+class LogWriteError(ZooError):
+    """A line of ``metrics.jsonl`` could not be written (a full disk, a file-size limit); the
+    lines before it and the checkpoints are intact."""
 
 
 class NullLog:
