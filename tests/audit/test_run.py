@@ -291,6 +291,7 @@ def check_audit_builds_the_training_run(recipe, num_canaries: int) -> None:
         recipe.train.steps,
         layout,
         seed=trained.dp.sampler.seed,
+        microbatch_size=recipe.train.microbatch_size,
         canaries=num_canaries,
     )
     assert audited.engine.dp == expected.with_transform(WhiteBoxCanaries())  # the audit's, on the plan

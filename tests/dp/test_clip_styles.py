@@ -245,7 +245,9 @@ def test_epsilon_and_noise_do_not_depend_on_the_style(epsilon):
             clip_group_weights=(1, 3),
         ),
     }
-    plans = {name: make_plan(dp, 1000, 50, layout, seed=0) for name, dp in styles.items()}
+    plans = {
+        name: make_plan(dp, 1000, 50, layout, seed=0, microbatch_size=None) for name, dp in styles.items()
+    }
     for name, plan in plans.items():
         assert plan.clip_style.style == name
         assert plan.noise_multiplier == plans["all-layer"].noise_multiplier

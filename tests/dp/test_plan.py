@@ -34,7 +34,16 @@ STEPS = 40
 
 def user_plan(dp: DPConfig = DP, canaries: int = 0):
     layout = layout_for(get_config("mlp-s"))
-    return make_plan(dp, len(USERS), STEPS, layout, seed=3, users=group_rows(USERS), canaries=canaries)
+    return make_plan(
+        dp,
+        len(USERS),
+        STEPS,
+        layout,
+        seed=3,
+        microbatch_size=None,
+        users=group_rows(USERS),
+        canaries=canaries,
+    )
 
 
 def pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
@@ -74,14 +83,14 @@ def test_the_padding_of_a_user_level_batch_follows_the_users_and_k_only():
     assert plan.sampler.padded_batch_size == plan.sampler.padded_users * DP.records_per_user
     fewer = np.repeat(np.arange(len(RECORDS_OF)), np.minimum(RECORDS_OF, 2))  # no user above 2
     layout = layout_for(get_config("mlp-s"))
-    other = make_plan(DP, len(fewer), STEPS, layout, seed=3, users=group_rows(fewer))
+    other = make_plan(DP, len(fewer), STEPS, layout, seed=3, microbatch_size=None, users=group_rows(fewer))
     assert other.sampler.padded_batch_size == plan.sampler.padded_batch_size
 
 
 def test_a_user_level_plan_without_users_is_refused():
     layout = layout_for(get_config("mlp-s"))
     with pytest.raises(ValueError, match="data.user_column"):
-        make_plan(DP, len(USERS), STEPS, layout, seed=3)
+        make_plan(DP, len(USERS), STEPS, layout, seed=3, microbatch_size=None)
 
 
 def test_the_canaries_of_a_user_level_plan_are_users():
@@ -90,10 +99,12 @@ def test_the_canaries_of_a_user_level_plan_are_users():
     black-box plan pads for the canary users drawn as well, k slots each."""
     layout = layout_for(get_config("mlp-s"))
     m, users = 10, group_rows(USERS)
-    plan = make_plan(DP, len(USERS), STEPS, layout, seed=3, users=users, canaries=m)
+    plan = make_plan(DP, len(USERS), STEPS, layout, seed=3, microbatch_size=None, users=users, canaries=m)
     assert plan.sampler.sampling_prob == pytest.approx(DP.expected_batch_size / (len(RECORDS_OF) + m // 2))
     assert plan.sampler.num_examples == len(RECORDS_OF)  # the sampler draws the real users only
-    rows = make_plan(DP, len(USERS), STEPS, layout, seed=3, users=users, canaries=m, canary_rows=True)
+    rows = make_plan(
+        DP, len(USERS), STEPS, layout, seed=3, microbatch_size=None, users=users, canaries=m, canary_rows=True
+    )
     assert rows.sampler.padded_users > plan.sampler.padded_users  # Binomial(N_users + M, q) users
     assert rows.sampler.padded_batch_size == rows.sampler.padded_users * DP.records_per_user
 
@@ -166,7 +177,7 @@ def test_a_plan_over_no_unit_is_refused_in_the_same_line_at_either_unit(canaries
     lines = []
     for dp, users in ((records, None), (DP, group_rows(np.zeros(0, np.int64)))):
         with pytest.raises(ZooError) as refusal:
-            make_plan(dp, 0, STEPS, layout, seed=3, users=users, canaries=canaries)
+            make_plan(dp, 0, STEPS, layout, seed=3, microbatch_size=None, users=users, canaries=canaries)
         lines.append(str(refusal.value))
     assert lines[0] == lines[1] and "num_examples=0" in lines[0]
 

@@ -49,7 +49,9 @@ def test_a_run_whose_metrics_do_not_fit_stops_in_one_line_and_resumes(tmp_path, 
     assert "Traceback" not in said
     line = said[said.index("error: ") :].strip()
     assert len(line.splitlines()) == 1, said
-    assert line.startswith(f"error: {out / runlog.METRICS} could not be written: No space left on device"), line
+    assert line.startswith(f"error: {out / runlog.METRICS} could not be written: No space left on device"), (
+        line
+    )
     assert f"the last checkpoint is step 2 in {out}" in line and "--resume" in line, line
 
     monkeypatch.setattr(runlog.MetricsLog, "__init__", opened)  # room again

@@ -32,7 +32,14 @@ def test_each_stage_builds_alone_and_build_run_composes_them():
     plan = stages.dp_plan(recipe, task, start, recipe.train.steps, root)
     # The plan is make_plan's, its sampler seeded once, here, from the root key.
     seed = batch_seed(jax.random.key_data(train_key(NOISE_SEED)))
-    assert plan == make_plan(recipe.dp, task.num_train, recipe.train.steps, start.layout, seed=seed)
+    assert plan == make_plan(
+        recipe.dp,
+        task.num_train,
+        recipe.train.steps,
+        start.layout,
+        seed=seed,
+        microbatch_size=recipe.train.microbatch_size,
+    )
     fitted = stages.projection(start, task, plan, root)
     path = start.cfg.input_projection
     leaf = lambda params: np.asarray(params[path[0]][path[1]])  # noqa: E731

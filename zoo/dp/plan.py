@@ -133,7 +133,7 @@ def make_plan(
     layout: Layout,
     *,
     seed: int,
-    microbatch_size: int | None = None,
+    microbatch_size: int | None,
     canaries: int = 0,
     canary_rows: bool = False,
     users: tuple[np.ndarray, np.ndarray] | None = None,
@@ -141,7 +141,8 @@ def make_plan(
 ) -> DPPlan:
     """The plan of an enabled ``[dp]`` section for ``num_records`` private records, ``steps``
     planned steps and the run's ``layout``; the sampler draws with ``seed``; the clipping takes
-    the batch ``microbatch_size`` examples at a time (``train.microbatch_size``).
+    the batch ``microbatch_size`` examples at a time (``train.microbatch_size``; None: the whole
+    batch at once). It has no default: a caller that forgot it would compile the whole batch.
 
     ``wrap`` changes the section's mechanism before it is made (``zoo audit``'s
     :class:`zoo.dp.mechanisms.Canaries`). ``canaries``, ``canary_rows``: the same wrapper, by

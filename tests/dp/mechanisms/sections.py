@@ -31,7 +31,7 @@ def plan(dp: DPConfig, steps: int = STEPS, layout=None, **kwargs):
     """``make_plan`` of ``dp`` over the records, or the users under ``dp.unit = "user"``."""
     layout = layout or layout_for(get_config("mlp-s"))
     users = USERS if dp.unit == "user" else None
-    return make_plan(dp, RECORDS, steps, layout, seed=3, users=users, **kwargs)
+    return make_plan(dp, RECORDS, steps, layout, seed=3, users=users, **{"microbatch_size": None, **kwargs})
 
 
 def units(dp: DPConfig) -> int:
