@@ -435,7 +435,7 @@ def test_decoding_runs_the_blocks_own_call(monkeypatch, name, backend):
         out = original(self, x, *rest, **kw)
         return (0.5 * out[0], out[1]) if isinstance(out, tuple) else 0.5 * out
 
-    apply = zoo.apply_fn(m.config, backend)
+    apply = jax.jit(zoo.apply_fn(m.config, backend))  # traced again after each clear_caches
     ids = jnp.asarray([PROMPTS[0]], jnp.int32)
     unchanged = np.asarray(apply(m.params, ids))[0, -1]
     monkeypatch.setattr(block, "__call__", halved)
