@@ -21,6 +21,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import zoo
+from tests.conftest import random_params
 from tests.numerics import assert_close, assert_close_bf16
 from zoo.generate import Model, generate, loop, stream
 from zoo.generate.sampling import Sampling, filtered
@@ -28,7 +29,7 @@ from zoo.generate.stops import config_eos
 from zoo.lora import LoraSpec
 from zoo.models import canonical, decode, hf_io
 from zoo.models.llama.config import LlamaConfig
-from zoo.models.paths import flat_by_path, nest_by_path
+from zoo.models.paths import flat_by_path
 from zoo.models.transformer.config import TransformerConfig
 from zoo.train.compiles import CompileCounter
 
@@ -44,7 +45,7 @@ CONFIGS = {
         **SMALL, d_ff=64, num_kv_heads=4, attention="chunked", attention_chunk=8
     ),
     "llama-tied": LlamaConfig(**SMALL, d_ff=64, num_kv_heads=2, tie_head=True),
-    # adapters (made non-zero in `model`) on q, v and the head: ops.dense adds them
+    # adapters (non-zero in `model`) on q, v and the head: ops.dense adds them
     "llama-lora": LlamaConfig(
         **SMALL, d_ff=64, num_kv_heads=2, lora=LoraSpec(4, 8.0, ("blocks.attn.q", "blocks.attn.v", "head"))
     ),
@@ -58,12 +59,12 @@ PROMPTS = ([3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4])
 
 @functools.cache
 def model(name: str, backend: str) -> Model:
+    """Random params drawn by NumPy (``random_params``: no init program to compile per config),
+    every leaf non-zero: a LoRA adapter's B too, which a fresh init leaves at zero."""
     cfg = CONFIGS[name]
-    flat = flat_by_path(canonical.init_params(cfg, 0))
-    for i, path in enumerate(sorted(flat)):  # a fresh adapter's B is zero: give it weight
-        if ".lora_b" in f".{path}":
-            flat[path] = 0.1 * jax.random.normal(jax.random.key(i), flat[path].shape)
-    return Model(cfg, backend, nest_by_path(flat))
+    params = random_params(cfg)
+    assert all(np.asarray(x).any() for x in flat_by_path(params).values())
+    return Model(cfg, backend, params)
 
 
 def width(cfg) -> int:
@@ -104,7 +105,8 @@ def test_a_bf16_run_decodes_in_bf16_with_a_bf16_cache(name):
     float32 full forward under the bf16 rule (tests/numerics.py)."""
     m = model(name, "nnx")
     ckpt = bf16_run(m)
-    _, state = next(stream(ckpt, PROMPTS, max_new_tokens=6, temperature=0, every=6))
+    # keep_logits as below: the stream runs the two programs the generate call runs
+    _, state = next(stream(ckpt, PROMPTS, max_new_tokens=6, temperature=0, every=6, keep_logits=True))
     assert state.cache.k.dtype == state.cache.v.dtype == jnp.bfloat16
     out = generate(ckpt, PROMPTS, max_new_tokens=6, temperature=0, keep_logits=True)
     bf16, f32 = zoo.apply_fn(m.config, "nnx", precision="bfloat16"), zoo.apply_fn(m.config, "nnx")
@@ -116,35 +118,6 @@ def test_a_bf16_run_decodes_in_bf16_with_a_bf16_cache(name):
         full = np.asarray(f32(m.params, jnp.asarray([list(prompt) + list(new)], jnp.int32)))[0]
         expected = full[len(prompt) - 1 : len(prompt) + len(new) - 1]
         assert_close_bf16(out.logits[row, : len(new)], expected, n=n, what=f"{name} row {row}")
-
-
-@pytest.mark.numerics
-@pytest.mark.parametrize("backend", zoo.BACKENDS)
-@pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
-def test_decoding_runs_the_blocks_own_call(monkeypatch, name, backend):
-    """A change planted in the block's forward (its output halved) reaches the decoded logits,
-    which still equal the (changed) full forward's: prefill and decode run the block's own
-    ``__call__``, not a copy of its math."""
-    m = model(name, backend)
-    block = importlib.import_module(f"zoo.models.{m.config.kind}.{backend}").Block
-    original = block.__call__
-
-    def halved(self, x, *rest, **kw):
-        out = original(self, x, *rest, **kw)
-        return (0.5 * out[0], out[1]) if isinstance(out, tuple) else 0.5 * out
-
-    apply = zoo.apply_fn(m.config, backend)
-    ids = jnp.asarray([PROMPTS[0]], jnp.int32)
-    unchanged = np.asarray(apply(m.params, ids))[0, -1]
-    monkeypatch.setattr(block, "__call__", halved)
-    jax.clear_caches()  # trace the decode programs again, with the planted block
-    try:
-        out = generate(m, PROMPTS[:1], max_new_tokens=1, temperature=0, keep_logits=True)
-        planted = np.asarray(apply(m.params, ids))[0, -1]
-    finally:
-        jax.clear_caches()  # nothing compiled with the plant outlives the test
-    assert not np.allclose(planted, unchanged, atol=1e-3)  # the plant changes the model
-    assert_close(out.logits[0, 0], planted, n=max(len(PROMPTS[0]), width(m.config)), what=name)
 
 
 @pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
@@ -163,13 +136,14 @@ def test_a_seed_reproduces_a_sample_and_rows_draw_alone():
     assert first == again
     assert generate(m, PROMPTS, **{**kw, "seed": 4}).tokens != first.tokens
     assert generate(m, PROMPTS[:1], **kw).tokens[0] == first.tokens[0]  # row 0, batch or not
-    same = generate(m, [PROMPTS[0]] * 3, **kw).tokens
-    assert len(set(same)) > 1  # --num-samples: the rows of one prompt draw apart
+    same = generate(m, [PROMPTS[0]] * 2, **kw).tokens  # the batch above's two programs
+    assert same[0] != same[1]  # --num-samples: the rows of one prompt draw apart
 
 
 def test_top_k_1_and_a_tiny_top_p_are_greedy():
     m = model("transformer", "eqx")
-    greedy = generate(m, PROMPTS, max_new_tokens=10, temperature=0).tokens
+    # keep_logits: the prefill and greedy decode programs of the cached-logits test's run
+    greedy = generate(m, PROMPTS, max_new_tokens=10, temperature=0, keep_logits=True).tokens
     assert generate(m, PROMPTS, max_new_tokens=10, temperature=1.5, top_k=1, seed=1).tokens == greedy
     assert generate(m, PROMPTS, max_new_tokens=10, temperature=1.5, top_p=1e-6, seed=1).tokens == greedy
 
@@ -190,9 +164,10 @@ def test_top_k_and_top_p_keep_what_they_say():
 
 def test_generation_stops_at_a_stop_token_and_says_why():
     m = model("llama-kv1", "nnx")
-    greedy = generate(m, PROMPTS, max_new_tokens=8, temperature=0)
+    kw = dict(max_new_tokens=8, temperature=0, keep_logits=True)  # the cached-logits test's programs
+    greedy = generate(m, PROMPTS, **kw)
     stop = greedy.tokens[0][2]
-    out = generate(m, PROMPTS, max_new_tokens=8, temperature=0, stop_tokens=[stop])
+    out = generate(m, PROMPTS, stop_tokens=[stop], **kw)
     assert out.tokens[0] == greedy.tokens[0][: greedy.tokens[0].index(stop) + 1]
     assert out.stopped[0] == "eos"
     row1 = greedy.tokens[1]
@@ -211,7 +186,7 @@ def test_stream_yields_the_tokens_of_generate():
 
 def test_compiles_one_prefill_and_one_decode_program_per_batch_and_bucket():
     cfg = TransformerConfig(**SMALL, d_ff=48)  # a config no other test compiles
-    m = Model(cfg, "nnx", canonical.init_params(cfg, 0))
+    m = Model(cfg, "nnx", random_params(cfg))
     with CompileCounter() as counter:
         with counter.track():
             generate(m, [[1, 2, 3], [4] * 7, [5] * 12], max_new_tokens=5, temperature=0)
@@ -346,7 +321,8 @@ def test_every_hf_fixture_has_generation_references_and_two_have_long_prompts():
 def test_a_chunked_copy_of_a_dense_config_decodes_the_same_tokens():
     m = model("llama-kv2", "eqx")
     chunked = dataclasses.replace(m.config, attention="chunked", attention_chunk=4)
-    dense = generate(m, PROMPTS, max_new_tokens=10, temperature=0).tokens
+    # keep_logits: the dense run is the cached-logits test's programs
+    dense = generate(m, PROMPTS, max_new_tokens=10, temperature=0, keep_logits=True).tokens
     assert (
         generate(Model(chunked, "eqx", m.params), PROMPTS, max_new_tokens=10, temperature=0).tokens == dense
     )
@@ -366,13 +342,14 @@ def test_a_new_kind_generates_by_registering_its_cache():
     for cache in (None, "zoo.models.transformer.cache:CACHE"):
         registry.register(ToyLM, **classes, presets={}, small=cfg, cache=cache)
         try:
-            m = Model(cfg, "eqx", canonical.init_params(cfg, 0))
+            m = Model(cfg, "eqx", random_params(cfg))
             if cache is None:
                 with pytest.raises(ValueError, match="'toylm' registers no decode cache"):
                     generate(m, PROMPTS, max_new_tokens=4)
                 continue
             out = generate(m, PROMPTS[:1], max_new_tokens=6, temperature=0)
-            ids, apply = list(PROMPTS[0]), zoo.apply_fn(cfg, "eqx")
+            # jitted: one program per length (the eager forward compiles each op at each length)
+            ids, apply = list(PROMPTS[0]), jax.jit(zoo.apply_fn(cfg, "eqx"))
             for _ in range(6):
                 ids.append(int(np.argmax(apply(m.params, jnp.asarray([ids], jnp.int32))[0, -1])))
             assert list(out.tokens[0]) == ids[len(PROMPTS[0]) :]
@@ -440,3 +417,33 @@ def test_numpy_integers_are_taken_wherever_python_ints_are():
     ints = dict(max_new_tokens=3, top_k=5, seed=2)
     numpy = dict(max_new_tokens=np.int64(3), top_k=np.int32(5), seed=np.uint32(2))
     assert generate(m, [[1, 2, 3]], **numpy) == generate(m, [[1, 2, 3]], **ints)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("backend", zoo.BACKENDS)
+@pytest.mark.parametrize("name", ["transformer", "llama-kv2"])
+def test_decoding_runs_the_blocks_own_call(monkeypatch, name, backend):
+    """A change planted in the block's forward (its output halved) reaches the decoded logits,
+    which still equal the (changed) full forward's: prefill and decode run the block's own
+    ``__call__``, not a copy of its math. Last in the file: clearing JAX's caches makes every
+    later test trace and compile again what it would have found compiled."""
+    m = model(name, backend)
+    block = importlib.import_module(f"zoo.models.{m.config.kind}.{backend}").Block
+    original = block.__call__
+
+    def halved(self, x, *rest, **kw):
+        out = original(self, x, *rest, **kw)
+        return (0.5 * out[0], out[1]) if isinstance(out, tuple) else 0.5 * out
+
+    apply = jax.jit(zoo.apply_fn(m.config, backend))  # traced again after each clear_caches
+    ids = jnp.asarray([PROMPTS[0]], jnp.int32)
+    unchanged = np.asarray(apply(m.params, ids))[0, -1]
+    monkeypatch.setattr(block, "__call__", halved)
+    jax.clear_caches()  # trace the decode programs again, with the planted block
+    try:
+        out = generate(m, PROMPTS[:1], max_new_tokens=1, temperature=0, keep_logits=True)
+        planted = np.asarray(apply(m.params, ids))[0, -1]
+    finally:
+        jax.clear_caches()  # nothing compiled with the plant outlives the test
+    assert not np.allclose(planted, unchanged, atol=1e-3)  # the plant changes the model
+    assert_close(out.logits[0, 0], planted, n=max(len(PROMPTS[0]), width(m.config)), what=name)

@@ -64,3 +64,19 @@ def test_els_with_one_record_a_user_is_the_plain_poisson_gaussian():
     made = plan(dp)
     assert type(made.mechanism.step_event()).__name__ == "PoissonSampledDpEvent"
     assert (made.noise_multiplier, made.epsilon) == todays(dp)
+
+
+def test_the_epsilon_of_the_calibrated_noise_is_not_composed_again(monkeypatch):
+    """A DP run reports the epsilon of the noise :func:`calibrate` found: the event calibrate
+    checked on the fine grid, kept, not composed a second time (about half a second of every
+    digits-mlp-dp run's start). The planted bug this catches: ``event_epsilon`` not kept."""
+    from zoo.dp.mechanisms import accountant
+
+    dp = dataclasses.replace(SECTIONS["dpsgd"], noise_multiplier=None, epsilon=2.5)
+    made = plan(dp)
+    composed = []
+    real = accountant.make_accountant
+    monkeypatch.setattr(accountant, "make_accountant", lambda *a: composed.append(a) or real(*a))
+    event = made.mechanism.dp_event(STEPS)
+    assert accountant.event_epsilon(event, dp.delta, dp.accountant) == made.epsilon <= 2.5
+    assert composed == []
