@@ -39,6 +39,7 @@ from zoo.train.resume import (
     saved_root,
 )
 from zoo.train.run import Run, build_run, epsilon_at, local_batch, release_params, state_key
+from zoo.train.save_guard import RunWriteError
 from zoo.train.state import TrainState, key_bytes
 from zoo.train.summary import last_logged_loss, run_evaluation, say_resumed, summarize
 from zoo.ui import StepLines
@@ -208,8 +209,7 @@ def train(
             f"interrupted after step {progress.done}; {_how_to_continue(progress, out, resume_command)}",
         )
         raise
-    except (checkpoint.CheckpointWriteError, runlog.LogWriteError) as error:
-        # a full disk: the last good checkpoint is intact
+    except RunWriteError as error:  # a full disk: the last good checkpoint is intact
         raise ZooError(
             f"{error}; {_how_to_continue(progress, out, resume_command, 'Once there is room, continue')}"
         ) from None

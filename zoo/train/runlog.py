@@ -13,8 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from zoo.errors import ZooError
-from zoo.train.save_guard import os_cause
+from zoo.train.save_guard import RunWriteError, os_cause
 
 METRICS = "metrics.jsonl"
 RECIPE = "recipe.json"
@@ -125,9 +124,9 @@ class MetricsLog:
         self._file.close()
 
 
-class LogWriteError(ZooError):
-    """A line of ``metrics.jsonl`` could not be written (a full disk, a file-size limit); the
-    lines before it and the checkpoints are intact."""
+class LogWriteError(RunWriteError):
+    """A line of ``metrics.jsonl`` could not be written; the lines before it and the checkpoints
+    are intact."""
 
 
 class NullLog:

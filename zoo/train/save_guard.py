@@ -32,7 +32,12 @@ _OS_CODE = re.compile(r"os_error_code='?(\d+)")
 _HINTS = {errno.EFBIG: "a file-size limit (ulimit -f) was reached", errno.ENOSPC: "the disk is full"}
 
 
-class CheckpointWriteError(ZooError):
+class RunWriteError(ZooError):
+    """A file of the run could not be written (a full disk, a file-size limit); what was written
+    before it is intact, so the run stops and says how to continue once there is room."""
+
+
+class CheckpointWriteError(RunWriteError):
     """A checkpoint step could not be written; nothing of it is left on disk."""
 
 
