@@ -414,3 +414,15 @@ def test_a_user_level_audit_without_noise_shows_the_leak_and_with_noise_stays_be
     print(
         "user-level audit:", {k: (v["epsilon_lower_bound"], v["epsilon_claimed"]) for k, v in bounds.items()}
     )
+
+
+def test_an_audit_into_a_folder_a_live_run_holds_is_refused_in_one_line(tmp_path, capsys):
+    from zoo.train import runlock
+
+    out = tmp_path / "audit"
+    with runlock.hold(out):  # another run (a zoo train, or an audit) holds the folder
+        code = main(["audit", "digits-mlp-dp", "--no-progress", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "is in use by another zoo run" in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()  # nothing written, and the folder the lock made is gone

@@ -57,3 +57,41 @@ def test_a_run_whose_metrics_do_not_fit_stops_in_one_line_and_resumes(tmp_path, 
     monkeypatch.setattr(runlog.MetricsLog, "__init__", opened)  # room again
     assert main(["train", *FLAGS, "--steps", "4", "--resume", "--out", str(out)]) == 0
     assert checkpoint.latest_step(out) == 4
+
+
+def test_a_summary_that_does_not_fit_stops_in_one_line_and_a_resume_writes_it(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    written = runlog.atomic_write
+
+    def full_for_the_summary(path, text):
+        if path.name == runlog.SUMMARY:
+            with FULL.open("w") as f:  # the disk fills up as the summary is written
+                f.write(text)
+                f.flush()
+        written(path, text)
+
+    monkeypatch.setattr(runlog, "atomic_write", full_for_the_summary)
+    assert main(["train", *FLAGS, "--steps", "2", "--out", str(out)]) == 2
+    said = capsys.readouterr().err
+    assert "Traceback" not in said
+    line = said[said.index("error: ") :].strip()
+    assert len(line.splitlines()) == 1, said
+    assert line.startswith(f"error: {out / runlog.SUMMARY} could not be written: No space left on device"), (
+        line
+    )
+    assert f"the last checkpoint is step 2 in {out}" in line and "--resume" in line, line
+    assert not (out / runlog.SUMMARY).exists()
+
+    monkeypatch.setattr(runlog, "atomic_write", written)  # room again: the resume only writes it
+    assert main(["train", *FLAGS, "--steps", "2", "--resume", "--out", str(out)]) == 0
+    assert runlog.read_summary(out)["steps"] == 2
+
+
+def test_a_json_file_written_out_of_room_leaves_no_temporary_file(tmp_path, monkeypatch):
+    def no_room(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runlog.os, "fsync", no_room)
+    with pytest.raises(runlog.LogWriteError, match="the disk is full"):
+        runlog.write_json(tmp_path / runlog.SUMMARY, {"a": 1})
+    assert list(tmp_path.iterdir()) == []

@@ -17,7 +17,7 @@ MODES = ("whitebox", "blackbox")  # zoo.audit.MODES, without importing the train
 def run_audit(args) -> int:
     from zoo.audit.report import audit
     from zoo.audit.run import check_request
-    from zoo.train import runlog
+    from zoo.train import runlock, runlog
 
     recipe = resolve_recipe(args)
     if args.unit is not None:  # as --set dp.unit=UNIT would
@@ -31,7 +31,9 @@ def run_audit(args) -> int:
     check_request(recipe, args.canaries, args.mode, args.confidence, args.no_noise)
     out = Path(args.out) if args.out else new_run_dir(f"audit-{recipe.name}")
     stage, steps, err = stage_lines(args.no_progress), recipe.train.steps, Console(stderr=True)
-    with runlog.progress_bar(err, rate_unit="steps/s") as progress:
+    # one run at a time in a folder, as for zoo train: two audits (or an audit and a training
+    # run) into one --out would write each other's scores
+    with runlock.hold(out), runlog.progress_bar(err, rate_unit="steps/s") as progress:
         bar = progress.add_task(
             f"audit {recipe.name}", total=steps, loss="-", rate="-", visible=not args.no_progress
         )

@@ -233,7 +233,12 @@ def train(
         speed=pace.summary(),
     )  # fmt: skip
     if main:
-        runlog.write_json(out / runlog.SUMMARY, summary)
+        try:
+            runlog.write_json(out / runlog.SUMMARY, summary)
+        except RunWriteError as error:  # the steps are done and saved: a resume writes only this
+            raise ZooError(
+                f"{error}; {_how_to_continue(progress, out, resume_command, 'Once there is room, write it')}"
+            ) from None
     return summary
 
 

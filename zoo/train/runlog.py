@@ -24,11 +24,16 @@ def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` so that a reader, or a run killed at any point, sees the old file or the
     new one, never a part: a synced temporary file renamed over ``path``, then the folder synced."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temporary file left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -81,7 +86,11 @@ def _os_reason(error: OSError, parent: Path, out: Path) -> str:
 
 
 def write_json(path: Path, obj: object) -> None:
-    atomic_write(path, json.dumps(obj, indent=2) + "\n")
+    """``obj`` as ``path``, whole or not at all; out of room, a :class:`LogWriteError`."""
+    try:
+        atomic_write(path, json.dumps(obj, indent=2) + "\n")
+    except OSError as error:
+        raise LogWriteError(f"{path} could not be written: {os_cause(error) or error}") from None
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -125,8 +134,8 @@ class MetricsLog:
 
 
 class LogWriteError(RunWriteError):
-    """A line of ``metrics.jsonl`` could not be written; the lines before it and the checkpoints
-    are intact."""
+    """A line of ``metrics.jsonl``, or ``recipe.json`` or ``summary.json``, could not be written;
+    what was written before it and the checkpoints are intact."""
 
 
 class NullLog:
