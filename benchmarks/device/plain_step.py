@@ -4,8 +4,9 @@ About a hundred lines in the nanoGPT manner: float32 master weights cast to the 
 once per step, a fused q/k/v projection, pre-LayerNorm blocks scanned over the layers, a
 tied head, a float32 cross-entropy, and the optimizer it is handed (``mfu.py`` hands it zoo's
 own optax AdamW after the global-norm clip, so the two steps differ only in the model and
-loss code). Attention is XLA's (einsum, causal mask, float32 softmax) or the Pallas splash
-kernel with chosen block sizes. Remat: ``none``, ``full`` (the layer saves nothing) or
+loss code). Attention is XLA's (einsum, causal mask, float32 softmax), the Pallas splash
+kernel with chosen block sizes, or ``sdpa``: ``jax.nn.dot_product_attention``, cuDNN's fused
+attention on an NVIDIA GPU and XLA's elsewhere. Remat: ``none``, ``full`` (the layer saves nothing) or
 ``dots`` (the layer saves its matmul outputs), each over the scanned layer.
 """
 
@@ -59,6 +60,15 @@ def _xla_attention(q, k, v):
     return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, -1).astype(v.dtype), v)
 
 
+def _sdpa_attention(q, k, v):
+    """q, k, v [B, T, H, d] -> [B, T, H, d], causal: JAX's fused attention, cuDNN's on a GPU."""
+    implementation = "cudnn" if jax.default_backend() == "gpu" else None
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+
+
+ATTENTIONS = ("xla", "splash", "sdpa")
+
+
 def _splash_kernel(seq: int, heads: int, block: int, fused: bool, interpret: bool):
     """``fused``: splash's one backward kernel for dq, dk and dv."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
@@ -99,9 +109,14 @@ def logits_fn(params, x, heads: int, attention: str, remat: str, block: int, dty
     def layer(h, w):
         a = _ln(h, w["ln1_g"], w["ln1_b"])
         q, k, v = jnp.split(a @ w["qkv_w"] + w["qkv_b"], 3, axis=-1)
-        q, k, v = split(q), split(k), split(v)
-        ctx = _xla_attention(q, k, v) if attention == "xla" else _splash_attention(q, k, v, block, fused)
-        h = h + ctx.transpose(0, 2, 1, 3).reshape(batch, seq, d) @ w["o_w"] + w["o_b"]
+        if attention == "sdpa":  # [B, T, H, d] as it is: no transposes
+            shape = (batch, seq, heads, d // heads)
+            ctx = _sdpa_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape))
+        else:
+            q, k, v = split(q), split(k), split(v)
+            ctx = _xla_attention(q, k, v) if attention == "xla" else _splash_attention(q, k, v, block, fused)
+            ctx = ctx.transpose(0, 2, 1, 3)
+        h = h + ctx.reshape(batch, seq, d) @ w["o_w"] + w["o_b"]
         m = _ln(h, w["ln2_g"], w["ln2_b"])
         return h + jax.nn.gelu(m @ w["up_w"] + w["up_b"]) @ w["down_w"] + w["down_b"], None
 
@@ -121,6 +136,8 @@ def make_step(
     fused: bool = False,
 ):
     """A jitted ``(params, opt_state, x, y) -> (params, opt_state, loss)``, donating the state."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"unknown plain attention {attention!r}; valid: {', '.join(ATTENTIONS)}")
 
     def loss_fn(params, x, y):
         logits = logits_fn(params, x, heads, attention, remat, block, dtype, fused)

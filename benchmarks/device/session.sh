@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A user's session on the chip, as one prepared device call, after tpu.sh's set-up:
+# A user's session on the chip (a TPU, or an NVIDIA GPU), as one prepared device call, after
+# tpu.sh's set-up:
 #
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/session.sh
 #
@@ -45,7 +46,7 @@ if [ "${SMALL:-}" = 1 ]; then
   BUDGET=${BUDGET:-3000}; MAX_SCALE=${MAX_SCALE:-4}; SMALL_FLAG=--small; HF_1B=small; HF_3B=small; FREEZE_TO=1
   GPT2_STEPS=160; GPT2_EVERY=20; GPT2_KILL=50; NEW_TOKENS=32  # transformer-xs has 64 positions
   GPT2_SIZE=(--set model.preset=transformer-xs --set data.seq_len=32 --batch-size 4)
-  HARNESS=(--small --batch 2 --zoo dense:dots --plain xla:dots --rounds 1 --steps 2)  # mfu.py's own tiny shape
+  HARNESS=(--small --batch 2 --zoo dense:dots --plain sdpa:dots,xla:dots --rounds 1 --steps 2)  # mfu.py's own tiny shape
   LLAMA_SIZE=(--set data.seq_len=32 --batch-size 4)
   FULL_SIZE=(--set model.preset=llama-xs --set data.seq_len=32 --batch-size 4 --microbatch-size 2)
   DP_SIZE=(--set model.preset=transformer-xs --set data.seq_len=32 --set dp.expected_batch_size=16 --set train.microbatch_size=4)
@@ -53,6 +54,11 @@ else
   BUDGET=${BUDGET:-450}; MAX_SCALE=${MAX_SCALE:-1}; SMALL_FLAG=; HF_1B=1b; HF_3B=3b; FREEZE_TO=12
   GPT2_STEPS=200; GPT2_EVERY=50; GPT2_KILL=120; NEW_TOKENS=128
   HARNESS=(--batch 16 --zoo splash:dots --plain splash:dots --rounds 3 --steps 5)  # gpt2-124m-tokens' shape and policy
+  if [ "$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)" != tpu ]; then
+    # no splash off a TPU: the recipe's attention "auto" is dense there; the plain step's
+    # cuDNN attention beside its einsum one
+    HARNESS=(--batch 16 --zoo dense:dots --plain sdpa:dots,xla:dots --rounds 3 --steps 5)
+  fi
   GPT2_SIZE=(); LLAMA_SIZE=(); FULL_SIZE=(); DP_SIZE=()
 fi
 PARTS=${PARTS:-gpt2 twin full1b llama1b llama3b dp frozen1b}

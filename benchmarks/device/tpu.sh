@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# One prepared call on the lent TPU machine: set zoo up beside the machine's own JAX, then run
+# One prepared call on the lent machine: set zoo up beside the machine's own JAX, then run
 # the command given after `--` (default: the MFU benchmark), timing both parts.
 #
 #   bash benchmarks/device/tpu.sh -- python3 benchmarks/device/mfu.py --json "$OUT/mfu.json"
 #
-# The machine has Python 3.11, JAX (0.10.2 when this was written) on PYTHONPATH, its own package
-# index at /opt/pypi/simple, and no internet. What its index lacks travels as wheels in
-# .whl-tpu/ (benchmarks/device/wheels.sh, here; the call's `carry`). Everything installs under
-# /tmp/site, appended to PYTHONPATH, so that the machine's JAX stays first; zoo itself runs
-# from the checkout (PYTHONPATH), with no install.
+# Named for the TPU v5e machine it was written for; the NVIDIA GPU machine takes it too.
+# - The TPU machine: Python 3.11, JAX (0.10.2 when this was written) on PYTHONPATH, its own
+#   package index at /opt/pypi/simple, and no internet. What its index lacks travels as wheels
+#   in .whl-tpu/ (benchmarks/device/wheels.sh, here; the call's `carry`). Everything installs
+#   under /tmp/site, appended to PYTHONPATH, so that the machine's JAX stays first.
+# - The GPU machine: Python 3.12 in a virtual environment with JAX and its CUDA plugin, most of
+#   zoo's libraries, and no index. zoo's own versions travel in .whl-gpu/ (`wheels.sh gpu`),
+#   install under /tmp/site, and come first on PYTHONPATH (they hold no JAX). The carried
+#   folder says which machine this is: .whl-gpu/ takes this way.
+# zoo itself runs from the checkout (PYTHONPATH), with no install.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
@@ -19,11 +24,20 @@ PY=$(for p in python3.11 /usr/bin/python3 python3; do command -v "$p" >/dev/null
 [ -n "$PY" ] || { echo "tpu.sh: no Python here imports jax"; exit 2; }
 PY=$("$PY" -c 'import sys; print(sys.executable)')
 unset PYENV_VERSION
-mkdir -p /tmp/pybin && ln -sf "$PY" /tmp/pybin/python3 && export PATH="/tmp/pybin:$PATH"
+# `python3` is that Python for the command: a script, not a link (a link to a virtual
+# environment's python outside its folder loses the environment's packages)
+mkdir -p /tmp/pybin && printf '#!/bin/sh\nexec "%s" "$@"\n' "$PY" > /tmp/pybin/python3 && chmod +x /tmp/pybin/python3
+export PATH="/tmp/pybin:$PATH"
 mkdir -p "$SITE"
 pip_in() { PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated -q --no-cache-dir --disable-pip-version-check --target "$SITE" "$@"; }
 index=(--only-binary=:all: --index-url file:///opt/pypi/simple)
-if [ -f "$SITE/.zoo-ready" ]; then echo "tpu.sh: $SITE is set up already (a warm machine)"; else
+GPU=$(ls .whl-gpu/*.whl 2>/dev/null | head -n 1)
+if [ -n "$GPU" ]; then  # the GPU machine: the carried wheels alone, first on the path
+  if [ -f "$SITE/.zoo-ready" ]; then echo "tpu.sh: $SITE is set up already (a warm machine)"; else
+    pip_in --no-index --no-deps --no-compile .whl-gpu/*.whl && touch "$SITE/.zoo-ready"
+  fi
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+elif [ -f "$SITE/.zoo-ready" ]; then echo "tpu.sh: $SITE is set up already (a warm machine)"; else
 # 1. the carried wheels, as they are
 pip_in --no-index --no-deps --no-compile .whl-tpu/*.whl || for wheel in .whl-tpu/*.whl; do
   pip_in --no-index --no-deps --no-compile "$wheel" 2>/dev/null || echo "tpu.sh: not installed: $wheel"
@@ -43,7 +57,7 @@ rm -rf "$SITE"/jax "$SITE"/jaxlib "$SITE"/jax-* "$SITE"/jaxlib-* "$SITE"/libtpu*
   "$SITE"/numpy.libs "$SITE"/scipy "$SITE"/scipy-* "$SITE"/scipy.libs "$SITE"/ml_dtypes "$SITE"/ml_dtypes-*
 touch "$SITE/.zoo-ready"
 fi
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SITE:$PWD"
+[ -z "$GPU" ] && export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SITE:$PWD"
 export PYTHONUNBUFFERED=1
 "$PY" - <<'PY' || { echo "tpu.sh: zoo does not import"; exit 2; }
 import jax, zoo, zoo.cli, zoo.bench.step  # noqa

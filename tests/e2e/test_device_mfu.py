@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.numerics import assert_close
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "mfu.py"
 
 
@@ -78,3 +80,38 @@ def test_the_decode_benchmark_runs_against_its_roofline(tmp_path):
         step_bytes = r["param_bytes"] + r["cache_bytes_read"]
         assert r["roofline_tokens_per_s"] == pytest.approx(r["batch"] * 819e9 / step_bytes)
         assert r["of_roofline"] == pytest.approx(r["decode_tokens_per_s"] / r["roofline_tokens_per_s"])
+
+
+def _plain_step():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plain_step", SCRIPT.parent / "plain_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.numerics
+def test_the_plain_steps_attentions_give_one_loss_and_one_update():
+    """plain_step's ``sdpa`` (jax.nn.dot_product_attention, the cuDNN kernel on a GPU) takes
+    [B, T, H, d] without the transposes of the einsum form: on a CPU both are XLA's arithmetic,
+    so a head or causal-mask mix-up shows as a different loss and update."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    plain = _plain_step()
+    vocab, d, layers, heads, seq = 64, 32, 2, 4, 16
+    params = plain.init(jax.random.key(0), vocab, d, layers, heads, 4 * d, seq)
+    x = jax.random.randint(jax.random.key(1), (2, seq), 0, vocab)
+    y = jnp.roll(x, -1, axis=1)
+    optimizer = optax.sgd(1.0)
+    out = {}
+    for attention in ("xla", "sdpa"):
+        step = plain.make_step(optimizer, heads, attention, "none", dtype=jnp.float32)
+        state = jax.tree.map(jnp.copy, params)
+        new, _, loss = step(state, optimizer.init(state), x, y)
+        out[attention] = (loss, new)
+    assert_close(out["sdpa"], out["xla"], n=d * seq, what="sdpa against the einsum attention")
+    with pytest.raises(ValueError, match="unknown plain attention 'cudnn'; valid: xla, splash, sdpa"):
+        plain.make_step(optimizer, heads, "cudnn", "none")

@@ -72,3 +72,13 @@ def test_the_session_runs_every_step_and_the_resumed_run_equals_the_uninterrupte
     full = next(r for r in table if r["step"] == "full_llama1b")
     assert full["offload"] == "optimizer+params" and full["update_on"] == "host" and full["tokens_per_s"] > 0
     assert all(r["ex_per_s"] for r in table if r["step"].startswith(("lora_", "gpt2_twin", "dp_")))
+
+    # the harness's plain step in both attentions (sdpa: cuDNN's on a GPU), the fastest beside the CLI's
+    harness = json.loads((out / "session.json").read_text())["harness"]
+    plains = [
+        r
+        for r in json.loads((work / "logs" / "harness_gpt2.json").read_text())["rows"]
+        if "plain:" in r["row"]
+    ]
+    assert sorted(r["row"] for r in plains) == ["plain:sdpa:dots:2", "plain:xla:dots:2"]
+    assert harness["plain"]["tokens_per_s"] == max(r["tokens_per_s"] for r in plains)
