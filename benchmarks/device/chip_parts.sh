@@ -8,6 +8,7 @@
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-logical-batch  # ghost DP on a logical batch of 1,024 x 1,024 tokens, microbatches of 8
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-lora           # DP-LoRA of llama-1b at 1,024 x 1,024 tokens
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh fits-table        # the largest batch of gpt2-355m per remat policy, llama-1b with frozen layers
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh first-look        # a chip not measured before: the GPT-2 step beside plain JAX, ghost DP beside jax_privacy, decode
 #
 # Each command runs under `timeout`, prints as it goes, and writes its JSON under $OUT (default
 # /tmp/out). `SMALL=1` runs every part at a tiny size on a CPU (the same flags otherwise).
@@ -83,8 +84,26 @@ fits-table)
   step fits 560 "$PY" benchmarks/device/fits_table.py --seq 2048 --steps 2 --deadline 420 $SMALL_FLAG \
     --json "$OUT/fits.json" --plot "$OUT/fits.png" --rows "$rows"
   ;;
+first-look)
+  # one call's worth on a chip seen for the first time (the NVIDIA GPU machine's first lease):
+  # zoo's GPT-2 step beside the plain-JAX one in every attention the chip has (splash on a TPU;
+  # cuDNN's and the einsum form elsewhere), issue 65's headline DP rows beside jax_privacy, and
+  # decode against the roofline
+  if [ "$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)" = tpu ]; then
+    ROWS=(--zoo splash:dots,splash:none --plain splash:dots,splash:none)
+  else
+    ROWS=(--zoo dense:dots,dense:none --plain sdpa:dots,sdpa:none,xla:dots)
+  fi
+  if [ "${SMALL:-}" = 1 ]; then MFU=(--small); else MFU=(--batch 16 --rounds 3 --steps 5); fi
+  step mfu 180 "$PY" benchmarks/device/mfu.py "${MFU[@]}" "${ROWS[@]}" --json "$OUT/mfu.json"
+  step dp_1024x8 150 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots --rounds 3 \
+    --methods "ghost,ghost layer-wise,jax_privacy clipped_grad" "${QUICK[@]}"
+  step dp_256x8 120 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" --rounds 3 \
+    --methods "ghost,ghost layer-wise,jax_privacy clipped_grad" "${QUICK[@]}"
+  step decode 90 "$PY" benchmarks/device/decode.py --models "$GPT" --batches 1,64 $SMALL_FLAG --json "$OUT/decode.json"
+  ;;
 *)
-  echo "usage: chip_parts.sh host-update|dp-methods|dp-acceptance|dp-logical-batch|dp-lora|fits-table" >&2
+  echo "usage: chip_parts.sh host-update|dp-methods|dp-acceptance|dp-logical-batch|dp-lora|fits-table|first-look" >&2
   exit 2
   ;;
 esac
