@@ -31,7 +31,8 @@ ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo y
 #   remat and merge cells add no mechanism the re-run lacks);
 # - the norm taps' per-layer sweeps under none and dots (their full and nested cells, the
 #   materialised form, auto and bf16 are re-run) and the taps' planted bugs ("... is caught").
-ISA_SKIP := eqx or still_catches or (test_splash.py and not grouped) or chunked_attention_gives or chunked_mlp_gives or through_chunked
+# - splash's and cuDNN's attention cells beyond grouped kv heads (cuDNN's batched and per example).
+ISA_SKIP := eqx or still_catches or (test_splash.py and not grouped) or (test_cudnn.py and not grouped) or chunked_attention_gives or chunked_mlp_gives or through_chunked
 ISA_SKIP += or ((test_setup.py or test_lora) and not (same_logits_and_grads_in_both_backends and transformer))
 ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-lean or minimal or offload))
 ISA_SKIP += or ((test_api.py or test_conv.py or test_rules.py or test_ghost) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
@@ -66,8 +67,9 @@ OLDEST_TESTS += tests/dp/ghost tests/dp/mechanisms/test_base.py $(OLDEST_DP:%=te
 # full, the offloads, nested and recursive run), parity variants of a kind, and ghost-clipping
 # cells beyond ghost against vmap, frozen layers and the conv norms (a form per site: the
 # transformer's cells, the tied head under remat and bf16); the norm taps' planted bugs and their
-# per-layer sweeps under dots (none, full and nested run).
-OLDEST_SKIP := still_catches or through_the_cli or needs_less_temp_memory
+# per-layer sweeps under dots (none, full and nested run); cuDNN attention's cells beyond grouped
+# kv heads.
+OLDEST_SKIP := still_catches or through_the_cli or needs_less_temp_memory or (test_cudnn.py and not grouped)
 OLDEST_SKIP += or (policy_matches_no_remat and (dots or full-lean or minimal))
 OLDEST_SKIP += or (converted_weights and (digits or heads or kv))
 OLDEST_SKIP += or ((test_api.py or test_conv.py or test_rules.py) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))

@@ -9,7 +9,8 @@ from zoo.checks import require_choice, require_int, require_number, require_posi
 from zoo.errors import ZooError
 from zoo.precision import PRECISIONS
 
-ATTENTIONS = ("auto", "dense", "chunked", "splash")  # a model's attention (zoo.models.attention.attention)
+# a model's attention (zoo.models.attention.attention)
+ATTENTIONS = ("auto", "dense", "chunked", "splash", "cudnn")
 # Where [train] placement keeps the training state and runs its update (zoo.parallel.placement):
 # on the device; the optimizer state (and the float32 params) in host memory between steps; or
 # the whole state on the host's CPU device with the update run there.

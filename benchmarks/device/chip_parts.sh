@@ -92,7 +92,7 @@ first-look)
   if [ "$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)" = tpu ]; then
     ROWS=(--zoo splash:dots,splash:none --plain splash:dots,splash:none)
   else
-    ROWS=(--zoo dense:dots,dense:none --plain sdpa:dots,sdpa:none,xla:dots)
+    ROWS=(--zoo dense:dots,cudnn:dots,cudnn:none --plain sdpa:dots,sdpa:none,xla:dots)
   fi
   if [ "${SMALL:-}" = 1 ]; then MFU=(--small); else MFU=(--batch 16 --rounds 3 --steps 5); fi
   step mfu 180 "$PY" benchmarks/device/mfu.py "${MFU[@]}" "${ROWS[@]}" --json "$OUT/mfu.json"

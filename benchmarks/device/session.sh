@@ -57,7 +57,7 @@ else
   if [ "$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)" != tpu ]; then
     # no splash off a TPU: the recipe's attention "auto" is dense there; the plain step's
     # cuDNN attention beside its einsum one
-    HARNESS=(--batch 16 --zoo dense:dots --plain sdpa:dots,xla:dots --rounds 3 --steps 5)
+    HARNESS=(--batch 16 --zoo dense:dots --plain sdpa:dots,xla:dots --rounds 3 --steps 5)  # the recipe's own attention
   fi
   GPT2_SIZE=(); LLAMA_SIZE=(); FULL_SIZE=(); DP_SIZE=()
 fi

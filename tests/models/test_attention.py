@@ -266,7 +266,8 @@ def test_ghost_clipping_through_chunked_attention_equals_vmap_clipping():
 
 def test_the_attention_choice_is_checked():
     with pytest.raises(
-        ZooError, match=r"unknown TransformerConfig.attention 'flash'.*Valid: auto, chunked, dense, splash"
+        ZooError,
+        match=r"unknown TransformerConfig.attention 'flash'.*Valid: auto, chunked, cudnn, dense, splash",
     ):
         zoo.get_config("transformer-xs", attention="flash")
     with pytest.raises(ZooError, match="attention_chunk must be a positive int"):

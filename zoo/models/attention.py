@@ -1,5 +1,6 @@
-"""Attention: one function, :func:`attention`, for training (dense, chunked, or the Pallas
-splash kernel of :mod:`zoo.models.splash`; ``"auto"`` is splash on a TPU, dense elsewhere) and
+"""Attention: one function, :func:`attention`, for training (dense, chunked, the Pallas splash
+kernel of :mod:`zoo.models.splash`, or cuDNN's of :mod:`zoo.models.cudnn`; ``"auto"`` is
+splash on a TPU, dense elsewhere) and
 for reads of a key/value cache (prefill and decode), with one masking rule and one float32
 softmax scope.
 
@@ -36,11 +37,12 @@ import jax.numpy as jnp
 
 from zoo import jaxfeatures
 from zoo.models.cache_rows import CacheSlice, gathered, spread
+from zoo.models.cudnn import cudnn
 from zoo.models.ops import in_float32
 from zoo.models.splash import SplashBlocks, resolve, splash
 from zoo.precision import float32_scope
 
-KINDS = ("auto", "dense", "chunked", "splash")
+KINDS = ("auto", "dense", "chunked", "splash", "cudnn")
 
 
 def masked(scores: jax.Array, ok: jax.Array) -> jax.Array:
@@ -389,6 +391,8 @@ def attention(
         return _cached(q, k, v, num_heads, num_kv_heads, cache, chunk)
     if kind == "splash":
         return splash(q, k, v, num_heads, num_kv_heads, causal=causal, key_mask=key_mask, blocks=blocks)
+    if kind == "cudnn":
+        return cudnn(q, k, v, num_heads, num_kv_heads, causal=causal, key_mask=key_mask)
     if chunk:
         return _chunked(q, k, v, num_heads, num_kv_heads, chunk, causal, key_mask, rule)
     return _dense(q, k, v, num_heads, num_kv_heads, causal, key_mask)

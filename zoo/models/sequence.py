@@ -76,9 +76,8 @@ class SequenceConfig(ModelConfig):
     num_heads: int = 4
     num_layers: int = 2
     max_len: int = 64
-    attention: str = (
-        "auto"  # splash on a TPU, dense elsewhere; or "dense", "chunked", "splash" (zoo.models.attention)
-    )
+    # splash on a TPU, dense elsewhere; or "dense", "chunked", "splash", "cudnn" (zoo.models.attention)
+    attention: str = "auto"
     attention_chunk: int = 64
     # The splash kernels' tuning (zoo.models.splash.SplashBlocks, MaxText's sa_block_*): tokens
     # per block of the forward kernel, the dk/dv kernel and the dq kernel, and one fused backward
