@@ -226,3 +226,13 @@ def test_a_corrupt_or_partial_cache_falls_back_to_the_formula(cache):
     assert forms.timed(timings[small]) and forms.timed(forms.measured(small))
     table = measure.choice_table([{"shape": small, "layers": 1}], {small: {"form": "gram"}})
     assert table["rows"][0]["ms"] is None and table["rows"][0]["chosen"] == "gram"
+
+
+def test_each_platforms_balance_is_its_chips_multiply_adds_over_its_bandwidth():
+    """The forms' a-priori weighing of bytes against multiply-adds is the peak table's chip:
+    a TPU v5e's, and the H200 that the device tool lends for a GPU."""
+    from zoo.train.throughput import CHIPS
+
+    for platform, chip in (("tpu", "TPU v5 lite"), ("gpu", "H200")):
+        bf16, _, bandwidth = CHIPS[chip]
+        assert forms.BALANCE[platform] == pytest.approx(bf16 / 2 / bandwidth, rel=0.01), platform

@@ -49,9 +49,10 @@ CACHE_FILE = "ghost-forms.json"
 CACHE = ChoiceCache(CACHE_FILE)
 MATERIALISE_MIN_POSITIONS = 32
 # Multiply-adds per byte of HBM traffic that take as long, per platform: a TPU v5e's 98.5 T
-# bf16 multiply-adds a second over its 820 GB/s (the chip profile's tpu_info). Not listed: 0,
-# multiply-adds alone.
-BALANCE = {"tpu": 120.0}
+# bf16 multiply-adds a second over its 820 GB/s (the chip profile's tpu_info); an NVIDIA GPU's,
+# the H200 the device tool lends: 494.5 T over 4.8 TB/s (datasheet figures, not measured). Not
+# listed: 0, multiply-adds alone.
+BALANCE = {"tpu": 120.0, "gpu": 103.0}
 
 
 def flops(form: str, seq: int, d_in: int, d_out: int, sums: bool) -> int:
