@@ -53,19 +53,58 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv[0] if argv else None).parse_args(argv)
     shown = warnings.showwarning
     warnings.showwarning = _show_warning
+    args = None
     try:
-        return int(args.func(args) or 0)
+        # the parser imports the command's modules (seconds): a Ctrl-C meanwhile is one line too
+        args = build_parser(argv[0] if argv else None).parse_args(argv)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # output sent to a full file fails here, in one line, not at exit
+        return code
     except ZooError as error:
-        err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        _error(str(error))
         return 2
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]", highlight=False)
         return 130
+    except Exception as error:  # out of room (a full disk, ulimit -f) anywhere: one line
+        from zoo.train.save_guard import out_of_room
+
+        cause = out_of_room(error)
+        if cause is None:
+            raise
+        where = getattr(error, "filename", None)
+        if where is None and _stdout_failed():
+            where = "the standard output"
+        if where is None and getattr(args, "out", None):
+            where = f"under {args.out}"
+        _error(f"could not write {where or 'a file'}: {cause}")
+        return 2
     finally:
         warnings.showwarning = shown
+
+
+def _error(text: str) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def _stdout_failed() -> bool:
+    """Whether the standard output cannot take what it holds; if so its file descriptor is
+    pointed at /dev/null, so that the interpreter's last flush does not fail a second time."""
+    try:
+        sys.stdout.flush()
+        return False
+    except OSError:
+        import os
+
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+            pass
+        return True
 
 
 if __name__ == "__main__":

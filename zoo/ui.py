@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,8 +50,26 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[obje
 
 def emit_json(obj: object) -> None:
     """Print ``obj`` as one JSON line on stdout (the last line scripts read)."""
-    sys.stdout.write(json.dumps(obj, default=_jsonable) + "\n")
+    write_out(json.dumps(obj, default=_jsonable) + "\n")
+
+
+def write_out(text: str) -> None:
+    """``text`` on stdout, whole or an OSError: a buffered stream that fills a file-size limit
+    keeps the part that did not fit and reports nothing, so the output ended cut short with exit
+    0. On a real file each byte is written by the operating system's own calls."""
     sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # not a file (a test's capture): as it is
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    data = text.encode(sys.stdout.encoding or "utf-8")
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, "the standard output") from None
 
 
 def _jsonable(value):

@@ -106,6 +106,9 @@ def test_export_gives_the_fixtures_tensors_and_config(name, tmp_path):
     fields -= {"eos_token_id", "rope_scaling", "rope_theta"}  # transformers 5 writes rope_parameters
     assert {k: written[k] for k in fields} == {k: original[k] for k in fields}
     assert hf_io.read_config(tmp_path / "out")[0] == cfg
+    # the weights are as readable as the config beside them (safetensors alone makes them 0600)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "out").iterdir()}
+    assert modes[hf_io.WEIGHTS] == modes[hf_io.CONFIG], modes
 
 
 @pytest.mark.numerics
@@ -234,6 +237,8 @@ def test_lora_exports_merged_and_as_peft_adapter_files(tmp_path):
     doc = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert (doc["peft_type"], doc["r"], doc["lora_alpha"]) == ("LORA", 4, 8.0)
     assert sorted(doc["target_modules"]) == ["down_proj", "q_proj", "v_proj"]
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "adapter").iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as the config beside them
     adapter = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
     assert len(adapter) == 2 * 3 * cfg.num_layers
     base = _stored(FIXTURES / "llama-kv2")

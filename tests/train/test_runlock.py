@@ -69,3 +69,35 @@ def test_an_out_that_cannot_hold_a_lock_is_left_to_the_run_dir_check(tmp_path):
     with runlock.hold(afile), runlock.hold(afile / "under"):
         pass  # zoo.train.resume.check_run_dir refuses both, in its own line
     assert afile.read_text() == "x"
+
+
+def test_a_lock_beside_a_folder_leaves_the_folder_to_its_writer(tmp_path):
+    """zoo import and export: the folder they write must be empty, so the lock is its neighbour."""
+    out = tmp_path / "new" / "export"
+    with runlock.hold(out, beside=True):
+        assert not out.exists() and (tmp_path / "new" / f".export{runlock.LOCK}").is_file()
+        with pytest.raises(ZooError, match="in use by another zoo run"):
+            with runlock.hold(out, beside=True):
+                pass
+        out.mkdir()
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["export"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["import", "tests/fixtures/hf/llama3-tied"],
+        ["export", "runs-that-do-not-matter", "--merge"],
+        ["export", "runs-that-do-not-matter", "--format", "hf"],
+    ],
+    ids=["import", "export", "export hf"],
+)
+def test_an_import_or_export_into_a_folder_in_use_is_refused_in_one_line(argv, tmp_path, capsys):
+    from zoo.cli import main
+
+    out = tmp_path / "out"
+    with runlock.hold(out, beside=True):  # another import or export into the same --out
+        assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is in use by another zoo run" in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -337,11 +337,11 @@ def add_bench(bench_sub) -> None:
     p.add_argument("--backend", default="nnx", choices=["nnx", "eqx"])
     p.add_argument(
         "--batch",
-        type=int,
+        type=positive_int,
         default=None,
         help=f"batch size (default per preset, e.g. 256 for mlp-s; else {FALLBACK_BATCH})",
     )
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: max_len)")
+    p.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: max_len)")
     p.add_argument(
         "--microbatch",
         type=int,

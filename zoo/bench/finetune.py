@@ -201,8 +201,8 @@ def add_bench(sub) -> None:
     p = sub.add_parser("finetune", help="full fine-tuning vs a frozen prefix: memory and time")
     p.add_argument("model", nargs="?", default="transformer-s")
     p.add_argument("--backend", default="nnx")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seq", type=int)
+    p.add_argument("--batch", type=positive_int, default=16)
+    p.add_argument("--seq", type=positive_int)
     p.add_argument("--layers", type=positive_int, help="override num_layers")
     p.add_argument(
         "--freeze",

@@ -321,14 +321,17 @@ def add_bench(bench_sub) -> None:
     p.add_argument("--backend", default="nnx", choices=["nnx", "eqx"])
     p.add_argument(
         "--batch",
-        type=int,
+        type=positive_int,
         default=None,
         help=f"batch size (default: 16 for transformer-s, else {FALLBACK_BATCH})",
     )
     p.add_argument(
-        "--seq", type=int, default=None, help="sequence length (default: 128 for transformer-s, else max_len)"
+        "--seq",
+        type=positive_int,
+        default=None,
+        help="sequence length (default: 128 for transformer-s, else max_len)",
     )
-    p.add_argument("--layers", type=int, default=None, help="override num_layers")
+    p.add_argument("--layers", type=positive_int, default=None, help="override num_layers")
     add_model_flags(p)
     add_precision_flag(p, "every step's precision policy (zoo.precision)")
     p.add_argument(

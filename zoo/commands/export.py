@@ -6,20 +6,23 @@ from zoo.ui import emit_json, print_table
 
 
 def run_export(args) -> int:
+    from pathlib import Path
+
     from zoo.lora.export import export
-    from zoo.train import checkpoint  # orbax: loaded only for this verb
+    from zoo.train import checkpoint, runlock  # orbax: loaded only for this verb
 
     if args.adapter and args.format != "hf":
         from zoo.errors import ZooError
 
         raise ZooError("--adapter writes PEFT adapter files, a Hugging Face format: add --format hf")
-    _check_run(args.run_dir, checkpoint)
-    if args.format == "hf":  # a Hugging Face checkpoint directory (zoo.train.hf)
-        from zoo.train.hf import export_hf
+    with runlock.hold(Path(args.out), beside=True):  # one export into a folder at a time
+        _check_run(args.run_dir, checkpoint)
+        if args.format == "hf":  # a Hugging Face checkpoint directory (zoo.train.hf)
+            from zoo.train.hf import export_hf
 
-        result = export_hf(args.run_dir, args.out, adapter=args.adapter, step=args.step)
-    else:
-        result = export(args.run_dir, args.out, merge=args.merge, step=args.step, checkpoints=checkpoint)
+            result = export_hf(args.run_dir, args.out, adapter=args.adapter, step=args.step)
+        else:
+            result = export(args.run_dir, args.out, merge=args.merge, step=args.step, checkpoints=checkpoint)
     if args.json:
         emit_json(result)
     else:

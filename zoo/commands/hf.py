@@ -6,9 +6,13 @@ from zoo.ui import console, emit_json, print_table
 
 
 def run_import(args) -> int:
+    from pathlib import Path
+
+    from zoo.train import runlock
     from zoo.train.hf import import_checkpoint
 
-    result = import_checkpoint(args.source, args.out, backend=args.backend, dtype=args.dtype)
+    with runlock.hold(Path(args.out), beside=True):  # one import into a folder at a time
+        result = import_checkpoint(args.source, args.out, backend=args.backend, dtype=args.dtype)
     if args.json:
         emit_json(result)
     else:

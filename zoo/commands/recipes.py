@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 from zoo import recipes as recipe_lib
 from zoo.errors import ZooError
-from zoo.ui import emit_json, print_table
+from zoo.ui import emit_json, print_table, write_out
 
 
 def run_recipes(args) -> int:
@@ -19,7 +17,7 @@ def run_recipes(args) -> int:
         if args.json:
             emit_json(recipe_lib.to_dict(recipe))
         else:  # plain TOML, never wrapped: `zoo recipes show NAME > f.toml` is a recipe file
-            sys.stdout.write(recipe_lib.to_toml(recipe))
+            write_out(recipe_lib.to_toml(recipe))
         return 0
     rows = []
     for recipe in recipe_lib.list_recipes():

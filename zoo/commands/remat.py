@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from zoo.bench.common import positive_int
 from zoo.configs import add_model_flags, add_precision_flag, model_flag_overrides
 from zoo.remat import POLICIES, get_policy
 from zoo.ui import console, emit_json, human_bytes, print_table
@@ -120,9 +121,9 @@ def add_parser(sub) -> None:
         help="remat policy (see zoo remat-policies) or custom:NAME=...",
     )
     p.add_argument("--backend", default="nnx", choices=["nnx", "eqx"])
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: max_len)")
-    p.add_argument("--layers", type=int, default=None, help="override num_layers")
+    p.add_argument("--batch", type=positive_int, default=8)
+    p.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: max_len)")
+    p.add_argument("--layers", type=positive_int, default=None, help="override num_layers")
     add_model_flags(p)
     add_precision_flag(p, "the step's precision policy: bfloat16 computes (and saves) in bf16")
     p.add_argument("--per-block", action="store_true", help="show one scanned block only")

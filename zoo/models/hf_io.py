@@ -21,6 +21,7 @@ Nothing here knows a kind: the kind is found by ``model_type`` through the regis
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,10 +245,20 @@ def hf_tensors(cfg, flat: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def save_tensors(tensors: dict, path: Path) -> None:
+    """``tensors`` as a safetensors file readable as the process's umask allows, as every other
+    file of an export is: safetensors' ``save_file`` makes its file for its owner alone (0600)."""
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def save(cfg, params: dict, out: str | Path) -> dict:
     """Write ``config.json`` and ``model.safetensors`` of canonical ``params`` under ``out``
     (a new or empty directory); returns the config fields written."""
-    from safetensors.numpy import save_file
 
     from zoo.models.paths import flat_by_path
 
@@ -264,6 +275,6 @@ def save(cfg, params: dict, out: str | Path) -> dict:
     tensors = hf_tensors(cfg, flat)
     dtypes = {str(v.dtype) for v in tensors.values()}
     fields["torch_dtype"] = fields["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    save_tensors(tensors, out / WEIGHTS)
     (out / CONFIG).write_text(json.dumps(fields, indent=2) + "\n")
     return fields

@@ -281,7 +281,6 @@ def save_adapter(cfg, params: dict, out_dir, *, base: str | None) -> dict:
     ``lora_B.weight`` [out, r] per adapted module, scale ``lora_alpha / r``. GPT-2's Conv1D
     modules store ``[in, out]``: the same files with ``fan_in_fan_out``. ``base`` is the
     Hugging Face checkpoint they adapt (``base_model_name_or_path``; left out when None)."""
-    from safetensors.numpy import save_file
 
     spec = cfg.lora
     base_cfg = dataclasses.replace(cfg, lora=None)
@@ -311,7 +310,7 @@ def save_adapter(cfg, params: dict, out_dir, *, base: str | None) -> dict:
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out}: not empty; export into a new directory")
     out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    hf_io.save_tensors(tensors, out / ADAPTER_WEIGHTS)
     fields = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

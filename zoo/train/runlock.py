@@ -9,6 +9,9 @@ lock file left by a killed run blocks nothing: the next run takes the lock on it
 
 The lock file is removed when the run ends, and a folder the lock made is removed with it when
 nothing else was written there (a run refused for a bad setting leaves no directory behind).
+``zoo import`` and ``zoo export`` write a new folder that must be empty, so theirs is held
+``beside`` it (``.NAME.zoo.lock`` in its parent): two into one ``--out`` at once left a broken
+checkpoint, or one folder holding two exports' files, and said so with exit 0.
 A process that opened the file just before it was removed finds, once it has the lock, that
 the name no longer leads to the file it locked, and tries again on the new one.
 """
@@ -28,18 +31,20 @@ LOCK = ".zoo.lock"
 
 
 @contextlib.contextmanager
-def hold(out: Path) -> Iterator[None]:
+def hold(out: Path, *, beside: bool = False) -> Iterator[None]:
     """Hold ``out``'s run lock for the block; ZooError, in one line, while another process holds
     it. An ``out`` that cannot take a lock file (a file, a read-only folder, a name too long) is
-    left to :func:`zoo.train.resume.check_run_dir`, which says why in its own line."""
+    left to :func:`zoo.train.resume.check_run_dir`, which says why in its own line. ``beside``:
+    the lock file is ``out``'s neighbour, and ``out`` itself is neither made nor written."""
     out = Path(os.path.abspath(out))
+    folder, name = (out.parent, f".{out.name}{LOCK}") if beside else (out, LOCK)
     try:
-        made = _make_folders(out)
+        made = _make_folders(folder)
     except OSError:
         yield
         return
     try:
-        fd = _acquire(out / LOCK, out)
+        fd = _acquire(folder / name, out)
     except BaseException:
         _remove_made(made)
         raise
@@ -48,7 +53,7 @@ def hold(out: Path) -> Iterator[None]:
     finally:
         if fd is not None:
             with contextlib.suppress(OSError):
-                (out / LOCK).unlink()  # still ours: no other run can lock it until we close it
+                (folder / name).unlink()  # still ours: no other run can lock it until we close it
             os.close(fd)
         _remove_made(made)
 

@@ -28,8 +28,9 @@ import warnings
 from zoo.errors import ZooError
 
 SETTLE_S = 30.0  # the longest a failed save waits for its other writes to end
-_OS_CODE = re.compile(r"os_error_code='?(\d+)")
+_OS_CODE = re.compile(r"os_error_code='?(\d+)|\(os error (\d+)\)")  # tensorstore's; Rust's (safetensors)
 _HINTS = {errno.EFBIG: "a file-size limit (ulimit -f) was reached", errno.ENOSPC: "the disk is full"}
+OUT_OF_ROOM = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 class RunWriteError(ZooError):
@@ -62,6 +63,16 @@ def finish_before_interrupt():
         raise KeyboardInterrupt
 
 
+def out_of_room(error: BaseException) -> str | None:
+    """:func:`os_cause` of ``error`` where it is a full disk, a file-size limit or a quota, else
+    None (an error of another kind is not this module's to word)."""
+    code = error.errno if isinstance(error, OSError) else None
+    if code is None:
+        found = _OS_CODE.search(str(error))
+        code = int(found.group(1) or found.group(2)) if found else None
+    return os_cause(error) if code in OUT_OF_ROOM else None
+
+
 def os_cause(error: BaseException) -> str | None:
     """The operating system's reason in ``error`` ("File too large: a file-size limit (ulimit -f)
     was reached"), read from an ``OSError`` or from tensorstore's ``os_error_code`` in orbax's
@@ -69,7 +80,7 @@ def os_cause(error: BaseException) -> str | None:
     code = error.errno if isinstance(error, OSError) else None
     if code is None:
         found = _OS_CODE.search(str(error))
-        code = int(found.group(1)) if found else None
+        code = int(found.group(1) or found.group(2)) if found else None
     if code is None:
         return None
     hint = _HINTS.get(code)
