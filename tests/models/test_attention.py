@@ -48,6 +48,21 @@ def dense_reference(q, k, v, num_heads, num_kv_heads, causal, key_mask):
     return jnp.swapaxes(out, -3, -2).reshape(*lead, seq, width)
 
 
+def assert_model_matches_dense(preset: str, kind: str) -> None:
+    """A model with attention ``kind`` gives the dense model's loss and gradients (NNX)."""
+    import dataclasses
+
+    dense_cfg = registry.get_config(preset, attention="dense")
+    cfg = dataclasses.replace(dense_cfg, attention=kind)
+    params = random_params(dense_cfg)
+    x = dense_cfg.example_input(jax.random.key(1), 2, 24)
+    y = labels_for(dense_cfg, x)
+    got = jax.value_and_grad(loss_of(cfg, "nnx"))(params, x, y)
+    want = jax.value_and_grad(loss_of(dense_cfg, "nnx"))(params, x, y)
+    assert_close(got[0], want[0], n=24 * dense_cfg.d_model, what="loss")
+    assert_close(got[1], want[1], n=2 * 24 * dense_cfg.d_model, what="gradients")
+
+
 B, T, H, KV, D = 2, 37, 4, 2, 8
 CHUNK = 8  # 37 = 4 chunks of 8 + 5: the last chunk is padded
 

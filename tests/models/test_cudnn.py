@@ -4,14 +4,11 @@ gradients, causal or not, with key padding and grouped KV heads, under a per-exa
 a model with it gives the dense model's loss and gradients; the summary says it ran (the
 one-line refusal of an unknown kind lists it: test_attention.py)."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import pytest
 
-from tests.conftest import labels_for, loss_of, random_params
-from tests.models.test_attention import dense_reference
+from tests.models.test_attention import assert_model_matches_dense, dense_reference
 from tests.numerics import assert_close
 from zoo.models import cudnn, registry
 from zoo.models.attention import attention
@@ -69,15 +66,7 @@ def test_values_and_gradients_equal_dense_attention(case, per_example):
 @pytest.mark.numerics
 @pytest.mark.parametrize("preset", ["transformer-xs", "llama-xs"])
 def test_a_model_with_cudnn_attention_gives_the_dense_models_loss_and_gradients(preset):
-    dense_cfg = registry.get_config(preset, attention="dense")
-    cfg = dataclasses.replace(dense_cfg, attention="cudnn")
-    params = random_params(dense_cfg)
-    x = dense_cfg.example_input(jax.random.key(1), 2, 24)
-    y = labels_for(dense_cfg, x)
-    got = jax.value_and_grad(loss_of(cfg, "nnx"))(params, x, y)
-    want = jax.value_and_grad(loss_of(dense_cfg, "nnx"))(params, x, y)
-    assert_close(got[0], want[0], n=24 * dense_cfg.d_model, what="loss")
-    assert_close(got[1], want[1], n=2 * 24 * dense_cfg.d_model, what="gradients")
+    assert_model_matches_dense(preset, "cudnn")
 
 
 def test_the_kernel_is_cudnns_on_a_gpu_only_and_the_summary_names_it():

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from tests.conftest import labels_for, loss_of, random_params
-from tests.models.test_attention import dense_reference
+from tests.models.test_attention import assert_model_matches_dense, dense_reference
 from tests.numerics import assert_close
 from zoo import names, recipes
 from zoo.errors import ZooError
@@ -186,15 +186,7 @@ def test_a_models_splash_settings_reach_the_kernel(preset, backend, monkeypatch)
 @pytest.mark.numerics
 @pytest.mark.parametrize("preset", ["transformer-xs", "llama-xs"])
 def test_a_model_with_splash_attention_gives_the_dense_models_loss_and_gradients(preset):
-    dense_cfg = registry.get_config(preset, attention="dense")
-    cfg = dataclasses.replace(dense_cfg, attention="splash")
-    params = random_params(dense_cfg)
-    x = dense_cfg.example_input(jax.random.key(1), 2, 24)
-    y = labels_for(dense_cfg, x)
-    got = jax.value_and_grad(loss_of(cfg, "nnx"))(params, x, y)
-    want = jax.value_and_grad(loss_of(dense_cfg, "nnx"))(params, x, y)
-    assert_close(got[0], want[0], n=24 * dense_cfg.d_model, what="loss")
-    assert_close(got[1], want[1], n=2 * 24 * dense_cfg.d_model, what="gradients")
+    assert_model_matches_dense(preset, "splash")
 
 
 def test_auto_attention_is_dense_on_a_cpu_and_the_summary_says_which_ran():
