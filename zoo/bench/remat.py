@@ -331,7 +331,12 @@ def add_bench(bench_sub) -> None:
         default=None,
         help="sequence length (default: 128 for transformer-s, else max_len)",
     )
-    p.add_argument("--layers", type=positive_int, default=None, help="override num_layers")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="override num_layers (the model refuses a count it cannot take)",
+    )
     add_model_flags(p)
     add_precision_flag(p, "every step's precision policy (zoo.precision)")
     p.add_argument(

@@ -148,7 +148,10 @@ def bench_shape(model, cfg, batch: int | None, seq: int | None) -> tuple[int, in
 
 def bench_config(model, num_layers: int | None, overrides: dict | None = None) -> ModelConfig:
     """The preset's config with the bench's overrides and, if given, its layer count."""
-    return get_config(model, **(overrides or {}), **({"num_layers": num_layers} if num_layers else {}))
+    layers = (
+        {} if num_layers is None else {"num_layers": num_layers}
+    )  # 0 is a count (an MLP of no hidden layer)
+    return get_config(model, **(overrides or {}), **layers)
 
 
 def warmed_inputs(model, cfg, backend: str, batch, seq, seed: int, progress, label: str):

@@ -123,7 +123,12 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", default="nnx", choices=["nnx", "eqx"])
     p.add_argument("--batch", type=positive_int, default=8)
     p.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: max_len)")
-    p.add_argument("--layers", type=positive_int, default=None, help="override num_layers")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="override num_layers (the model refuses a count it cannot take)",
+    )
     add_model_flags(p)
     add_precision_flag(p, "the step's precision policy: bfloat16 computes (and saves) in bf16")
     p.add_argument("--per-block", action="store_true", help="show one scanned block only")
