@@ -148,9 +148,8 @@ def bench_shape(model, cfg, batch: int | None, seq: int | None) -> tuple[int, in
 
 def bench_config(model, num_layers: int | None, overrides: dict | None = None) -> ModelConfig:
     """The preset's config with the bench's overrides and, if given, its layer count."""
-    layers = (
-        {} if num_layers is None else {"num_layers": num_layers}
-    )  # 0 is a count (an MLP of no hidden layer)
+    # 0 is a count (an MLP of no hidden layer), not "unset"
+    layers = {} if num_layers is None else {"num_layers": num_layers}
     return get_config(model, **(overrides or {}), **layers)
 
 

@@ -66,25 +66,26 @@ def finish_before_interrupt():
 def out_of_room(error: BaseException) -> str | None:
     """:func:`os_cause` of ``error`` where it is a full disk, a file-size limit or a quota, else
     None (an error of another kind is not this module's to word)."""
-    code = error.errno if isinstance(error, OSError) else None
-    if code is None:
-        found = _OS_CODE.search(str(error))
-        code = int(found.group(1) or found.group(2)) if found else None
-    return os_cause(error) if code in OUT_OF_ROOM else None
+    return os_cause(error) if _os_code(error) in OUT_OF_ROOM else None
 
 
 def os_cause(error: BaseException) -> str | None:
     """The operating system's reason in ``error`` ("File too large: a file-size limit (ulimit -f)
     was reached"), read from an ``OSError`` or from tensorstore's ``os_error_code`` in orbax's
     message; None when the error carries none (a bug, not the disk)."""
-    code = error.errno if isinstance(error, OSError) else None
-    if code is None:
-        found = _OS_CODE.search(str(error))
-        code = int(found.group(1) or found.group(2)) if found else None
+    code = _os_code(error)
     if code is None:
         return None
     hint = _HINTS.get(code)
     return os.strerror(code) + (f": {hint}" if hint else "")
+
+
+def _os_code(error: BaseException) -> int | None:
+    """The errno an ``OSError`` carries, or one named in the message (tensorstore's, Rust's)."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return error.errno
+    found = _OS_CODE.search(str(error))
+    return int(found.group(1) or found.group(2)) if found else None
 
 
 LOGGERS = ("absl", "asyncio")  # orbax's threads log through absl; asyncio, on the futures they drop
