@@ -22,6 +22,9 @@
 #   dp       zoo train gpt2-124m-tokens-dp from the gpt2 run
 #   frozen1b zoo train llama-1b-tokens from the llama-1b import with the token table and the first
 #            3/4 of the layers frozen
+#   auto     zoo train gpt2-124m-tokens at batch 16 with --remat auto: the policy and placement
+#            searched under the chip's own memory (not in the default PARTS: its search compiles
+#            every policy; on a CPU, under --memory-budget)
 # The call must end within its 9 minutes: BUDGET seconds (default 450, what is left after tpu.sh's
 # set-up) bound the script; a step gets what is left, and one that cannot start with at least
 # its floor left is skipped (said so in the table). `SMALL=1` runs the same commands and flags on
@@ -50,6 +53,7 @@ if [ "${SMALL:-}" = 1 ]; then
   LLAMA_SIZE=(--set data.seq_len=32 --batch-size 4)
   FULL_SIZE=(--set model.preset=llama-xs --set data.seq_len=32 --batch-size 4 --microbatch-size 2)
   DP_SIZE=(--set model.preset=transformer-xs --set data.seq_len=32 --set dp.expected_batch_size=16 --set train.microbatch_size=4)
+  AUTO_SIZE=("${GPT2_SIZE[@]}" --memory-budget 1073741824)  # a CPU has no memory limit to read
 else
   BUDGET=${BUDGET:-450}; MAX_SCALE=${MAX_SCALE:-1}; SMALL_FLAG=; HF_1B=1b; HF_3B=3b; FREEZE_TO=12
   GPT2_STEPS=200; GPT2_EVERY=50; GPT2_KILL=120; NEW_TOKENS=128
@@ -59,7 +63,7 @@ else
     # cuDNN attention beside its einsum one
     HARNESS=(--batch 16 --zoo dense:dots --plain sdpa:dots,xla:dots --rounds 3 --steps 5)  # the recipe's own attention
   fi
-  GPT2_SIZE=(); LLAMA_SIZE=(); FULL_SIZE=(); DP_SIZE=()
+  GPT2_SIZE=(); LLAMA_SIZE=(); FULL_SIZE=(); DP_SIZE=(); AUTO_SIZE=(--batch-size 16)
 fi
 PARTS=${PARTS:-gpt2 twin full1b llama1b llama3b dp frozen1b}
 DEADLINE=$((START + BUDGET))
@@ -187,7 +191,7 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 VOCAB=$WORK/vocab
 step corpus 5 60 - -- "${INPUTS[@]}" corpus "$WORK/corpus" $SMALL_FLAG
 step vocab 20 150 - corpus -- "${INPUTS[@]}" vocab "$WORK/corpus" "$VOCAB" $SMALL_FLAG ${GPT2_TOKENIZER:+--gpt2 "$GPT2_TOKENIZER"}
-if has gpt2 || has twin || has dp; then
+if has gpt2 || has twin || has dp || has auto; then
   step tokenize_gpt2 10 150 - vocab -- "${ZOO[@]}" tokenize "text:$WORK/corpus" --out "$WORK/gpt2.tokens" \
     --vocabulary "hf:$VOCAB/gpt2/tokenizer.json" --no-progress
 fi
@@ -256,7 +260,11 @@ for part in $PARTS; do
       --out "$WORK/runs/llama-1b-frozen"
     rm -rf "$WORK/runs/llama-1b-frozen/checkpoints"
     ;;
-  *) echo "session: unknown part $part (parts: gpt2 twin llama1b full1b llama3b dp frozen1b)"; FAILED=$((FAILED + 1)) ;;
+  auto)
+    step auto_gpt2 60 300 "$WORK/runs/gpt2-auto" tokenize_gpt2 -- "${ZOO[@]}" train gpt2-124m-tokens "${GPT2_DATA[@]}" \
+      --remat auto --steps 30 --set train.eval_batches=1 "${AUTO_SIZE[@]}" --out "$WORK/runs/gpt2-auto"
+    ;;
+  *) echo "session: unknown part $part (parts: gpt2 twin llama1b full1b llama3b dp frozen1b auto)"; FAILED=$((FAILED + 1)) ;;
   esac
 done
 
