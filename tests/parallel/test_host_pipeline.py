@@ -14,7 +14,7 @@ from tests.conftest import random_params
 from tests.numerics import assert_bitwise_equal
 from tests.parallel.test_host_step import stale_moments, update_twice
 from tests.parallel.test_placement import LLAMA, batch_of
-from zoo.parallel import host_leaves
+from zoo.parallel import host_leaves, host_step
 from zoo.parallel.host_leaves import LeafUpdates, row_bounds
 from zoo.parallel.host_step import HostStep, SerialHostStep
 from zoo.parallel.placement import PLACEMENTS
@@ -73,41 +73,48 @@ def test_the_clip_reads_the_whole_gradients_norm():
     assert all(m["grad_norm"] > 0.05 for m in metrics), [m["grad_norm"] for m in metrics]
 
 
-def swapped_leaves(pieces):
+def swapped_leaves(monkeypatch):
     """Planted: the gradients of two leaves of one shape change places."""
+    update = HostStep._update
 
-    def planted(step, grads, edges):
-        out = pieces(step, grads, edges)
-        shapes = [tuple(c.shape for c in cs) for cs in out]
-        i, j = next((i, j) for i in range(len(out)) for j in range(i) if shapes[i] == shapes[j])
-        out[i], out[j] = out[j], out[i]
-        return out
+    def planted(step, state, leaves, grads, *rest):
+        shapes = [g.shape for g in grads]
+        i, j = next((i, j) for i in range(len(grads)) for j in range(i) if shapes[i] == shapes[j])
+        grads[i], grads[j] = grads[j], grads[i]
+        return update(step, state, leaves, grads, *rest)
 
-    return planted
+    monkeypatch.setattr(HostStep, "_update", planted)
 
 
-def reversed_pieces(pieces):
+def reversed_pieces(monkeypatch):
     """Planted: a leaf's pieces come down in reverse order (a piece's gradient applied to
-    another piece's rows)."""
-    return lambda step, grads, edges: [cs[::-1] for cs in pieces(step, grads, edges)]
+    another piece's rows), where they are all one shape (else the leaf's program, compiled
+    for the cut's shapes, refuses them)."""
+    cut = host_step.pieces
+
+    def planted(x, edges):
+        chunks = cut(x, edges)
+        return chunks[::-1] if len({c.shape for c in chunks}) == 1 else chunks
+
+    monkeypatch.setattr(host_step, "pieces", planted)
 
 
-def off_by_one(pieces):
+def off_by_one(monkeypatch):
     """Planted: every piece but the first starts a row early (a row sent twice, the last one
     not at all)."""
 
     def cut(x, edges):
+        if len(edges) == 2:
+            return (x,)
         starts = [max(a - 1, 0) for a in edges[:-1]]
         return tuple(x[a : a + (b - c)] for a, b, c in zip(starts, edges[1:], edges[:-1], strict=True))
 
-    return lambda step, grads, edges: [
-        cut(g, e) if len(e) > 2 else (g,) for g, e in zip(grads, edges, strict=True)
-    ]
+    monkeypatch.setattr(host_step, "pieces", cut)
 
 
 @pytest.mark.parametrize("plant", [swapped_leaves, reversed_pieces, off_by_one])
 def test_the_bitwise_check_catches_misplaced_pieces(plant, monkeypatch):
-    monkeypatch.setattr(HostStep, "_pieces", plant(HostStep._pieces))
+    plant(monkeypatch)
     with pytest.raises(AssertionError):
         check_pipeline()
 

@@ -3,6 +3,7 @@ the host, beside the float32 params and moments, equals the one-program step on 
 keeps the state on the host. Each check has its planted bug."""
 
 import dataclasses
+import weakref
 
 import jax
 import numpy as np
@@ -17,7 +18,7 @@ from zoo import recipes
 from zoo.dp.plan import fixed_batch_plan
 from zoo.errors import ZooError
 from zoo.freeze import resolve_freeze
-from zoo.parallel import layout_for
+from zoo.parallel import host_step, layout_for
 from zoo.parallel import placement as placements
 from zoo.parallel.host_step import HostStep, SerialHostStep
 from zoo.parallel.mesh import MeshSpec
@@ -90,6 +91,35 @@ def test_the_host_update_equals_the_device_step_and_keeps_the_state_on_the_host(
     dp, precision, microbatch_size
 ):
     check_host_step(dp, precision, microbatch_size=microbatch_size)
+
+
+@pytest.mark.parametrize("delay", [0, 1])
+def test_a_leaf_is_cut_under_its_budget_after_the_step_let_go_of_the_params_behind(delay, monkeypatch):
+    """The device holds the gradient and the in-flight leaves' pieces, not two gradients: each
+    leaf's gradient is cut into its pieces in its own task, while it holds its bytes of the
+    budget. And the exact step has let go of the params it computed at (every reference:
+    ``_ahead`` and its locals) by then, so the new params go up beside the gradient only."""
+    params = random_params(LLAMA, 1)
+    engine = make_engine(config_start(LLAMA, params), GradientSettings("nnx", optax.adamw(1e-2)), ON_HOST)
+    step = HostStep(engine, update_delay=delay, chunk_bytes=1000)  # most leaves in 2+ pieces
+    behind, seen = [], []  # weak references to the device params a call computes at
+    cut = host_step.pieces
+
+    def recorded(x, edges):
+        seen[-1].append((step.budget.held, step._ahead is None, [r() is None for r in behind]))
+        return cut(x, edges)
+
+    monkeypatch.setattr(host_step, "pieces", recorded)
+    state, frozen = engine.init_state(params, 0, jax.random.key(3))
+    for i in range(3):
+        seen.append([])
+        state, _ = step(state, frozen, batch_of(i))
+        behind = [weakref.ref(a) for a in step._ahead]
+    leaves = len(jax.tree.leaves(state.params))
+    assert [len(calls) for calls in seen] == [leaves] * 3, seen  # one cut a leaf a call
+    assert all(held > 0 for calls in seen for held, _, _ in calls), seen
+    if not delay:
+        assert all(let_go and all(dead) for calls in seen[1:] for _, let_go, dead in calls), seen
 
 
 def stale_moments(program):

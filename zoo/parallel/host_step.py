@@ -17,7 +17,11 @@ measured 0.55 GB/s (``benchmarks/device/bandwidth.py``), about 27 s a step for a
    masters gives), and the gradient's global norm (the step's ``grad_norm``, and the clip's);
 3. every leaf's gradient comes down in pieces of at most ``chunk_bytes``
    (:mod:`zoo.parallel.host_leaves`), issued from a small thread pool, so the copies run side
-   by side;
+   by side; a leaf's pieces are cut on the device as its task starts (under its share of the
+   budget below), and the step lets go of the leaf's gradient once they are on their way, so
+   the device holds the gradient and the in-flight leaves' pieces, not two gradients (the
+   previous params, once the gradient's program is dispatched, are let go too: the exact step
+   sends the new ones up beside the gradient);
 4. as soon as a leaf's pieces are on the host, its update runs there (the optimizer's own,
    fused with the cast of the new value to the compute dtype), and its pieces go up for the
    next step while the other leaves are still coming down or being updated.
@@ -181,7 +185,7 @@ class HostStep:
         plan = self._plan(state, leaves, edges)
         self.leaf_bytes = plan["weights"]
         budget = self._budget(plan["weights"])
-        ahead = self._ahead if self._is_ours(leaves) else None
+        ahead, self._ahead = (self._ahead if self._is_ours(leaves) else None), None
         on_device = ahead if ahead is not None else self._up_all(leaves, edges, budget)
         self._mark("up", on_device)
         step, rng = jax.device_put((state.step, state.rng), SingleDeviceSharding(self.device))
@@ -189,63 +193,66 @@ class HostStep:
         loss, grads, report = self.grads(up, frozen, batch)
         norm = self._norm(grads)
         # The delayed update: this step computed at the copy one step behind; the params it
-        # was handed go up now, beside the device's work, for the next step.
-        ups = None
+        # was handed go up now, beside the device's work, for the next step. Its first call
+        # has no copy behind: the next one computes at this one's params again.
+        ups, keep = None, None
         if self.update_delay and ahead is not None:
             ups = [self._pool.submit(self._up_leaf, budget, p, e) for p, e in zip(leaves, edges, strict=True)]
+        elif self.update_delay:
+            keep = on_device
+        # The program that reads the params it computed at is dispatched: JAX keeps its inputs
+        # until it has run, so the step lets go of them (the new params go up beside the rest).
+        del up, on_device, ahead
         self._mark("grads", loss)
         grads = treedef.flatten_up_to(grads)
-        chunks = self._pieces(grads, edges)
-        del grads, up
-        new_state, ahead = self._update(state, leaves, chunks, plan, norm, ups)
+        new_state, sent = self._update(state, leaves, grads, plan, norm, ups)
         self._returned = jax.tree.leaves(new_state.params)
-        # The delayed step's first call: the next one computes at this one's params again.
-        self._ahead = on_device if self.update_delay and ahead is None else ahead
+        self._ahead = keep if keep is not None else sent
         return new_state, {"loss": loss, "grad_norm": norm, **report}
 
     def leaf_updates(self) -> LeafUpdates:
         """The host's update of one leaf (its compiled programs), as the step calls it."""
         return self._updates
 
-    def _pieces(self, grads: list, edges: list) -> list[tuple]:
-        """Each leaf's gradient cut on the device into the pieces that come down."""
-        return [pieces(g, e) for g, e in zip(grads, edges, strict=True)]
-
     def _plan(self, state, leaves: list, edges: list) -> dict:
         """Each leaf's moments, the shared optimizer leaves, and the host bytes each leaf's
         update holds (its weight in the budget: :func:`zoo.parallel.host_budget.update_bytes`),
-        from its program compiled now (once per shape, in the calling thread) for the pieces
-        the leaf's cut makes."""
+        and its program, compiled now (once per shape, in the calling thread) for the shapes of
+        the pieces the leaf's cut will make (``down_pieces``: none is cut yet)."""
         updates = self.leaf_updates()
         moments, shared = updates.prepare(state.opt_state, jax.tree.structure(state.params))
         host = SingleDeviceSharding(self.host)
         norm = jax.ShapeDtypeStruct((), jax.numpy.float32, sharding=host)
         downs = [down_pieces(p, e, host) for p, e in zip(leaves, edges, strict=True)]
-        for p, m, d, e in zip(leaves, moments, downs, edges, strict=True):
+        programs = [
             updates.compile(p, m, shared, norm, d, e)
-        weights = [updates.held_bytes(p, d, e) for p, d, e in zip(leaves, downs, edges, strict=True)]
-        return {"moments": moments, "shared": shared, "weights": weights, "edges": edges}
-
-    def _update(self, state, leaves: list, chunks: list, plan: dict, norm, ups):
-        """Every leaf down, updated and (the exact step) up, one pool task a leaf, each under
-        the budget until its update and trip up have run: ``(the new state, the device params
-        the next call computes at)``."""
-        updates, budget = self.leaf_updates(), self.budget
-        moments, shared = plan["moments"], plan["shared"]
-        norm = jax.device_put(norm, self.host)
-        host = SingleDeviceSharding(self.host)
-        programs = [  # the plan's, for the pieces as they are
-            updates.compile(p, m, shared, norm, tuple(_on(c, host) for c in cs), e)
-            for p, m, cs, e in zip(leaves, moments, chunks, plan["edges"], strict=True)
+            for p, m, d, e in zip(leaves, moments, downs, edges, strict=True)
         ]
+        weights = [updates.held_bytes(p, d, e) for p, d, e in zip(leaves, downs, edges, strict=True)]
+        return {
+            "moments": moments,
+            "shared": shared,
+            "weights": weights,
+            "edges": edges,
+            "programs": programs,
+        }
+
+    def _update(self, state, leaves: list, grads: list, plan: dict, norm, ups):
+        """Every leaf's gradient cut, down, updated and (the exact step) up, one pool task a
+        leaf, each under the budget from its cut until its update and trip up have run: ``(the
+        new state, the device params the next call computes at)``. ``grads`` (the device's
+        gradient, leaf by leaf) lets go of each leaf once its pieces are on their way down."""
+        updates, budget = self.leaf_updates(), self.budget
+        moments, shared, programs = plan["moments"], plan["shared"], plan["programs"]
+        norm = jax.device_put(norm, self.host)
         self.trace["leaves"] = [{} for _ in leaves]
 
         def leaf(k: int):
             if ups is not None:
                 ups[k].result()  # the leaf's trip up read it before the update overwrites it
             with budget.hold(plan["weights"][k]):
-                down = tuple(jax.device_put(chunks[k], self.host))
-                chunks[k] = None  # the device's pieces, freed once down
+                down = tuple(jax.device_put(pieces(grads[k], plan["edges"][k]), self.host))
+                grads[k] = None  # the device's gradient and pieces of the leaf, freed once down
                 self._mark("down", down, k)
                 new, m, s, up, _ = programs[k](leaves[k], moments[k], shared, norm, down)
                 del down
@@ -287,11 +294,6 @@ class HostStep:
     def _cache_size(self) -> int:
         """The most compiles of any one of the step's programs (``jax.jit``'s own answer)."""
         return max(self.cache_sizes().values())
-
-
-def _on(chunk: jax.Array, sharding) -> jax.ShapeDtypeStruct:
-    """A piece of a leaf as the host's update program will take it."""
-    return jax.ShapeDtypeStruct(chunk.shape, chunk.dtype, sharding=sharding)
 
 
 class SerialHostStep:
