@@ -200,8 +200,12 @@ def measure(cfg, params, row: tuple[str, int, int, str], args, limit: int) -> di
     out["device_footprint_gib"] = round(footprint(compiled) / 2**30, 3)
     if footprint(compiled) > limit:
         return {**out, "fits": False, "why": f"device program {out['device_footprint_gib']} GiB > limit"}
+    say(
+        f"{out['row']}: compiled in {out['compile_s']} s, {out['device_footprint_gib']} GiB on the device; {resident()}"
+    )
     state, metrics = step(state, frozen, batch)  # the warm-up (it compiles the host's programs)
     jax.block_until_ready((state, metrics))
+    say(f"{out['row']}: warm-up step done; {resident()}")
     gc.collect()
     reset_host_peak()
     before = host_memory()
@@ -226,6 +230,17 @@ def measure(cfg, params, row: tuple[str, int, int, str], args, limit: int) -> di
         "loss": float(metrics["loss"]),
         "device": kind,
     }
+
+
+def resident() -> str:
+    """The host's resident memory now and at most so far, for a progress line (a run that
+    runs the machine's RAM out is killed with no JSON written: these lines say how far it got)."""
+    mem = host_memory()
+    return (
+        f"host RSS {mem['rss'] / 2**30:.2f} GiB, peak {mem['peak'] / 2**30:.2f} GiB"
+        if mem
+        else "host RSS n/a"
+    )
 
 
 def host_figures(before: dict, after: dict, state, step) -> dict:

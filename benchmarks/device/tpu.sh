@@ -72,7 +72,15 @@ else
   set -- "${cmd[@]}"
 fi
 run_start=$(date +%s)
-"$@"
+# The host's RAM guarded: a command that runs it out loses the machine and all its output;
+# the guard kills its largest process first (benchmarks/device/ram_guard.py), and says so.
+"$@" &
+command_pid=$!
+"$PY" benchmarks/device/ram_guard.py --root "$command_pid" --floor-mib "${RAM_FLOOR_MIB:-3072}" &
+guard_pid=$!
+wait "$command_pid"
 status=$?
+kill -TERM "$guard_pid" 2>/dev/null
+wait "$guard_pid" 2>/dev/null
 echo "tpu.sh: the command took $(( $(date +%s) - run_start )) s; the call $(( $(date +%s) - start )) s in all (exit $status)"
 exit $status

@@ -156,10 +156,10 @@ class Placement:
         """The engine's compiled train step: one program with the state donated, or, for the
         update on the host, :class:`zoo.parallel.host_step.SerialHostStep`'s whole-tree trips
         and update. The pipelined :class:`~zoo.parallel.host_step.HostStep` (equal to it bit for
-        bit) is not the run's step yet: its one run on a TPU v5e machine, llama-1b in
-        ``benchmarks/device/host_update.py``, ran the host's 40 GiB out (its leaves' updates side by
-        side in the pool hold more than the whole-tree one), and it has no chip figure; on a CPU
-        there is no trip to hide, and its pieces and threads only cost."""
+        bit) is not the run's step yet: it has no chip figure. On a TPU v5e machine, llama-1b in
+        ``benchmarks/device/host_update.py`` first ran the chip's HBM out (two gradients at once,
+        since fixed), then the host's 40 GiB (not yet traced); on a CPU there is no trip to
+        hide, and its pieces and threads only cost."""
         if self.update_on_host:
             from zoo.parallel.host_step import SerialHostStep
 

@@ -1,0 +1,72 @@
+"""benchmarks/device/ram_guard.py: the lent machine's host RAM guarded, so that a command that
+runs it out loses its largest process, not the machine and every log (on this CPU, with the RAM
+it reads from a file the test writes)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GUARD = REPO / "benchmarks" / "device" / "ram_guard.py"
+# a shell (a few MiB) whose child holds about 200 MiB: the guard must pick the child
+TREE = f"{sys.executable} -c 'import time; x = bytearray(200 * 2**20); x[::4096] = b\"1\" * len(x[::4096]); time.sleep(120)'; exit $?"
+
+
+def meminfo(path: Path, available_kib: int) -> Path:
+    path.write_text(f"MemTotal:       41000000 kB\nMemAvailable:   {available_kib} kB\n")
+    return path
+
+
+def started_tree():
+    shell = subprocess.Popen(["bash", "-c", TREE])
+    sys.path.insert(0, str(GUARD.parent))
+    try:
+        import ram_guard
+    finally:
+        sys.path.remove(str(GUARD.parent))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the child holds its bytes
+        under = ram_guard.descendants(shell.pid)
+        if len(under) == 1 and ram_guard.rss_mib(under[0]) > 150:
+            return shell, under[0]
+        time.sleep(0.1)
+    shell.kill()
+    pytest.fail("the child never held its 200 MiB")
+
+
+def guard(root: int, info: Path, floor: int = 3072):
+    cmd = [sys.executable, str(GUARD), "--root", str(root), "--floor-mib", str(floor), "--every", "0.1"]
+    return subprocess.Popen([*cmd, "--meminfo", str(info)], stdout=subprocess.PIPE, text=True)
+
+
+def test_low_ram_kills_the_largest_process_and_says_so(tmp_path):
+    shell, child = started_tree()
+    watcher = guard(shell.pid, meminfo(tmp_path / "meminfo", 1024 * 1024))  # 1 GiB < 3 GiB
+    try:
+        assert shell.wait(timeout=30) == 128 + signal.SIGKILL  # the shell's child was killed
+        out, _ = watcher.communicate(timeout=30)  # the root gone, the guard ends
+    finally:
+        shell.kill()
+        watcher.kill()
+    assert f"killed pid {child} (" in out and "1,024 MiB available < 3,072" in out, out
+    assert "least host RAM available 1,024 MiB" in out, out
+
+
+def test_enough_ram_kills_nothing(tmp_path):
+    shell, child = started_tree()
+    watcher = guard(shell.pid, meminfo(tmp_path / "meminfo", 30 * 1024 * 1024))  # 30 GiB
+    try:
+        time.sleep(1.0)
+        assert shell.poll() is None and os.path.exists(f"/proc/{child}")
+        watcher.send_signal(signal.SIGTERM)  # as tpu.sh ends it
+        out, _ = watcher.communicate(timeout=30)
+    finally:
+        shell.kill()
+        watcher.kill()
+    assert "killed" not in out and "least host RAM available 30,720 MiB" in out, out
+    assert "the most one process held" in out and "bytearray" in out, out
