@@ -63,7 +63,7 @@ _VICTIM = textwrap.dedent(
     if mode == "kill-save":
         checkpoint.save = timed_save
     elif mode == "kill-manifest":
-        manifest, checkpoint._write_manifest = checkpoint._write_manifest, killing_manifest
+        manifest, checkpoint.write_manifest = checkpoint.write_manifest, killing_manifest
     else:
         runlog.MetricsLog.write = interrupting_write
     sys.exit(main(["train", *sys.argv[4:]]))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 from tests.commands.conftest import series
 from tests.e2e.clikit import refused
 from zoo.cli import main
+from zoo.train import manifest
 
 
 def test_runs_lists_every_run_with_its_facts(runs, capsys):
@@ -47,3 +49,39 @@ def test_a_run_in_progress_with_an_empty_metrics_log_is_listed(capsys, tmp_path)
     ]
     assert main(["runs", str(tmp_path)]) == 0
     assert "0/5 (not finished)" in capsys.readouterr().out
+
+
+def test_the_checkpoint_column_says_which_step_a_run_can_be_loaded_from(runs, capsys, tmp_path):
+    """A run whose checkpoints were deleted or damaged read as finished ("6/6") with nothing
+    beside it to say that `eval`, `sample` and `--resume` would refuse it."""
+    run = shutil.copytree(runs / "digits-mlp", tmp_path / "runs" / "run")
+
+    def row() -> tuple:
+        assert main(["runs", str(tmp_path / "runs"), "--json"]) == 0
+        (found,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert main(["runs", str(tmp_path / "runs")]) == 0
+        table = capsys.readouterr().out
+        return found["checkpoint"], found["checkpoints_saved"], table
+
+    saved = manifest.saved_steps(run)
+    assert saved and saved[-1] == 6, saved
+    assert row()[:2] == (6, saved)
+    # the newest step's largest file cut short: the step before it, as loading would take
+    newest = manifest.step_dir(run, 6)
+    biggest = max(
+        (p for p in newest.rglob("*") if p.is_file() and p.name != manifest.MANIFEST),
+        key=lambda p: p.stat().st_size,
+    )
+    biggest.write_bytes(biggest.read_bytes()[:-1])
+    assert manifest.step_problem(run, 6) is not None  # the loader's own check agrees
+    expected = saved[-2] if len(saved) > 1 else None
+    checkpoint, _, table = row()
+    assert checkpoint == expected
+    # every step damaged, then none left
+    for step in saved[:-1]:
+        (manifest.step_dir(run, step) / manifest.MANIFEST).unlink()
+    checkpoint, _, table = row()
+    assert checkpoint is None and "damaged" in table and "6/6" in table, table
+    shutil.rmtree(run / manifest.CHECKPOINT_DIR)
+    checkpoint, now_saved, table = row()
+    assert (checkpoint, now_saved) == (None, []) and "damaged" not in table, table

@@ -5,11 +5,15 @@ from __future__ import annotations
 from zoo.errors import ZooError
 from zoo.ui import emit_json, print_table
 
-COLUMNS = ("run", "recipe", "steps", "last eval", "epsilon", "precision", "remat", "wall time")
+COLUMNS = ("run", "recipe", "steps", "checkpoint", "last eval", "epsilon", "precision", "remat", "wall time")
 
 
 def run_row(run) -> dict:
-    """What ``zoo runs`` shows of one :class:`~zoo.train.rundir.RunDir`."""
+    """What ``zoo runs`` shows of one :class:`~zoo.train.rundir.RunDir`. ``checkpoint``: its
+    newest step whose files are all there at their manifest's sizes (checksums unread: `eval`,
+    `sample`, `export` and `--resume` check them), None when none is; ``checkpoints_saved``:
+    the steps saved, intact or not."""
+    from zoo.train import manifest
     from zoo.train.rundir import ELAPSED
 
     train = run.recipe.get("train", {})
@@ -21,6 +25,8 @@ def run_row(run) -> dict:
         "steps_done": run.steps_done,
         "steps": run.planned_steps,
         "finished": run.summary is not None and run.steps_done == run.planned_steps,
+        "checkpoint": manifest.latest_step(run.path, hashes=False),
+        "checkpoints_saved": manifest.saved_steps(run.path),
         "last_eval": {k: run.last(k) for k in evals},
         "epsilon": run.last("epsilon"),
         "precision": summary.get("precision", train.get("precision", "float32")),
@@ -36,7 +42,10 @@ def _cells(row: dict) -> tuple[str, ...]:
     last_eval = ",".join(f"{k.removeprefix('eval_')}={v:.4g}" for k, v in row["last_eval"].items()) or "-"
     epsilon = "-" if row["epsilon"] is None else f"{row['epsilon']:.3g}"
     wall = "-" if row["wall_time_sec"] is None else _duration(row["wall_time_sec"])
-    return (row["run"], row["recipe"], steps, last_eval, epsilon, row["precision"], row["remat"], wall)
+    checkpoint = "damaged" if row["checkpoint"] is None else str(row["checkpoint"])
+    checkpoint = checkpoint if row["checkpoints_saved"] else "-"
+    cells = (row["run"], row["recipe"], steps, checkpoint, last_eval, epsilon, row["precision"], row["remat"])
+    return (*cells, wall)
 
 
 def _duration(seconds: float) -> str:

@@ -8,7 +8,7 @@ base too, and refuses a base that is gone or has changed since.
 
 Orbax writes each step to a temporary directory and renames it when complete. After that,
 ``save`` writes ``zoo_manifest.json`` (size and sha256 of every file of the step) as the
-step's last file, atomically. A step is *intact* when its manifest exists and every file
+step's last file, atomically (:mod:`zoo.train.manifest` reads and writes it). A step is *intact* when its manifest exists and every file
 matches it: a run killed before the manifest landed, a truncated file or a flipped byte all
 make the step damaged. Loading takes the newest intact step, and says so, naming both, when
 it had to skip a damaged one; it never reads a damaged step. Every failure reaching a user is
@@ -18,8 +18,6 @@ one ``ZooError`` line naming the directory and what is wrong.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import shutil
 import warnings
@@ -35,13 +33,20 @@ from zoo.errors import ZooError
 from zoo.models.paths import flat_by_path, nest_by_path
 from zoo.models.registry import ModelConfig, config_from_dict
 from zoo.recipes import Recipe, parse_recipe
-from zoo.train.runlog import atomic_write, dir_problem
+from zoo.train.manifest import (  # noqa: F401 - the checkpoint API's names for steps and manifests
+    CHECKPOINT_DIR,
+    DAMAGED_DIR,
+    MANIFEST,
+    latest_step,
+    saved_steps,
+    sha256,
+    step_problem,
+    write_manifest,
+)
+from zoo.train.manifest import step_dir as _step_dir
+from zoo.train.runlog import dir_problem
 from zoo.train.save_guard import CheckpointWriteError, finish_before_interrupt, held_reports, os_cause
 
-CHECKPOINT_DIR = "checkpoints"
-DAMAGED_DIR = "damaged-checkpoints"
-MANIFEST = "zoo_manifest.json"
-_MANIFEST_FORMAT = "zoo.checkpoint_manifest"
 LORA_BASE = "lora_base"  # meta key of a LoRA run's base reference
 
 
@@ -62,88 +67,7 @@ def config_from_meta(meta: dict) -> ModelConfig:
     return config_from_dict(meta["kind"], meta["config"])
 
 
-def _step_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir).absolute() / CHECKPOINT_DIR / str(step)
-
-
-# --- Manifests ------------------------------------------------------------------------------
-
-
-def _digests(step_dir: Path) -> dict[str, list]:
-    """``{relative path: [size, sha256]}`` for every file of a step but the manifest."""
-    out = {}
-    for path in sorted(step_dir.rglob("*")):
-        if path.is_file() and path.name != MANIFEST and not path.name.startswith(MANIFEST):
-            out[path.relative_to(step_dir).as_posix()] = [path.stat().st_size, _sha256(path)]
-    return out
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_manifest(step_dir: Path) -> None:
-    body = json.dumps({"format": _MANIFEST_FORMAT, "version": 1, "files": _digests(step_dir)}, indent=1)
-    atomic_write(step_dir / MANIFEST, body)
-
-
-def step_problem(run_dir: Path, step: int) -> str | None:
-    """What is wrong with a saved step, or None when it is intact."""
-    step_dir = _step_dir(run_dir, step)
-    try:
-        doc = json.loads((step_dir / MANIFEST).read_text())
-    except FileNotFoundError:
-        return f"it has no {MANIFEST} (its write did not finish)"
-    except (OSError, ValueError):
-        doc = None
-    files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == _MANIFEST_FORMAT else None
-    if not isinstance(files, dict) or not all(_is_entry(rel, entry) for rel, entry in files.items()):
-        return f"its {MANIFEST} is unreadable"
-    try:
-        for rel, (size, sha) in files.items():
-            path = step_dir / rel
-            if not path.is_file():
-                return f"{rel} is missing"
-            if path.stat().st_size != size:
-                return f"{rel} has {path.stat().st_size} bytes, its manifest says {size}"
-            if _sha256(path) != sha:
-                return f"{rel} does not match its checksum"
-    except OSError as error:  # removed or unreadable while we looked
-        return f"it could not be read ({error.strerror or error})"
-    return None
-
-
-def _is_entry(rel: object, entry: object) -> bool:
-    parts = Path(rel).parts if isinstance(rel, str) else ("..",)
-    return (
-        not Path(rel).is_absolute()
-        and ".." not in parts
-        and isinstance(entry, list)
-        and len(entry) == 2
-        and isinstance(entry[0], int)
-        and isinstance(entry[1], str)
-    )
-
-
 # --- Steps ----------------------------------------------------------------------------------
-
-
-def saved_steps(run_dir: Path) -> list[int]:
-    """Every step directory under ``run_dir/checkpoints``, intact or not, oldest first."""
-    root = Path(run_dir) / CHECKPOINT_DIR
-    if not os.path.isdir(root):  # False, not an error, for a name too long or under a file
-        return []
-    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
-
-
-def latest_step(run_dir: Path) -> int | None:
-    """The newest intact step, or None. Quiet: it neither warns nor raises."""
-    steps = saved_steps(run_dir)
-    return next((s for s in reversed(steps) if step_problem(run_dir, s) is None), None)
 
 
 def resolve_step(run_dir: Path, step: int | None = None) -> int:
@@ -266,7 +190,7 @@ def save(run_dir: Path, step: int, state, params: dict, meta: dict, *, compress:
                     manager.save(step, args=ocp.args.Composite(**items), force=True)
                     manager.wait_until_finished()
                 if main:
-                    _write_manifest(_step_dir(run_dir, step))
+                    write_manifest(_step_dir(run_dir, step))
         except Exception as error:
             if main:
                 _remove_unfinished(run_dir, step)
@@ -305,7 +229,7 @@ def restore_params(run_dir: Path, step: int) -> dict:
 
 
 def _manifest_sha(run_dir: Path, step: int) -> str:
-    return _sha256(_step_dir(run_dir, step) / MANIFEST)
+    return sha256(_step_dir(run_dir, step) / MANIFEST)
 
 
 def base_reference(source: Checkpoint) -> dict:
