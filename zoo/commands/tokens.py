@@ -35,21 +35,27 @@ def _read(unit: str, done: int, total: int | None) -> str:
 def run_tokenize(args) -> int:
     from zoo.data.tokens.build import balance_notice, check_text_vocabulary, tokenize
 
-    check_text_vocabulary(args.vocabulary)  # a bad one is refused before the progress bar
-    with _progress_bar(args.progress) as progress:
-        bar = progress.add_task("tokenize", total=None, read="-", tokens="0", rate="-")
+    check_text_vocabulary(args.vocabulary)  # a bad form is refused before anything is read
+    # The bar starts with the first progress report: a vocabulary or source that cannot be read
+    # is refused before it, in one line with no empty bar above it.
+    progress, bar = _progress_bar(args.progress), None
 
-        def show(p) -> None:
-            rate = p.tokens / p.seconds if p.seconds else 0.0
-            progress.update(
-                bar,
-                completed=p.done,
-                total=p.total,
-                read=_read(p.unit, p.done, p.total),
-                tokens=f"{p.tokens:,}",
-                rate=f"{rate:,.0f}",
-            )
+    def show(p) -> None:
+        nonlocal bar
+        if bar is None:
+            progress.start()
+            bar = progress.add_task("tokenize", total=None, read="-", tokens="0", rate="-")
+        rate = p.tokens / p.seconds if p.seconds else 0.0
+        progress.update(
+            bar,
+            completed=p.done,
+            total=p.total,
+            read=_read(p.unit, p.done, p.total),
+            tokens=f"{p.tokens:,}",
+            rate=f"{rate:,.0f}",
+        )
 
+    try:
         meta = tokenize(
             args.source,
             args.out,
@@ -59,6 +65,9 @@ def run_tokenize(args) -> int:
             text_column=args.text_column,
             on_progress=show,
         )
+    finally:
+        if bar is not None:
+            progress.stop()
     splits = meta["splits"]
     line = (
         f"wrote {args.out}: {splits['train']['tokens']:,} train tokens in {splits['train']['documents']:,} "
