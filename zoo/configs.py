@@ -45,10 +45,11 @@ def model_flag_overrides(args) -> dict:
     return {k: v for k, v in overrides.items() if v is not None}
 
 
-def require_positive(cfg: object, *fields: str) -> None:
-    """Config validation: each field is a positive int (one ZooError line naming it)."""
+def require_positive(cfg: object, *fields: str, section: str) -> None:
+    """Config validation: each field is a positive int (one ZooError line naming it by the
+    recipe's key, ``section.field``, as ``--set`` and the recipe's TOML write it)."""
     for field in fields:
-        require_positive_int(f"{type(cfg).__name__}.{field}", getattr(cfg, field), error=ZooError)
+        require_positive_int(f"{section}.{field}", getattr(cfg, field), error=ZooError)
 
 
 class ByteSize(int):
@@ -201,7 +202,14 @@ class TrainConfig:
         if not isinstance(self.tensorboard, bool):
             raise ZooError(f"train.tensorboard must be true or false, got {self.tensorboard!r}")
         require_positive(
-            self, "steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every"
+            self,
+            "steps",
+            "batch_size",
+            "eval_every",
+            "eval_batches",
+            "log_every",
+            "checkpoint_every",
+            section="train",
         )
         if self.steps > MAX_STEPS:
             raise ZooError(
@@ -313,7 +321,7 @@ class MeshConfig:
     def __post_init__(self) -> None:
         if self.data != "auto":
             require_int("mesh.data", self.data, lo=1, what="a positive int or 'auto'", error=ZooError)
-        require_positive(self, "fsdp", "tensor")
+        require_positive(self, "fsdp", "tensor", section="mesh")
 
     @property
     def is_default(self) -> bool:

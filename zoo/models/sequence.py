@@ -33,7 +33,7 @@ def check_attention(cfg) -> None:
 
         enable()
     chunk = cfg.attention_chunk
-    require_positive_int(f"{type(cfg).__name__}.attention_chunk", chunk, error=ZooError)
+    require_positive_int("model.attention_chunk", chunk, error=ZooError)
 
 
 def check_splash(cfg) -> None:
@@ -100,7 +100,7 @@ class SequenceConfig(ModelConfig):
         check_attention(self)
         check_splash(self)
         check_mlp_chunk(self)
-        require_positive(self, "vocab_size", "d_model", "num_heads", "num_layers", "max_len")
+        require_positive(self, "vocab_size", "d_model", "num_heads", "num_layers", "max_len", section="model")
         check_vocab_multiple(self)
         if self.d_model % self.num_heads:
             raise ZooError(

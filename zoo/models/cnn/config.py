@@ -75,7 +75,7 @@ class CNNConfig(FlatClassifierConfig):
         require_positive(
             self, "image_size", "channels", "conv1_features", "conv1_kernel", "conv1_stride",
             "conv2_features", "conv2_kernel", "conv2_stride", "pool_window", "pool_stride",
-            "d_hidden", "num_classes",
+            "d_hidden", "num_classes", section="model",
         )  # fmt: skip
         for field in ("conv1_padding", "conv2_padding", "num_layers"):
             require_int(f"CNNConfig.{field}", getattr(self, field), lo=0, what="an int >= 0", error=ZooError)

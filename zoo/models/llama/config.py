@@ -62,7 +62,7 @@ class LlamaConfig(SequenceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive(self, "num_kv_heads", "d_ff")
+        require_positive(self, "num_kv_heads", "d_ff", section="model")
         if self.d_head % 2:
             raise ZooError(
                 f"d_model={self.d_model} must split into num_heads={self.num_heads} heads of even width "

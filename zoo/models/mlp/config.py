@@ -47,7 +47,7 @@ class MLPConfig(FlatClassifierConfig):
     d_pca: int = 0
 
     def __post_init__(self) -> None:
-        require_positive(self, "d_in", "d_hidden", "num_classes")
+        require_positive(self, "d_in", "d_hidden", "num_classes", section="model")
         require_int("MLPConfig.num_layers", self.num_layers, lo=0, what="an int >= 0", error=ZooError)
         require_int(
             "MLPConfig.d_pca", self.d_pca, lo=0, hi=self.d_in, what=f"an int in [0, d_in={self.d_in}]",

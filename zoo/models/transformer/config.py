@@ -70,7 +70,7 @@ class TransformerConfig(SequenceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive(self, "d_ff")
+        require_positive(self, "d_ff", section="model")
         if self.d_in < 0 or self.num_classes < 0:
             raise ZooError(f"d_in and num_classes must be >= 0, got {self.d_in}, {self.num_classes}")
         if self.tie_head and (self.takes_features or self.is_classifier):
