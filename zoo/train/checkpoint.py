@@ -8,9 +8,9 @@ base too, and refuses a base that is gone or has changed since.
 
 Orbax writes each step to a temporary directory and renames it when complete. After that,
 ``save`` writes ``zoo_manifest.json`` (size and sha256 of every file of the step) as the
-step's last file, atomically (:mod:`zoo.train.manifest` reads and writes it). A step is *intact* when its manifest exists and every file
-matches it: a run killed before the manifest landed, a truncated file or a flipped byte all
-make the step damaged. Loading takes the newest intact step, and says so, naming both, when
+step's last file, atomically (:mod:`zoo.train.manifest` reads and writes it). A step is
+*intact* when its manifest exists and every file matches it: a run killed before the manifest
+landed, a truncated file or a flipped byte all make the step damaged. Loading takes the newest intact step, and says so, naming both, when
 it had to skip a damaged one; it never reads a damaged step. Every failure reaching a user is
 one ``ZooError`` line naming the directory and what is wrong.
 """

@@ -9,11 +9,11 @@ it; ``hashes=False`` checks the sizes and skips the checksums, a cheap look at a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
+from zoo.data.tokens.store import file_sha256
 from zoo.train.runlog import atomic_write
 
 CHECKPOINT_DIR = "checkpoints"
@@ -26,12 +26,7 @@ def step_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir).absolute() / CHECKPOINT_DIR / str(step)
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+sha256 = file_sha256  # the token store's: one hash of a file, read in blocks
 
 
 def digests(where: Path) -> dict[str, list]:
