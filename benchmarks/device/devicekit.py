@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import threading
 import time
 
 import jax
@@ -103,23 +104,61 @@ def median_step_seconds(stepper, steps: int) -> float:
     return statistics.median(times)
 
 
-def host_memory() -> dict[str, int]:
-    """The process's resident bytes now (``rss``) and at most since the last
-    :func:`reset_host_peak` (``peak``), from ``/proc/self/status``; empty off Linux."""
+class _PeakWatch:
+    """The process's resident bytes sampled every ``every`` seconds on a daemon thread, and the
+    most seen since the last reset: the peak where ``/proc/self/status`` has no ``VmHWM`` or
+    ``clear_refs`` does not reset it (the TPU v5e machine's ``/proc`` has neither: a call of
+    2026-12-07 lost its rows to the missing key). It misses a spike shorter than ``every``."""
+
+    def __init__(self, every: float = 0.02) -> None:
+        self.every, self.peak, self._thread = every, 0, None
+        self.hwm_resets = True  # VmHWM counts from the last reset (at first: the process's start)
+
+    def reset(self, now: int) -> None:
+        self.peak = now
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="rss-watch")
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, _status().get("VmRSS", 0))
+            time.sleep(self.every)
+
+
+def _status() -> dict[str, int]:
+    """``/proc/self/status``'s ``VmRSS`` and ``VmHWM`` in bytes, those it has (none off Linux)."""
     try:
         with open("/proc/self/status") as f:
-            fields = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS", "VmHWM")))
+            fields = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS:", "VmHWM:")))
     except OSError:
         return {}
-    kib = {k: int(v.split()[0]) * 1024 for k, v in fields.items()}
-    return {"rss": kib["VmRSS"], "peak": kib["VmHWM"]}
+    return {k: int(v.split()[0]) * 1024 for k, v in fields.items()}
+
+
+_WATCH = _PeakWatch()
+
+
+def host_memory() -> dict[str, int]:
+    """The process's resident bytes now (``rss``) and at most since the last
+    :func:`reset_host_peak` (``peak``): ``VmHWM`` where the kernel resets it, else the most a
+    sampling thread saw (:class:`_PeakWatch`); empty where ``/proc/self/status`` has no ``VmRSS``."""
+    now = _status()
+    if "VmRSS" not in now:
+        return {}
+    peak = max(now["VmRSS"], _WATCH.peak)
+    if "VmHWM" in now and _WATCH.hwm_resets:
+        peak = now["VmHWM"]
+    return {"rss": now["VmRSS"], "peak": peak}
 
 
 def reset_host_peak() -> None:
-    """Start :func:`host_memory`'s ``peak`` again from the resident bytes now (Linux's
-    ``clear_refs``; nothing elsewhere)."""
+    """Start :func:`host_memory`'s ``peak`` again from the resident bytes now: Linux's
+    ``clear_refs`` where it takes, and the sampling thread's maximum in any case."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
+        _WATCH.hwm_resets = True
     except OSError:
-        pass
+        _WATCH.hwm_resets = False
+    _WATCH.reset(_status().get("VmRSS", 0))

@@ -35,7 +35,11 @@ def available_mib(meminfo: Path = PROC / "meminfo") -> float:
 def children(pid: int) -> list[int]:
     """The direct children of ``pid`` (every thread's), from ``/proc``."""
     out = []
-    for task in (PROC / str(pid) / "task").glob("*"):
+    try:
+        tasks = list((PROC / str(pid) / "task").iterdir())
+    except OSError:  # gone since it was listed (a step's process that ended)
+        return out
+    for task in tasks:
         try:
             out += [int(c) for c in (task / "children").read_text().split()]
         except OSError:

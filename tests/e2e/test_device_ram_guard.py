@@ -70,3 +70,38 @@ def test_enough_ram_kills_nothing(tmp_path):
         watcher.kill()
     assert "killed" not in out and "least host RAM available 30,720 MiB" in out, out
     assert "the most one process held" in out and "bytearray" in out, out
+
+
+def test_a_process_gone_while_listed_has_no_children():
+    """The TPU call of 2026-12-07 lost its guard to a step's process that ended between the
+    guard's listing and its read of the process's threads."""
+    sys.path.insert(0, str(GUARD.parent))
+    try:
+        import ram_guard
+    finally:
+        sys.path.remove(str(GUARD.parent))
+    done = subprocess.Popen(["true"])
+    done.wait()
+    assert ram_guard.children(done.pid) == [] and ram_guard.descendants(done.pid) == []
+
+
+def test_host_memory_has_a_peak_where_proc_has_no_high_water_mark(monkeypatch):
+    """devicekit's host memory on a /proc without VmHWM (the TPU v5e machine's): the peak
+    comes from its sampling thread, and a 300 MB array held for a moment shows in it."""
+    import numpy as np
+
+    sys.path.insert(0, str(GUARD.parent))
+    try:
+        import devicekit
+    finally:
+        sys.path.remove(str(GUARD.parent))
+    real = devicekit._status
+    monkeypatch.setattr(devicekit, "_status", lambda: {k: v for k, v in real().items() if k != "VmHWM"})
+    devicekit.reset_host_peak()
+    before = devicekit.host_memory()
+    held = np.ones(300 * 2**20 // 8)
+    time.sleep(0.3)
+    del held
+    after = devicekit.host_memory()
+    assert after["peak"] - before["rss"] > 250 * 2**20, (before, after)
+    assert after["rss"] - before["rss"] < 100 * 2**20, (before, after)
