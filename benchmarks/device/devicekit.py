@@ -20,6 +20,8 @@ script's folder: no ``sys.path`` edits.
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import statistics
 import sys
 import threading
@@ -150,6 +152,42 @@ def host_memory() -> dict[str, int]:
     if "VmHWM" in now and _WATCH.hwm_resets:
         peak = now["VmHWM"]
     return {"rss": now["VmRSS"], "peak": peak}
+
+
+def rss_tripwire(limit_gib: float, floor_gib: float = 4.0, every: float = 0.01) -> threading.Thread:
+    """A daemon thread that ends the process (exit status 3) once its resident memory passes
+    ``limit_gib`` or the machine's ``MemAvailable`` falls under ``floor_gib``, after printing
+    both and every thread's Python stack (``faulthandler``): where the memory went. The lent
+    machine is given back, with every log lost, when its RAM runs out faster than
+    ``ram_guard.py`` (one read a second) can act; this reads every ``every`` seconds from
+    inside the process."""
+
+    def available_gib() -> float:
+        try:
+            with open("/proc/meminfo") as f:
+                line = next(x for x in f if x.startswith("MemAvailable:"))
+            return int(line.split()[1]) / 2**20
+        except (OSError, StopIteration):
+            return float("inf")
+
+    def watch() -> None:
+        while True:
+            rss, free = _status().get("VmRSS", 0) / 2**30, available_gib()
+            if rss > limit_gib or free < floor_gib:
+                print(
+                    f"rss tripwire: host RSS {rss:.2f} GiB (limit {limit_gib}), {free:.2f} GiB available"
+                    f" (floor {floor_gib}); every thread's stack:",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                sys.stderr.flush()
+                os._exit(3)
+            time.sleep(every)
+
+    thread = threading.Thread(target=watch, daemon=True, name="rss-tripwire")
+    thread.start()
+    return thread
 
 
 def reset_host_peak() -> None:

@@ -68,6 +68,7 @@ from devicekit import (  # noqa: E402
     host_params,
     out_of_memory,
     reset_host_peak,
+    rss_tripwire,
     say,
     step_mfu,
 )
@@ -331,6 +332,12 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--compare-seq", type=int, default=1024)
     parser.add_argument("--compare-micro", type=int, default=4)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--rss-tripwire-gib",
+        type=float,
+        default=None,
+        help="end the run, with every thread's stack, once its host RSS passes this (devicekit.rss_tripwire)",
+    )
     args = parser.parse_args(argv)
     args.rows = [parse_row(row) for row in args.rows.split(",")]  # before anything runs
     if args.inflight_mib is not None and args.inflight_mib < 1:
@@ -353,6 +360,8 @@ def overrides(text: str) -> dict[str, int]:
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.rss_tripwire_gib is not None:
+        rss_tripwire(args.rss_tripwire_gib)
     cfg = zoo.get_config(config(args.preset, args.small), **overrides(args.set))
     if args.small:
         args.seq = cfg.max_len
