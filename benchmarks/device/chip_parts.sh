@@ -28,10 +28,10 @@ step() {  # step NAME SECONDS CMD...: one bounded command, its output kept in $O
 }
 if [ "${SMALL:-}" = 1 ]; then
   GPT=transformer-xs; LLAMA=llama-xs; S256=16; S1024=16; LOGICAL=64; SMALL_FLAG=--small; LORA_BATCH=16
-  NORMALS=100000; QUICK=(--rounds 1 --steps 1)
+  NORMALS=100000; QUICK=(--rounds 1 --steps 1); FLOOR=()
 else
   GPT=gpt2-124m; LLAMA=llama-1b; S256=256; S1024=1024; LOGICAL=1024; SMALL_FLAG=; LORA_BATCH=64
-  NORMALS=124439808; QUICK=()
+  NORMALS=124439808; QUICK=(); FLOOR=(--ram-floor-gib 4)
 fi
 BF=(--precision bfloat16 --no-sweep --json)
 case "${1:-}" in
@@ -41,8 +41,11 @@ host-update)
   # each row with its host RSS peak and the budget's; the host's RSS after each row's compile and
   # warm-up on stderr (the 2026-12-07 call ran the host's RAM out: tpu.sh's guard now stops the
   # largest process first, and the log comes back). Decode, measured that day, is decode.py's own.
+  # (2026-12-07, eighth: three rows in one process ran it out again, faster than the guard's one
+  # read a second; the process's own tripwire, 100 reads a second, now ends it with every
+  # thread's stack under 4 GiB available, so the log says where the bytes went)
   step host_update 540 "$PY" benchmarks/device/host_update.py --preset "$LLAMA" --seq 2048 $SMALL_FLAG \
-    --rows full:4:32,full:4:16,full:4:16:delayed --steps 1 --json "$OUT/host_update.json"
+    --rows full:4:32,full:4:16,full:4:16:delayed --steps 1 --json "$OUT/host_update.json" "${FLOOR[@]}"
   ;;
 dp-methods)
   step dp_256x8 240 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" --forms measure \

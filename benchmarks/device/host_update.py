@@ -67,8 +67,8 @@ from devicekit import (  # noqa: E402
     host_memory,
     host_params,
     out_of_memory,
+    ram_tripwire,
     reset_host_peak,
-    rss_tripwire,
     say,
     step_mfu,
 )
@@ -333,10 +333,10 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--compare-micro", type=int, default=4)
     parser.add_argument("--json", default=None)
     parser.add_argument(
-        "--rss-tripwire-gib",
+        "--ram-floor-gib",
         type=float,
         default=None,
-        help="end the run, with every thread's stack, once its host RSS passes this (devicekit.rss_tripwire)",
+        help="end the run, with every thread's stack, once the machine has less RAM available (devicekit.ram_tripwire)",
     )
     args = parser.parse_args(argv)
     args.rows = [parse_row(row) for row in args.rows.split(",")]  # before anything runs
@@ -360,8 +360,8 @@ def overrides(text: str) -> dict[str, int]:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    if args.rss_tripwire_gib is not None:
-        rss_tripwire(args.rss_tripwire_gib)
+    if args.ram_floor_gib is not None:
+        ram_tripwire(args.ram_floor_gib)
     cfg = zoo.get_config(config(args.preset, args.small), **overrides(args.set))
     if args.small:
         args.seq = cfg.max_len

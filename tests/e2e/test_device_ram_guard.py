@@ -105,3 +105,19 @@ def test_host_memory_has_a_peak_where_proc_has_no_high_water_mark(monkeypatch):
     after = devicekit.host_memory()
     assert after["peak"] - before["rss"] > 250 * 2**20, (before, after)
     assert after["rss"] - before["rss"] < 100 * 2**20, (before, after)
+
+
+@pytest.mark.parametrize("floor, code", [(1e9, 3), (0.0, 0)])
+def test_the_tripwire_ends_a_process_under_its_floor_with_every_stack(floor, code):
+    """devicekit.ram_tripwire: under the floor (here above any machine's RAM) the process ends
+    with status 3 and the stack of the thread that was working; above it, nothing happens."""
+    script = (
+        f"import sys, time; sys.path.insert(0, {str(GUARD.parent)!r}); import devicekit\n"
+        "def working_here():\n"
+        f"    devicekit.ram_tripwire({floor}, every=0.01)\n"
+        "    time.sleep(1.0)\n"
+        "working_here()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr
+    assert ("ram tripwire:" in done.stderr and "working_here" in done.stderr) == (code == 3), done.stderr
