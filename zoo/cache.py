@@ -45,8 +45,10 @@ def digest(parts: dict) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
-    """Hold an exclusive lock on ``path``'s lock file (beside it) for the block."""
+def locked(path: Path):
+    """Hold an exclusive lock on ``path``'s lock file (beside it, ``NAME.lock``) for the block:
+    a second holder waits. The operating system drops it when its process dies. Also taken
+    around a Hugging Face import's write (:func:`zoo.train.hf.import_cached`)."""
     if fcntl is None:  # pragma: no cover
         yield
         return
@@ -104,7 +106,7 @@ class ChoiceCache:
         """Add (or replace) ``key``'s entry, keeping every other entry on disk now."""
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path):
+        with locked(path):
             doc = self.read()
             doc[key] = entry
             _replace(path, json.dumps(doc, indent=1) + "\n")

@@ -85,3 +85,30 @@ def test_the_checkpoint_column_says_which_step_a_run_can_be_loaded_from(runs, ca
     shutil.rmtree(run / manifest.CHECKPOINT_DIR)
     checkpoint, now_saved, table = row()
     assert (checkpoint, now_saved) == (None, []) and "damaged" not in table, table
+
+
+def test_the_time_column_is_the_runs_elapsed_sec_over_every_segment(capsys, tmp_path):
+    """The column read "wall time" (JSON ``wall_time_sec``) and showed the last logged
+    ``elapsed_sec``: the training loop's clock, whose segments a resume sums (the second
+    segment's lines continue the first's) but which leaves out each segment's start-up, the
+    last checkpoint write and the gaps between segments. It is named for what it is."""
+    from zoo.train import runlog
+
+    run = tmp_path / "resumed"
+    run.mkdir()
+    first = [{"step": 2, "loss": 1.0, "elapsed_sec": 1.5}, {"step": 4, "loss": 0.9, "elapsed_sec": 3.0}]
+    second = [
+        {"step": 6, "loss": 0.8, "elapsed_sec": 4.25},
+        {"step": 6, "eval_loss": 0.7, "elapsed_sec": 125.5},
+    ]
+    (run / runlog.METRICS).write_text("".join(json.dumps(r) + "\n" for r in first + second))
+    (run / runlog.RECIPE).write_text(json.dumps({"name": "digits-mlp", "train": {"steps": 6}}))
+    (run / runlog.SUMMARY).write_text(
+        json.dumps({"recipe": "digits-mlp", "wall_sec": 2.0, "resumed_from_step": 4})
+    )
+    assert main(["runs", str(tmp_path), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["elapsed_sec"] == 125.5 and "wall_time_sec" not in row
+    assert main(["runs", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "elapsed" in table and "wall time" not in table and "2m06s" in table, table

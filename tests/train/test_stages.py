@@ -2,6 +2,7 @@
 their composition."""
 
 import dataclasses
+import warnings
 
 import jax
 import numpy as np
@@ -53,6 +54,28 @@ def test_each_stage_builds_alone_and_build_run_composes_them():
     jax.tree.map(np.testing.assert_array_equal, run.params, fitted.params)
     for field in ("cfg", "backend", "stack", "freeze", "precision", "dp"):
         assert getattr(run.engine, field) == getattr(engine, field), field
+
+
+def _warmup_warnings(recipe, plan_steps: int) -> list[str]:
+    start = stages.model_start(recipe, stages.load_data(recipe))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stages.engine(recipe, start, None, plan_steps)
+    return [str(w.message) for w in caught if "optim.warmup_steps" in str(w.message)]
+
+
+def test_the_warmup_warning_of_an_extended_resume_counts_the_steps_it_trains_to():
+    """``--resume --steps 12`` of a run planned for 10 (digits-mlp warms up over 20 steps):
+    the warning named the 10 planned steps and a ramp to 50%, and warned on ``--steps 30``,
+    whose ramp ends at step 20. The schedule keeps its planned horizon (docs/recipes.md,
+    "Resume"); the ramp does not depend on it."""
+    extended = settings.with_values(recipes.load_recipe("digits-mlp"), {"train.steps": 12})
+    (line,) = _warmup_warnings(extended, plan_steps=10)
+    assert "longer than the 12 steps the run trains to" in line, line
+    assert "keeps the 10 steps it was planned for" in line and "60% of optim.lr" in line, line
+    assert _warmup_warnings(settings.with_values(extended, {"train.steps": 30}), plan_steps=10) == []
+    (fresh,) = _warmup_warnings(extended, plan_steps=12)  # a fresh run: no other horizon to name
+    assert "longer than the 12 steps the run trains to:" in fresh, fresh
 
 
 def test_without_dp_there_is_no_root_plan_or_noise():

@@ -5,14 +5,18 @@ from __future__ import annotations
 from zoo.errors import ZooError
 from zoo.ui import emit_json, print_table
 
-COLUMNS = ("run", "recipe", "steps", "checkpoint", "last eval", "epsilon", "precision", "remat", "wall time")
+COLUMNS = ("run", "recipe", "steps", "checkpoint", "last eval", "epsilon", "precision", "remat", "elapsed")
 
 
 def run_row(run) -> dict:
     """What ``zoo runs`` shows of one :class:`~zoo.train.rundir.RunDir`. ``checkpoint``: its
     newest step whose files are all there at their manifest's sizes (checksums unread: `eval`,
     `sample`, `export` and `--resume` check them), None when none is; ``checkpoints_saved``:
-    the steps saved, intact or not."""
+    the steps saved, intact or not. ``elapsed_sec``: the run's clock at its last logged line
+    (:data:`~zoo.train.rundir.ELAPSED`: the training loop's seconds, a resume's segments summed),
+    not a wall time: building and restoring before each segment's first step, the steps a
+    killed segment ran past its checkpoint, the final checkpoint write and the gaps between
+    segments are not on it (``summary.json``'s ``wall_sec`` is the last segment's alone)."""
     from zoo.train import manifest
     from zoo.train.rundir import ELAPSED
 
@@ -31,7 +35,7 @@ def run_row(run) -> dict:
         "epsilon": run.last("epsilon"),
         "precision": summary.get("precision", train.get("precision", "float32")),
         "remat": summary.get("remat", train.get("remat", "none")),
-        "wall_time_sec": run.last(ELAPSED),
+        "elapsed_sec": run.last(ELAPSED),
     }
 
 
@@ -41,11 +45,11 @@ def _cells(row: dict) -> tuple[str, ...]:
         steps += " (not finished)"
     last_eval = ",".join(f"{k.removeprefix('eval_')}={v:.4g}" for k, v in row["last_eval"].items()) or "-"
     epsilon = "-" if row["epsilon"] is None else f"{row['epsilon']:.3g}"
-    wall = "-" if row["wall_time_sec"] is None else _duration(row["wall_time_sec"])
+    elapsed = "-" if row["elapsed_sec"] is None else _duration(row["elapsed_sec"])
     checkpoint = "damaged" if row["checkpoint"] is None else str(row["checkpoint"])
     checkpoint = checkpoint if row["checkpoints_saved"] else "-"
     cells = (row["run"], row["recipe"], steps, checkpoint, last_eval, epsilon, row["precision"], row["remat"])
-    return (*cells, wall)
+    return (*cells, elapsed)
 
 
 def _duration(seconds: float) -> str:

@@ -86,15 +86,24 @@ def warn_batch_over_rows(batch_size: int, rows: int, dataset: str) -> None:
         )
 
 
-def warn_long_warmup(optim: OptimConfig, plan_steps: int) -> None:
-    """A warmup longer than the run: the learning rate never reaches ``optim.lr``."""
-    if optim.warmup_steps > plan_steps:
-        warnings.warn(
-            f"optim.warmup_steps={optim.warmup_steps} is longer than the {plan_steps} steps of "
-            f"the run: the learning rate ramps up to only {plan_steps / optim.warmup_steps:.0%} of "
-            f"optim.lr={optim.lr:g} by the end",
-            stacklevel=3,
-        )
+def warn_long_warmup(optim: OptimConfig, steps: int, plan_steps: int | None = None) -> None:
+    """A warmup longer than the run: the learning rate never reaches ``optim.lr``. ``steps``:
+    the steps the run trains to; ``plan_steps``: its schedule's horizon where that is another
+    (a resumed run extended with a longer ``--steps`` keeps the one it was planned with). The
+    ramp is ``optim.warmup_steps`` long whatever the horizon, so ``steps`` says how far it gets."""
+    if optim.warmup_steps <= steps:
+        return
+    kept = (
+        ""
+        if plan_steps in (None, steps)
+        else f" (its schedule keeps the {plan_steps} steps it was planned for)"
+    )
+    warnings.warn(
+        f"optim.warmup_steps={optim.warmup_steps} is longer than the {steps} steps the run trains "
+        f"to{kept}: the learning rate ramps up to only {steps / optim.warmup_steps:.0%} of "
+        f"optim.lr={optim.lr:g} by the end",
+        stacklevel=3,
+    )
 
 
 INDEX_LIMIT = 2**31 - 1  # a batch's rows are int32 indices (zoo.dp.sampling, zoo.data.batches)

@@ -158,9 +158,15 @@ def import_cached(src: str, backend: str = "nnx") -> Path:
     """The zoo import of ``src`` (``--init-from hf:SRC``), made once under ``$ZOO_HF_CACHE``
     (default ``~/.cache/zoo/hf-imports``) and reused (with a warning line saying so): keyed by
     the source's name, or a local directory's absolute path and its files' contents (JSON files
-    by their bytes, weights by size and modification time), so changed weights import anew."""
+    by their bytes, weights by size and modification time), so changed weights import anew.
+
+    Two runs importing one source at once take turns on a lock beside the entry
+    (:func:`zoo.cache.locked`), and the second reuses the first's import: checking and writing
+    unlocked, the second removed the first's folder while it was being written. The write
+    itself is whole or nothing (:func:`_import_whole`)."""
     import hashlib
 
+    from zoo.cache import locked
     from zoo.train import checkpoint
 
     local = Path(src).expanduser()
@@ -170,19 +176,36 @@ def import_cached(src: str, backend: str = "nnx") -> Path:
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     root = Path(os.environ.get("ZOO_HF_CACHE") or Path.home() / ".cache" / "zoo" / "hf-imports")
     out = root / f"{slug}-{digest}"
-    if checkpoint.latest_step(out) is None:
-        if out.exists():  # an import that did not finish
-            import shutil
+    root.mkdir(parents=True, exist_ok=True)
+    with locked(out):
+        if checkpoint.latest_step(out) is None:
+            _import_whole(src, out, backend)
+            return out
+    import warnings
 
-            shutil.rmtree(out)
-        import_checkpoint(src, out, backend=backend)
-    else:
-        import warnings
-
-        warnings.warn(
-            f"hf:{src}: reusing its import in {out} (the source's files are unchanged)", stacklevel=2
-        )
+    warnings.warn(f"hf:{src}: reusing its import in {out} (the source's files are unchanged)", stacklevel=2)
     return out
+
+
+def _import_whole(src: str, out: Path, backend: str) -> None:
+    """Import ``src`` into a hidden folder beside ``out`` (``.NAME.XXXX``), renamed to ``out``
+    once whole, so that an import that fails or is killed leaves no ``out`` to trust; a failed
+    one removes its folder. Called under ``out``'s lock, so the hidden folders of ``out`` left by
+    a killed import are nobody's: they go first, with an ``out`` that holds no intact step (an
+    import an older zoo left unfinished)."""
+    import shutil
+    import tempfile
+
+    for stale in [*out.parent.glob(f".{out.name}.*"), out]:
+        if stale.exists():
+            shutil.rmtree(stale)
+    part = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        import_checkpoint(src, part, backend=backend)
+        os.rename(part, out)
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        raise
 
 
 def _content_key(folder: Path) -> str:

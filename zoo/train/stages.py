@@ -193,7 +193,7 @@ def engine(recipe: Recipe, start: Start, plan: DPPlan | None, plan_steps: int) -
     model start, the recipe's gradient settings (:func:`gradient_settings`), its placement
     (:func:`placement`) and the DP plan. A variant without a recipe (``zoo bench``) makes the
     same call with parts of its own."""
-    checks.warn_long_warmup(recipe.optim, plan_steps)
+    checks.warn_long_warmup(recipe.optim, recipe.train.steps, plan_steps)
     checks.warn_remat_without_stack(recipe.train.remat, start.cfg)
     where = placement(recipe, start.layout)
     return make_engine(start, gradient_settings(recipe, plan_steps, private=plan is not None), where, plan)
