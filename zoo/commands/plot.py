@@ -12,7 +12,7 @@ from pathlib import Path
 
 from zoo.errors import ZooError
 
-X_AXES = {"step": ("step", "step"), "time": ("elapsed_sec", "wall time of the run (s)")}
+X_AXES = {"step": ("step", "step"), "time": ("elapsed_sec", "seconds in the training loop (elapsed_sec)")}
 
 
 def run_labels(paths: list[Path]) -> list[str]:
