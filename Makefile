@@ -126,7 +126,7 @@ test-isa: $(STAMP) ## the numerics set alone under each CPU instruction-set cap 
 	set -e; for isa in $(ISAS); do \
 	  cap=$$([ $$isa = native ] || echo --xla_cpu_max_isa=$$isa); \
 	  echo "== the numerics set under $${cap:-the machine's own instruction set}"; \
-	  XLA_FLAGS="$${XLA_FLAGS:-} $$cap" $(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel $(ISA_SELECT); \
+	  XLA_FLAGS="$$(echo $${XLA_FLAGS:-} $$cap)" $(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel $(ISA_SELECT); \
 	done
 
 test-oldest: $(OLDEST_STAMP) ## unit tests at the oldest supported versions, in .venv-oldest
