@@ -116,6 +116,8 @@ def numerics_named(root: Path) -> list[str]:
     main pass and the numerics set (ISA_SELECT, ``-m numerics``) and never run."""
     found = []
     for path in sorted(root.rglob("*")):
+        if "__pycache__" in path.parts or not (path.is_dir() or path.suffix == ".py"):
+            continue  # what pytest collects from: folders and Python files
         text = path.read_text() if path.suffix == ".py" else ""
         marked = re.search(r"^pytestmark = pytest\.mark\.numerics\b", text, re.M)
         if "numerics" in path.name.lower() and path.name != "numerics.py" and not marked:
@@ -132,6 +134,8 @@ def test_no_test_outside_the_marked_files_takes_the_markers_name():
 
 def test_the_name_check_finds_a_planted_name(tmp_path):
     (tmp_path / "test_numerics_twice.py").write_text("def test_numerics_of_a_sum():\n    pass\n")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "test_numerics_twice.cpython-312.pyc").write_bytes(b"\0")
     (tmp_path / "test_marked_numerics.py").write_text(
         "import pytest\npytestmark = pytest.mark.numerics\n\ndef test_numerics_ok():\n    pass\n"
     )
