@@ -7,13 +7,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 # Tests marked `numerics` compare floats from two programs (tests/numerics.py): DP clipping,
-# ghost clipping, model parity, remat policies, freezing. CI runs them again under narrower
-# instruction sets, since XLA's CPU vector width changes the order of float32 sums.
-# Without AVX-512 the machine's own best is AVX2, and `make test` has just run under it: the
-# AVX2 pass would repeat that run bit for bit, so it is left out there.
-ISAS := SSE4_2 $(if $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes),AVX2)
-# The re-run takes one cell per mechanism, which keeps .ci/run inside its 15 minutes on a
-# 2-core machine; `make test` runs every case. Left out of the re-run:
+# ghost clipping, model parity, remat policies, freezing. XLA's CPU vector width changes the order
+# of float32 sums, so `make test` runs one cell per mechanism of them (ISA_SELECT) under two
+# instruction-set caps, AVX2 and SSE4_2, compiled as users compile (no FAST_XLA), and its main
+# pass leaves exactly that set out (ISA_REST): every test runs once at least, the set under both
+# caps, and none three times. (Under AVX2 the set runs at the machine's own width where the
+# machine has no AVX-512. The caps are x86 names: elsewhere the set runs once, uncapped.)
+# The set takes one cell per mechanism; the cells left out of it run once, in the main pass at
+# FAST_XLA. Left out of the set:
 # - Equinox cases: they compute what their NNX twins compute, and the parity tests, which are
 #   re-run, hold the two backends to the float rule;
 # - the negative tests ("the float rule still catches ..."): a planted bug misses the rule by
@@ -44,6 +45,10 @@ ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matc
 ISA_SKIP += or (stays_on_the_host and (True or optimizer-False))
 ISA_SKIP += or (test_taps.py and (is_caught or are_caught or ((none- or dots-) and (norms_are_taken or kept_pieces))))
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
+# Its complement, for the main pass: -k matches marker names too (and test, file and folder
+# names, which tests/test_makefile.py keeps free of the word "numerics" outside the marked files).
+ISA_REST := -k "not numerics or ($(ISA_SKIP))"
+ISAS := $(if $(filter x86_64 amd64 AMD64 i686,$(shell uname -m)),AVX2 SSE4_2,native)
 
 # `make test-oldest`: the oldest versions zoo supports (constraints-oldest.txt: JAX 0.10.2 and
 # flax 0.12.8 on Python 3.11, the TPU v5e image's) in a second venv. Every test there also runs in
@@ -103,22 +108,25 @@ run: $(STAMP) ## create .venv, then train digits-transformer with --remat full o
 # that folder runs as a session of its own.
 MESH_XLA := --xla_force_host_platform_device_count=8
 
-# `make test` and `make test-oldest` compile every program at XLA's CPU optimisation level 0
-# (tests/conftest.py's FAST_COMPILE, for the CLI runs and their child processes too): the suite's
-# tiny programs compile in about 0.7x the time, and a run's results move far inside the float
-# rule, which every comparison between two programs uses. `make test-isa` compiles as users do,
-# since its point is how the CPU's vector width orders float sums.
+# `make test`'s main pass and `make test-oldest` compile every program at XLA's CPU optimisation
+# level 0 (tests/conftest.py's FAST_COMPILE, for the CLI runs and their child processes too): the
+# suite's tiny programs compile in about 0.7x the time, and a run's results move far inside the
+# float rule, which every comparison between two programs uses. The numerics set (`make
+# test-isa`, a part of `make test`) compiles as users do, since its point is how the CPU's vector
+# width orders float sums.
 FAST_XLA := --xla_backend_optimization_level=0
 
-test: $(STAMP) ## the test suite (pytest -n 2), then the 8-device mesh tests
-	XLA_FLAGS="$${XLA_FLAGS:-} $(FAST_XLA)" $(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel
+test: $(STAMP) ## the whole suite: pytest -n 2, the numerics set under AVX2 and SSE4_2, the mesh tests
+	XLA_FLAGS="$${XLA_FLAGS:-} $(FAST_XLA)" $(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel $(ISA_REST)
+	$(MAKE) --no-print-directory test-isa
 	XLA_FLAGS="$${XLA_FLAGS:-} $(FAST_XLA) $(MESH_XLA)" $(BIN)/python -m pytest -q -n 2 --dist loadgroup tests/e2e/parallel
 
-test-isa: $(STAMP) ## the numerics tests again under narrower CPU instruction sets
-	@echo "== ISA caps to re-run: $(ISAS) (AVX2 only where the machine has AVX-512)"
+test-isa: $(STAMP) ## the numerics set alone under each CPU instruction-set cap (a part of make test)
+	@echo "== instruction-set caps for the numerics set: $(ISAS)"
 	set -e; for isa in $(ISAS); do \
-	  echo "== numerics-sensitive tests under --xla_cpu_max_isa=$$isa"; \
-	  XLA_FLAGS="$${XLA_FLAGS:-} --xla_cpu_max_isa=$$isa" $(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel $(ISA_SELECT); \
+	  cap=$$([ $$isa = native ] || echo --xla_cpu_max_isa=$$isa); \
+	  echo "== the numerics set under $${cap:-the machine's own instruction set}"; \
+	  XLA_FLAGS="$$(echo $${XLA_FLAGS:-} $$cap)" $(BIN)/python -m pytest -q -n 2 --dist loadgroup --ignore=tests/e2e/parallel $(ISA_SELECT); \
 	done
 
 test-oldest: $(OLDEST_STAMP) ## unit tests at the oldest supported versions, in .venv-oldest

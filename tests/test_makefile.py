@@ -8,6 +8,7 @@ bench`` parse with zoo's own parser, so a renamed flag fails here, not in a read
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -91,7 +92,7 @@ def test_make_bench_runs_zoo_bench_commands_that_parse():
 def make_variable(name: str) -> str:
     """A Makefile variable as make expands it (no recipe runs)."""
     return subprocess.run(
-        ["make", "-s", "--no-print-directory", "--eval", "print-%: ; @echo $($*)", f"print-{name}"],
+        ["make", "-s", "--no-print-directory", "--eval", "print-%: ; @: $(info $($*))", f"print-{name}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -106,3 +107,53 @@ def test_every_path_make_test_oldest_names_exists():
     paths = make_variable("OLDEST_TESTS").split()
     assert len(paths) > 5 and "tests/dp/test_pitfalls.py" in paths, paths
     assert [p for p in paths if not (ROOT / p).exists()] == []
+
+
+def numerics_named(root: Path) -> list[str]:
+    """Test files, folders, classes and functions whose name holds the word "numerics", outside
+    the files that mark every test `numerics`: the main pass's ``-k "not numerics or ..."``
+    (ISA_REST) matches names as well as markers, so such a test would be left out of both the
+    main pass and the numerics set (ISA_SELECT, ``-m numerics``) and never run."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if "__pycache__" in path.parts or not (path.is_dir() or path.suffix == ".py"):
+            continue  # what pytest collects from: folders and Python files
+        text = path.read_text() if path.suffix == ".py" else ""
+        marked = re.search(r"^pytestmark = pytest\.mark\.numerics\b", text, re.M)
+        if "numerics" in path.name.lower() and path.name != "numerics.py" and not marked:
+            found.append(str(path.relative_to(root)))
+        if not marked:
+            names = re.findall(r"^\s*(?:def|class) ((?:test|Test)\w*)", text, re.M)
+            found += [f"{path.relative_to(root)}::{n}" for n in names if "numerics" in n.lower()]
+    return found
+
+
+def test_no_test_outside_the_marked_files_takes_the_markers_name():
+    assert numerics_named(ROOT / "tests") == []
+
+
+def test_the_name_check_finds_a_planted_name(tmp_path):
+    (tmp_path / "test_numerics_twice.py").write_text("def test_numerics_of_a_sum():\n    pass\n")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "test_numerics_twice.cpython-312.pyc").write_bytes(b"\0")
+    (tmp_path / "test_marked_numerics.py").write_text(
+        "import pytest\npytestmark = pytest.mark.numerics\n\ndef test_numerics_ok():\n    pass\n"
+    )
+    assert numerics_named(tmp_path) == [
+        "test_numerics_twice.py",
+        "test_numerics_twice.py::test_numerics_of_a_sum",
+    ]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_make_test_runs_the_float_rule_set_under_both_caps_and_the_rest_once():
+    """`make test`'s main pass is the complement of the numerics set, which it then runs under
+    AVX2 and SSE4_2; CI (.ci/run) runs `make test` and does not repeat the set."""
+    skip = make_variable("ISA_SKIP")
+    assert make_variable("ISA_SELECT") == f'-m numerics -k "not ({skip})"'
+    assert make_variable("ISA_REST") == f'-k "not numerics or ({skip})"'
+    if shutil.which("uname") and os.uname().machine in ("x86_64", "AMD64"):
+        assert make_variable("ISAS").split() == ["AVX2", "SSE4_2"]
+    recipe = rules((ROOT / "Makefile").read_text())["test"]
+    assert "$(ISA_REST)" in recipe[0] and "test-isa" in recipe[1], recipe
+    assert "test-isa" not in (ROOT / ".ci" / "run").read_text().split("set -euo pipefail")[1]

@@ -13,7 +13,7 @@ from zoo.errors import ZooError
 from zoo.models import registry
 
 # The tests that compare floats from two programs carry the `numerics` marker (not the name
-# checks). (Not one xdist group: the cells are most of make test-isa, and the re-run needs both
+# checks). (Not one xdist group: the cells are most of make test-isa, and that set needs both
 # workers more than one reference fixture.)
 
 CUSTOM = "custom:attn_q=device,layer_input=offload,mlp_hidden=remat,mlp_out=device"

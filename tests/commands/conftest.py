@@ -20,6 +20,10 @@ def series(run_dir, key) -> tuple[list[int], list[float]]:
     return [r["step"] for r in records if key in r], [r[key] for r in records if key in r]
 
 
+# Its tests (test_plot.py, test_runs.py) share an xdist group, so the two runs train once.
+GROUP = pytest.mark.xdist_group("commands-runs")
+
+
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("plot-runs")

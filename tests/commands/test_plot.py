@@ -8,11 +8,13 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from tests.commands.conftest import series
+from tests.commands.conftest import GROUP, series
 from tests.e2e.clikit import refused
 from zoo.cli import main
 from zoo.commands.plot import plot_runs, run_labels
 from zoo.train.rundir import load_run
+
+pytestmark = GROUP  # the runs fixture's worker (tests/commands/conftest.py)
 
 
 def test_a_dp_and_a_non_dp_run_on_one_figure(runs, tmp_path):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import shutil
 
-from tests.commands.conftest import series
+from tests.commands.conftest import GROUP, series
 from tests.e2e.clikit import refused
 from zoo.cli import main
 from zoo.train import manifest
+
+pytestmark = GROUP  # the runs fixture's worker (tests/commands/conftest.py)
 
 
 def test_runs_lists_every_run_with_its_facts(runs, capsys):

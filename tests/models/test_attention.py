@@ -338,16 +338,17 @@ def cached_inputs(heads, kv_heads, dtype=jnp.float32, new=3, slots=16, d=8):
 @pytest.mark.parametrize("heads, kv_heads, per_row", [(4, 4, 2), (4, 4, 4), (8, 4, 2), (8, 2, 2)])
 def test_a_cached_read_of_rows_of_several_heads_equals_one_head_to_a_row(heads, kv_heads, per_row, kind):
     q, k, v, ck, cv, pad, slot = cached_inputs(heads, kv_heads)
-    read = functools.partial(attention, q, k, v, heads, kv_heads, kind=kind, chunk=4)
-    one = read(cache=attention_module.CacheSlice(ck, cv, pad, slot))
-    rows = read(cache=attention_module.CacheSlice(rows_of(ck, per_row), rows_of(cv, per_row), pad, slot))
+
+    @fast_jit  # compiled, as decoding runs it: one program a cache layout, not an op at a time
+    def read(ck, cv, q, k, v, pad, slot):
+        cache = attention_module.CacheSlice(ck, cv, pad, slot)
+        return attention(q, k, v, heads, kv_heads, kind=kind, chunk=4, cache=cache)
+
+    one = read(ck, cv, q, k, v, pad, slot)
+    rows = read(rows_of(ck, per_row), rows_of(cv, per_row), q, k, v, pad, slot)
     assert_close(rows, one, n=per_row * 8 + 16)  # the terms of a score, and of an output
     # and a head reads its own keys: one head's cached keys changed changes that head alone
-    changed = read(
-        cache=attention_module.CacheSlice(
-            rows_of(ck.at[:, 1].add(1.0), per_row), rows_of(cv, per_row), pad, slot
-        )
-    )
+    changed = read(rows_of(ck.at[:, 1].add(1.0), per_row), rows_of(cv, per_row), q, k, v, pad, slot)
     moved = np.abs(np.asarray(changed - rows)).reshape(2, 3, heads, -1).max(axis=(0, 1, 3)) > 1e-6
     group = heads // kv_heads
     assert moved.tolist() == [h // group == 1 for h in range(heads)]

@@ -19,7 +19,8 @@ from zoo.train import checkpoint, loop, pace, throughput
 from zoo.train.loop import train_recipe
 from zoo.train.pace import Pace, StepCounts
 
-pytestmark = pytest.mark.filterwarnings("ignore:optim.warmup_steps")
+# One xdist group: the module-scoped accelerator run is trained once, not once per worker.
+pytestmark = [pytest.mark.filterwarnings("ignore:optim.warmup_steps"), pytest.mark.xdist_group("pace")]
 
 
 class FakeClock:

@@ -95,11 +95,12 @@ def n_of(name: str) -> int:
     return reduction_size(CONFIGS[name], B)
 
 
-def check_sites(name, remat, dense=None):
-    """Every untied site's per-layer norms against the reference's per-example gradients, as
-    one tree (a leaf whose gradient is zero, such as a key bias, is held to the scale of all)."""
+def check_sites(name, remat, dense=None, found=None):
+    """Every untied site's per-layer norms (``found``: :func:`site_norms`'s, computed here when
+    not given) against the reference's per-example gradients, as one tree (a leaf whose gradient
+    is zero, such as a key bias, is held to the scale of all)."""
     ref = reference(name)
-    _, found = site_norms(name, remat, dense)
+    found = site_norms(name, remat, dense)[1] if found is None else found
     ours, expected = {}, {}
     for site, got in found.values():
         if site.kind in ("gather", "unembed") and name == "tied":
@@ -113,34 +114,53 @@ def check_sites(name, remat, dense=None):
     assert_close(ours, expected, n=n_of(name), what="each site's squared norms")
 
 
-def check_step(name, remat, method="bookkeeping", dense=None):
+def check_step(name, remat, method="bookkeeping", dense=None, ran=None):
+    """The step's norms and clipped sum (``ran``: :func:`ghost_run`'s, run here when not given)
+    against the reference's, at a clip bound some examples exceed and some do not."""
     clip = clip_of(name)
     ref_norms, ref_sum = clipped(reference(name), clip)
     assert np.any(ref_norms > clip) and np.any(ref_norms < clip)
-    grads, norms = ghost_run(name, remat, method, dense)
+    grads, norms = ghost_run(name, remat, method, dense) if ran is None else ran
     assert_close(norms, ref_norms, n=n_of(name), what="norms")
     assert_close(grads, ref_sum, n=n_of(name), what="clipped sum")
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-@pytest.mark.parametrize("remat", REMATS)
-def test_each_layers_norms_are_taken_in_the_scan(name, remat):
-    """The taps' per-layer, per-site squared norms are those of the per-example gradients."""
-    check_sites(name, remat)
+def check_sites_and_step(name, remat, dense=None):
+    """:func:`check_sites` and :func:`check_step` (book-keeping) read from one compiled program
+    that returns both the taps' per-site norms and the ghost step's result: one compile a cell,
+    not two (the step runs the same tap pass; XLA may share it)."""
+    cfg = CONFIGS[name]
+    x, y = batch(cfg)
+    gp = stages.prepare(cfg, x, None, remat, None)
+
+    def run(params, x, y, clip):  # the batch an argument, as in ghost_run
+        sites = stages.tap_pass(gp, params, x, y, dense, sums=True)[2].out
+        request = ClipRequest(clip)
+        step = ghost.ghost_clipped_grad_sum(
+            cfg, params, x, y, request, remat=remat, method="bookkeeping", dense=dense
+        )
+        return {site.key: sites[site.key]["sq"] for site in gp.active}, step[:2]
+
+    sq, (grads, norms) = fast_jit(run)(params_of(cfg), x, y, np.float32(clip_of(name)))
+    found = {site.key: (site, np.asarray(sq[site.key], np.float64)) for site in gp.active}
+    check_sites(name, remat, dense, found=found)
+    grads = {k: np.asarray(v, np.float64) for k, v in flat_by_path(grads).items()}
+    check_step(name, remat, dense=dense, ran=(grads, np.asarray(norms)))
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("remat", REMATS)
-def test_norms_and_clipped_sums_from_the_kept_pieces(name, remat):
-    check_step(name, remat)
+def test_each_layers_norms_are_taken_in_the_scan_and_sum_from_the_kept_pieces(name, remat):
+    """The taps' per-layer, per-site squared norms are those of the per-example gradients, and
+    the step's norms and clipped sum (made from what the taps kept) are the reference's."""
+    check_sites_and_step(name, remat)
 
 
 @pytest.mark.parametrize("name", ["transformer", "tied"])
 def test_the_materialised_form_in_the_scan(name):
     """Per-example gradients formed in the backward pass, reduced to norms there and summed
     after: each layer's norms and the step (a tied head's too)."""
-    check_sites(name, "dots", "materialise")
-    check_step(name, "dots", dense="materialise")
+    check_sites_and_step(name, "dots", "materialise")
 
 
 def test_a_materialised_op_takes_its_examples_in_chunks(monkeypatch):
@@ -148,8 +168,7 @@ def test_a_materialised_op_takes_its_examples_in_chunks(monkeypatch):
     example a chunk): the same norms and sums."""
     monkeypatch.setattr(products, "MATERIALISE_CHUNK_BYTES", 1)
     assert products.examples_per_chunk(B, 10) == 1 and products.examples_per_chunk(8, 1 << 20) == 1
-    check_sites("tied", "dots", "materialise")
-    check_step("tied", "dots", dense="materialise")
+    check_sites_and_step("tied", "dots", "materialise")
 
 
 @pytest.mark.parametrize("name", ["transformer", "tied"])
