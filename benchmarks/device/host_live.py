@@ -1,18 +1,17 @@
-"""The eighth session's probe (RESULTS.md): the bytes of every JAX array on the host device, summed
-each millisecond through three host steps of a small llama, the host a second CPU device.
+"""The bytes of every JAX array on the host device, summed each millisecond through three host
+steps (``placement = "update-on-host"``) of a small llama, the host a second CPU device: what
+the step's own arrays hold beyond the state, against the pipelined step's budget (RESULTS.md,
+"The pipelined host step's host RAM"). A CPU script: on a chip the host's RSS says more.
 
-    .venv/bin/python benchmarks/device/results/2026-12-07-eighth/probe_live.py exact   # or serial
+    .venv/bin/python benchmarks/device/host_live.py exact   # or serial, delayed
 """
 
 import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import host_update as hu  # noqa: E402
 import jax  # noqa: E402
 from devicekit import host_params  # noqa: E402

@@ -1,0 +1,22 @@
+"""benchmarks/device/host_live.py: the host's JAX arrays summed through three host steps, run as
+the benchmarks' README shows it (the figures are RESULTS.md's, not this test's)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "host_live.py"
+
+
+def test_the_probe_reports_three_steps_against_the_pipelines_budget():
+    done = subprocess.run([sys.executable, str(SCRIPT), "exact"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "host cpu:1" in done.stdout, done.stdout  # the host a second CPU device, not the first
+    steps = re.findall(
+        r"step (\d): host arrays ([\d.]+) MiB before, at most ([\d.]+) .*budget ([\d.]+) MiB", done.stdout
+    )
+    assert [s[0] for s in steps] == ["0", "1", "2"], done.stdout
+    assert all(
+        float(at_most) >= float(before) > 0 and float(budget) > 0 for _, before, at_most, budget in steps
+    )
