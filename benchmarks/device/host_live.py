@@ -65,4 +65,7 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "exact")
+    mode = sys.argv[1] if len(sys.argv) > 1 else "exact"
+    if mode not in hu.MODES:
+        raise SystemExit(f"host_live: unknown mode {mode!r}; valid: {', '.join(hu.MODES)}")
+    main(mode)

@@ -340,6 +340,8 @@ def parse(argv=None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.rows = [parse_row(row) for row in args.rows.split(",")]  # before anything runs
+    if args.ram_floor_gib is not None and not args.ram_floor_gib > 0:
+        parser.error(f"--ram-floor-gib {args.ram_floor_gib}: the floor is a number of GiB > 0")
     if args.inflight_mib is not None and args.inflight_mib < 1:
         parser.error(f"--inflight-mib {args.inflight_mib}: the budget is a whole number of MiB >= 1")
     return args

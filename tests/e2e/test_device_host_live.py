@@ -20,3 +20,13 @@ def test_the_probe_reports_three_steps_against_the_pipelines_budget():
     assert all(
         float(at_most) >= float(before) > 0 and float(budget) > 0 for _, before, at_most, budget in steps
     )
+
+
+def test_a_bad_mode_or_floor_is_one_line_naming_it():
+    done = subprocess.run([sys.executable, str(SCRIPT), "bogus"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "unknown mode 'bogus'; valid: exact, serial, delayed" in done.stderr
+    update = SCRIPT.with_name("host_update.py")
+    done = subprocess.run(
+        [sys.executable, str(update), "--ram-floor-gib", "0"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2 and "--ram-floor-gib 0.0: the floor is a number of GiB > 0" in done.stderr
