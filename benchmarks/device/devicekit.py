@@ -164,12 +164,12 @@ def ram_tripwire(floor_gib: float, limit_gib: float | None = None, every: float 
     still had 23.2 of about 44 GiB (2026-12-07): its RSS counts more than the RAM the process
     takes, so the floor is the sure test there."""
 
+    from ram_guard import available_mib  # the guard's own reading of /proc/meminfo
+
     def available_gib() -> float:
         try:
-            with open("/proc/meminfo") as f:
-                line = next(x for x in f if x.startswith("MemAvailable:"))
-            return int(line.split()[1]) / 2**20
-        except (OSError, StopIteration):
+            return available_mib() / 1024
+        except (OSError, RuntimeError):  # no /proc/meminfo, or no MemAvailable in it
             return float("inf")
 
     def watch() -> None:
