@@ -154,7 +154,22 @@ def host_memory() -> dict[str, int]:
     return {"rss": now["VmRSS"], "peak": peak}
 
 
-def ram_tripwire(floor_gib: float, limit_gib: float | None = None, every: float = 0.01) -> threading.Thread:
+def _where() -> str:
+    """Each thread's innermost frame in zoo's or the scripts' code, one line: ``name file:line``."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        while frame is not None and not any(k in frame.f_code.co_filename for k in ("/zoo/", "/benchmarks/")):
+            frame = frame.f_back
+        if frame is not None and names.get(ident) != "ram-tripwire":
+            where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} {frame.f_code.co_name}"
+            out.append(f"{names.get(ident, ident)} {where}")
+    return "; ".join(sorted(out))
+
+
+def ram_tripwire(
+    floor_gib: float, limit_gib: float | None = None, every: float = 0.01, trail_gib: float | None = None
+) -> threading.Thread:
     """A daemon thread that ends the process (exit status 3) once the machine's ``MemAvailable``
     falls under ``floor_gib`` (or, with ``limit_gib``, the process's resident memory passes it),
     after printing both and every thread's Python stack (``faulthandler``): where the memory
@@ -162,7 +177,10 @@ def ram_tripwire(floor_gib: float, limit_gib: float | None = None, every: float 
     ``ram_guard.py`` (one read a second) can act; this reads every ``every`` seconds from
     inside the process. On the TPU v5e machine ``VmRSS`` read 30.0 GiB while ``MemAvailable``
     still had 23.2 of about 44 GiB (2026-12-07): its RSS counts more than the RAM the process
-    takes, so the floor is the sure test there."""
+    takes, so the floor is the sure test there. ``trail_gib``: a line each time ``MemAvailable``
+    has fallen (or risen) that much since the last one, with the seconds since the start and
+    where each thread is in zoo's or the scripts' code (:func:`_where`): the timeline of the
+    fall that the stacks end."""
 
     from ram_guard import available_mib  # the guard's own reading of /proc/meminfo
 
@@ -172,9 +190,18 @@ def ram_tripwire(floor_gib: float, limit_gib: float | None = None, every: float 
         except (OSError, RuntimeError):  # no /proc/meminfo, or no MemAvailable in it
             return float("inf")
 
+    start, last = time.perf_counter(), [available_gib()]
+
     def watch() -> None:
         while True:
             rss, free = _status().get("VmRSS", 0) / 2**30, available_gib()
+            if trail_gib is not None and abs(free - last[0]) >= trail_gib:
+                last[0] = free
+                print(
+                    f"ram trail: {time.perf_counter() - start:7.2f} s, {free:.2f} GiB available; {_where()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if free < floor_gib or (limit_gib is not None and rss > limit_gib):
                 print(
                     f"ram tripwire: host RSS {rss:.2f} GiB (limit {limit_gib}), {free:.2f} GiB available"

@@ -338,10 +338,18 @@ def parse(argv=None) -> argparse.Namespace:
         default=None,
         help="end the run, with every thread's stack, once the machine has less RAM available (devicekit.ram_tripwire)",
     )
+    parser.add_argument(
+        "--ram-trail-gib",
+        type=float,
+        default=None,
+        help="with --ram-floor-gib: a line each time the RAM available moves this much, naming where each thread is",
+    )
     args = parser.parse_args(argv)
     args.rows = [parse_row(row) for row in args.rows.split(",")]  # before anything runs
     if args.ram_floor_gib is not None and not args.ram_floor_gib > 0:
         parser.error(f"--ram-floor-gib {args.ram_floor_gib}: the floor is a number of GiB > 0")
+    if args.ram_trail_gib is not None and not (args.ram_trail_gib > 0 and args.ram_floor_gib is not None):
+        parser.error(f"--ram-trail-gib {args.ram_trail_gib}: a number of GiB > 0, with --ram-floor-gib")
     if args.inflight_mib is not None and args.inflight_mib < 1:
         parser.error(f"--inflight-mib {args.inflight_mib}: the budget is a whole number of MiB >= 1")
     return args
@@ -363,7 +371,7 @@ def overrides(text: str) -> dict[str, int]:
 def main(argv=None) -> int:
     args = parse(argv)
     if args.ram_floor_gib is not None:
-        ram_tripwire(args.ram_floor_gib)
+        ram_tripwire(args.ram_floor_gib, trail_gib=args.ram_trail_gib)
     cfg = zoo.get_config(config(args.preset, args.small), **overrides(args.set))
     if args.small:
         args.seq = cfg.max_len
