@@ -2,7 +2,7 @@
 # Measurements that only a chip makes, in parts that each fit one device call (10 minutes), run
 # after tpu.sh's set-up; each part is named by what it measures:
 #
-#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh host-update       # llama-1b full AdamW, the pipelined update on the host at 128 and 64 rows, delayed
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh host-update       # llama-1b full AdamW, the pipelined exact update on the host at 128 rows, the delayed at 64
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-methods        # DP clipping methods side by side at 256 x 8 and 1024 x 8
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-acceptance     # every row of issue 65's acceptance, under 9 minutes
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-logical-batch  # ghost DP on a logical batch of 1,024 x 1,024 tokens, microbatches of 8
@@ -31,21 +31,19 @@ if [ "${SMALL:-}" = 1 ]; then
   NORMALS=100000; QUICK=(--rounds 1 --steps 1); FLOOR=()
 else
   GPT=gpt2-124m; LLAMA=llama-1b; S256=256; S1024=1024; LOGICAL=1024; SMALL_FLAG=; LORA_BATCH=64
-  NORMALS=124439808; QUICK=(); FLOOR=(--ram-floor-gib 4)
+  NORMALS=124439808; QUICK=(); FLOOR=(--ram-floor-gib 4 --ram-trail-gib 2)
 fi
 BF=(--precision bfloat16 --no-sweep --json)
 case "${1:-}" in
 host-update)
-  # the pipelined exact step at 128 and 64 rows (the acceptance's), then the delayed update, each
+  # the pipelined exact step at 128 rows (the acceptance's), then the delayed update at 64, each
   # under the step's default host budget (twice the largest leaf's update; zoo/parallel/host_budget.py),
-  # each row with its host RSS peak and the budget's; the host's RSS after each row's compile and
-  # warm-up on stderr (the 2026-12-07 call ran the host's RAM out: tpu.sh's guard now stops the
-  # largest process first, and the log comes back). Decode, measured that day, is decode.py's own.
-  # (2026-12-07, eighth: three rows in one process ran it out again, faster than the guard's one
-  # read a second; the process's own tripwire, 100 reads a second, now ends it with every
-  # thread's stack under 4 GiB available, so the log says where the bytes went)
-  step host_update 540 "$PY" benchmarks/device/host_update.py --preset "$LLAMA" --seq 2048 $SMALL_FLAG \
-    --rows full:4:32,full:4:16,full:4:16:delayed --steps 1 --json "$OUT/host_update.json" "${FLOOR[@]}"
+  # with its host RSS peak and the budget's, and a line each time the RAM available moves 2 GiB.
+  # (2026-12-07, ninth: one row, full:4:16, ran at 20.8 s a step with 10.5 of 42 GiB left at its
+  # lowest; the earlier calls' rows in one process ran the RAM out on a row's leftovers, which
+  # row_result now collects; the floor still ends a run with every stack before the machine goes)
+  step host_update 520 "$PY" benchmarks/device/host_update.py --preset "$LLAMA" --seq 2048 $SMALL_FLAG \
+    --rows full:4:32,full:4:16:delayed --steps 1 --json "$OUT/host_update.json" "${FLOOR[@]}"
   ;;
 dp-methods)
   step dp_256x8 240 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" --forms measure \
@@ -82,9 +80,10 @@ dp-lora)
     --microbatch 8 --remat full $SMALL_FLAG
   ;;
 fits-table)
-  rows=gpt2-355m:none:none,gpt2-355m:dots:none,gpt2-355m:full:none,gpt2-355m:offload-layer-input:none
-  rows+=,llama-1b:full:none:frozen,gpt2-355m:full:optimizer+params,gpt2-355m:minimal:none
-  step fits 560 "$PY" benchmarks/device/fits_table.py --seq 2048 --steps 2 --deadline 420 $SMALL_FLAG \
+  # the rows still open (2026-12-07, ninth: gpt2-355m none, dots and minimal, and the frozen-layer
+  # llama-1b measured; a row's batch search is 150-240 s, so a call holds two, a third if time is left)
+  rows=gpt2-355m:full:none,gpt2-355m:offload-layer-input:none,gpt2-355m:full:optimizer+params
+  step fits 560 "$PY" benchmarks/device/fits_table.py --seq 2048 --steps 2 --deadline 330 $SMALL_FLAG \
     --json "$OUT/fits.json" --plot "$OUT/fits.png" --rows "$rows"
   ;;
 first-look)

@@ -61,8 +61,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cfg = config(args.preset, args.small)
     seq = cfg.max_len if args.small else args.seq
+    start = lora_start(cfg, args.precision)
     result = bench_dp(
-        lora_start(cfg, args.precision),
+        start,
         batch=args.batch,
         seq=seq,
         microbatch=args.microbatch,
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     )
     for row in result["rows"]:
         row["tokens_per_s"] = round(args.batch * seq / (row["step_ms"] / 1e3), 1)
-        row["mfu"] = step_mfu(cfg, args.batch, seq, row["step_ms"] / 1e3, args.precision)
+        row["mfu"] = step_mfu(start.cfg, args.batch, seq, row["step_ms"] / 1e3, args.precision, start.freeze)
     stats = jax.devices()[0].memory_stats() or {}
     result["peak_bytes_in_use"] = stats.get("peak_bytes_in_use")
     result["device_kind"] = jax.devices()[0].device_kind

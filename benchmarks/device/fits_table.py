@@ -130,9 +130,15 @@ def largest(fits, most: int) -> int:
     return low
 
 
+def row_seq(cfg, args) -> int:
+    """A row's sequence length: ``--seq``, at most its model's context (a table of gpt2-355m,
+    ``max_len`` 1,024, beside llama-1b at 2,048), and the small config's own on a CPU."""
+    return cfg.max_len if args.small else min(args.seq, cfg.max_len)
+
+
 def measure_row(row: dict, args, limit: int) -> dict:
     cfg = config(row["preset"], args.small)
-    seq = cfg.max_len if args.small else args.seq
+    seq = row_seq(cfg, args)
     recipe = recipe_for(cfg, row, args.precision)
     shapes = jax.eval_shape(lambda: canonical.init_params(cfg, 0))
     out = {**row, "seq": seq, "precision": args.precision, "limit_bytes": limit}
@@ -214,7 +220,7 @@ def run_at(compiled_at, batch: int, params, cfg, seq: int, args, limit: int) -> 
     seconds = median_step_seconds(stepper, args.steps)
     stats = jax.devices()[0].memory_stats() or {}
     kind = jax.devices()[0].device_kind
-    mfu = step_mfu(cfg, batch, seq, seconds, args.precision)
+    mfu = step_mfu(step.engine.cfg, batch, seq, seconds, args.precision, step.engine.freeze)
     peak_in_use = stats.get("peak_bytes_in_use")
     return {
         "fits": True,

@@ -75,6 +75,22 @@ def test_the_host_update_bench_times_each_modes_phases():
         assert 0 < row["inflight_peak_mib"] <= row["inflight_limit_mib"], row
 
 
+def test_a_row_lets_go_of_what_it_made_before_the_next(monkeypatch):
+    """Rows run one after another in one process: a row's state, its step's last params (host
+    and device) and its batch are gone once its result is in, leaving the bench's params alone
+    (on a chip, a row's leftovers ran the host's RAM out under the next row)."""
+    bench = module("host_update")
+    args = bench.parse(["--small", "--rows", "full:2:2,full:2:2:delayed", "--steps", "1"])
+    cfg = bench.zoo.get_config(bench.config(args.preset, args.small))
+    args.seq = cfg.max_len
+    params = bench.host_params(cfg)
+    live = lambda: sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted())  # noqa: E731
+    before = live()
+    for row in args.rows:
+        assert bench.row_result(cfg, params, row, args, 2**62)["fits"]
+        assert live() == before, row
+
+
 def test_a_malformed_row_is_refused_in_one_line_before_anything_runs():
     """A typo in ``--rows`` must not read as a measurement ("fits": false) on the chip."""
     done = subprocess.run(
