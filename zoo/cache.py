@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,15 +46,21 @@ def digest(parts: dict) -> str:
 
 
 @contextlib.contextmanager
-def locked(path: Path):
+def locked(path: Path, waiting: str | None = None):
     """Hold an exclusive lock on ``path``'s lock file (beside it, ``NAME.lock``) for the block:
-    a second holder waits. The operating system drops it when its process dies. Also taken
+    a second holder waits, and with ``waiting`` says so first, on stderr (an import of minutes
+    must not look hung). The operating system drops it when its process dies. Also taken
     around a Hugging Face import's write (:func:`zoo.train.hf.import_cached`)."""
     if fcntl is None:  # pragma: no cover
         yield
         return
     with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting:
+                print(waiting, file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:

@@ -36,11 +36,12 @@ def assert_whole(out: Path, reference: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:hf.*reusing its import:UserWarning")  # the second's line
-def test_two_imports_at_once_end_with_one_whole_entry_that_both_use(tmp_path, monkeypatch):
+def test_two_imports_at_once_end_with_one_whole_entry_that_both_use(tmp_path, monkeypatch, capsys):
     """The first import is held halfway through its write while a second one starts. Checked
     and written unlocked, the second saw no intact step, removed the first's folder while it
     was being written (the first failed: FileNotFoundError) and imported into it. Now the
-    second waits, nothing half-written is ever at the entry's path, and both get one import."""
+    second waits, saying so in one line (it waited silently, as if hung), nothing half-written
+    is ever at the entry's path, and both get one import."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("ZOO_HF_CACHE", str(cache))
     real, writes = hf.import_checkpoint, []
@@ -77,6 +78,8 @@ def test_two_imports_at_once_end_with_one_whole_entry_that_both_use(tmp_path, mo
         thread.join(TIMEOUT)
         assert not thread.is_alive(), "an import did not end"
     assert errors == {}, errors
+    waits = [line for line in capsys.readouterr().err.splitlines() if "another run is importing it" in line]
+    assert len(waits) == 1 and f"hf:{SRC}:" in waits[0], waits
     assert during == [], f"an entry was visible while the first import was half-written: {during}"
     assert results["first"] == results["second"]
     assert len(writes) == 1, writes  # the second used the first's import

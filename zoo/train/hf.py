@@ -177,7 +177,7 @@ def import_cached(src: str, backend: str = "nnx") -> Path:
     root = Path(os.environ.get("ZOO_HF_CACHE") or Path.home() / ".cache" / "zoo" / "hf-imports")
     out = root / f"{slug}-{digest}"
     root.mkdir(parents=True, exist_ok=True)
-    with locked(out):
+    with locked(out, waiting=f"hf:{src}: another run is importing it into {out}; waiting for it to finish"):
         if checkpoint.latest_step(out) is None:
             _import_whole(src, out, backend)
             return out
