@@ -37,7 +37,7 @@ BF=(--precision bfloat16 --no-sweep --json)
 case "${1:-}" in
 host-update)
   # the pipelined exact step at 128 rows (the acceptance's), then the delayed update at 64, each
-  # under the step's default host budget (twice the largest leaf's update; zoo/parallel/host_budget.py),
+  # under the step's default host budgets (the whole gradient's trips, the largest update's own: zoo/parallel/host_step.py),
   # with its host RSS peak and the budget's, and a line each time the RAM available moves 2 GiB.
   # (2026-12-07, ninth: one row, full:4:16, ran at 20.8 s a step with 10.5 of 42 GiB left at its
   # lowest; the earlier calls' rows in one process ran the RAM out on a row's leftovers, which

@@ -1,7 +1,8 @@
 """The host bytes each leaf's update holds in the pipelined host step (``zoo.parallel.host_step.
 HostStep``), by XLA's analysis of the programs it compiles, on abstract arrays (no memory: a CPU
 answers for llama-1b): each leaf's float32 bytes and its update's, their sum (what the pipeline
-without a budget queued at once) and the default budget (twice the largest).
+without a budget queued at once) and the default budgets: the trips' (the whole float32
+gradient) and the updates' (the largest update's own bytes beyond its gradient).
 
     python benchmarks/device/host_budget.py --preset llama-1b
 """
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     print(
         f"{len(rows)} leaves, params {total / GIB:.2f} GiB float32, state {3 * total / GIB:.2f} GiB; "
         f"every update at once {sum(h for *_, h in rows) / GIB:.2f} GiB; "
-        f"default budget {2 * max(h for *_, h in rows) / GIB:.2f} GiB"
+        f"default budgets: trips {total / GIB:.2f} GiB + updates {max(h - f for _, f, h in rows) / GIB:.2f} GiB"
     )
     return 0
 

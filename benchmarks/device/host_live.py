@@ -56,8 +56,8 @@ def main(mode: str) -> None:
         jax.block_until_ready((state, metrics))
         done.set()
         watcher.join()
-        budget = getattr(step, "budget", None)
-        held = f"; budget {mib(budget.limit):.1f} MiB, held at most {mib(budget.peak):.1f}" if budget else ""
+        limit, most = step.held if isinstance(step, hu.HostStep) else (0, 0)
+        held = f"; budget {mib(limit):.1f} MiB, held at most {mib(most):.1f}" if limit else ""
         print(
             f"step {i}: host arrays {mib(base):.1f} MiB before, at most {mib(peak[0]):.1f} "
             f"(+{mib(peak[0] - base):.1f}){held}"

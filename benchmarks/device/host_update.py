@@ -12,8 +12,8 @@ runs (:func:`parse_row`). MODE is the host step (:data:`MODES`):
 
 - ``exact`` (the default): pipelined leaf by leaf, the gradient down in pieces of at most
   ``--chunk-mib`` MiB, each leaf updated as it arrives and sent up for the next step, the leaves
-  in flight bounded by ``--inflight-mib`` MiB of host memory (default: the step's own, twice
-  the largest leaf's; :mod:`zoo.parallel.host_budget`);
+  in flight bounded by ``--inflight-mib`` MiB of host memory (default: the step's own, the
+  whole gradient's and the largest leaf update's; :mod:`zoo.parallel.host_step`);
 - ``serial``: one trip of each kind in turn (the whole tree): ``zoo train``'s step;
 - ``delayed``: the pipelined step with ``update_delay = 1`` (ZeRO-Offload's delayed update, a
   different algorithm: the gradient at the params one update behind).
@@ -33,7 +33,8 @@ MFU: ``devicekit.step_mfu`` (zoo's one FLOP count) over the step against the chi
 Host memory (Linux): ``host_rss_gib`` when the timed steps start (the state, the bench's copy of
 the params, what the warm-up left), ``host_peak_gib`` the most over them (``/proc/self``'s
 high-water mark, reset first), ``state_gib`` the training state's bytes, and for the pipeline
-``inflight_limit_mib`` and ``inflight_peak_mib``, its budget and the most it held, and
+``inflight_limit_mib`` and ``inflight_peak_mib``, its budgets (trips and updates) together and
+the most they held (each one's peak, summed), and
 ``inflight_unbounded_mib``, every leaf's update bytes summed: what a pipeline without the budget
 queues at once (a compiled program's call returns before it runs).
 ``--set KEY=VALUE,...`` overrides the preset's fields (whole numbers), for a model of a chosen
@@ -251,12 +252,12 @@ def host_figures(before: dict, after: dict, state, step) -> dict:
     out = {"state_gib": gib(sum(x.nbytes for x in jax.tree.leaves(state)))}
     if before:
         out.update(host_rss_gib=gib(before["rss"]), host_peak_gib=gib(after["peak"]))
-    budget = getattr(step, "budget", None)
-    if budget is not None:
+    if isinstance(step, HostStep):
         mib = lambda n: round(n / 2**20, 1)  # noqa: E731
+        limit, peak = step.held
         out.update(
-            inflight_limit_mib=mib(budget.limit),
-            inflight_peak_mib=mib(budget.peak),
+            inflight_limit_mib=mib(limit),
+            inflight_peak_mib=mib(peak),
             inflight_unbounded_mib=mib(sum(step.leaf_bytes)),
         )
     return out

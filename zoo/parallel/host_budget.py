@@ -10,7 +10,8 @@ client ran as many side by side as it had cores. On a TPU v5e host (llama-1b, fo
 about 1 GB float32) that ran 40 GiB of host RAM out, where the whole-tree step fits
 (``benchmarks/device/RESULTS.md``). Under a :class:`ByteBudget` each leaf waits for its turn
 and its bytes, and holds them until its update and its trip up have finished, so the step's
-peak is the state plus the budget, whatever the host's core count.
+peak is the state plus the budget, whatever the host's core count. The step splits its bytes
+over two budgets (its trips' and its updates') with one :class:`Tally` of what both hold.
 """
 
 from __future__ import annotations
@@ -23,16 +24,32 @@ import jax
 FALLBACK_COPIES = 4  # a leaf's float32 bytes held by its update where XLA reports no analysis
 
 
+class Tally:
+    """The bytes held in several budgets at once (:class:`ByteBudget`'s ``tally``), and the most
+    ever: what a step that splits its bytes over two budgets held in all."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.held += nbytes
+            self.peak = max(self.peak, self.held)
+
+
 class ByteBudget:
     """A weighted semaphore, first come first served: :meth:`hold` ``n`` bytes waits until
     its turn and until the bytes held plus ``n`` fit in ``limit``, or nothing else is held (a
     leaf larger than the budget goes alone, never forever). ``peak``: the most bytes ever
     held at once (the tests' check of the bound); ``held``: the bytes held now."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, tally: Tally | None = None) -> None:
         if limit < 1:
             raise ValueError(f"a byte budget of {limit!r} must be a whole number >= 1")
         self.limit = limit
+        self.tally = tally or Tally()  # shared with other budgets, where given
         self.held = 0
         self.peak = 0
         self._turns = 0  # tickets handed out
@@ -47,12 +64,14 @@ class ByteBudget:
             self._served += 1
             self.held += nbytes
             self.peak = max(self.peak, self.held)
+            self.tally.add(nbytes)
             self._cond.notify_all()
         try:
             yield
         finally:
             with self._cond:
                 self.held -= nbytes
+                self.tally.add(-nbytes)
                 self._cond.notify_all()
 
     def _fits(self, nbytes: int) -> bool:

@@ -26,11 +26,20 @@ measured 0.55 GB/s (``benchmarks/device/bandwidth.py``), about 27 s a step for a
    fused with the cast of the new value to the compute dtype), and its pieces go up for the
    next step while the other leaves are still coming down or being updated.
 
-The leaves in flight are bounded in bytes, not in number (:mod:`zoo.parallel.host_budget`): a
-leaf's trip down, update and trip up hold its bytes in a :class:`~zoo.parallel.host_budget.ByteBudget`
-of ``inflight_bytes`` (by default twice the largest leaf's) until they have run, so the host's
-peak is the state plus the budget. Without it every leaf's update was queued at once (a
-compiled program's call returns before it runs) and the host's CPU ran them side by side.
+The leaves in flight are bounded in bytes, not in number (:mod:`zoo.parallel.host_budget`),
+by two :class:`~zoo.parallel.host_budget.ByteBudget` that share ``inflight_bytes``: the trips'
+(``self.budget``: a leaf's gradient pieces on the host, held from its cut until its update has
+run) and the updates' (``self.updating``: what an update holds beyond its gradient, its
+temporaries and the pieces going up, held once the pieces are down until the update and its
+trip up have run; at most the largest leaf's, so the large leaves' updates run one at a time,
+each on every core, while the other leaves keep coming down). By default the trips may hold the
+whole gradient (what the whole-tree step holds anyway) and the host's peak is the state plus
+the gradient plus one leaf's update. Without a budget every leaf's update was queued at once (a
+compiled program's call returns before it runs) and the host's CPU ran them side by side; with
+one budget of twice the largest leaf's update over trips and updates together, a TPU v5e
+(``llama-1b``, 64 rows) had at most two large leaves in flight: the trips down ran at 0.65 GB/s
+and the step's tail after the gradient took 11.0 s, where the whole-tree step's down and update
+took 5.6 (``benchmarks/device/RESULTS.md``, 2026-12-07).
 
 The step's critical path is the gradient, then the trip down, then the last leaf's update and
 trip up (the tail); the other updates and trips up hide behind the trips down. It equals the
@@ -62,7 +71,7 @@ import jax
 import optax
 from jax.sharding import SingleDeviceSharding
 
-from zoo.parallel.host_budget import ByteBudget, compute_bytes
+from zoo.parallel.host_budget import ByteBudget, Tally, compute_bytes
 from zoo.parallel.host_leaves import CHUNK_BYTES, LeafUpdates, cut, down_pieces, pieces, row_bounds, whole
 
 DELAYS = (0, 1)
@@ -76,9 +85,10 @@ class HostStep:
     ``update_delay``: 0 (the exact step) or 1 (the delayed update, a different algorithm: the
     module's docstring). ``chunk_bytes``: the largest piece of a leaf a trip moves.
     ``inflight_bytes``: the host bytes the leaves' trips and updates may hold at once beside
-    the state (None: twice the largest leaf's, each call's own; a leaf larger than the budget
-    goes alone); ``self.budget`` is the last call's (its ``peak``), ``self.leaf_bytes`` its
-    leaves' update weights (their sum: what an unbounded pipeline would queue at once).
+    the state (None: the whole gradient's plus the largest leaf update's own, each call's; a
+    leaf larger than its budget goes alone); ``self.budget`` and ``self.updating`` are the last
+    call's two (:meth:`_budgets`), ``self.leaf_bytes`` its leaves' update weights (their sum:
+    what an unbounded pipeline would queue at once).
     ``workers``: the host threads that issue the trips and the updates (each waits on its
     leaf's copies and update: numpy and XLA release the GIL). ``timing``: each call blocks
     after every stage and keeps when it ended (``self.trace``), for the benchmark's phases."""
@@ -101,8 +111,10 @@ class HostStep:
         self.update_delay = update_delay
         self.chunk_bytes = chunk_bytes
         self.inflight_bytes = inflight_bytes
-        self.budget: ByteBudget | None = None  # the last call's
+        self.budget: ByteBudget | None = None  # the last call's trips'
+        self.updating: ByteBudget | None = None  # the last call's updates'
         self.leaf_bytes: list[int] = []  # the last call's leaves' update weights
+        self._plan_downs: list[int] = []
         self.device = engine.placement.compute(engine.layout)
         self.host = engine.placement.host(engine.layout)  # the one rule
         self.grads = jax.jit(self._grads)
@@ -149,9 +161,29 @@ class HostStep:
         return list(self._pool.map(lambda p, e: self._up_leaf(budget, p, e), leaves, edges))
 
     def _budget(self, weights: list[int]) -> ByteBudget:
-        """A call's budget: ``inflight_bytes``, or twice the largest of its holds."""
-        self.budget = ByteBudget(self.inflight_bytes or 2 * max(weights, default=1))
+        """A trip's own budget (params up outside a step): twice the largest of its holds."""
+        return ByteBudget(self.inflight_bytes or 2 * max(weights, default=1))
+
+    def _budgets(self, downs: list[int], extras: list[int]) -> ByteBudget:
+        """A call's two budgets from its leaves' gradient bytes (``downs``) and their updates'
+        own (``extras``), one tally over both: the updates' the largest leaf's own (at most what
+        ``inflight_bytes`` leaves beside the largest gradient), the trips' the rest of
+        ``inflight_bytes`` (by default the whole gradient). Returns the trips'
+        (``self.budget``); the updates' is ``self.updating``."""
+        own = max(extras, default=1)
+        total = self.inflight_bytes or sum(downs) + own
+        tally = Tally()
+        self.updating = ByteBudget(max(1, min(own, total - max(downs, default=0))), tally)
+        self.budget = ByteBudget(max(1, total - self.updating.limit), tally)
         return self.budget
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """The last call's ``(limit, peak)`` of both budgets together: the host bytes beside the
+        state it allowed, and the most both held at once."""
+        if self.budget is None or self.updating is None:
+            return 0, 0
+        return self.budget.limit + self.updating.limit, self.budget.tally.peak
 
     def params_up(self, params: dict) -> dict:
         """Trainable ``params`` (on the host) in the compute dtype, on the compute device: what
@@ -184,7 +216,10 @@ class HostStep:
         self.trace = {"start": time.perf_counter()}
         plan = self._plan(state, leaves, edges)
         self.leaf_bytes = plan["weights"]
-        budget = self._budget(plan["weights"])
+        self._plan_downs = plan["downs"]  # each leaf's gradient bytes on the host
+        budget = self._budgets(
+            plan["downs"], [w - d for w, d in zip(plan["weights"], plan["downs"], strict=True)]
+        )
         ahead, self._ahead = (self._ahead if self._is_ours(leaves) else None), None
         on_device = ahead if ahead is not None else self._up_all(leaves, edges, budget)
         self._mark("up", on_device)
@@ -233,16 +268,19 @@ class HostStep:
             "moments": moments,
             "shared": shared,
             "weights": weights,
+            "downs": [sum(g.size * g.dtype.itemsize for g in d) for d in downs],
             "edges": edges,
             "programs": programs,
         }
 
     def _update(self, state, leaves: list, grads: list, plan: dict, norm, ups):
         """Every leaf's gradient cut, down, updated and (the exact step) up, one pool task a
-        leaf, each under the budget from its cut until its update and trip up have run: ``(the
-        new state, the device params the next call computes at)``. ``grads`` (the device's
-        gradient, leaf by leaf) lets go of each leaf once its pieces are on their way down."""
-        updates, budget = self.leaf_updates(), self.budget
+        leaf: its gradient's bytes held in the trips' budget from its cut until its update has
+        run, and once its pieces are on the host, its update's own in the updates' budget until
+        the update and its trip up have run: ``(the new state, the device params the next call
+        computes at)``. ``grads`` (the device's gradient, leaf by leaf) lets go of each leaf
+        once its pieces are on their way down."""
+        updates, budget, updating = self.leaf_updates(), self.budget, self.updating
         moments, shared, programs = plan["moments"], plan["shared"], plan["programs"]
         norm = jax.device_put(norm, self.host)
         self.trace["leaves"] = [{} for _ in leaves]
@@ -250,17 +288,20 @@ class HostStep:
         def leaf(k: int):
             if ups is not None:
                 ups[k].result()  # the leaf's trip up read it before the update overwrites it
-            with budget.hold(plan["weights"][k]):
+            own = plan["weights"][k] - plan["downs"][k]
+            with budget.hold(plan["downs"][k]):
                 down = tuple(jax.device_put(pieces(grads[k], plan["edges"][k]), self.host))
                 grads[k] = None  # the device's gradient and pieces of the leaf, freed once down
+                jax.block_until_ready(down)  # down before its turn to update: no turn held waiting
                 self._mark("down", down, k)
-                new, m, s, up, _ = programs[k](leaves[k], moments[k], shared, norm, down)
-                del down
-                self._mark("update", new, k)
-                sent = None if self.update_delay else whole(tuple(jax.device_put(up, self.device)))
-                del up
-                jax.block_until_ready((new, m, sent))  # its bytes are free once it has run
-                self._mark("up", sent, k)
+                with updating.hold(own):
+                    new, m, s, up, _ = programs[k](leaves[k], moments[k], shared, norm, down)
+                    del down
+                    self._mark("update", new, k)
+                    sent = None if self.update_delay else whole(tuple(jax.device_put(up, self.device)))
+                    del up
+                    jax.block_until_ready((new, m, sent))  # its bytes are free once it has run
+                    self._mark("up", sent, k)
             return new, m, s, sent
 
         done = list(self._pool.map(leaf, range(len(leaves))))
