@@ -36,6 +36,8 @@ STAMP := $(VENV)/.installed
 # - the clipping styles' MLP and CNN cells: each style by each method runs on the transformer and
 #   the tied head (a style's groups are the same code on every kind; the conv rule's cells above
 #   are re-run).
+# - host_update.py's bench against the device step (benchmarks/device: the script's run of the
+#   host update, whose cells in tests/parallel/test_host_step.py are re-run).
 ISA_SKIP := eqx or still_catches or (test_splash.py and not grouped) or (test_cudnn.py and not grouped) or chunked_attention_gives or chunked_mlp_gives or through_chunked
 ISA_SKIP += or ((test_setup.py or test_lora) and not (same_logits_and_grads_in_both_backends and transformer))
 ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-lean or minimal or offload))
@@ -47,7 +49,7 @@ ISA_SKIP += or (cached_logits_equal and (chunked or tied or kv1 or lora))
 ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matches and not gpt2) or apply_fn_read
 ISA_SKIP += or (stays_on_the_host and (True or optimizer-False))
 ISA_SKIP += or (test_taps.py and (is_caught or are_caught or ((none- or dots-) and (norms_are_taken or kept_pieces))))
-ISA_SKIP += or (test_clip_styles.py and (mlp- or cnn-))
+ISA_SKIP += or (test_clip_styles.py and (mlp- or cnn-)) or host_update_bench_runs_what
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 # Its complement, for the main pass: -k matches marker names too (and test, file and folder
 # names, which tests/test_makefile.py keeps free of the word "numerics" outside the marked files).
