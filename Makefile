@@ -33,6 +33,13 @@ STAMP := $(VENV)/.installed
 # - the norm taps' per-layer sweeps under none and dots (their full and nested cells, the
 #   materialised form, auto and bf16 are re-run) and the taps' planted bugs ("... is caught").
 # - splash's and cuDNN's attention cells beyond grouped kv heads (cuDNN's batched and per example).
+# - the clipping styles' MLP and CNN cells: each style by each method runs on the transformer and
+#   the tied head (a style's groups are the same code on every kind; the conv rule's cells above
+#   are re-run).
+# - host_update.py's bench against the device step (benchmarks/device: the script's run of the
+#   host update, whose cells in tests/parallel/test_host_step.py are re-run), and mfu.py's plain
+#   step in its two attentions (jax.nn.dot_product_attention against the einsum form: a head or
+#   mask mix-up misses by far more than a sum's order; cuDNN's grouped cells re-run the op).
 ISA_SKIP := eqx or still_catches or (test_splash.py and not grouped) or (test_cudnn.py and not grouped) or chunked_attention_gives or chunked_mlp_gives or through_chunked
 ISA_SKIP += or ((test_setup.py or test_lora) and not (same_logits_and_grads_in_both_backends and transformer))
 ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-lean or minimal or offload))
@@ -44,6 +51,8 @@ ISA_SKIP += or (cached_logits_equal and (chunked or tied or kv1 or lora))
 ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matches and not gpt2) or apply_fn_read
 ISA_SKIP += or (stays_on_the_host and (True or optimizer-False))
 ISA_SKIP += or (test_taps.py and (is_caught or are_caught or ((none- or dots-) and (norms_are_taken or kept_pieces))))
+ISA_SKIP += or (test_clip_styles.py and (mlp- or cnn-)) or host_update_bench_runs_what
+ISA_SKIP += or plain_steps_attentions
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 # Its complement, for the main pass: -k matches marker names too (and test, file and folder
 # names, which tests/test_makefile.py keeps free of the word "numerics" outside the marked files).

@@ -60,8 +60,9 @@ def test_the_dp_acceptance_part_runs_every_row_at_a_tiny_size(tmp_path):
     exits = re.findall(r"^== (\w+): exit (\d+)", done.stdout, re.M)
     assert [name for name, _ in exits] == [*ROWS, "noise_normals"], done.stdout[-3000:]
     assert all(code == "0" for _, code in exits), done.stdout[-3000:]
+    tables = {}
     for name, methods in ROWS.items():
-        (table,) = [
+        (table,) = tables[name] = [
             json.loads(line)
             for line in (tmp_path / f"{name}.log").read_text().splitlines()
             if line[:1] == "{"
@@ -73,6 +74,12 @@ def test_the_dp_acceptance_part_runs_every_row_at_a_tiny_size(tmp_path):
         assert all(ran[m] == expected.get(m, ran[m]) for m in ran), ran
         assert ran.get("ghost", "book-keeping") in ("book-keeping", "second backward"), ran
     assert "philox4x32" in (tmp_path / "noise_normals.log").read_text()
+    # dp_lora.py's ghost row on adapters (this run is the script's one at --small): a frozen
+    # base, and tokens/s read from each row's ms/step at the part's SMALL batch of 16
+    (lora,) = tables["dp_lora"]
+    assert lora["frozen_params"] > lora["trainable_params"] > 0
+    for row in lora["rows"]:
+        assert row["tokens_per_s"] == pytest.approx(16 * lora["seq"] / (row["step_ms"] / 1e3), rel=0.01)
 
 
 GHOSTS = ["ghost", "ghost backward", "ghost layer-wise"]
