@@ -34,7 +34,7 @@ Host memory (Linux): ``host_rss_gib`` when the timed steps start (the state, the
 the params, what the warm-up left), ``host_peak_gib`` the most over them (``/proc/self``'s
 high-water mark, reset first), ``state_gib`` the training state's bytes, and for the pipeline
 ``inflight_limit_mib`` and ``inflight_peak_mib``, its budgets (trips and updates) together and
-the most they held (each one's peak, summed), and
+the most both held at once (their one tally), and
 ``inflight_unbounded_mib``, every leaf's update bytes summed: what a pipeline without the budget
 queues at once (a compiled program's call returns before it runs).
 ``--set KEY=VALUE,...`` overrides the preset's fields (whole numbers), for a model of a chosen

@@ -30,3 +30,11 @@ def test_a_bad_mode_or_floor_is_one_line_naming_it():
         [sys.executable, str(update), "--ram-floor-gib", "0"], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 2 and "--ram-floor-gib 0.0: the floor is a number of GiB > 0" in done.stderr
+    for flags, says in (
+        (["--ram-floor-gib", "4", "--ram-trail-gib", "-1"], "--ram-trail-gib -1.0: a number of GiB > 0"),
+        (["--ram-trail-gib", "1"], "--ram-trail-gib 1.0: a number of GiB > 0, with --ram-floor-gib"),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(update), *flags], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 2 and says in done.stderr, (flags, done.stderr[-500:])

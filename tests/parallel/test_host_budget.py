@@ -126,9 +126,9 @@ def test_by_default_the_gradient_comes_down_whole_while_the_large_updates_take_t
     monkeypatch.setattr(LeafUpdates, "compile", lambda self, *a: meter.wrap(compile_leaf(self, *a)))
     step = HostStep(engine, chunk_bytes=PIECES)
     actual = run(step, engine, params)
-    downs = sorted(step._plan_downs, reverse=True)
+    downs = sorted(step.leaf_downs, reverse=True)
     assert step.budget.limit == sum(downs) and step.updating.limit == max(
-        w - d for w, d in zip(step.leaf_bytes, step._plan_downs, strict=True)
+        w - d for w, d in zip(step.leaf_bytes, step.leaf_downs, strict=True)
     )
     assert step.budget.peak >= downs[0] + downs[1], (step.budget.peak, downs)  # downs beside an update
     assert step.updating.peak <= step.updating.limit

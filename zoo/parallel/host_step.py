@@ -114,7 +114,7 @@ class HostStep:
         self.budget: ByteBudget | None = None  # the last call's trips'
         self.updating: ByteBudget | None = None  # the last call's updates'
         self.leaf_bytes: list[int] = []  # the last call's leaves' update weights
-        self._plan_downs: list[int] = []
+        self.leaf_downs: list[int] = []  # the last call's leaves' gradient bytes on the host
         self.device = engine.placement.compute(engine.layout)
         self.host = engine.placement.host(engine.layout)  # the one rule
         self.grads = jax.jit(self._grads)
@@ -216,7 +216,7 @@ class HostStep:
         self.trace = {"start": time.perf_counter()}
         plan = self._plan(state, leaves, edges)
         self.leaf_bytes = plan["weights"]
-        self._plan_downs = plan["downs"]  # each leaf's gradient bytes on the host
+        self.leaf_downs = plan["downs"]  # each leaf's gradient bytes on the host
         budget = self._budgets(
             plan["downs"], [w - d for w, d in zip(plan["weights"], plan["downs"], strict=True)]
         )
