@@ -33,9 +33,15 @@ STAMP := $(VENV)/.installed
 # - the norm taps' per-layer sweeps under none and dots (their full and nested cells, the
 #   materialised form, auto and bf16 are re-run) and the taps' planted bugs ("... is caught").
 # - splash's and cuDNN's attention cells beyond grouped kv heads (cuDNN's batched and per example).
-# - the clipping styles' MLP and CNN cells: each style by each method runs on the transformer and
+# - the clipping styles' MLP, CNN and untied transformer cells: each style by each method runs on
 #   the tied head (a style's groups are the same code on every kind; the conv rule's cells above
 #   are re-run).
+# - the host update's float32 cell (its bf16 cells, with microbatches and under DP, run the same
+#   update); DP microbatches in bf16 (the precision cells re-run bf16) and the MLP's ghost-records
+#   and vmap-users cells (ghost-users, vmap-records and the transformer under full remat run);
+#   the norm taps' in-scan cells of llama and of nested remat on the untied transformer (full on
+#   the transformer and tied head, nested on the tied head run; llama's norms run in the ghost
+#   cells against vmap); the MLP's variants in the converted-weights cells.
 # - host_update.py's bench against the device step (benchmarks/device: the script's run of the
 #   host update, whose cells in tests/parallel/test_host_step.py are re-run), and mfu.py's plain
 #   step in its two attentions (jax.nn.dot_product_attention against the einsum form: a head or
@@ -46,12 +52,14 @@ ISA_SKIP += or (policy_matches_no_remat and (none or dots or save-attn or full-l
 ISA_SKIP += or ((test_api.py or test_conv.py or test_rules.py or test_ghost) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
 ISA_SKIP += or (test_registry.py and freezing_by_path)
 ISA_SKIP += or (test_forms.py and not (transformer or bf16))
-ISA_SKIP += or (converted_weights and (digits or heads or kv))
+ISA_SKIP += or (converted_weights and (digits or heads or kv or mlp-))
 ISA_SKIP += or (cached_logits_equal and (chunked or tied or kv1 or lora))
 ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matches and not gpt2) or apply_fn_read
 ISA_SKIP += or (stays_on_the_host and (True or optimizer-False))
 ISA_SKIP += or (test_taps.py and (is_caught or are_caught or ((none- or dots-) and (norms_are_taken or kept_pieces))))
-ISA_SKIP += or (test_clip_styles.py and (mlp- or cnn-)) or host_update_bench_runs_what
+ISA_SKIP += or (test_clip_styles.py and (mlp- or cnn- or transformer-)) or host_update_bench_runs_what
+ISA_SKIP += or (host_update_equals and float32) or (microbatches_add_up and (bf16 or ghost-records or vmap-users))
+ISA_SKIP += or (norms_are_taken_in_the_scan and (full-llama or nested-transformer or nested-llama))
 ISA_SKIP += or plain_steps_attentions
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
 # Its complement, for the main pass: -k matches marker names too (and test, file and folder
@@ -81,14 +89,20 @@ OLDEST_TESTS += tests/dp/ghost tests/dp/mechanisms/test_base.py $(OLDEST_DP:%=te
 # full, the offloads, nested and recursive run), parity variants of a kind, and ghost-clipping
 # cells beyond ghost against vmap, frozen layers and the conv norms (a form per site: the
 # transformer's cells, the tied head under remat and bf16); the norm taps' planted bugs and their
-# per-layer sweeps under dots (none, full and nested run); cuDNN attention's cells beyond grouped
-# kv heads.
+# per-layer sweeps under dots, and of the in-scan sweep the cells the numerics set also leaves out
+# plus none on llama and the tied head (none on the transformer, full on the transformer and
+# tied head, nested on the tied head run); cuDNN attention's cells beyond grouped kv heads; the
+# host update's float32 cell and the DP microbatch cells the numerics set leaves out; the
+# pitfalls' accountant check (pure Python: dp_accounting is pinned at one version in both sets).
 OLDEST_SKIP := still_catches or through_the_cli or needs_less_temp_memory or (test_cudnn.py and not grouped)
 OLDEST_SKIP += or (policy_matches_no_remat and (dots or full-lean or minimal))
 OLDEST_SKIP += or (converted_weights and (digits or heads or kv))
 OLDEST_SKIP += or ((test_api.py or test_conv.py or test_rules.py) and not ((matches_vmap_path and not second_backward) or frozen_layers or conv_norms))
 OLDEST_SKIP += or (test_forms.py and not (transformer or bf16 or measure))
 OLDEST_SKIP += or (test_taps.py and (is_caught or are_caught or (dots- and (norms_are_taken or kept_pieces))))
+OLDEST_SKIP += or (host_update_equals and float32) or (microbatches_add_up and (bf16 or ghost-records or vmap-users))
+OLDEST_SKIP += or (norms_are_taken_in_the_scan and (none-llama or none-tied or full-llama or nested-transformer or nested-llama))
+OLDEST_SKIP += or accountant_is_monotone
 
 .PHONY: help run test test-isa test-oldest lint bench docs clean
 .DEFAULT_GOAL := help

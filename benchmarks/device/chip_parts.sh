@@ -28,10 +28,10 @@ step() {  # step NAME SECONDS CMD...: one bounded command, its output kept in $O
 }
 if [ "${SMALL:-}" = 1 ]; then
   GPT=transformer-xs; LLAMA=llama-xs; S256=16; S1024=16; LOGICAL=64; SMALL_FLAG=--small; LORA_BATCH=16
-  NORMALS=100000; QUICK=(--rounds 1 --steps 1); FLOOR=()
+  NORMALS=100000; QUICK=(--rounds 1 --steps 1); NOISE_QUICK=(--rounds 3 --calls 2); FLOOR=()
 else
   GPT=gpt2-124m; LLAMA=llama-1b; S256=256; S1024=1024; LOGICAL=1024; SMALL_FLAG=; LORA_BATCH=64
-  NORMALS=124439808; QUICK=(); FLOOR=(--ram-floor-gib 4 --ram-trail-gib 2)
+  NORMALS=124439808; QUICK=(); NOISE_QUICK=(); FLOOR=(--ram-floor-gib 4 --ram-trail-gib 2)
 fi
 BF=(--precision bfloat16 --no-sweep --json)
 case "${1:-}" in
@@ -69,7 +69,7 @@ dp-acceptance)
   # takes about a minute a row on one chip)
   step dp_lora 75 "$PY" benchmarks/device/dp_lora.py --preset "$LLAMA" --seq "$S1024" --batch "$LORA_BATCH" \
     --microbatch 8 --remat full $SMALL_FLAG
-  step noise_normals 25 "$PY" benchmarks/dp/noise.py --normals "$NORMALS"
+  step noise_normals 25 "$PY" benchmarks/dp/noise.py --normals "$NORMALS" "${NOISE_QUICK[@]}"
   ;;
 dp-logical-batch)
   step dp_logical 420 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" --remat dots \
