@@ -79,8 +79,8 @@ def out_of_memory(error: BaseException | str) -> bool:
 
 
 def host_params(cfg, chunks: int = 16) -> dict:
-    """Params of ``cfg`` in host memory: scaled normals for the matrices, ones for norm scales,
-    zeros for the rest, drawn by NumPy on the host's cores (each matrix in up to ``chunks``
+    """Params of ``cfg`` in host memory: scaled normals for the weights (``w``), ones for norm
+    scales, zeros for the biases, drawn by NumPy on the host's cores (each matrix in up to ``chunks``
     slices of its first axis, one generator each, on a thread pool: NumPy's generators let go of
     the GIL) and placed on the host device. A benchmark's weights need a shape and a scale, not
     the preset's own initialisation: ``canonical.init_params`` on the host's CPU takes minutes at
@@ -102,10 +102,11 @@ def host_params(cfg, chunks: int = 16) -> dict:
         return out
 
     def fill(path, leaf, index, pool):
-        if len(leaf.shape) >= 2:
+        last = path[-1].key
+        if last == "w":
             value = draw(index, leaf, pool)
-        else:
-            value = (np.ones if "scale" in jax.tree_util.keystr(path) else np.zeros)(leaf.shape, np.float32)
+        else:  # a layer stack's norm scales and biases have two axes too
+            value = (np.ones if last == "scale" else np.zeros)(leaf.shape, np.float32)
         return jax.device_put(value.astype(leaf.dtype, copy=False), host)
 
     leaves = jax.tree_util.tree_leaves_with_path(shapes)

@@ -95,3 +95,26 @@ def test_a_row_runs_at_most_its_models_context():
     args = argparse.Namespace(seq=2048, small=False)  # main's flags: --seq 2048, no --small
     for preset, expected in (("gpt2-355m", 1024), ("llama-1b", 2048)):
         assert fits_table.row_seq(fits_table.config(preset, False), args) == expected
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_host_params_are_scaled_normals_ones_and_zeros_the_same_on_every_call(chunks):
+    """``devicekit.host_params``: every weight a normal of scale 0.02 (float64 NumPy's moments),
+    norm scales ones (a layer stack's too, which have two axes), biases zeros, and the same
+    values on a second call."""
+    _module()
+    import devicekit
+    import numpy as np
+
+    cfg = devicekit.config("gpt2-124m", small=True)  # stacked scales and biases, a head bias
+    first, again = devicekit.host_params(cfg, chunks), devicekit.host_params(cfg, chunks)
+    flat = jax.tree_util.tree_leaves_with_path(first)
+    for (path, leaf), same in zip(flat, jax.tree.leaves(again), strict=True):
+        value = np.asarray(leaf, np.float64)
+        assert np.array_equal(value, np.asarray(same, np.float64)), path
+        name = jax.tree_util.keystr(path)
+        if name.endswith("['w']"):
+            assert abs(value.mean()) < 0.1 * 0.02 and abs(value.std() / 0.02 - 1) < 0.1, (name, value.std())
+            assert len(np.unique(value[0])) == value[0].size, name  # no slice repeats another's draw
+        else:
+            assert np.all(value == (1.0 if name.endswith("['scale']") else 0.0)), name
