@@ -253,7 +253,7 @@ def host_figures(before: dict, after: dict, state, step) -> dict:
     if before:
         out.update(host_rss_gib=gib(before["rss"]), host_peak_gib=gib(after["peak"]))
     if isinstance(step, HostStep):
-        mib = lambda n: round(n / 2**20, 1)  # noqa: E731
+        mib = lambda n: round(n / 2**20, 3)  # noqa: E731  (a tiny row holds KiB)
         limit, peak = step.held
         out.update(
             inflight_limit_mib=mib(limit),
