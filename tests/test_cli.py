@@ -3,6 +3,8 @@
 import argparse
 import importlib
 
+import pytest
+
 from zoo import cli
 
 
@@ -66,23 +68,26 @@ def test_ctrl_c_while_the_commands_modules_load_is_one_line(monkeypatch, capsys)
     assert capsys.readouterr().err.strip() == "interrupted"
 
 
-def test_json_sent_to_a_file_past_its_size_limit_is_refused_not_cut_short(tmp_path):
-    """``zoo recipes --json > f`` under ``ulimit -f 4``: before, the file ended after 4,096 bytes,
-    mid-JSON, with exit 0 (a buffered stream keeps what did not fit and reports nothing)."""
+@pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "table"])
+def test_output_sent_to_a_file_past_its_size_limit_is_refused_not_cut_short(tmp_path, flags):
+    """``zoo recipes --json > f`` (and the table, ``zoo recipes > f``) under ``ulimit -f 4``:
+    before, the file ended after 4,096 bytes, mid-JSON or mid-table, with exit 0 (a buffered
+    stream keeps what did not fit and reports nothing). Both are about 26 kB."""
     import subprocess
     import sys
 
-    out = tmp_path / "recipes.json"
+    out = tmp_path / "recipes.txt"
     cli_line = "import sys; from zoo.cli import main; sys.exit(main(sys.argv[1:]))"
     # the limit set by a shell (ulimit -f 4: 4 x 1,024 bytes), not a preexec_fn (a fork of a process with JAX's threads)
     done = subprocess.run(
         [
             "bash",
             "-c",
-            'ulimit -f 4; exec "$0" -c "$1" recipes --json > "$2"',
+            'ulimit -f 4; exec "$0" -c "$1" recipes "${@:3}" > "$2"',
             sys.executable,
             cli_line,
             str(out),
+            *flags,
         ],
         stderr=subprocess.PIPE,
         text=True,

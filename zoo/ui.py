@@ -12,7 +12,32 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-console = Console(stderr=False)
+
+class _WholeStdout:
+    """The stdout console's file: whatever ``sys.stdout`` is at the time (a test's capture
+    too), written through :func:`write_out`, so a table or line that does not fit a file-size
+    limit is an OSError (one line and exit 2 from the CLI) rather than a file cut short with
+    exit 0."""
+
+    def write(self, text: str) -> int:
+        write_out(text)
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+    def isatty(self) -> bool:
+        return sys.stdout.isatty()
+
+    def fileno(self) -> int:
+        return sys.stdout.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stdout, "encoding", None) or "utf-8"
+
+
+console = Console(file=_WholeStdout())
 err_console = Console(stderr=True)
 
 
