@@ -29,3 +29,26 @@ def test_with_several_processes_the_name_is_the_clocks_alone(tmp_path, monkeypat
     _freeze_clock(monkeypatch)
     (tmp_path / "lm-20261206-230604").mkdir()
     assert new_run_dir("lm", tmp_path, only_process=False) == tmp_path / "lm-20261206-230604"
+
+
+def test_a_damaged_line_is_skipped_with_a_warning_naming_it_and_a_cut_last_line_quietly(tmp_path):
+    """``zoo runs`` and ``zoo plot`` read ``metrics.jsonl`` through ``read_records``: a kill can
+    cut its last line short (skipped as it is), but a line inside it that is not a step's record
+    was skipped too, with nothing said, leaving a gap in the table or plot."""
+    import json
+    import warnings
+
+    import pytest
+
+    from zoo.train.rundir import read_records
+
+    rows = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join([rows[0], '{"step": 2, "lo', rows[2], '{"st']))
+    with pytest.warns(
+        UserWarning, match=r"metrics.jsonl: skipped 1 line\(s\) that are not a step's record \(line 2\)"
+    ):
+        assert [r["step"] for r in read_records(tmp_path)] == [1, 3]
+    (tmp_path / "metrics.jsonl").write_text("\n".join([*rows, '{"step": 4, "lo']))  # a kill's cut
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r["step"] for r in read_records(tmp_path)] == [1, 2, 3]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,16 +66,26 @@ class RunDir:
 
 
 def read_records(path: Path) -> list[dict]:
-    """The records of ``path/metrics.jsonl``; a line cut short by a kill is skipped."""
+    """The records of ``path/metrics.jsonl``. The last line cut short by a kill is skipped as
+    it is; any other line that is not a step's record (a damaged or hand-edited file) is skipped
+    with one warning naming the file and the lines, so a gap in a table or plot is said."""
     file = Path(path) / runlog.METRICS
-    records = []
-    for line in file.read_text().splitlines() if file.exists() else []:
+    lines = file.read_text().splitlines() if file.exists() else []
+    records, bad = [], []
+    for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
         except ValueError:
-            continue
+            record = None
         if isinstance(record, dict) and "step" in record:
             records.append(record)
+        elif line.strip() and number < len(lines):
+            bad.append(number)
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        warnings.warn(
+            f"{file}: skipped {len(bad)} line(s) that are not a step's record (line {shown})", stacklevel=2
+        )
     return records
 
 
