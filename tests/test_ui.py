@@ -74,3 +74,24 @@ def test_a_rate_keeps_three_significant_figures_below_100(rate, shown):
     from zoo.ui import rate_text
 
     assert rate_text(rate) == shown
+
+
+def test_the_stdout_console_writes_past_a_live_displays_proxy_once(capsys):
+    """A progress bar on a terminal puts rich's proxy on ``sys.stdout``, which prints a held
+    partial line through the stdout console when flushed: the console writes to the proxied
+    stream, as rich's own console does (writing through the proxy recursed without end)."""
+    import sys
+
+    from rich.file_proxy import FileProxy
+
+    from zoo.ui import console
+
+    real = sys.stdout
+    sys.stdout = FileProxy(console, real)
+    try:
+        sys.stdout.write("a partial line, held by the proxy")
+        console.print("a line of the console")
+    finally:
+        sys.stdout = real
+    # the held line comes out once, after (as with rich's own stdout console)
+    assert capsys.readouterr().out == "a line of the console\na partial line, held by the proxy\n"

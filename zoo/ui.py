@@ -17,24 +17,29 @@ class _WholeStdout:
     """The stdout console's file: whatever ``sys.stdout`` is at the time (a test's capture
     too), written through :func:`write_out`, so a table or line that does not fit a file-size
     limit is an OSError (one line and exit 2 from the CLI) rather than a file cut short with
-    exit 0."""
+    exit 0. Under a live display (a progress bar) ``sys.stdout`` is rich's proxy, which prints
+    through this console: the proxied stream is written, as rich's own file lookup does."""
+
+    @staticmethod
+    def _stream():
+        return getattr(sys.stdout, "rich_proxied_file", sys.stdout)
 
     def write(self, text: str) -> int:
-        write_out(text)
+        write_out(text, self._stream())
         return len(text)
 
     def flush(self) -> None:
-        sys.stdout.flush()
+        self._stream().flush()
 
     def isatty(self) -> bool:
-        return sys.stdout.isatty()
+        return self._stream().isatty()
 
     def fileno(self) -> int:
-        return sys.stdout.fileno()
+        return self._stream().fileno()
 
     @property
     def encoding(self) -> str:
-        return getattr(sys.stdout, "encoding", None) or "utf-8"
+        return getattr(self._stream(), "encoding", None) or "utf-8"
 
 
 console = Console(file=_WholeStdout())
@@ -78,18 +83,20 @@ def emit_json(obj: object) -> None:
     write_out(json.dumps(obj, default=_jsonable) + "\n")
 
 
-def write_out(text: str) -> None:
-    """``text`` on stdout, whole or an OSError: a buffered stream that fills a file-size limit
-    keeps the part that did not fit and reports nothing, so the output ended cut short with exit
-    0. On a real file each byte is written by the operating system's own calls."""
-    sys.stdout.flush()
+def write_out(text: str, stream=None) -> None:
+    """``text`` on ``stream`` (default stdout), whole or an OSError: a buffered stream that fills
+    a file-size limit keeps the part that did not fit and reports nothing, so the output ended
+    cut short with exit 0. On a real file each byte is written by the operating system's own
+    calls."""
+    stream = sys.stdout if stream is None else stream
+    stream.flush()
     try:
-        fd = sys.stdout.fileno()
+        fd = stream.fileno()
     except (AttributeError, ValueError, OSError):  # not a file (a test's capture): as it is
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        stream.write(text)
+        stream.flush()
         return
-    data = text.encode(sys.stdout.encoding or "utf-8")
+    data = text.encode(getattr(stream, "encoding", None) or "utf-8")
     try:
         while data:
             data = data[os.write(fd, data) :]
