@@ -36,8 +36,8 @@ STAMP := $(VENV)/.installed
 # - the clipping styles' MLP, CNN and untied transformer cells: each style by each method runs on
 #   the tied head (a style's groups are the same code on every kind; the conv rule's cells above
 #   are re-run).
-# - the host update's float32 cell (its bf16 cells, with microbatches and under DP, run the same
-#   update); DP microbatches in bf16 (the precision cells re-run bf16) and the MLP's ghost-records
+# - the host update's float32 cell and its bf16 cell with microbatches (the bf16 cell under DP runs
+#   the same update, an elementwise one; microbatches add up in their own cells); DP microbatches in bf16 (the precision cells re-run bf16) and the MLP's ghost-records
 #   and vmap-users cells (ghost-users, vmap-records and the transformer under full remat run);
 #   the norm taps' in-scan cells of llama and of nested remat on the untied transformer (full on
 #   the transformer and tied head, nested on the tied head run; llama's norms run in the ghost
@@ -58,7 +58,7 @@ ISA_SKIP += or (transformers_logits and not (gpt2 or llama3)) or (tied_head_matc
 ISA_SKIP += or (stays_on_the_host and (True or optimizer-False))
 ISA_SKIP += or (test_taps.py and (is_caught or are_caught or ((none- or dots-) and (norms_are_taken or kept_pieces))))
 ISA_SKIP += or (test_clip_styles.py and (mlp- or cnn- or transformer-)) or host_update_bench_runs_what
-ISA_SKIP += or (host_update_equals and float32) or (microbatches_add_up and (bf16 or ghost-records or vmap-users))
+ISA_SKIP += or (host_update_equals and (float32 or bfloat16-2)) or (microbatches_add_up and (bf16 or ghost-records or vmap-users))
 ISA_SKIP += or (norms_are_taken_in_the_scan and (full-llama or nested-transformer or nested-llama))
 ISA_SKIP += or plain_steps_attentions
 ISA_SELECT := -m numerics -k "not ($(ISA_SKIP))"
@@ -95,7 +95,8 @@ OLDEST_TESTS += tests/dp/ghost tests/dp/mechanisms/test_base.py $(OLDEST_DP:%=te
 # plus none on llama and the tied head (none on the transformer, full on the transformer and
 # tied head, nested on the tied head run); cuDNN attention's cells beyond grouped kv heads; the
 # host update's float32 cell and the DP microbatch cells the numerics set leaves out; the
-# pitfalls' accountant check (pure Python: dp_accounting is pinned at one version in both sets).
+# pitfalls' accountant check and the mechanisms' plans under each performance setting (pure
+# Python: dp_accounting is pinned at one version in both sets; DP-PCA's fit runs in test_pca_fit).
 OLDEST_SKIP := still_catches or through_the_cli or needs_less_temp_memory or (test_cudnn.py and not grouped)
 OLDEST_SKIP += or (policy_matches_no_remat and (dots or full-lean or minimal or save-attn or custom or nested-eqx))
 OLDEST_SKIP += or (bf16_loss_and_gradients_match_float32 and eqx)
@@ -105,7 +106,7 @@ OLDEST_SKIP += or (test_forms.py and not (transformer or bf16 or measure))
 OLDEST_SKIP += or (test_taps.py and (is_caught or are_caught or (dots- and (norms_are_taken or kept_pieces))))
 OLDEST_SKIP += or (host_update_equals and float32) or (microbatches_add_up and (bf16 or ghost-records or vmap-users))
 OLDEST_SKIP += or (norms_are_taken_in_the_scan and (none-llama or none-tied or full-llama or nested-transformer or nested-llama))
-OLDEST_SKIP += or accountant_is_monotone
+OLDEST_SKIP += or accountant_is_monotone or no_performance_setting_changes or performance_settings_reach
 
 .PHONY: help run test test-isa test-oldest lint bench docs clean
 .DEFAULT_GOAL := help
