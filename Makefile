@@ -37,8 +37,9 @@ STAMP := $(VENV)/.installed
 #   the tied head (a style's groups are the same code on every kind; the conv rule's cells above
 #   are re-run).
 # - the host update's float32 cell and its bf16 cell with microbatches (the bf16 cell under DP runs
-#   the same update, an elementwise one; microbatches add up in their own cells); DP microbatches in bf16 (the precision cells re-run bf16) and the MLP's ghost-records
-#   and vmap-users cells (ghost-users, vmap-records and the transformer under full remat run);
+#   the same update, an elementwise one; microbatches add up in their own cells); DP microbatches
+#   in bf16 (the precision cells re-run bf16) and the MLP's ghost-records and vmap-users cells
+#   (ghost-users, vmap-records and the transformer under full remat run);
 #   the norm taps' in-scan cells of llama and of nested remat on the untied transformer (full on
 #   the transformer and tied head, nested on the tied head run; llama's norms run in the ghost
 #   cells against vmap); the MLP's variants in the converted-weights cells.
@@ -88,9 +89,9 @@ OLDEST_TESTS += tests/dp/ghost tests/dp/mechanisms/test_base.py $(OLDEST_DP:%=te
 # remat policies that only choose which names to save or where (dots, full-lean, minimal and
 # offload-minimal, save-attn, custom: none, full, offload-layer-input and nested run on NNX, full
 # on Equinox), bf16 against float32 on Equinox (the NNX cells and the two backends' parity cells
-# run), parity variants of a kind, and ghost-clipping
-# cells beyond ghost against vmap, frozen layers and the conv norms (a form per site: the
-# transformer's cells, the tied head under remat and bf16); the norm taps' planted bugs and their
+# run), parity variants of a kind, and ghost-clipping cells beyond ghost against vmap, frozen
+# layers and the conv norms (a form per site: the transformer's cells, the tied head under remat
+# and bf16); the norm taps' planted bugs and their
 # per-layer sweeps under dots, and of the in-scan sweep the cells the numerics set also leaves out
 # plus none on llama and the tied head (none on the transformer, full on the transformer and
 # tied head, nested on the tied head run); cuDNN attention's cells beyond grouped kv heads; the
