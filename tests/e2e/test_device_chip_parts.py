@@ -81,9 +81,8 @@ def test_the_dp_acceptance_part_runs_every_row_at_a_tiny_size(tmp_path):
 
 GHOSTS = ["ghost", "ghost backward", "ghost layer-wise"]
 ROWS = {  # each step of the part: the methods of its table after the non-private row
-    "dp_1024x8_ghost": GHOSTS,
-    "dp_256x8": [*GHOSTS, "zoo vmap", "jax_privacy clipped_grad"],
+    "dp_1024x8": [*GHOSTS, "jax_privacy clipped_grad"],
+    "dp_256x8": ["ghost", "ghost layer-wise", "jax_privacy clipped_grad"],
     "dp_logical": ["ghost"],
-    "dp_1024x8_vmap": ["zoo vmap", "jax_privacy clipped_grad"],
     "dp_lora": ["ghost"],
 }
