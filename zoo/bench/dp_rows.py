@@ -336,15 +336,16 @@ def ran(name: str, setup: Setup, data: dict) -> str | None:
     """What a ghost row's step runs, for its label: ``book-keeping``, ``second backward``,
     ``layer-wise taps`` or ``vmap fallback`` (the model's leaves not each claimed by one op);
     None for the other rows."""
-    from zoo.dp.ghost import choose_method, unsupported_reason
+    from zoo.dp.ghost import method_for, unsupported_reason
 
     method = {GHOST: "auto", "ghost bookkeeping": "bookkeeping", "ghost backward": "backward"}.get(name)
     if method is None and name != "ghost layer-wise":
         return None
-    engine = setup.engine
-    if unsupported_reason(engine.cfg, data["x"], engine.freeze):
+    e, x = setup.engine, data["x"]
+    if unsupported_reason(e.cfg, x, e.freeze):
         return "vmap fallback"
-    return "layer-wise taps" if method is None else _RAN[choose_method(engine.stack, method)]
+    found = method and method_for(e.cfg, x, e.freeze, e.stack, e.precision, method)
+    return _RAN[found] if found else "layer-wise taps"
 
 
 register_method("ghost bookkeeping", _ghost_forced("bookkeeping"), default=False)

@@ -50,9 +50,10 @@ with the parameters constant. Two ways to the clipped sum (``method``):
   ``sum_i f_i L_i`` then gives the clipped sum. Nothing per layer is kept beyond what the policy
   keeps.
 
-``"auto"`` (default, :func:`choose_method`) takes book-keeping unless the remat policy keeps
+``"auto"`` (default, :func:`resolve_method`) takes book-keeping unless the remat policy keeps
 nothing of a block on the device (``full``, ``nested``, ...), where the pieces would be many
-times the policy's memory. A head tied to the token table is exact by both: its tap and the
+times the policy's memory; even there it takes book-keeping when the pieces are no larger than
+the layers' inputs the policy keeps (a LoRA fine-tune's adapters: :mod:`zoo.dp.ghost.method`). A head tied to the token table is exact by both: its tap and the
 table's each hand out their half of the cross term (:class:`zoo.dp.ghost.rules.Tied`).
 Measurements are in ``docs/ghost.md``.
 
@@ -64,6 +65,7 @@ so the user's records become positions of one example (:mod:`zoo.dp.ghost.units`
 
 from zoo.dp.ghost.api import ghost_clipped_grad_sum, ghost_forward, supports, unsupported_reason
 from zoo.dp.ghost.conv import Conv, conv_method, layer_methods  # registers the conv rule
+from zoo.dp.ghost.method import method_for, resolve_method
 from zoo.dp.ghost.rules import dense_method, gather_method
 from zoo.dp.ghost.sites import Site, discover
 from zoo.dp.ghost.stages import (
@@ -98,8 +100,10 @@ __all__ = [
     "ghost_forward",
     "kept_sum",
     "layer_methods",
+    "method_for",
     "prepare",
     "probe_pass",
+    "resolve_method",
     "squared_norms",
     "supports",
     "tap_pass",

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 from zoo.checks import require_choice
 from zoo.dp.clipping import ClippingMethod, ClipRequest, clipped_grad_sum, register_clipping
 from zoo.dp.ghost.grouped import grouped_clip
+from zoo.dp.ghost.method import resolve_method
 from zoo.dp.ghost.sites import run
 from zoo.dp.ghost.stages import (
     METHODS,
-    choose_method,
     clip_factors,
     kept_sum,
     prepare,
@@ -116,7 +116,9 @@ def ghost_clipped_grad_sum(
     ``remat`` is a policy name, a :class:`~zoo.remat.RematPolicy` or a
     :class:`~zoo.scan.StackPlan` (whose ``frozen_prefix`` layers get no gradient, as in the
     models).  ``method``: ``"bookkeeping"``, ``"backward"`` or ``"auto"`` (the second under a
-    policy that keeps nothing of a block, the first otherwise; :func:`choose_method`).  Either
+    policy that keeps nothing of a block, unless book-keeping's pieces are no larger than the
+    layers' inputs that policy keeps, as a LoRA fine-tune's are; the first otherwise:
+    :func:`zoo.dp.ghost.method.resolve_method`).  Either
     way each op's norms are taken inside the backward pass, layer by layer
     (:mod:`zoo.dp.ghost.taps`).  ``dense`` forces the norm
     form of every sequence op and the token table (``"gram"`` or ``"materialise"``, for tests
@@ -174,7 +176,7 @@ def ghost_clipped_grad_sum(
             row_weights=units.row_weights(),
         )
         return grads, norms, units.losses(losses)
-    bookkeeping = choose_method(gp.policy, method) == "bookkeeping"
+    bookkeeping = resolve_method(gp, full, x, method, dense) == "bookkeeping"
     losses, sq, kept = tap_pass(gp, full, x, y, dense, units.row_weights(), sums=bookkeeping)
     norms, weights, use = clip_factors(sq, keep, request.clip_norm)
     if bookkeeping:
