@@ -122,8 +122,7 @@ def recipe_for(remat: str, micro: int, accum: int, precision: str, update_on: st
         "precision": precision,
         "batch_size": micro * accum,
         "microbatch_size": micro,
-        "offload": "optimizer+params" if update_on == "host" else "none",
-        "update_on": update_on,
+        "placement": "update-on-host" if update_on == "host" else "device",
     }
     return recipes.parse_recipe({"train": train}, "host-update")
 

@@ -71,8 +71,9 @@ import jax
 import optax
 from jax.sharding import SingleDeviceSharding
 
-from zoo.parallel.host_budget import ByteBudget, Tally, compute_bytes
-from zoo.parallel.host_leaves import CHUNK_BYTES, LeafUpdates, cut, down_pieces, pieces, row_bounds, whole
+from zoo.parallel.host_budget import ByteBudget, Tally
+from zoo.parallel.host_leaves import CHUNK_BYTES, LeafUpdates, down_pieces, pieces, whole
+from zoo.parallel.host_up import Uplink
 
 DELAYS = (0, 1)
 
@@ -118,7 +119,6 @@ class HostStep:
         self.device = engine.placement.compute(engine.layout)
         self.host = engine.placement.host(engine.layout)  # the one rule
         self.grads = jax.jit(self._grads)
-        self._cast_split = jax.jit(self._cast_and_cut, static_argnums=1)
         self._next = jax.jit(lambda step: step + 1)
         # The gradient's norm, a program of its own on the finished gradient (milliseconds of
         # HBM reads): inside the gradient's program XLA may fuse its sums into the backward and
@@ -126,6 +126,7 @@ class HostStep:
         self._norm = jax.jit(optax.tree.norm)
         self._updates = LeafUpdates(engine.optimizer, engine.precision)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="host-step")
+        self.uplink = Uplink(engine.precision, self.device, self._pool, chunk_bytes, inflight_bytes)
         self._returned: list = []  # the params leaves the last call returned
         self._ahead: list | None = None  # device params the next call computes at
         self.timing = False
@@ -139,30 +140,15 @@ class HostStep:
         masters = dataclasses.replace(state, params=self.engine.precision.master(state.params))
         return self.engine.grads(masters, frozen, batch)
 
-    def _cast_and_cut(self, p, edges):
-        return cut(self.engine.precision.to_compute({"leaf": p})["leaf"], edges)
-
-    # -- the trips ---------------------------------------------------------------------------
+    # -- the trips (zoo.parallel.host_up) -----------------------------------------------------
     def _edges(self, leaves: list) -> list[tuple[int, ...]]:
-        """Each leaf's cut, by its float32 bytes (the gradient's; the params' pieces follow it)."""
-        return [row_bounds(p.shape, p.size * 4, self.chunk_bytes) for p in leaves]
+        return self.uplink.edges(leaves)
 
     def _up_leaf(self, budget: ByteBudget, p, edges: tuple[int, ...]) -> jax.Array:
-        """One host leaf cast, cut, sent up piece by piece and joined on the device, its cast
-        pieces' bytes held until they are there."""
-        with budget.hold(compute_bytes(p, self.engine.precision.compute_dtype)):
-            sent = whole(tuple(jax.device_put(self._cast_split(p, edges), self.device)))
-            return jax.block_until_ready(sent)
+        return self.uplink.leaf(budget, p, edges)
 
     def _up_all(self, leaves: list, edges: list, budget: ByteBudget | None = None) -> list:
-        """Every leaf up (:meth:`_up_leaf`), under ``budget`` (or one of the trips' own)."""
-        if budget is None:
-            budget = self._budget([compute_bytes(p, self.engine.precision.compute_dtype) for p in leaves])
-        return list(self._pool.map(lambda p, e: self._up_leaf(budget, p, e), leaves, edges))
-
-    def _budget(self, weights: list[int]) -> ByteBudget:
-        """A trip's own budget (params up outside a step): twice the largest of its holds."""
-        return ByteBudget(self.inflight_bytes or 2 * max(weights, default=1))
+        return self.uplink.all(leaves, edges, budget)
 
     def _budgets(self, downs: list[int], extras: list[int]) -> ByteBudget:
         """A call's two budgets from its leaves' gradient bytes (``downs``) and their updates'
@@ -329,7 +315,7 @@ class HostStep:
         return {
             "grads": self.grads._cache_size(),
             "update": self._updates.compiles,
-            "cast": self._cast_split._cache_size(),
+            "cast": self.uplink.cast_split._cache_size(),
         }
 
     def _cache_size(self) -> int:
@@ -338,16 +324,18 @@ class HostStep:
 
 
 class SerialHostStep:
-    """The update on the host as one trip of each kind, in turn: the whole tree cast and up,
-    the gradient, the whole tree down, the whole-tree update (the engine's ``update``). The
-    step before the pipeline (:class:`HostStep`), kept as its reference: the benchmark's
-    ``serial`` rows and the tests' bit-for-bit comparison."""
+    """The update on the host in turn: the params cast and up (leaf by leaf, in pieces, side by
+    side: :class:`~zoo.parallel.host_up.Uplink`), the gradient, the whole tree down, the
+    whole-tree update (the engine's ``update``). ``zoo train``'s step under ``update-on-host``,
+    and the pipeline's (:class:`HostStep`) reference: the benchmark's ``serial`` rows and the
+    tests' bit-for-bit comparison. ``workers``: the threads that send the pieces up."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, workers: int = 8) -> None:
         self.engine = engine
         self.device = engine.placement.compute(engine.layout)
         self.host = engine.placement.host(engine.layout)  # the one rule
-        self._to_compute = jax.jit(engine.precision.to_compute)
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="host-up")
+        self.uplink = Uplink(engine.precision, self.device, pool)
         self.grads = jax.jit(self._grads)
         self.update = jax.jit(engine.update, donate_argnames="state")
 
@@ -362,8 +350,8 @@ class SerialHostStep:
         """Trainable ``params`` (on the host) in the compute dtype, on the compute device: what
         the gradient program reads, and what the eval step and the other read-only passes
         read (the model casts to that dtype anyway, so their values are the masters')."""
-        params = params if self.engine.precision.is_identity else self._to_compute(params)
-        return jax.device_put(params, SingleDeviceSharding(self.device))
+        leaves, treedef = jax.tree.flatten(params)
+        return treedef.unflatten(self.uplink.all(leaves))
 
     def up(self, state):
         """``state`` as the gradient program reads it, on the compute device: the params in the
@@ -380,13 +368,13 @@ class SerialHostStep:
         return new_state, {**metrics, **report}
 
     def cache_sizes(self) -> dict[str, int]:
-        """Compiles of each of the step's programs: the device's gradient, the host's update
-        and the host's cast (1 each once it ran, when every step's arguments come back alike;
-        the cast runs under a compute dtype other than float32 only)."""
+        """Compiles of each of the step's programs: the device's gradient and the host's update
+        (1 each once it ran, when every step's arguments come back alike) and the host's cast
+        and cut (one per leaf shape)."""
         return {
             "grads": self.grads._cache_size(),
             "update": self.update._cache_size(),
-            "cast": self._to_compute._cache_size(),
+            "cast": self.uplink.cast_split._cache_size(),
         }
 
     def _cache_size(self) -> int:
