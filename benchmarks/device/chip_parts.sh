@@ -2,9 +2,10 @@
 # Measurements that only a chip makes, in parts that each fit one device call (10 minutes), run
 # after tpu.sh's set-up; each part is named by what it measures:
 #
-#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh host-update       # llama-1b full AdamW, the pipelined exact update on the host at 128 rows, the delayed at 64
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh host-update       # llama-1b full AdamW with the update on the host: the serial step at 128 and 64 rows, the pipelined at 128
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-methods        # DP clipping methods side by side at 256 x 8 and 1024 x 8
-#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-acceptance     # every row of issue 65's acceptance, under 9 minutes
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-acceptance     # issue 65's acceptance at B 8: GPT-2 at 1024 x 8 and 256 x 8, the noise
+#   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-acceptance-batches  # the rest: a logical batch of 1,024 x 1,024 tokens, DP-LoRA of llama-1b
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-logical-batch  # ghost DP on a logical batch of 1,024 x 1,024 tokens, microbatches of 8
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh dp-lora           # DP-LoRA of llama-1b at 1,024 x 1,024 tokens
 #   bash benchmarks/device/tpu.sh -- bash benchmarks/device/chip_parts.sh fits-table        # the largest batch of gpt2-355m per remat policy, llama-1b with frozen layers
@@ -36,14 +37,14 @@ fi
 BF=(--precision bfloat16 --no-sweep --json)
 case "${1:-}" in
 host-update)
-  # the pipelined exact step at 128 rows (the acceptance's), then the delayed update at 64, each
-  # under the step's default host budgets (the whole gradient's trips, the largest update's own: zoo/parallel/host_step.py),
+  # zoo train's serial step (its params up in pieces now) at 128 and 64 rows, the acceptance's
+  # two shapes, then the pipelined exact step at 128, each under the step's default host budgets,
   # with its host RSS peak and the budget's, and a line each time the RAM available moves 2 GiB.
-  # (2026-12-07, ninth: one row, full:4:16, ran at 20.8 s a step with 10.5 of 42 GiB left at its
-  # lowest; the earlier calls' rows in one process ran the RAM out on a row's leftovers, which
-  # row_result now collects; the floor still ends a run with every stack before the machine goes)
+  # (2026-12-08, thirteenth: serial 27.77 s at 128 rows with the whole tree up in one copy, 5.19 s
+  # of it; the pipelined exact 32.60 s, the delayed at 64 rows 22.79 s: the leaves' updates
+  # were the pipeline's loss. A row takes 75-140 s here.)
   step host_update 520 "$PY" benchmarks/device/host_update.py --preset "$LLAMA" --seq 2048 $SMALL_FLAG \
-    --rows full:4:32,full:4:16:delayed --steps 1 --json "$OUT/host_update.json" "${FLOOR[@]}"
+    --rows full:4:32:serial,full:4:16:serial,full:4:32 --steps 1 --json "$OUT/host_update.json" "${FLOOR[@]}"
   ;;
 dp-methods)
   step dp_256x8 240 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" --forms measure \
@@ -54,22 +55,27 @@ dp-methods)
     --methods "zoo vmap,jax_privacy clipped_grad"
   ;;
 dp-acceptance)
-  # issue 65's rows in one call of under 9 minutes, the headline first; a row compiles in 15-18 s
-  # on the chip (fifth session), so each table holds the rows the acceptance reads and no more:
-  # auto's ghost row names the method it ran (a forced book-keeping row would be its program
-  # again), the second backward has its own row at 1024 x 8, and jax_privacy's beside both
+  # issue 65's rows at B 8, the headline first, with the noise's cost. On the chip (2026-12-08)
+  # a row compiled in 10.5-26.7 s and each process took about 10 s to start, so the rows of
+  # the whole acceptance need about 12 minutes: this part holds the B 8 tables (about 6.5),
+  # dp-acceptance-batches the logical batch and DP-LoRA. auto's ghost row names the method it
+  # ran; the second backward has its own row at 1024 x 8; jax_privacy's row is beside both.
   G=(--methods "ghost,ghost backward,ghost layer-wise,jax_privacy clipped_grad" --rounds 5)
   step dp_1024x8 190 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch 8 "${BF[@]}" --remat dots "${G[@]}" "${QUICK[@]}"
-  step dp_256x8 110 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" --rounds 5 \
+  step dp_256x8 160 "${ZOO[@]}" bench dp "$GPT" --seq "$S256" --batch 8 "${BF[@]}" --rounds 5 \
     --methods "ghost,ghost layer-wise,jax_privacy clipped_grad" "${QUICK[@]}"
-  step dp_logical 100 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" \
+  step noise_normals 60 "$PY" benchmarks/dp/noise.py --normals "$NORMALS" "${NOISE_QUICK[@]}"
+  ;;
+dp-acceptance-batches)
+  # issue 65's two rows of many microbatches, one step each: GPT-2 at 1,024 x 1,024 tokens in
+  # microbatches of 8 (each row about 40 s of compiles and two steps of 10-13 s), and DP-LoRA of
+  # llama-1b on 64 sequences of 1,024 tokens (8 microbatches of 8): the same program as the
+  # 1,024-sequence logical batch, scanned over 8 microbatches, not 128 (a 1M-token step takes
+  # about a minute a row on one chip; dp-lora runs it)
+  step dp_logical 170 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" \
     --remat dots --methods ghost --rounds 1 --steps 1
-  # DP-LoRA of llama-1b: 64 sequences of 1,024 tokens (8 microbatches of 8): the same program
-  # as the 1,024-sequence logical batch, scanned over 8 microbatches, not 128 (a 1M-token step
-  # takes about a minute a row on one chip)
-  step dp_lora 95 "$PY" benchmarks/device/dp_lora.py --preset "$LLAMA" --seq "$S1024" --batch "$LORA_BATCH" \
+  step dp_lora 190 "$PY" benchmarks/device/dp_lora.py --preset "$LLAMA" --seq "$S1024" --batch "$LORA_BATCH" \
     --microbatch 8 --remat full $SMALL_FLAG
-  step noise_normals 25 "$PY" benchmarks/dp/noise.py --normals "$NORMALS" "${NOISE_QUICK[@]}"
   ;;
 dp-logical-batch)
   step dp_logical 420 "${ZOO[@]}" bench dp "$GPT" --seq "$S1024" --batch "$LOGICAL" --microbatch 8 "${BF[@]}" --remat dots \
@@ -105,7 +111,7 @@ first-look)
   step decode 90 "$PY" benchmarks/device/decode.py --models "$GPT" --batches 1,64 $SMALL_FLAG --json "$OUT/decode.json"
   ;;
 *)
-  echo "usage: chip_parts.sh host-update|dp-methods|dp-acceptance|dp-logical-batch|dp-lora|fits-table|first-look" >&2
+  echo "usage: chip_parts.sh host-update|dp-methods|dp-acceptance|dp-acceptance-batches|dp-logical-batch|dp-lora|fits-table|first-look" >&2
   exit 2
   ;;
 esac

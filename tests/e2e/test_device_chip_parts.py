@@ -25,7 +25,7 @@ def test_the_parts_documented_listed_and_run_are_the_same():
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     listed = done.stderr.strip().removeprefix("usage: chip_parts.sh ").split("|")
-    assert documented == run == listed and len(run) == 7, (documented, run, listed)
+    assert documented == run == listed and len(run) == 8, (documented, run, listed)
 
 
 def test_every_part_the_docs_name_exists():
@@ -43,20 +43,24 @@ def test_every_part_the_docs_name_exists():
 
 
 @pytest.mark.slow
-def test_the_dp_acceptance_part_runs_every_row_at_a_tiny_size(tmp_path):
-    """Issue 65's one prepared call, ``SMALL=1`` on this CPU: every step exits 0, and each
-    table has the rows the acceptance reads (the ghost row naming the method that ran)."""
+def test_the_dp_acceptance_parts_run_every_row_at_a_tiny_size(tmp_path):
+    """Issue 65's prepared calls (two: the B 8 tables, then the many-microbatch rows), ``SMALL=1``
+    on this CPU: every step exits 0, and each table has the rows the acceptance reads (the
+    ghost row naming the method that ran)."""
     env = {**os.environ, "SMALL": "1", "OUT": str(tmp_path), "PY": sys.executable}
     # The children inherit the suite's XLA flags, level-0 compiles included (tests/conftest.py):
     # at a tiny size a row is all compile, and SMALL times the noise in 3 rounds of 2 calls
     # (at level 0 philox's 30 rounds of 20 took 20 s of the step's 25 under load).
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    done = subprocess.run(
-        ["bash", str(SCRIPT), "dp-acceptance"], env=env, capture_output=True, text=True, timeout=900
-    )
-    exits = re.findall(r"^== (\w+): exit (\d+)", done.stdout, re.M)
-    assert [name for name, _ in exits] == [*ROWS, "noise_normals"], done.stdout[-3000:]
-    assert all(code == "0" for _, code in exits), done.stdout[-3000:]
+    out = ""
+    for part in ("dp-acceptance", "dp-acceptance-batches"):
+        done = subprocess.run(
+            ["bash", str(SCRIPT), part], env=env, capture_output=True, text=True, timeout=900
+        )
+        out += done.stdout
+    exits = re.findall(r"^== (\w+): exit (\d+)", out, re.M)
+    assert [name for name, _ in exits] == ["dp_1024x8", "dp_256x8", "noise_normals", "dp_logical", "dp_lora"]
+    assert all(code == "0" for _, code in exits), out[-3000:]
     tables = {}
     for name, methods in ROWS.items():
         (table,) = tables[name] = [
@@ -80,7 +84,7 @@ def test_the_dp_acceptance_part_runs_every_row_at_a_tiny_size(tmp_path):
 
 
 GHOSTS = ["ghost", "ghost backward", "ghost layer-wise"]
-ROWS = {  # each step of the part: the methods of its table after the non-private row
+ROWS = {  # each step of the parts: the methods of its table after the non-private row
     "dp_1024x8": [*GHOSTS, "jax_privacy clipped_grad"],
     "dp_256x8": ["ghost", "ghost layer-wise", "jax_privacy clipped_grad"],
     "dp_logical": ["ghost"],
