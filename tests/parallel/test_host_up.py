@@ -68,14 +68,36 @@ def test_the_cast_bytes_on_their_way_keep_to_the_budget():
         assert uplink.budget(leaves_of()).limit == 2 * 40 * 2 * 3 * 2  # twice the largest leaf's
 
 
-@pytest.mark.parametrize("step_class", [SerialHostStep, HostStep])
-def test_both_host_steps_send_the_params_up_in_pieces(step_class, monkeypatch):
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_the_whole_tree_goes_up_with_one_cast_and_one_join(precision, sent):
+    """The whole-tree step's trip (``Uplink.tree``): the same values, the same pieces, and one
+    compile of each program whatever the leaves' shapes; with nothing to cast or cut, none."""
+    policy = Precision(precision)
+    with ThreadPoolExecutor(4) as pool:
+        uplink = Uplink(policy, jax.devices()[0], pool, chunk_bytes=CHUNK)
+        leaves = leaves_of()
+        up = uplink.tree(leaves)
+        pieces = list(sent)
+        uplink.tree(leaves_of(1))
+        whole = Uplink(policy, jax.devices()[0], pool)  # 64 MiB pieces: nothing here is cut
+        whole.tree(leaves)
+    for got, leaf in zip(up, leaves, strict=True):
+        assert_bitwise_equal(got, policy.to_compute({"leaf": leaf})["leaf"])
+    itemsize = jnp.dtype(policy.compute_dtype).itemsize
+    assert max(pieces) <= (CHUNK + 2 * 3 * 4) * itemsize // 4 and len(pieces) > 3 * len(SHAPES), pieces
+    assert uplink.cast_split_all._cache_size() == 1
+    assert uplink.cast_split._cache_size() == 0  # the leaf-by-leaf program never ran
+    assert whole.cast_split_all._cache_size() == (0 if precision == "float32" else 1)
+
+
+@pytest.mark.parametrize("step_class, trip", [(SerialHostStep, "tree"), (HostStep, "all")])
+def test_both_host_steps_send_the_params_up_in_pieces(step_class, trip, monkeypatch):
     engine, params = engine_for("bfloat16", "adamw")
     step = step_class(engine)
     calls = []
-    real = Uplink.all
+    real = getattr(Uplink, trip)
     monkeypatch.setattr(
-        Uplink, "all", lambda self, leaves, *a: calls.append(len(leaves)) or real(self, leaves, *a)
+        Uplink, trip, lambda self, leaves, *a: calls.append(len(leaves)) or real(self, leaves, *a)
     )
     state, _ = engine.init_state(params, 0, jax.random.key(3))
     up = step.params_up(state.params)

@@ -324,8 +324,8 @@ class HostStep:
 
 
 class SerialHostStep:
-    """The update on the host in turn: the params cast and up (leaf by leaf, in pieces, side by
-    side: :class:`~zoo.parallel.host_up.Uplink`), the gradient, the whole tree down, the
+    """The update on the host in turn: the params cast and up (in pieces, side by side:
+    :meth:`~zoo.parallel.host_up.Uplink.tree`), the gradient, the whole tree down, the
     whole-tree update (the engine's ``update``). ``zoo train``'s step under ``update-on-host``,
     and the pipeline's (:class:`HostStep`) reference: the benchmark's ``serial`` rows and the
     tests' bit-for-bit comparison. ``workers``: the threads that send the pieces up."""
@@ -351,7 +351,7 @@ class SerialHostStep:
         the gradient program reads, and what the eval step and the other read-only passes
         read (the model casts to that dtype anyway, so their values are the masters')."""
         leaves, treedef = jax.tree.flatten(params)
-        return treedef.unflatten(self.uplink.all(leaves))
+        return treedef.unflatten(self.uplink.tree(leaves))
 
     def up(self, state):
         """``state`` as the gradient program reads it, on the compute device: the params in the
@@ -368,13 +368,13 @@ class SerialHostStep:
         return new_state, {**metrics, **report}
 
     def cache_sizes(self) -> dict[str, int]:
-        """Compiles of each of the step's programs: the device's gradient and the host's update
-        (1 each once it ran, when every step's arguments come back alike) and the host's cast
-        and cut (one per leaf shape)."""
+        """Compiles of each of the step's programs: the device's gradient, the host's update
+        and the host's cast and cut of the tree (1 each once it ran, when every step's arguments
+        come back alike; the cast runs where there is a cast or a cut to make)."""
         return {
             "grads": self.grads._cache_size(),
             "update": self.update._cache_size(),
-            "cast": self.uplink.cast_split._cache_size(),
+            "cast": self.uplink.cast_split_all._cache_size(),
         }
 
     def _cache_size(self) -> int:

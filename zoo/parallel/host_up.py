@@ -17,6 +17,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
+import jax.numpy as jnp
 
 from zoo.parallel.host_budget import ByteBudget, compute_bytes
 from zoo.parallel.host_leaves import CHUNK_BYTES, cut, row_bounds, whole
@@ -41,9 +42,13 @@ class Uplink:
         self.chunk_bytes = chunk_bytes
         self.inflight_bytes = inflight_bytes
         self.cast_split = jax.jit(self._cast_and_cut, static_argnums=1)
+        self.cast_split_all = jax.jit(self._cast_and_cut_all, static_argnums=1)
 
     def _cast_and_cut(self, p, edges):
         return cut(self.precision.to_compute({"leaf": p})["leaf"], edges)
+
+    def _cast_and_cut_all(self, leaves: list, edges: tuple) -> list:
+        return [self._cast_and_cut(p, e) for p, e in zip(leaves, edges, strict=True)]
 
     def edges(self, leaves: list) -> list[tuple[int, ...]]:
         """Each leaf's cut, by its float32 bytes (the gradient's; the params' pieces follow it)."""
@@ -66,3 +71,26 @@ class Uplink:
         edges = self.edges(leaves) if edges is None else edges
         budget = self.budget(leaves) if budget is None else budget
         return list(self.pool.map(lambda p, e: self.leaf(budget, p, e), leaves, edges))
+
+    def tree(self, leaves: list) -> list:
+        """Every leaf up at once, as the whole-tree step sends them: cast and cut by one host
+        program for the whole tree, the pieces sent up side by side from the pool, the cut
+        leaves joined by one device program (one compile each whatever the leaves' shapes, none
+        where there is nothing to cast or cut: ``zoo train``'s summary counts compiles). The
+        cast tree is on the host at once, and the pieces beside the joined leaves on the device
+        until the join has run."""
+        edges = tuple(self.edges(leaves))
+        cut_any = any(len(e) > 2 for e in edges)
+        if self.precision.is_identity and not cut_any:
+            pieces = [(p,) for p in leaves]
+        else:
+            pieces = self.cast_split_all(leaves, edges)
+        sent = list(self.pool.map(lambda ps: tuple(jax.device_put(ps, self.device)), pieces))
+        return join_all(sent) if cut_any else [ps[0] for ps in sent]
+
+
+def _join_all(leaves: list) -> list:
+    return [jnp.concatenate(ps, axis=0) if len(ps) > 1 else ps[0] for ps in leaves]
+
+
+join_all = jax.jit(_join_all)  # on the device: every cut leaf's pieces, one array again
