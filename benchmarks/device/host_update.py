@@ -23,7 +23,7 @@ footprint read (``memory_analysis()``, as ``fits_table.py`` does); a row over th
 ``bytes_limit`` is reported and skipped. Then one warm-up step and ``--steps`` steps back to
 back, timed together (a delayed update overlaps the next step, so no step is waited on alone).
 Then one step timed phase by phase (``phases_ms``): for ``serial`` each phase blocked in turn
-(params up, gradient, down, update); for the pipeline the step's own marks (each leaf's stages
+(params up, gradient, down, update; the trip up also as ``up_cast``, ``up_send``, ``up_join``); for the pipeline the step's own marks (each leaf's stages
 waited on inside its thread, the leaves side by side): ``up`` (the params the step had to send
 itself: zero after the first step of ``exact``), ``grads``, ``down`` (from the gradient's end to
 the last piece on the host), ``update`` and ``up_next`` (the leaves' summed busy time),
@@ -165,10 +165,23 @@ def pipeline_phases(step: HostStep, state, frozen, batch) -> tuple[dict, object]
 
 
 def serial_phases(step: SerialHostStep, state, frozen, batch) -> tuple[dict, object]:
-    """Each phase blocked and timed in turn."""
+    """Each phase blocked and timed in turn; the trip up also in its three stages (``up_cast``:
+    the host's cast and cut of the tree, ``up_send``: the pieces' copies, ``up_join``: the
+    device's join)."""
     marks, out = [time.perf_counter()], {}
-    up = jax.block_until_ready(step.up(state))
+    step.uplink.timing = True
+    try:
+        up = jax.block_until_ready(step.up(state))
+    finally:
+        step.uplink.timing = False
     marks.append(time.perf_counter())
+    t = step.uplink.trace
+    for name, a, b in (
+        ("up_cast", "start", "cast"),
+        ("up_send", "cast", "sent"),
+        ("up_join", "sent", "joined"),
+    ):
+        out[name] = round((t[b] - t[a]) * 1e3, 1)
     loss, grads, _ = jax.block_until_ready(step.grads(up, frozen, batch))
     marks.append(time.perf_counter())
     loss, grads = jax.block_until_ready(jax.device_put((loss, grads), step.host))

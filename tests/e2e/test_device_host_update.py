@@ -62,7 +62,8 @@ def test_the_bench_comparison_catches_an_update_applied_twice(monkeypatch):
 
 
 PIPELINE = {"up", "grads", "down", "update", "up_next", "tail", "hidden"}
-PHASES = {"serial": {"up", "grads", "down", "update"}, "exact": PIPELINE, "delayed": PIPELINE}
+SERIAL = {"up", "up_cast", "up_send", "up_join", "grads", "down", "update"}  # the trip up's three stages too
+PHASES = {"serial": SERIAL, "exact": PIPELINE, "delayed": PIPELINE}
 
 
 def test_the_host_update_bench_times_each_modes_phases():
@@ -72,6 +73,10 @@ def test_the_host_update_bench_times_each_modes_phases():
         assert row["fits"] and row["rows"] == 4 and set(row["phases_ms"]) == PHASES[row["mode"]], row
         assert row["tokens_per_s"] == pytest.approx(4 * row["seq"] / (row["ms_per_step"] / 1e3), rel=0.01)
         assert row["host_peak_gib"] >= row["host_rss_gib"] > row["state_gib"] >= 0, row  # Linux's figures
+    stages = rows[0]["phases_ms"]  # the trip up's stages lie inside it
+    assert 0 <= stages["up_cast"] + stages["up_send"] + stages["up_join"] <= stages["up"] + 0.2, (
+        stages
+    )  # rounding
     for row in rows[1:]:  # the pipeline's budget, and what it held
         assert 0 < row["inflight_peak_mib"] <= row["inflight_limit_mib"], row
 

@@ -14,6 +14,7 @@ default twice the largest leaf's).
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
@@ -43,6 +44,8 @@ class Uplink:
         self.inflight_bytes = inflight_bytes
         self.cast_split = jax.jit(self._cast_and_cut, static_argnums=1)
         self.cast_split_all = jax.jit(self._cast_and_cut_all, static_argnums=1)
+        self.timing = False  # tree() then waits after each stage and keeps when it ended
+        self.trace: dict = {}
 
     def _cast_and_cut(self, p, edges):
         return cut(self.precision.to_compute({"leaf": p})["leaf"], edges)
@@ -79,14 +82,25 @@ class Uplink:
         where there is nothing to cast or cut: ``zoo train``'s summary counts compiles). The
         cast tree is on the host at once, and the pieces beside the joined leaves on the device
         until the join has run."""
+        self.trace = {"start": time.perf_counter()}
         edges = tuple(self.edges(leaves))
         cut_any = any(len(e) > 2 for e in edges)
         if self.precision.is_identity and not cut_any:
             pieces = [(p,) for p in leaves]
         else:
             pieces = self.cast_split_all(leaves, edges)
+        self._mark("cast", pieces)
         sent = list(self.pool.map(lambda ps: tuple(jax.device_put(ps, self.device)), pieces))
-        return join_all(sent) if cut_any else [ps[0] for ps in sent]
+        self._mark("sent", sent)
+        up = join_all(sent) if cut_any else [ps[0] for ps in sent]
+        self._mark("joined", up)
+        return up
+
+    def _mark(self, stage: str, value) -> None:
+        """With ``timing``: wait for ``value`` and note when it was ready."""
+        if self.timing:
+            jax.block_until_ready(value)
+            self.trace[stage] = time.perf_counter()
 
 
 def _join_all(leaves: list) -> list:
