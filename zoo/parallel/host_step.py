@@ -110,7 +110,6 @@ class HostStep:
             raise ValueError(f"inflight_bytes = {inflight_bytes!r} must be a whole number >= 1 (or None)")
         self.engine = engine
         self.update_delay = update_delay
-        self.chunk_bytes = chunk_bytes
         self.inflight_bytes = inflight_bytes
         self.budget: ByteBudget | None = None  # the last call's trips'
         self.updating: ByteBudget | None = None  # the last call's updates'

@@ -6,8 +6,10 @@ float32 gradient's cut, which the params' pieces follow), the pieces are sent up
 pool, side by side, and joined on the device. On a TPU v5e (``llama-1b``, 2026-12-08,
 ``benchmarks/device/RESULTS.md``) the whole tree cast and sent up in one ``device_put`` took
 5.19 s for its 2.47 GB (0.5 GB/s), where the pipelined step's trips up in pieces took 1.27 s of
-busy time summed: copies issued side by side run side by side, one huge copy runs alone (the
-trip down showed the same: 1.83 GB/s as a tree, 0.65 GB/s as one array). The leaves in flight
+busy time summed (how much of the 5.19 s was the host's cast is not known yet:
+``benchmarks/device/host_update.py``'s serial rows time the stages). Copies issued side by side
+run side by side; one huge copy runs alone (the trip down showed it: 1.83 GB/s as a tree,
+0.65 GB/s as one array). The leaves in flight
 hold at most a :class:`~zoo.parallel.host_budget.ByteBudget` of cast bytes on the host (by
 default twice the largest leaf's).
 """

@@ -53,8 +53,9 @@ with the parameters constant. Two ways to the clipped sum (``method``):
 ``"auto"`` (default, :func:`resolve_method`) takes book-keeping unless the remat policy keeps
 nothing of a block on the device (``full``, ``nested``, ...), where the pieces would be many
 times the policy's memory; even there it takes book-keeping when the pieces are no larger than
-the layers' inputs the policy keeps (a LoRA fine-tune's adapters: :mod:`zoo.dp.ghost.method`). A head tied to the token table is exact by both: its tap and the
-table's each hand out their half of the cross term (:class:`zoo.dp.ghost.rules.Tied`).
+the layers' inputs the policy keeps (a LoRA fine-tune's adapters: :mod:`zoo.dp.ghost.method`).
+A head tied to the token table is exact by both: its tap and the table's each hand out their
+half of the cross term (:class:`zoo.dp.ghost.rules.Tied`).
 Measurements are in ``docs/ghost.md``.
 
 Users (``dp.unit = "user"``): with ``slots`` [U, k], each user's mean gradient over its
